@@ -1,0 +1,7 @@
+// kdecal._core: the compiled engine.  One bind_<topic>() per file.
+#include "pybind11.hpp"
+
+PYBIND11_MODULE(_core, m) {
+    m.doc() = "kdecal compiled core: streaming leave-one-out Dirichlet-kernel reduction";
+    bind_loo(m);
+}

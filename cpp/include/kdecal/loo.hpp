@@ -1,0 +1,66 @@
+// kdecal: streaming leave-one-out Dirichlet-kernel reduction (pure C++17, no Python).
+//
+// For query rows j and centres i != j (Popordanoska et al. 2022, Eq. 3 and 10;
+// kdecal DESIGN.md section 2):
+//
+//   G_ij = sum_k logq[j,k] * p[i,k]            (a GEMM tile, in the input precision)
+//   L_ij = bias[t,i] + scale[t] * G_ij        (log-kernel up to the constant lgamma(1/h+K))
+//   m_j  = max_{i != j} L_ij
+//   S_c(j) = sum_{i != j, label_i = c} exp(L_ij - m_j)
+//   Q_c(j) = sum ... exp(2 (L_ij - m_j)),   T_c(j) = sum ... exp(3 (L_ij - m_j))
+//
+// The n x n matrix is never formed: centres are sorted by label once, streamed in
+// fixed-size tiles, and every query row keeps one running max and running sums per
+// class (an online log-sum-exp).  Terms more than kClamp below their class maximum
+// are dropped or clamped to exp(-kClamp) (they are < 1e-99 of the class sum), which
+// keeps every exp out of the subnormal range.  Results for a row do not depend on the
+// number of threads: each row is reduced by one thread in a fixed order.
+#pragma once
+
+#include <cstdint>
+
+namespace kdecal {
+
+/// Terms with L_ij - (class max) < -kClamp contribute at most exp(-kClamp) each.
+constexpr double kClamp = 230.0;
+
+/// Inputs of one leave-one-out reduction.  All pointers are row-major, C-contiguous.
+template <class Real>
+struct LooProblem {
+    const Real* logq = nullptr;        // (n, K)  log of the query probabilities
+    const Real* p = nullptr;           // (n, K)  centre probabilities
+    const std::int64_t* labels = nullptr;  // (n,)    centre labels in [0, C)
+    std::int64_t n = 0;                // number of points (queries = centres)
+    std::int64_t K = 0;                // simplex dimension
+    std::int64_t C = 1;                // number of label classes
+    const double* scale = nullptr;     // (H,)    1 / bandwidth
+    const double* bias = nullptr;      // (H, n)  -sum_k lgamma(p[i,k] / h + 1)
+    std::int64_t H = 1;                // number of bandwidths
+    int powers = 1;                    // 1: S; 2: S, Q; 3: S, Q, T
+    std::int64_t row_start = 0;        // first query row
+    std::int64_t row_stop = 0;         // one past the last query row
+};
+
+/// Outputs; R = row_stop - row_start.  Q and T may be null when not requested.
+struct LooResult {
+    double* m = nullptr;  // (H, R)
+    double* S = nullptr;  // (H, R, C)
+    double* Q = nullptr;  // (H, R, C) or null
+    double* T = nullptr;  // (H, R, C) or null
+};
+
+/// Run the reduction.  Throws std::invalid_argument on inconsistent sizes or labels
+/// (before any parallel work starts); never throws from inside a parallel region.
+/// n_threads <= 0 uses the OpenMP default.
+void loo_reduce(const LooProblem<double>& prob, const LooResult& out, int n_threads);
+void loo_reduce(const LooProblem<float>& prob, const LooResult& out, int n_threads);
+
+/// Name of the SIMD code path the dispatcher picks on this CPU ("avx512", "avx2",
+/// "baseline"); the environment variable KDECAL_ISA can force a lower one.
+const char* simd_path();
+
+/// Whether the library was compiled with OpenMP, and its default thread count.
+bool has_openmp();
+int max_threads();
+
+}  // namespace kdecal

@@ -1,0 +1,177 @@
+// Dispatcher of the leave-one-out reduction: checks the problem, sorts the centres by
+// label, transposes them into tiles, allocates the per-thread scratch and calls the
+// SIMD kernel that matches this CPU.
+#include "kdecal/loo.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "loo_prepared.hpp"
+
+#if defined(KDECAL_HAVE_AVX512)
+KDECAL_DECLARE_ISA(avx512)
+#endif
+#if defined(KDECAL_HAVE_AVX2)
+KDECAL_DECLARE_ISA(avx2)
+#endif
+KDECAL_DECLARE_ISA(baseline)
+
+namespace kdecal {
+namespace {
+
+enum class Isa { baseline = 0, avx2 = 1, avx512 = 2 };
+
+Isa cpu_isa() {
+    Isa best = Isa::baseline;
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+#if defined(KDECAL_HAVE_AVX2)
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = Isa::avx2;
+#endif
+#if defined(KDECAL_HAVE_AVX512)
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw"))
+        best = Isa::avx512;
+#endif
+#endif
+    // KDECAL_ISA may lower (never raise) the choice, e.g. to test every path.
+    if (const char* env = std::getenv("KDECAL_ISA")) {
+        const std::string want(env);
+        Isa forced = best;
+        if (want == "baseline") forced = Isa::baseline;
+        else if (want == "avx2") forced = Isa::avx2;
+        else if (want == "avx512") forced = Isa::avx512;
+        if (static_cast<int>(forced) < static_cast<int>(best)) best = forced;
+    }
+    return best;
+}
+
+const char* isa_name(Isa isa) {
+    switch (isa) {
+        case Isa::avx512: return "avx512";
+        case Isa::avx2: return "avx2";
+        default: return "baseline";
+    }
+}
+
+void check(bool ok, const std::string& what) {
+    if (!ok) throw std::invalid_argument("kdecal.loo_reduce: " + what);
+}
+
+template <class Real>
+void loo_reduce_impl(const LooProblem<Real>& prob, const LooResult& out, int n_threads) {
+    const std::int64_t n = prob.n, K = prob.K, C = prob.C, H = prob.H;
+    check(n >= 1, "n must be >= 1, got " + std::to_string(n));
+    check(K >= 1, "K must be >= 1, got " + std::to_string(K));
+    check(C >= 1, "the number of classes must be >= 1, got " + std::to_string(C));
+    check(H >= 1, "at least one bandwidth is needed, got " + std::to_string(H));
+    check(prob.powers >= 1 && prob.powers <= 3,
+          "powers must be 1, 2 or 3, got " + std::to_string(prob.powers));
+    check(prob.row_start >= 0 && prob.row_start <= prob.row_stop && prob.row_stop <= n,
+          "need 0 <= row_start <= row_stop <= n");
+    check(prob.logq && prob.p && prob.labels && prob.scale && prob.bias, "null input pointer");
+    check(out.m && out.S, "null output pointer");
+    check(prob.powers < 2 || out.Q, "powers >= 2 needs a Q output");
+    check(prob.powers < 3 || out.T, "powers == 3 needs a T output");
+    if (prob.row_stop == prob.row_start) return;
+
+    // counting sort of the centres by label
+    std::vector<std::int64_t> seg(static_cast<std::size_t>(C + 1), 0);
+    for (std::int64_t i = 0; i < n; ++i) {
+        const std::int64_t c = prob.labels[i];
+        if (c < 0 || c >= C)
+            throw std::invalid_argument("kdecal.loo_reduce: label " + std::to_string(c) +
+                                        " at index " + std::to_string(i) + " is outside [0, " +
+                                        std::to_string(C) + ")");
+        ++seg[static_cast<std::size_t>(c + 1)];
+    }
+    for (std::int64_t c = 0; c < C; ++c) seg[c + 1] += seg[c];
+    std::vector<std::int64_t> fill(seg.begin(), seg.end() - 1), inv(static_cast<std::size_t>(n));
+    std::vector<std::int64_t> perm(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) {
+        const std::int64_t pos = fill[static_cast<std::size_t>(prob.labels[i])]++;
+        inv[i] = pos;
+        perm[pos] = i;
+    }
+
+    const std::int64_t n_pad = (n + detail::kPad - 1) / detail::kPad * detail::kPad;
+    std::vector<Real> pt(static_cast<std::size_t>(K * n_pad), Real(0));
+    for (std::int64_t s = 0; s < n; ++s) {
+        const Real* row = prob.p + perm[s] * K;
+        for (std::int64_t k = 0; k < K; ++k) pt[k * n_pad + s] = row[k];
+    }
+    std::vector<double> bias(static_cast<std::size_t>(H * n));
+    for (std::int64_t t = 0; t < H; ++t)
+        for (std::int64_t s = 0; s < n; ++s) bias[t * n + s] = prob.bias[t * n + perm[s]];
+
+    int nt = n_threads;
+#ifdef _OPENMP
+    if (nt <= 0) nt = omp_get_max_threads();
+#else
+    nt = 1;
+#endif
+    if (nt < 1) nt = 1;
+    const std::int64_t per_thread = detail::scratch_doubles(K, C, H);
+    std::vector<double> scratch(static_cast<std::size_t>(per_thread * nt));
+
+    detail::Prepared<Real> pr{prob.logq, pt.data(), bias.data(), prob.scale, inv.data(),
+                              seg.data(), n, n_pad, K, C, H, prob.powers,
+                              prob.row_start, prob.row_stop};
+    const Isa isa = cpu_isa();
+    if constexpr (std::is_same_v<Real, double>) {
+#if defined(KDECAL_HAVE_AVX512)
+        if (isa == Isa::avx512) return avx512::run_f64(pr, out, scratch.data(), per_thread, nt);
+#endif
+#if defined(KDECAL_HAVE_AVX2)
+        if (isa == Isa::avx2) return avx2::run_f64(pr, out, scratch.data(), per_thread, nt);
+#endif
+        baseline::run_f64(pr, out, scratch.data(), per_thread, nt);
+    } else {
+#if defined(KDECAL_HAVE_AVX512)
+        if (isa == Isa::avx512) return avx512::run_f32(pr, out, scratch.data(), per_thread, nt);
+#endif
+#if defined(KDECAL_HAVE_AVX2)
+        if (isa == Isa::avx2) return avx2::run_f32(pr, out, scratch.data(), per_thread, nt);
+#endif
+        baseline::run_f32(pr, out, scratch.data(), per_thread, nt);
+    }
+    (void)isa;
+}
+
+}  // namespace
+
+void loo_reduce(const LooProblem<double>& prob, const LooResult& out, int n_threads) {
+    loo_reduce_impl(prob, out, n_threads);
+}
+
+void loo_reduce(const LooProblem<float>& prob, const LooResult& out, int n_threads) {
+    loo_reduce_impl(prob, out, n_threads);
+}
+
+const char* simd_path() { return isa_name(cpu_isa()); }
+
+bool has_openmp() {
+#ifdef _OPENMP
+    return true;
+#else
+    return false;
+#endif
+}
+
+int max_threads() {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+}  // namespace kdecal

@@ -1,0 +1,260 @@
+// SIMD kernel of the leave-one-out reduction.  This file is compiled once per
+// instruction set (KDECAL_ISA_NS = avx512 | avx2 | baseline, each with its own
+// -m flags); loo.cpp picks one at run time.  Everything except the two exported
+// entry points has internal linkage, and no standard-library template is
+// instantiated here, so no code compiled for a wider ISA can leak into another path.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "loo_prepared.hpp"
+
+#ifndef KDECAL_ISA_NS
+#error "KDECAL_ISA_NS must name the instruction-set namespace"
+#endif
+
+KDECAL_DECLARE_ISA(KDECAL_ISA_NS)
+
+namespace kdecal {
+namespace KDECAL_ISA_NS {
+namespace {
+
+using detail::kColBlock;
+using detail::kMicroRows;
+using detail::kRowBlock;
+using detail::Prepared;
+using i64 = std::int64_t;
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// exp(x) for x in [-kClamp, 0] (valid for |x| < 700), relative error < 3e-16.
+// Cody-Waite range reduction x = n ln2 + r, |r| <= ln2/2, degree-12 Taylor
+// polynomial, and 2^n built from the bits of the rounded multiple.  Written so that
+// the compiler vectorises it inside the reduction loops.
+inline double exp_small(double x) {
+    const double kLog2e = 1.4426950408889634074;
+    const double kShift = 6755399441055744.0;  // 1.5 * 2^52: rounds to an integer
+    const double kLn2Hi = 6.93147180369123816490e-01;
+    const double kLn2Lo = 1.90821492927058770002e-10;
+    const double kd = x * kLog2e + kShift;
+    const double nd = kd - kShift;
+    double r = x - nd * kLn2Hi;
+    r = r - nd * kLn2Lo;
+    double q = 2.08767569878680989792e-09;          // 1/12!
+    q = q * r + 2.50521083854417187751e-08;         // 1/11!
+    q = q * r + 2.75573192239858906526e-07;         // 1/10!
+    q = q * r + 2.75573192239858906526e-06;         // 1/9!
+    q = q * r + 2.48015873015873015873e-05;         // 1/8!
+    q = q * r + 1.98412698412698412698e-04;         // 1/7!
+    q = q * r + 1.38888888888888888889e-03;         // 1/6!
+    q = q * r + 8.33333333333333333333e-03;         // 1/5!
+    q = q * r + 4.16666666666666666667e-02;         // 1/4!
+    q = q * r + 1.66666666666666666667e-01;         // 1/3!
+    q = q * r + 0.5;
+    q = q * r + 1.0;
+    q = q * r + 1.0;
+    std::uint64_t bits;
+    std::memcpy(&bits, &kd, sizeof bits);
+    bits = (bits << 52) + (std::uint64_t{1023} << 52);
+    double two_n;
+    std::memcpy(&two_n, &bits, sizeof two_n);
+    return q * two_n;
+}
+
+// Running state of one (bandwidth, query row, class): max and the power sums
+// relative to it.
+struct Acc {
+    double* m;
+    double* s1;
+    double* s2;
+    double* s3;
+};
+
+// Fold centres [0, len) of one class into the running state of one query row.
+// b: bias of those centres, g: their K-dots with the query, s: 1/h.
+template <int POW, class Real>
+inline void fold(const double* b, const Real* g, i64 len, double s, double& mc,
+                 double& s1, double& s2, double& s3) {
+    double mx = kNegInf;
+#pragma omp simd reduction(max : mx)
+    for (i64 i = 0; i < len; ++i) {
+        const double l = b[i] + s * static_cast<double>(g[i]);
+        mx = l > mx ? l : mx;
+    }
+    if (!(mx > kNegInf)) return;
+    if (mx > mc) {
+        const double f = std::exp(mc - mx);  // 0 when mc = -inf
+        s1 *= f;
+        if (POW >= 2) s2 *= f * f;
+        if (POW >= 3) s3 *= f * f * f;
+        mc = mx;
+    } else if (mx < mc - kClamp) {
+        return;  // every term is below exp(-kClamp) of this class's maximum
+    }
+    const double off = mc;
+    double a1 = 0.0, a2 = 0.0, a3 = 0.0;
+#pragma omp simd reduction(+ : a1, a2, a3)
+    for (i64 i = 0; i < len; ++i) {
+        double x = b[i] + s * static_cast<double>(g[i]) - off;
+        x = x < -kClamp ? -kClamp : x;
+        const double w = exp_small(x);
+        a1 += w;
+        if (POW >= 2) a2 += w * w;
+        if (POW >= 3) a3 += w * w * w;
+    }
+    s1 += a1;
+    if (POW >= 2) s2 += a2;
+    if (POW >= 3) s3 += a3;
+}
+
+template <int POW, class Real>
+inline void fold_range(const Prepared<Real>& pr, const Real* grow, i64 cb, i64 lo, i64 hi,
+                       i64 t, double& mc, double& s1, double& s2, double& s3) {
+    if (hi <= lo) return;
+    fold<POW>(pr.bias + t * pr.n + lo, grow + (lo - cb), hi - lo, pr.scale[t], mc, s1, s2, s3);
+}
+
+// G[r][0..bc) = sum_k lq[r][k] * pt[k][cb..cb+bc) for kMicroRows rows at once,
+// accumulators held in registers across k.
+template <class Real>
+inline void gemm_micro(const Real* lq, i64 K, const Real* pt, i64 n_pad, i64 cb, i64 bc,
+                       Real* g, i64 ldg) {
+    constexpr i64 V = 64 / static_cast<i64>(sizeof(Real));
+    for (i64 c0 = 0; c0 < bc; c0 += V) {
+        Real acc[kMicroRows][V];
+        for (i64 r = 0; r < kMicroRows; ++r)
+            for (i64 v = 0; v < V; ++v) acc[r][v] = Real(0);
+        for (i64 k = 0; k < K; ++k) {
+            const Real* col = pt + k * n_pad + cb + c0;
+            for (i64 r = 0; r < kMicroRows; ++r) {
+                const Real a = lq[r * K + k];
+#pragma omp simd
+                for (i64 v = 0; v < V; ++v) acc[r][v] += a * col[v];
+            }
+        }
+        for (i64 r = 0; r < kMicroRows; ++r)
+            for (i64 v = 0; v < V; ++v) g[r * ldg + c0 + v] = acc[r][v];
+    }
+}
+
+template <int POW, class Real>
+void run_block(const Prepared<Real>& pr, const LooResult& out, i64 j0, double* scratch) {
+    const i64 K = pr.K, C = pr.C, H = pr.H, n = pr.n;
+    const i64 nr = (pr.row_stop - j0) < kRowBlock ? (pr.row_stop - j0) : kRowBlock;
+    const i64 R = pr.row_stop - pr.row_start;
+    const i64 nacc = H * kRowBlock * C;
+
+    Real* g = reinterpret_cast<Real*>(scratch);                     // kRowBlock x kColBlock
+    Real* lq = reinterpret_cast<Real*>(scratch + kRowBlock * kColBlock);  // kRowBlock x K
+    double* am = scratch + kRowBlock * kColBlock + kRowBlock * K;
+    double* a1 = am + nacc;
+    double* a2 = a1 + nacc;
+    double* a3 = a2 + nacc;
+    for (i64 i = 0; i < nacc; ++i) {
+        am[i] = kNegInf;
+        a1[i] = 0.0;
+        a2[i] = 0.0;
+        a3[i] = 0.0;
+    }
+    for (i64 r = 0; r < kRowBlock; ++r)
+        for (i64 k = 0; k < K; ++k)
+            lq[r * K + k] = r < nr ? pr.logq[(j0 + r) * K + k] : Real(0);
+
+    for (i64 cb = 0; cb < n; cb += kColBlock) {
+        const i64 ce = (cb + kColBlock) < n ? (cb + kColBlock) : n;
+        i64 bc = ce - cb;
+        bc = (bc + detail::kPad - 1) / detail::kPad * detail::kPad;  // within n_pad
+        for (i64 r0 = 0; r0 < nr; r0 += kMicroRows)
+            gemm_micro(lq + r0 * K, K, pr.pt, pr.n_pad, cb, bc, g + r0 * kColBlock, kColBlock);
+
+        // classes overlapping [cb, ce)
+        i64 c_first = 0;
+        while (c_first < C && pr.seg[c_first + 1] <= cb) ++c_first;
+        for (i64 r = 0; r < nr; ++r) {
+            const Real* grow = g + r * kColBlock;
+            const i64 d = pr.inv[j0 + r];  // sorted position of the query itself
+            for (i64 c = c_first; c < C && pr.seg[c] < ce; ++c) {
+                const i64 lo = pr.seg[c] > cb ? pr.seg[c] : cb;
+                const i64 hi = pr.seg[c + 1] < ce ? pr.seg[c + 1] : ce;
+                if (hi <= lo) continue;
+                for (i64 t = 0; t < H; ++t) {
+                    const i64 ai = (t * kRowBlock + r) * C + c;
+                    if (d >= lo && d < hi) {  // leave one out: skip the diagonal
+                        fold_range<POW>(pr, grow, cb, lo, d, t, am[ai], a1[ai], a2[ai], a3[ai]);
+                        fold_range<POW>(pr, grow, cb, d + 1, hi, t, am[ai], a1[ai], a2[ai], a3[ai]);
+                    } else {
+                        fold_range<POW>(pr, grow, cb, lo, hi, t, am[ai], a1[ai], a2[ai], a3[ai]);
+                    }
+                }
+            }
+        }
+    }
+
+    // combine the per-class log-sum-exps and write rows j0 .. j0 + nr
+    for (i64 t = 0; t < H; ++t) {
+        for (i64 r = 0; r < nr; ++r) {
+            const i64 row = j0 + r - pr.row_start;
+            const double* mcs = am + (t * kRowBlock + r) * C;
+            double mx = kNegInf;
+            for (i64 c = 0; c < C; ++c) mx = mcs[c] > mx ? mcs[c] : mx;
+            out.m[t * R + row] = mx;
+            for (i64 c = 0; c < C; ++c) {
+                const i64 ai = (t * kRowBlock + r) * C + c;
+                const i64 oi = (t * R + row) * C + c;
+                const bool empty = !(mcs[c] > kNegInf);
+                const double f = empty ? 0.0 : std::exp(mcs[c] - mx);
+                out.S[oi] = empty ? 0.0 : a1[ai] * f;
+                if (POW >= 2) out.Q[oi] = empty ? 0.0 : a2[ai] * (f * f);
+                if (POW >= 3) out.T[oi] = empty ? 0.0 : a3[ai] * (f * f * f);
+            }
+        }
+    }
+}
+
+template <int POW, class Real>
+void run_pow(const Prepared<Real>& pr, const LooResult& out, double* scratch, i64 per_thread,
+             int n_threads) {
+    const i64 nblocks = (pr.row_stop - pr.row_start + kRowBlock - 1) / kRowBlock;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) if (n_threads > 1)
+#endif
+    for (i64 b = 0; b < nblocks; ++b) {
+#ifdef _OPENMP
+        const int tid = omp_get_thread_num();
+#else
+        const int tid = 0;
+#endif
+        run_block<POW>(pr, out, pr.row_start + b * kRowBlock, scratch + tid * per_thread);
+    }
+    (void)n_threads;
+}
+
+template <class Real>
+void run(const Prepared<Real>& pr, const LooResult& out, double* scratch, i64 per_thread,
+         int n_threads) {
+    switch (pr.powers) {
+        case 1: run_pow<1>(pr, out, scratch, per_thread, n_threads); break;
+        case 2: run_pow<2>(pr, out, scratch, per_thread, n_threads); break;
+        default: run_pow<3>(pr, out, scratch, per_thread, n_threads); break;
+    }
+}
+
+}  // namespace
+
+void run_f64(const Prepared<double>& pr, const LooResult& out, double* scratch,
+             std::int64_t per_thread, int n_threads) {
+    run(pr, out, scratch, per_thread, n_threads);
+}
+
+void run_f32(const Prepared<float>& pr, const LooResult& out, double* scratch,
+             std::int64_t per_thread, int n_threads) {
+    run(pr, out, scratch, per_thread, n_threads);
+}
+
+}  // namespace KDECAL_ISA_NS
+}  // namespace kdecal

@@ -1,0 +1,50 @@
+// Internal: the sorted, transposed data handed from the dispatcher (loo.cpp, compiled
+// for the baseline ISA) to one of the SIMD kernels (loo_isa.cpp, compiled once per ISA).
+// Plain data only: nothing here may instantiate a template shared across the two kinds
+// of translation unit (an inline function compiled with AVX-512 flags could otherwise
+// be picked by the linker for the baseline path).
+#pragma once
+
+#include <cstdint>
+
+#include "kdecal/loo.hpp"
+
+namespace kdecal {
+namespace detail {
+
+constexpr std::int64_t kRowBlock = 16;    // query rows per task (one thread)
+constexpr std::int64_t kMicroRows = 4;    // query rows per register-blocked GEMM step
+constexpr std::int64_t kColBlock = 256;   // centres per tile
+constexpr std::int64_t kPad = 16;         // PT columns are padded to a multiple of this
+
+template <class Real>
+struct Prepared {
+    const Real* logq;          // (n, K)   queries, original order
+    const Real* pt;            // (K, n_pad) centres sorted by label, transposed, zero-padded
+    const double* bias;        // (H, n)   bias of the sorted centres
+    const double* scale;       // (H,)
+    const std::int64_t* inv;   // (n,)     sorted position of original row j
+    const std::int64_t* seg;   // (C + 1,) class c occupies sorted positions [seg[c], seg[c+1])
+    std::int64_t n, n_pad, K, C, H;
+    int powers;
+    std::int64_t row_start, row_stop;
+};
+
+/// Doubles of scratch one thread needs.
+inline std::int64_t scratch_doubles(std::int64_t K, std::int64_t C, std::int64_t H) {
+    return kRowBlock * kColBlock + kRowBlock * K + 4 * H * kRowBlock * C + 64;
+}
+
+}  // namespace detail
+}  // namespace kdecal
+
+// One set of these per ISA namespace (avx512, avx2, baseline).
+#define KDECAL_DECLARE_ISA(ns)                                                         \
+    namespace kdecal {                                                                 \
+    namespace ns {                                                                     \
+    void run_f64(const detail::Prepared<double>& pr, const LooResult& out,             \
+                 double* scratch, std::int64_t scratch_per_thread, int n_threads);      \
+    void run_f32(const detail::Prepared<float>& pr, const LooResult& out,              \
+                 double* scratch, std::int64_t scratch_per_thread, int n_threads);      \
+    }                                                                                  \
+    }

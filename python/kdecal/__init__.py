@@ -1,0 +1,56 @@
+"""kdecal: kernel estimators of calibration error with a streaming C++/OpenMP core.
+
+The canonical L_p calibration error ECE^KDE (Popordanoska et al. 2022), proper
+calibration errors for Bregman generators (KL, L2), refinement and sharpness
+(Popordanoska et al. 2024), leave-one-out bandwidth selection, and a one-pass
+:func:`evaluate` report.
+"""
+
+from __future__ import annotations
+
+from ._backends import available_backends, get_num_threads, set_num_threads
+from ._report import CalibrationReport
+from ._validation import PROB_EPS, ROW_SUM_ATOL
+from .kde import (
+    DEFAULT_BANDWIDTH_GRID,
+    Bregman,
+    calibration_error,
+    conditional_expectation,
+    ece_kde,
+    evaluate,
+    loo_log_likelihood,
+    refinement,
+    select_bandwidth,
+    sharpness,
+    softmax,
+)
+from .warnings import BackendFallbackWarning, KdecalWarning
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_BANDWIDTH_GRID",
+    "PROB_EPS",
+    "ROW_SUM_ATOL",
+    "BackendFallbackWarning",
+    "Bregman",
+    "CalibrationReport",
+    "KdecalWarning",
+    "__version__",
+    "available_backends",
+    "calibration_error",
+    "conditional_expectation",
+    "ece_kde",
+    "evaluate",
+    "get_num_threads",
+    "loo_log_likelihood",
+    "refinement",
+    "select_bandwidth",
+    "set_num_threads",
+    "sharpness",
+    "softmax",
+]
+
+
+def __dir__() -> list[str]:
+    return __all__
