@@ -66,26 +66,31 @@ inline double exp_small(double x) {
     return q * two_n;
 }
 
-// Running state of one (bandwidth, query row, class): max and the power sums
-// relative to it.
-struct Acc {
-    double* m;
-    double* s1;
-    double* s2;
-    double* s3;
-};
-
 // Fold centres [0, len) of one class into the running state of one query row.
-// b: bias of those centres, g: their K-dots with the query, s: 1/h.
+// b: bias of those centres, g: their K-dots with the query, s: 1/h.  The loops keep
+// kLanes independent accumulators so that the max and sum reductions are limited by
+// throughput, not by the latency of one dependency chain.
+constexpr i64 kLanes = 32;
+
 template <int POW, class Real>
 inline void fold(const double* b, const Real* g, i64 len, double s, double& mc,
                  double& s1, double& s2, double& s3) {
-    double mx = kNegInf;
-#pragma omp simd reduction(max : mx)
-    for (i64 i = 0; i < len; ++i) {
-        const double l = b[i] + s * static_cast<double>(g[i]);
-        mx = l > mx ? l : mx;
+    double mxv[kLanes];
+    for (i64 v = 0; v < kLanes; ++v) mxv[v] = kNegInf;
+    i64 i = 0;
+    for (; i + kLanes <= len; i += kLanes) {
+#pragma omp simd
+        for (i64 v = 0; v < kLanes; ++v) {
+            const double l = b[i + v] + s * static_cast<double>(g[i + v]);
+            mxv[v] = l > mxv[v] ? l : mxv[v];
+        }
     }
+    for (i64 v = 0; i + v < len; ++v) {
+        const double l = b[i + v] + s * static_cast<double>(g[i + v]);
+        mxv[v] = l > mxv[v] ? l : mxv[v];
+    }
+    double mx = kNegInf;
+    for (i64 v = 0; v < kLanes; ++v) mx = mxv[v] > mx ? mxv[v] : mx;
     if (!(mx > kNegInf)) return;
     if (mx > mc) {
         const double f = std::exp(mc - mx);  // 0 when mc = -inf
@@ -97,19 +102,41 @@ inline void fold(const double* b, const Real* g, i64 len, double s, double& mc,
         return;  // every term is below exp(-kClamp) of this class's maximum
     }
     const double off = mc;
-    double a1 = 0.0, a2 = 0.0, a3 = 0.0;
-#pragma omp simd reduction(+ : a1, a2, a3)
-    for (i64 i = 0; i < len; ++i) {
-        double x = b[i] + s * static_cast<double>(g[i]) - off;
+    double a1[kLanes], a2[kLanes], a3[kLanes];
+    for (i64 v = 0; v < kLanes; ++v) {
+        a1[v] = 0.0;
+        a2[v] = 0.0;
+        a3[v] = 0.0;
+    }
+    i = 0;
+    for (; i + kLanes <= len; i += kLanes) {
+#pragma omp simd
+        for (i64 v = 0; v < kLanes; ++v) {
+            double x = b[i + v] + s * static_cast<double>(g[i + v]) - off;
+            x = x < -kClamp ? -kClamp : x;
+            const double w = exp_small(x);
+            a1[v] += w;
+            if (POW >= 2) a2[v] += w * w;
+            if (POW >= 3) a3[v] += w * w * w;
+        }
+    }
+    for (i64 v = 0; i + v < len; ++v) {
+        double x = b[i + v] + s * static_cast<double>(g[i + v]) - off;
         x = x < -kClamp ? -kClamp : x;
         const double w = exp_small(x);
-        a1 += w;
-        if (POW >= 2) a2 += w * w;
-        if (POW >= 3) a3 += w * w * w;
+        a1[v] += w;
+        if (POW >= 2) a2[v] += w * w;
+        if (POW >= 3) a3[v] += w * w * w;
     }
-    s1 += a1;
-    if (POW >= 2) s2 += a2;
-    if (POW >= 3) s3 += a3;
+    double t1 = 0.0, t2 = 0.0, t3 = 0.0;
+    for (i64 v = 0; v < kLanes; ++v) {
+        t1 += a1[v];
+        if (POW >= 2) t2 += a2[v];
+        if (POW >= 3) t3 += a3[v];
+    }
+    s1 += t1;
+    if (POW >= 2) s2 += t2;
+    if (POW >= 3) s3 += t3;
 }
 
 template <int POW, class Real>

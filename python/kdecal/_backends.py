@@ -25,7 +25,7 @@ BACKENDS = ("cpp", "numba")
 _core: Any = None
 _core_error: BaseException | None = None
 try:
-    from . import _core  # type: ignore[no-redef]
+    _core = importlib.import_module("kdecal._core")
 except ImportError as exc:  # pragma: no cover - exercised by the fallback test
     _core_error = exc
 

@@ -1,0 +1,614 @@
+"""Reading classifier predictions (scores and labels) from files.
+
+Supported formats
+-----------------
+``.npz``
+    Arrays ``probs`` or ``logits`` (``(n, K)``, or ``(n,)`` for binary) and
+    ``labels`` (``(n,)``). Files holding several splits use prefixed keys
+    instead, ``<split>_probs`` / ``<split>_logits`` and ``<split>_labels``
+    (for example ``val_logits``, ``val_labels``, ``test_logits``,
+    ``test_labels``). Other keys (such as ``note``) are ignored.
+``.npy``
+    One file holds the scores, another the labels. For a scores file
+    ``DIR/X.npy`` the labels are read from ``DIR/X_labels.npy`` if it exists,
+    otherwise from ``DIR/labels.npy``.
+``.csv``
+    Comma-separated with a header row. One column named ``label`` or
+    ``labels`` (any case) holds the integer class; every other numeric column
+    is a score column, taken in file order as classes ``0..K-1``. A single
+    score column is binary ``P(y=1)`` (or a binary logit). Columns with
+    non-numeric values, an empty header, a ``Unnamed: ...`` header (a pandas
+    index) or the name ``id`` / ``index`` are ignored.
+``.parquet``
+    Same column rules as ``.csv`` (numeric columns are scores, in file order);
+    a single list-typed column holding one ``K``-vector per row is accepted
+    too. Needs pyarrow (``pip install 'kdecal[parquet]'``).
+
+Scores that are logits are returned as they are, with ``is_logits=True``; the
+caller applies :func:`kdecal.softmax` (``(n, K)``) or the logistic sigmoid
+(binary ``(n,)`` log-odds).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import re
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "BUNDLED_EXAMPLE",
+    "InputFileError",
+    "bundled_example_path",
+    "load_predictions",
+]
+
+#: File name of the bundled example inside ``kdecal/data``.
+BUNDLED_EXAMPLE = "cifar10_vgg16_keras_verifiedcal.npz"
+
+_EXTENSIONS = (".npz", ".npy", ".csv", ".parquet")
+_SPLIT_KEY = re.compile(r"^(?P<split>[A-Za-z0-9]+)_(?P<kind>probs|logits|labels)$")
+_LABEL_COLUMNS = ("label", "labels")
+_IGNORED_COLUMNS = ("", "id", "index", "__index_level_0__")
+_ROW_SUM_ATOL = 1e-3
+
+
+class InputFileError(ValueError):
+    """A predictions file is missing, unreadable or has the wrong content.
+
+    The message is one sentence that names the file and the problem.
+    """
+
+
+def _fail(path: str | os.PathLike[str], problem: str) -> InputFileError:
+    return InputFileError(f"{os.fspath(path)}: {problem}")
+
+
+def bundled_example_path() -> Path:
+    """Return the path of the bundled example predictions file.
+
+    The file is ``kdecal/data/cifar10_vgg16_keras_verifiedcal.npz``: softmax
+    probabilities of a VGG-16-style CNN on the 10,000 CIFAR-10 test images and
+    their labels (from p-lambda/verified_calibration, MIT licence; see
+    ``kdecal/data/README.md``).
+
+    Returns
+    -------
+    pathlib.Path
+        Path of the ``.npz`` file.
+
+    Raises
+    ------
+    FileNotFoundError
+        If the package was installed without its data files.
+    """
+    candidates: list[Path] = []
+    try:
+        from importlib.resources import files
+
+        resource = files("kdecal").joinpath("data", BUNDLED_EXAMPLE)
+        candidates.append(Path(os.fspath(resource)))  # type: ignore[arg-type]
+    except (ImportError, TypeError, ValueError, NotImplementedError):
+        pass  # not a plain directory install: fall back to the module's folder
+    candidates.append(Path(__file__).resolve().parent / "data" / BUNDLED_EXAMPLE)
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"the bundled example {BUNDLED_EXAMPLE} is missing from the kdecal installation"
+    )
+
+
+def load_predictions(
+    path: str | os.PathLike[str],
+    *,
+    split: str | None = None,
+    logits: bool | None = None,
+) -> tuple[np.ndarray, np.ndarray, bool, str]:
+    """Read classifier scores and true labels from a file.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A ``.npz``, ``.npy``, ``.csv`` or ``.parquet`` file (see the module
+        docstring for the layout of each format).
+    split : str, optional
+        For ``.npz`` files with split-prefixed keys (``val_logits``,
+        ``test_labels``, ...): which split to read. Default: ``"test"`` if the
+        file has it, else its only split; unprefixed ``probs``/``logits`` keys
+        take precedence when ``split`` is None. Giving a split for a file
+        without prefixed keys, or for another format, is an error.
+    logits : bool, optional
+        True: the scores are logits (binary single column: log-odds). False:
+        the scores are probabilities. None (default): for ``.npz`` files,
+        decided by the key name (``logits`` or ``probs``); for the other
+        formats, the scores are taken as logits if any value is below 0 or
+        above 1, or (two or more columns) any row does not sum to 1 within
+        1e-3.
+
+    Returns
+    -------
+    scores : numpy.ndarray
+        Float array ``(n, K)`` with ``K >= 2``, or ``(n,)`` for a single
+        binary score column. float32 and float64 inputs keep their dtype,
+        other numeric types become float64.
+    labels : numpy.ndarray
+        int64 array ``(n,)``.
+    is_logits : bool
+        Whether ``scores`` are logits (to be passed through softmax, or the
+        sigmoid for ``(n,)``) rather than probabilities.
+    description : str
+        Short human-readable description: the file name, what was read from
+        it and how the scores were interpreted, e.g.
+        ``"preds.npz [test_logits, test_labels], logits (from key name)"``.
+
+    Raises
+    ------
+    InputFileError
+        (a ValueError) for a missing file, an unknown extension, a missing
+        key or column, bad shapes, non-integer labels, NaN scores or mismatched
+        lengths. The message names the file and the problem in one sentence.
+    """
+    p = Path(os.fspath(path))
+    if not p.exists():
+        raise _fail(path, "file not found")
+    if p.is_dir():
+        raise _fail(path, "is a directory, not a predictions file")
+    ext = p.suffix.lower()
+    if ext not in _EXTENSIONS:
+        problem = (
+            f"unknown file extension '{p.suffix}'"
+            if p.suffix
+            else "has no file extension"
+        )
+        raise _fail(path, f"{problem} (expected .npz, .npy, .csv or .parquet)")
+    if split is not None and ext != ".npz":
+        raise _fail(
+            path, f"split={split!r} applies only to .npz files with val_/test_ keys"
+        )
+    try:
+        if ext == ".npz":
+            scores, labels, key_logits, desc = _read_npz(p, path, split, logits)
+        elif ext == ".npy":
+            scores, labels, desc = _read_npy(p, path)
+            key_logits = None
+        elif ext == ".csv":
+            scores, labels, desc = _read_csv(p, path)
+            key_logits = None
+        else:
+            scores, labels, desc = _read_parquet(p, path)
+            key_logits = None
+    except InputFileError:
+        raise
+    except (OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise _fail(path, f"cannot be read ({_one_line(exc)})") from exc
+    except UnicodeDecodeError as exc:
+        raise _fail(path, "is not a UTF-8 text file") from exc
+
+    scores, labels = _check_arrays(scores, labels, path)
+    if logits is not None:
+        is_logits = bool(logits)
+        how = "as specified"
+    elif key_logits is not None:
+        is_logits = key_logits
+        how = "from key name"
+    else:
+        is_logits, how = _infer_logits(scores)
+    desc = f"{desc}, {'logits' if is_logits else 'probabilities'} ({how})"
+    return scores, labels, is_logits, desc
+
+
+# --------------------------------------------------------------------------- #
+# helpers
+# --------------------------------------------------------------------------- #
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+def _infer_logits(scores: np.ndarray) -> tuple[bool, str]:
+    """Decide whether ``scores`` are logits, by the rule of :func:`load_predictions`."""
+    finite = scores[np.isfinite(scores)]
+    if finite.size != scores.size or (
+        finite.size and (finite.min() < 0 or finite.max() > 1)
+    ):
+        return True, "inferred: values outside [0, 1]"
+    if scores.ndim == 2:
+        sums = scores.sum(axis=1, dtype=np.float64)
+        if np.any(np.abs(sums - 1.0) > _ROW_SUM_ATOL):
+            return True, "inferred: rows do not sum to 1"
+    return False, "inferred"
+
+
+def _check_arrays(
+    scores: Any, labels: Any, path: str | os.PathLike[str]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Validate shapes and types; return (float scores, int64 labels)."""
+    scores = np.asarray(scores)
+    labels = np.asarray(labels)
+    if scores.dtype == object or not (
+        np.issubdtype(scores.dtype, np.number) or scores.dtype == np.bool_
+    ):
+        raise _fail(path, f"scores are not numeric (dtype {scores.dtype})")
+    if np.issubdtype(scores.dtype, np.complexfloating):
+        raise _fail(path, "scores are complex numbers")
+    if scores.dtype not in (np.float32, np.float64):
+        scores = scores.astype(np.float64)
+    if scores.ndim == 2 and scores.shape[1] == 1:
+        scores = scores[:, 0]
+    if scores.ndim not in (1, 2):
+        raise _fail(
+            path,
+            f"scores must have shape (n, K) or (n,), got shape {scores.shape}",
+        )
+    if scores.ndim == 2 and scores.shape[1] == 0:
+        raise _fail(path, "scores have no columns")
+    if labels.ndim == 2 and labels.shape[1] == 1:
+        labels = labels[:, 0]
+    if labels.ndim != 1:
+        raise _fail(path, f"labels must have shape (n,), got shape {labels.shape}")
+    if scores.shape[0] != labels.shape[0]:
+        raise _fail(
+            path,
+            f"scores have {scores.shape[0]} rows but labels have {labels.shape[0]} entries",
+        )
+    if scores.shape[0] == 0:
+        raise _fail(path, "holds no samples")
+    if np.isnan(scores).any():
+        row = int(np.argwhere(np.isnan(scores))[0][0])
+        raise _fail(path, f"scores contain NaN (first at row {row})")
+    labels = _as_int_labels(labels, path)
+    return np.ascontiguousarray(scores), labels
+
+
+def _as_int_labels(labels: np.ndarray, path: str | os.PathLike[str]) -> np.ndarray:
+    if labels.dtype == np.bool_:
+        return labels.astype(np.int64)
+    if np.issubdtype(labels.dtype, np.integer):
+        return labels.astype(np.int64, copy=False)
+    if np.issubdtype(labels.dtype, np.floating):
+        ok = np.isfinite(labels) & (labels == np.round(labels))
+        if not ok.all():
+            bad = labels[~ok][0]
+            raise _fail(path, f"labels must be integer class indices, found {bad!r}")
+        return labels.astype(np.int64)
+    raise _fail(path, f"labels must be integer class indices, got dtype {labels.dtype}")
+
+
+# ------------------------------- npz ------------------------------------- #
+
+
+def _read_npz(
+    p: Path, path: str | os.PathLike[str], split: str | None, logits: bool | None
+) -> tuple[np.ndarray, np.ndarray, bool, str]:
+    try:
+        archive = np.load(p, allow_pickle=False)
+    except ValueError as exc:
+        raise _fail(path, f"is not a valid .npz file ({_one_line(exc)})") from exc
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise _fail(
+            path,
+            "is not a .npz archive (it holds a single array; use the .npy extension)",
+        )
+    with archive:
+        keys = list(archive.files)
+        shown = ", ".join(keys) if keys else "none"
+        splits = sorted(
+            {
+                m["split"]
+                for k in keys
+                if (m := _SPLIT_KEY.match(k)) and m["kind"] != "labels"
+            }
+        )
+        plain = [k for k in ("probs", "logits") if k in keys]
+
+        if split is not None:
+            if not splits:
+                raise _fail(
+                    path,
+                    f"has no split-prefixed keys such as test_probs or test_logits, so split "
+                    f"{split!r} cannot be chosen (keys: {shown})",
+                )
+            if split not in splits:
+                raise _fail(
+                    path,
+                    f"has no split {split!r}; splits present: {', '.join(splits)}",
+                )
+            prefix = f"{split}_"
+        elif plain:
+            prefix = ""
+        elif "test" in splits:
+            prefix = "test_"
+        elif len(splits) == 1:
+            prefix = f"{splits[0]}_"
+        elif splits:
+            raise _fail(
+                path,
+                f"holds several splits ({', '.join(splits)}) and none is 'test'; choose one with "
+                "split (--split on the command line)",
+            )
+        else:
+            raise _fail(path, f"has no 'probs' or 'logits' array (keys: {shown})")
+
+        have_probs = f"{prefix}probs" in keys
+        have_logits = f"{prefix}logits" in keys
+        if have_probs and have_logits:
+            score_key = f"{prefix}logits" if logits else f"{prefix}probs"
+        elif have_logits:
+            score_key = f"{prefix}logits"
+        elif have_probs:
+            score_key = f"{prefix}probs"
+        else:
+            raise _fail(
+                path,
+                f"has no '{prefix}probs' or '{prefix}logits' array (keys: {shown})",
+            )
+
+        label_key = next(
+            (k for k in (f"{prefix}labels", f"{prefix}label") if k in keys), None
+        )
+        if label_key is None:
+            raise _fail(path, f"has no '{prefix}labels' array (keys: {shown})")
+
+        try:
+            scores = archive[score_key]
+            labels = archive[label_key]
+        except ValueError as exc:  # object arrays need pickle, which is refused
+            raise _fail(
+                path, f"array cannot be loaded without pickle ({_one_line(exc)})"
+            ) from exc
+    key_logits = score_key.endswith("logits")
+    return scores, labels, key_logits, f"{p.name} [{score_key}, {label_key}]"
+
+
+# ------------------------------- npy ------------------------------------- #
+
+
+def _load_npy(p: Path, shown_path: str | os.PathLike[str]) -> np.ndarray:
+    try:
+        arr = np.load(p, allow_pickle=False)
+    except ValueError as exc:
+        raise _fail(shown_path, f"is not a valid .npy file ({_one_line(exc)})") from exc
+    if not isinstance(arr, np.ndarray):
+        raise _fail(
+            shown_path, "is a .npz archive, not a single array; use the .npz extension"
+        )
+    return arr
+
+
+def _read_npy(
+    p: Path, path: str | os.PathLike[str]
+) -> tuple[np.ndarray, np.ndarray, str]:
+    if p.stem == "labels" or p.stem.endswith("_labels"):
+        raise _fail(
+            path, "is a labels file; pass the scores file (X.npy next to X_labels.npy)"
+        )
+    candidates = [
+        p.with_name(f"{p.stem}_labels{p.suffix}"),
+        p.with_name(f"labels{p.suffix}"),
+    ]
+    label_path = next((c for c in candidates if c.is_file()), None)
+    if label_path is None:
+        raise _fail(
+            path,
+            f"no labels file found next to it (looked for {candidates[0].name} and "
+            f"{candidates[1].name} in the same folder)",
+        )
+    scores = _load_npy(p, path)
+    labels = _load_npy(label_path, label_path)
+    return scores, labels, f"{p.name} + {label_path.name}"
+
+
+# ------------------------------- csv ------------------------------------- #
+
+
+def _parse_float(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _split_columns(
+    names: list[str], path: str | os.PathLike[str]
+) -> tuple[int, list[int]]:
+    """Return (label column index, candidate score column indices)."""
+    lowered = [n.strip().lower() for n in names]
+    label_idx = [i for i, n in enumerate(lowered) if n in _LABEL_COLUMNS]
+    if not label_idx:
+        raise _fail(
+            path,
+            f"has no 'label' or 'labels' column (columns: {', '.join(names) or 'none'})",
+        )
+    if len(label_idx) > 1:
+        raise _fail(path, "has more than one label column ('label'/'labels')")
+    candidates = [
+        i
+        for i, n in enumerate(lowered)
+        if i != label_idx[0]
+        and n not in _IGNORED_COLUMNS
+        and not n.startswith("unnamed:")
+    ]
+    return label_idx[0], candidates
+
+
+def _read_csv(
+    p: Path, path: str | os.PathLike[str]
+) -> tuple[np.ndarray, np.ndarray, str]:
+    with open(p, newline="", encoding="utf-8-sig") as fh:
+        reader = csv.reader(fh)
+        numbered: list[tuple[int, list[str]]] = []
+        start = 1
+        for r in reader:
+            if any(cell.strip() for cell in r):  # skip blank lines
+                numbered.append((start, r))
+            start = reader.line_num + 1
+    if not numbered:
+        raise _fail(path, "is empty")
+    header = [c.strip() for c in numbered[0][1]]
+    body = [r for _, r in numbered[1:]]
+    linenos = [k for k, _ in numbered[1:]]
+    if not body:
+        raise _fail(path, "has a header but no data rows")
+    label_col, candidates = _split_columns(header, path)
+    ncol = len(header)
+    for lineno, r in zip(linenos, body):
+        if len(r) != ncol:
+            raise _fail(
+                path, f"line {lineno} has {len(r)} fields but the header has {ncol}"
+            )
+
+    labels_text = [r[label_col].strip() for r in body]
+    label_vals = [_parse_float(t) for t in labels_text]
+    for lineno, t, v in zip(linenos, labels_text, label_vals):
+        if v is None or not math.isfinite(v) or v != round(v):
+            raise _fail(
+                path,
+                f"label column '{header[label_col]}' must hold integer class indices, "
+                f"found {t!r} on line {lineno}",
+            )
+
+    score_cols: list[int] = []
+    ignored: list[str] = [
+        header[i] for i in range(ncol) if i != label_col and i not in candidates
+    ]
+    columns: list[list[float]] = []
+    for i in candidates:
+        cells = [r[i].strip() for r in body]
+        parsed = [_parse_float(c) if c else None for c in cells]
+        if any(v is None and c for v, c in zip(parsed, cells)):
+            ignored.append(header[i])  # a non-numeric column
+            continue
+        if any(v is None for v in parsed):
+            lineno = linenos[next(k for k, v in enumerate(parsed) if v is None)]
+            raise _fail(
+                path, f"score column '{header[i]}' has an empty value on line {lineno}"
+            )
+        score_cols.append(i)
+        columns.append(parsed)  # type: ignore[arg-type]
+    if not score_cols:
+        raise _fail(path, "has no numeric score columns besides the label column")
+    scores = np.array(columns, dtype=np.float64).T
+    labels = np.array(label_vals, dtype=np.float64)
+    return scores, labels, _table_description(p, header, score_cols, label_col, ignored)
+
+
+def _table_description(
+    p: Path, names: list[str], score_cols: list[int], label_col: int, ignored: list[str]
+) -> str:
+    if len(score_cols) == 1:
+        cols = f"binary score column '{names[score_cols[0]]}'"
+    elif len(score_cols) <= 4:
+        cols = f"{len(score_cols)} score columns ({', '.join(names[i] for i in score_cols)})"
+    else:
+        cols = f"{len(score_cols)} score columns ({names[score_cols[0]]} .. {names[score_cols[-1]]})"
+    desc = f"{p.name} [{cols}, label column '{names[label_col]}'"
+    if ignored:
+        desc += f"; ignored: {', '.join(repr(n) for n in ignored)}"
+    return desc + "]"
+
+
+# ----------------------------- parquet ----------------------------------- #
+
+
+def _read_parquet(
+    p: Path, path: str | os.PathLike[str]
+) -> tuple[np.ndarray, np.ndarray, str]:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise _fail(
+            path, "reading .parquet needs pyarrow: pip install 'kdecal[parquet]'"
+        ) from exc
+    try:
+        table = pq.read_table(p)
+    except (pa.ArrowException, ValueError) as exc:
+        raise _fail(path, f"is not a readable Parquet file ({_one_line(exc)})") from exc
+    if table.num_rows == 0:
+        raise _fail(path, "holds no rows")
+    names = list(table.column_names)
+    label_col, candidates = _split_columns(names, path)
+
+    label_arr = table.column(label_col)
+    if not (
+        pa.types.is_integer(label_arr.type)
+        or pa.types.is_floating(label_arr.type)
+        or pa.types.is_boolean(label_arr.type)
+    ):
+        raise _fail(
+            path,
+            f"label column '{names[label_col]}' must hold integer class indices, "
+            f"got type {label_arr.type}",
+        )
+    if label_arr.null_count:
+        raise _fail(path, f"label column '{names[label_col]}' has missing values")
+    labels = label_arr.to_numpy()
+
+    def numeric(t: Any) -> bool:
+        return (
+            pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+        )
+
+    ignored = [
+        names[i] for i in range(len(names)) if i != label_col and i not in candidates
+    ]
+    score_cols: list[int] = []
+    list_cols: list[int] = []
+    for i in candidates:
+        t = table.column(i).type
+        if numeric(t):
+            score_cols.append(i)
+        elif (
+            pa.types.is_list(t)
+            or pa.types.is_large_list(t)
+            or pa.types.is_fixed_size_list(t)
+        ) and numeric(t.value_type):
+            list_cols.append(i)
+        else:
+            ignored.append(names[i])
+    if list_cols and (score_cols or len(list_cols) > 1):
+        raise _fail(
+            path,
+            "mixes list-valued score columns with other score columns; use either one "
+            "list column or one numeric column per class",
+        )
+    if list_cols:
+        col = table.column(list_cols[0])
+        if col.null_count:
+            raise _fail(
+                path, f"score column '{names[list_cols[0]]}' has missing values"
+            )
+        rows = col.to_pylist()
+        widths = {len(r) for r in rows}
+        if len(widths) != 1 or None in (v for r in rows for v in r):
+            raise _fail(
+                path,
+                f"list column '{names[list_cols[0]]}' must hold one complete vector of the "
+                "same length per row",
+            )
+        scores = np.array(rows, dtype=np.float64)
+        desc = (
+            f"{p.name} [list score column '{names[list_cols[0]]}', "
+            f"label column '{names[label_col]}'"
+            + (f"; ignored: {', '.join(repr(n) for n in ignored)}" if ignored else "")
+            + "]"
+        )
+        return scores, labels, desc
+    if not score_cols:
+        raise _fail(path, "has no numeric score columns besides the label column")
+    columns = []
+    for i in score_cols:
+        col = table.column(i)
+        if col.null_count:
+            raise _fail(path, f"score column '{names[i]}' has missing values")
+        columns.append(col.to_numpy().astype(np.float64))
+    scores = np.column_stack(columns)
+    return scores, labels, _table_description(p, names, score_cols, label_col, ignored)

@@ -1,0 +1,449 @@
+"""Numba fallback backend of the kdecal engine primitive ``loo_reduce``.
+
+This module is imported lazily, only when the numba backend is used; it imports
+numba at module level.  It computes exactly what the C++ engine
+(``kdecal._core.loo_reduce``) computes, see :func:`loo_reduce` and kdecal
+DESIGN section 2: the per-class leave-one-out sums of Dirichlet-kernel values
+(Popordanoska et al. 2022, Eq. 10) on which the KDE estimator of
+``E[y | f(x)]`` (Popordanoska et al. 2022, Eq. 3) and the leave-one-out
+density used for bandwidth selection are built.  The derived quantities are
+computed once for all backends, in Python, by the caller.
+
+Preconditions (the caller validates; nothing is checked here):
+
+* ``logq`` and ``p`` are C-contiguous arrays of one dtype, float32 or float64,
+  of shape ``(n, K)``, all entries finite (``p`` is the clipped and
+  renormalised ``P~`` and ``logq`` is ``log P~``).
+* ``labels`` is an integer array of shape ``(n,)`` with values in
+  ``[0, n_classes)``; ``n_classes >= 1``.
+* ``scale`` is a finite float64 array of shape ``(H,)`` (``1 / h``) and
+  ``bias`` a finite float64 array of shape ``(H, n)``.
+* ``powers`` is 1, 2 or 3; ``0 <= row_start <= row_stop <= n``.
+* Callers guarantee ``n >= 3``; ``n == 1`` still gives ``m = -inf`` and zero
+  sums, without NaN.
+
+Implementation notes.  Centres are permuted once per call so that the centres
+of each class are contiguous (no copy when the labels are already sorted),
+and kept transposed, ``(K, n)``, so that the kernel dot products of one query
+row against all centres are computed with vectorised loops, in the input dtype
+and with the terms added in the order ``k = 0 .. K-1``, into a float64 scratch
+row of length ``n`` that is reused for every bandwidth.  For each bandwidth
+the per-class maxima ``m_c`` are found first, then the sums of
+``exp(max(L - m_c, -230))`` (and of its square and cube) are formed with a
+vectorisable polynomial ``exp`` (about 1 ulp on ``[-230, 0]``) and rescaled by
+``exp(m_c - m)`` (resp. its square and cube).  The scratch per query row is
+``O(n)``; nothing of size ``n x n`` is ever formed.  Query rows are processed
+in parallel (``prange``); each row is computed by a single thread in a fixed
+order, so results do not depend on the number of threads.  No fast-math is
+used; fused multiply-adds are requested explicitly (``llvm.fma``) only inside
+the ``exp`` polynomial.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from numba import njit, prange
+from numba.core import types
+from numba.extending import intrinsic
+
+__all__ = ["loo_reduce", "warmup"]
+
+_JIT = dict(nogil=True, cache=True, error_model="numpy")
+
+# Terms more than _CLAMP below their class maximum are clamped to exp(-_CLAMP):
+# exp(-3 * 230) ~ 1e-300 is still a normal double, so no subnormals appear in
+# the sums of squares and cubes either.
+_CLAMP = -230.0
+
+# Centres per block in the dot-product stage (keeps the block in L1).
+_BLK = 512
+
+
+# ---------------------------------------------------------------------------
+# Low-level intrinsics: bit casts and an explicit fused multiply-add.
+# ---------------------------------------------------------------------------
+@intrinsic
+def _f64_bits(typingctx, x):
+    """Reinterpret a float64 as int64 (no conversion)."""
+    sig = types.int64(types.float64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.int64))
+
+    return sig, codegen
+
+
+@intrinsic
+def _bits_f64(typingctx, x):
+    """Reinterpret an int64 as float64 (no conversion)."""
+    sig = types.float64(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.float64))
+
+    return sig, codegen
+
+
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """a * b + c with a single rounding (llvm.fma.f64)."""
+    sig = types.float64(types.float64, types.float64, types.float64)
+
+    def codegen(context, builder, signature, args):
+        return builder.fma(args[0], args[1], args[2])
+
+    return sig, codegen
+
+
+# exp(x) for x in [-708, 0]:  x = k ln2 + r, |r| <= ln2 / 2 (Cody-Waite), then
+# a degree-13 Taylor polynomial (truncation error < 1e-17 relative) and 2^k
+# built from its bit pattern.  k is obtained with the 1.5 * 2^52 shifter, so
+# every step vectorises (no libm call, no float->int conversion).
+_SHIFT = 6755399441055744.0  # 1.5 * 2**52
+_SHIFT_BITS = int(np.float64(_SHIFT).view(np.int64))
+_LOG2E = 1.4426950408889634
+_LN2_HI = 6.93147180369123816490e-01  # fdlibm split of ln 2
+_LN2_LO = 1.90821492927058770002e-10
+_C = tuple(1.0 / math.factorial(i) for i in range(14))
+(_C2, _C3, _C4, _C5, _C6, _C7, _C8, _C9, _C10, _C11, _C12, _C13) = _C[2:14]
+
+
+@njit(inline="always", **_JIT)
+def _exp_nonpos(x):
+    t = x * _LOG2E + _SHIFT
+    kd = t - _SHIFT
+    ki = _f64_bits(t) - _SHIFT_BITS
+    r = (x - kd * _LN2_HI) - kd * _LN2_LO
+    q = _fma(_C13, r, _C12)
+    q = _fma(q, r, _C11)
+    q = _fma(q, r, _C10)
+    q = _fma(q, r, _C9)
+    q = _fma(q, r, _C8)
+    q = _fma(q, r, _C7)
+    q = _fma(q, r, _C6)
+    q = _fma(q, r, _C5)
+    q = _fma(q, r, _C4)
+    q = _fma(q, r, _C3)
+    q = _fma(q, r, _C2)
+    q = _fma(q, r, 1.0)
+    q = _fma(q, r, 1.0)
+    return q * _bits_f64((ki + 1023) << 52)
+
+
+# ---------------------------------------------------------------------------
+# Row-level building blocks.  Every loop below is either element-wise
+# (vectorised by LLVM without any fast-math flag) or a short scalar loop.
+# ---------------------------------------------------------------------------
+@njit(**_JIT)
+def _dot_row(lq, psT, G, acc):
+    """G[i] = float64(sum_k lq[k] * psT[k, i]), accumulated in the input
+    dtype strictly in the order k = 0 .. K-1 (four k per sweep to save loads
+    and stores of the accumulator), one L1-sized block of centres at a time."""
+    K = psT.shape[0]
+    n = psT.shape[1]
+    nb = acc.shape[0]
+    for i0 in range(0, n, nb):
+        i1 = min(i0 + nb, n)
+        w = i1 - i0
+        a = acc[:w]
+        r0 = psT[0, i0:i1]
+        l0 = lq[0]
+        for ii in range(w):
+            a[ii] = l0 * r0[ii]
+        k = 1
+        while k + 4 <= K:
+            r0 = psT[k, i0:i1]
+            r1 = psT[k + 1, i0:i1]
+            r2 = psT[k + 2, i0:i1]
+            r3 = psT[k + 3, i0:i1]
+            l0 = lq[k]
+            l1 = lq[k + 1]
+            l2 = lq[k + 2]
+            l3 = lq[k + 3]
+            for ii in range(w):
+                a[ii] = (((a[ii] + l0 * r0[ii]) + l1 * r1[ii])
+                         + l2 * r2[ii]) + l3 * r3[ii]
+            k += 4
+        while k < K:
+            r0 = psT[k, i0:i1]
+            l0 = lq[k]
+            for ii in range(w):
+                a[ii] = a[ii] + l0 * r0[ii]
+            k += 1
+        g = G[i0:i1]
+        for ii in range(w):
+            g[ii] = np.float64(a[ii])
+
+
+@njit(**_JIT)
+def _seg_max(L, lo, hi):
+    """max(L[lo:hi]) (-inf if empty), with 4 independent chains."""
+    a0 = -np.inf
+    a1 = -np.inf
+    a2 = -np.inf
+    a3 = -np.inf
+    i = lo
+    while i + 4 <= hi:
+        a0 = max(a0, L[i])
+        a1 = max(a1, L[i + 1])
+        a2 = max(a2, L[i + 2])
+        a3 = max(a3, L[i + 3])
+        i += 4
+    while i < hi:
+        a0 = max(a0, L[i])
+        i += 1
+    return max(max(a0, a1), max(a2, a3))
+
+
+@njit(**_JIT)
+def _tree_sum(E):
+    """Pairwise (tree) sum of E; destroys E.  Each halving step is an
+    element-wise loop, so the summation vectorises in a fixed order."""
+    w = E.shape[0]
+    while w > 16:
+        h = w >> 1
+        a = E[:h]
+        b = E[h:2 * h]
+        for i in range(h):
+            a[i] = a[i] + b[i]
+        if w & 1:
+            E[0] = E[0] + E[2 * h]
+        w = h
+    s = 0.0
+    for i in range(w):
+        s += E[i]
+    return s
+
+
+@njit(**_JIT)
+def _row(lq, psT, bs, seg_lo, seg_hi, pj, scale, powers, r,
+         G, E, E2, E3, acc, mc, m_out, S_out, Q_out, T_out):
+    """All outputs of one query row (index r of the outputs); pj is the
+    position of the query among the class-sorted centres.
+
+    G (length n) holds the row's dot products for all bandwidths.  For each
+    bandwidth two passes run over each class segment, block by block through
+    the L1-sized buffers E, E2, E3: the class maximum, then the sums.  L is
+    recomputed in the second pass with the same operations, hence bitwise
+    the same values."""
+    H = scale.shape[0]
+    C = seg_lo.shape[0]
+    nb = E.shape[0]
+    _dot_row(lq, psT, G, acc)
+    for t in range(H):
+        st = scale[t]
+        b = bs[t]
+        mrow = -np.inf
+        for c in range(C):
+            lo = seg_lo[c]
+            hi = seg_hi[c]
+            cnt = hi - lo
+            if lo <= pj and pj < hi:
+                cnt -= 1
+            if cnt <= 0:
+                mc[c] = -np.inf
+                continue
+            v = -np.inf
+            for i0 in range(lo, hi, nb):
+                i1 = min(i0 + nb, hi)
+                w = i1 - i0
+                e = E[:w]
+                bb = b[i0:i1]
+                gg = G[i0:i1]
+                for ii in range(w):
+                    e[ii] = bb[ii] + st * gg[ii]
+                if i0 <= pj and pj < i1:
+                    e[pj - i0] = -np.inf  # leave-one-out
+                v = max(v, _seg_max(e, 0, w))
+            mc[c] = v
+            if v > mrow:
+                mrow = v
+        m_out[t, r] = mrow
+        for c in range(C):
+            v = mc[c]
+            if v == -np.inf:  # no centre i != j in this class
+                S_out[t, r, c] = 0.0
+                if powers >= 2:
+                    Q_out[t, r, c] = 0.0
+                if powers >= 3:
+                    T_out[t, r, c] = 0.0
+                continue
+            lo = seg_lo[c]
+            hi = seg_hi[c]
+            s1 = 0.0
+            s2 = 0.0
+            s3 = 0.0
+            for i0 in range(lo, hi, nb):
+                i1 = min(i0 + nb, hi)
+                w = i1 - i0
+                e = E[:w]
+                bb = b[i0:i1]
+                gg = G[i0:i1]
+                for ii in range(w):
+                    e[ii] = _exp_nonpos(max((bb[ii] + st * gg[ii]) - v, _CLAMP))
+                if i0 <= pj and pj < i1:
+                    e[pj - i0] = 0.0  # exact exclusion of the i == j term
+                if powers >= 2:
+                    e2 = E2[:w]
+                    for ii in range(w):
+                        e2[ii] = e[ii] * e[ii]
+                    if powers >= 3:
+                        e3 = E3[:w]
+                        for ii in range(w):
+                            e3[ii] = e2[ii] * e[ii]
+                        s3 += _tree_sum(e3)
+                    s2 += _tree_sum(e2)
+                s1 += _tree_sum(e)
+            d = v - mrow
+            S_out[t, r, c] = s1 * math.exp(d)
+            if powers >= 2:
+                Q_out[t, r, c] = s2 * math.exp(2.0 * d)
+            if powers >= 3:
+                T_out[t, r, c] = s3 * math.exp(3.0 * d)
+
+
+# ---------------------------------------------------------------------------
+# The parallel kernel.
+# ---------------------------------------------------------------------------
+@njit(parallel=True, **_JIT)
+def _loo_reduce_kernel(logq, psT, bs, seg_lo, seg_hi, pos, scale, powers,
+                       row_start, row_stop, m_out, S_out, Q_out, T_out,
+                       n_chunks):
+    n = psT.shape[1]
+    C = seg_lo.shape[0]
+    R = row_stop - row_start
+    nb = min(_BLK, max(n, 1))
+    n2 = nb if powers >= 2 else 0
+    n3 = nb if powers >= 3 else 0
+    # Scratch is allocated once per chunk of consecutive rows (not per row);
+    # the caller asks for a few chunks per thread.
+    nch = max(1, min(R, n_chunks))
+    for ch in prange(nch):
+        r0 = (R * ch) // nch
+        r1 = (R * (ch + 1)) // nch
+        G = np.empty(n, np.float64)
+        E = np.empty(nb, np.float64)
+        E2 = np.empty(n2, np.float64)
+        E3 = np.empty(n3, np.float64)
+        acc = np.empty_like(psT[0, :nb])
+        mc = np.empty(C, np.float64)
+        for r in range(r0, r1):
+            j = row_start + r
+            _row(logq[j], psT, bs, seg_lo, seg_hi, pos[j], scale, powers, r,
+                 G, E, E2, E3, acc, mc, m_out, S_out, Q_out, T_out)
+
+
+# ---------------------------------------------------------------------------
+# Public entry points.
+# ---------------------------------------------------------------------------
+def loo_reduce(logq, p, labels, n_classes, scale, bias, powers, row_start,
+               row_stop):
+    """Per-class leave-one-out sums of Dirichlet-kernel values (numba backend).
+
+    For each bandwidth index ``t``, each query row ``j`` in
+    ``[row_start, row_stop)`` and each centre ``i != j``::
+
+        G_ij   = sum_k logq[j, k] * p[i, k]      (input dtype, then float64)
+        L_ij   = bias[t, i] + scale[t] * G_ij    (log kernel, up to lgamma(1/h + K))
+        m_c(j) = max_{i != j, labels[i] == c} L_ij   (-inf for an empty class)
+        m(j)   = max_c m_c(j)
+        S_c(j) = sum_{i != j, labels[i] == c} exp(L_ij - m(j))
+        Q_c(j) = sum_{i != j, labels[i] == c} exp(2 (L_ij - m(j)))
+        T_c(j) = sum_{i != j, labels[i] == c} exp(3 (L_ij - m(j)))
+
+    ``L_ij`` is the Dirichlet kernel ``log k_h(f_j; f_i)`` of Popordanoska et
+    al. (2022), Eq. 10, less the constant ``lgamma(1/h + K)``; ``S_c / sum_c
+    S_c`` is their leave-one-out estimator of ``E[y_c | f_j]`` (Eq. 3); see
+    kdecal DESIGN section 2.  Terms with ``L_ij - m_c(j) < -230`` are
+    clamped to ``exp(-230)`` (relative to their class maximum); there is no
+    other approximation.
+
+    Parameters
+    ----------
+    logq : ndarray, shape (n, K), float32 or float64, C-contiguous
+        Log of the query probabilities (``log P~``).
+    p : ndarray, shape (n, K), same dtype as `logq`, C-contiguous
+        Centre probabilities (``P~``).
+    labels : ndarray, shape (n,), int64
+        Group (class) of each centre, in ``[0, n_classes)``.
+    n_classes : int
+        Number of groups ``C >= 1``.
+    scale : ndarray, shape (H,), float64
+        ``1 / h`` for each bandwidth.
+    bias : ndarray, shape (H, n), float64
+        Per-centre bias ``b_i(h) = -sum_k lgamma(P~_ik / h + 1)``.
+    powers : int
+        1: S only; 2: S and Q; 3: S, Q and T.
+    row_start, row_stop : int
+        Query rows ``[row_start, row_stop)``, ``0 <= row_start <= row_stop <= n``.
+
+    Returns
+    -------
+    m : ndarray, shape (H, R), float64
+        ``m(j)``, with ``R = row_stop - row_start``.
+    S : ndarray, shape (H, R, C), float64
+    Q : ndarray, shape (H, R, C), float64, or shape (0, 0, 0) if ``powers < 2``
+    T : ndarray, shape (H, R, C), float64, or shape (0, 0, 0) if ``powers < 3``
+        All C-contiguous.  A class without any centre ``i != j`` has
+        ``S_c = Q_c = T_c = 0`` and does not affect ``m``.
+
+    Notes
+    -----
+    Nothing is validated (the caller does).  Memory: ``O(n K + H n)`` for a
+    class-sorted copy of the centres and of `bias` (skipped when `labels` is
+    already sorted) plus ``O(n)`` scratch per query row being processed;
+    never an ``n x n`` array.  Results do not depend on the number of numba
+    threads.
+    """
+    powers = int(powers)
+    row_start = int(row_start)
+    row_stop = int(row_stop)
+    C = int(n_classes)
+    n = p.shape[0]
+    H = scale.shape[0]
+    R = row_stop - row_start
+    labels = np.asarray(labels, dtype=np.int64)
+    scale = np.ascontiguousarray(scale, dtype=np.float64)
+    bias = np.ascontiguousarray(bias, dtype=np.float64)
+    logq = np.ascontiguousarray(logq)
+    p = np.ascontiguousarray(p, dtype=logq.dtype)
+
+    counts = np.bincount(labels, minlength=C)[:C].astype(np.int64)
+    seg_hi = np.cumsum(counts).astype(np.int64)
+    seg_lo = (seg_hi - counts).astype(np.int64)
+    if n <= 1 or bool(np.all(labels[1:] >= labels[:-1])):
+        pos = np.arange(n, dtype=np.int64)
+        psT = np.ascontiguousarray(p.T)
+        bs = bias
+    else:
+        order = np.argsort(labels, kind="stable")
+        pos = np.empty(n, dtype=np.int64)
+        pos[order] = np.arange(n, dtype=np.int64)
+        psT = np.ascontiguousarray(p[order].T)
+        bs = np.ascontiguousarray(bias[:, order])
+
+    m = np.empty((H, R), dtype=np.float64)
+    S = np.empty((H, R, C), dtype=np.float64)
+    Q = np.empty((H, R, C) if powers >= 2 else (0, 0, 0), dtype=np.float64)
+    T = np.empty((H, R, C) if powers >= 3 else (0, 0, 0), dtype=np.float64)
+    if R > 0 and H > 0:
+        _loo_reduce_kernel(logq, psT, bs, seg_lo, seg_hi, pos, scale, powers,
+                           row_start, row_stop, m, S, Q, T,
+                           4 * numba.get_num_threads())
+    return m, S, Q, T
+
+
+def warmup():
+    """Compile (or load from the cache) the kernels for float32 and float64."""
+    rng = np.random.default_rng(0)
+    n, K = 5, 3
+    labels = np.array([0, 2, 1, 0, 2], dtype=np.int64)
+    for dtype in (np.float64, np.float32):
+        p = rng.dirichlet(np.ones(K), size=n).astype(dtype)
+        logq = np.log(p)
+        scale = np.array([2.0], dtype=np.float64)
+        bias = np.zeros((1, n), dtype=np.float64)
+        loo_reduce(logq, p, labels, K, scale, bias, 3, 0, n)

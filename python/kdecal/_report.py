@@ -1,0 +1,209 @@
+"""The :class:`CalibrationReport` returned by :func:`kdecal.evaluate`."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["CalibrationReport"]
+
+# Short references used in the description column of ``str(report)``.
+_REFERENCES: dict[str, str] = {
+    "P22": (
+        "Popordanoska, Sayer & Blaschko, 'A Consistent and Differentiable Lp "
+        "Canonical Calibration Error Estimator', NeurIPS 2022"
+    ),
+    "P24": (
+        "Popordanoska, Gruber, Tiulpin, Buettner & Blaschko, 'Consistent and "
+        "Asymptotically Unbiased Estimation of Proper Calibration Errors', "
+        "AISTATS 2024"
+    ),
+    "G17": "Guo, Pleiss, Sun & Weinberger, 'On Calibration of Modern Neural Networks', ICML 2017",
+}
+
+# (field name, description) for each metric row of the table, in display order.
+_METRICS: tuple[tuple[str, str], ...] = (
+    ("ece_kde_l1", "ECE^KDE (L1, canonical) [P22]"),
+    ("ece_kde_l2", "ECE^KDE (L2, canonical) [P22]"),
+    ("ce_kl", "calibration error, KL divergence, nats [P24]"),
+    ("ce_l2", "calibration error, squared L2 [P24]"),
+    ("refinement_kl", "refinement, KL: mean entropy of E[y|f], nats [P24]"),
+    ("refinement_l2", "refinement, L2: -mean ||E[y|f]||^2 [P24]"),
+    ("sharpness_kl", "sharpness, KL: mean F(E[y|f]) - F(class freq) [P24]"),
+    ("sharpness_l2", "sharpness, L2: mean F(E[y|f]) - F(class freq) [P24]"),
+    ("accuracy", "top-1 (argmax) accuracy"),
+    ("log_loss", "log loss: -mean log p(true class), nats"),
+    ("brier_score", "Brier score, summed over classes"),
+    ("ece_binned", "binned top-label ECE, 15 equal-width bins [G17]"),
+)
+
+
+def _plain(value: Any) -> Any:
+    """Convert numpy scalars (and other number types) to plain Python types."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if hasattr(value, "item"):  # 0-d numpy array or numpy bool
+        return _plain(value.item())
+    return value
+
+
+def _format_value(value: Any) -> str:
+    """Format one metric value for the table."""
+    if value is None:
+        return "n/a"
+    value = _plain(value)
+    if isinstance(value, int):
+        return str(value)
+    if not math.isfinite(value):
+        return str(value)
+    if value != 0.0 and abs(value) < 1e-4:
+        return f"{value:.3e}"
+    return f"{value:.6f}"
+
+
+@dataclass(frozen=True)
+class CalibrationReport:
+    """All calibration metrics of one set of predictions, from :func:`kdecal.evaluate`.
+
+    Every error, score and accuracy is a plain fraction (0.05 means 5 %), never
+    a percentage. Quantities based on the Kullback-Leibler divergence or the log
+    are in nats. All metrics are computed on the clipped and renormalised
+    probabilities ``P~ = max(P, 1e-12) / rowsum(max(P, 1e-12))``. The KDE-based
+    metrics use ``E[y|f]``, the leave-one-out Dirichlet-kernel estimate of the
+    conditional class distribution given the prediction ``f`` (Popordanoska et
+    al. 2022, Eq. 3), at bandwidth :attr:`bandwidth`.
+
+    Attributes
+    ----------
+    n : int
+        Number of samples (rows of ``probs``).
+    n_classes : int
+        Number of classes ``K`` (2 for binary input given as ``P(y=1)``).
+    bandwidth : float
+        Dirichlet-kernel bandwidth ``h`` used by every KDE-based metric (the
+        selected value when ``bandwidth="auto"`` was requested).
+    ece_kde_l1 : float
+        KDE estimate of the canonical L1 calibration error,
+        ``mean_j sum_c |E[y|f_j]_c - f_jc|`` (Popordanoska et al. 2022), a fraction.
+    ece_kde_l2 : float
+        KDE estimate of the canonical L2 calibration error,
+        ``(mean_j sum_c (E[y|f_j]_c - f_jc)^2)^(1/2)`` (Popordanoska et al. 2022),
+        a fraction.
+    ce_kl : float
+        Proper calibration error induced by the log loss,
+        ``mean_j KL(E[y|f_j] || f_j)`` (Popordanoska et al. 2024), in nats.
+    ce_l2 : float
+        Proper calibration error induced by the Brier score,
+        ``mean_j ||E[y|f_j] - f_j||^2`` (Popordanoska et al. 2024), a fraction.
+    refinement_kl : float
+        Refinement term of the log loss, ``-mean_j F(E[y|f_j])`` with
+        ``F(p) = sum_c p_c log p_c``, i.e. the mean entropy of ``E[y|f]``, in nats.
+    refinement_l2 : float
+        Refinement term for the Brier score as defined by :func:`kdecal.refinement`,
+        ``-mean_j F(E[y|f_j])`` with ``F(p) = sum_c p_c^2``.
+    sharpness_kl : float
+        ``mean_j F(E[y|f_j]) - F(freq)`` with ``F(p) = sum_c p_c log p_c`` and
+        ``freq`` the empirical class frequencies, in nats.
+    sharpness_l2 : float
+        ``mean_j F(E[y|f_j]) - F(freq)`` with ``F(p) = sum_c p_c^2``.
+    accuracy : float
+        Fraction of samples whose argmax prediction equals the label.
+    log_loss : float
+        ``-mean_i log P~_{i, y_i}``, in nats.
+    brier_score : float
+        ``mean_i sum_c (P~_ic - y_ic)^2`` with ``y_i`` one-hot (range 0 to 2).
+    ece_binned : float
+        Classical binned top-label L1 ECE with 15 equal-width confidence bins,
+        bin ``= clip(ceil(conf * 15) - 1, 0, 14)`` (Guo et al. 2017), a fraction.
+        Given for comparison only; it is a biased, inconsistent estimator.
+    backend : str
+        Engine that computed the kernel sums (``"cpp"`` or ``"numba"``).
+    wall_time_s : float
+        Wall-clock time of the whole evaluation, in seconds.
+    source : str or None
+        Where the predictions came from (a file name or short description), or
+        None when :func:`kdecal.evaluate` was called on in-memory arrays.
+
+    References
+    ----------
+    .. [1] T. Popordanoska, R. Sayer and M. B. Blaschko, "A Consistent and
+       Differentiable Lp Canonical Calibration Error Estimator", NeurIPS 2022.
+    .. [2] T. Popordanoska, S. G. Gruber, A. Tiulpin, F. Buettner and
+       M. B. Blaschko, "Consistent and Asymptotically Unbiased Estimation of
+       Proper Calibration Errors", AISTATS 2024.
+    .. [3] C. Guo, G. Pleiss, Y. Sun and K. Q. Weinberger, "On Calibration of
+       Modern Neural Networks", ICML 2017.
+    """
+
+    n: int
+    n_classes: int
+    bandwidth: float
+    ece_kde_l1: float
+    ece_kde_l2: float
+    ce_kl: float
+    ce_l2: float
+    refinement_kl: float
+    refinement_l2: float
+    sharpness_kl: float
+    sharpness_l2: float
+    accuracy: float
+    log_loss: float
+    brier_score: float
+    ece_binned: float
+    backend: str
+    wall_time_s: float
+    source: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the report as a dict of plain Python values.
+
+        Returns
+        -------
+        dict
+            One entry per field, in field order. Numbers are plain ``int`` or
+            ``float`` (numpy scalars are converted), ``backend`` is a ``str`` and
+            ``source`` a ``str`` or None, so the result can be passed to
+            :func:`json.dumps` directly and back to ``CalibrationReport(**d)``.
+        """
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    def __str__(self) -> str:
+        """Return a human-readable table of all metrics."""
+        bw = _plain(self.bandwidth)
+        bw_text = f"{bw:.6g}" if isinstance(bw, (int, float)) else str(bw)
+        lines = [
+            "kdecal calibration report",
+            f"source: {self.source if self.source is not None else '(in-memory arrays)'}",
+            (
+                f"n = {_plain(self.n)}, K = {_plain(self.n_classes)}, "
+                f"bandwidth = {bw_text}, backend = {self.backend}, "
+                f"wall time = {_plain(self.wall_time_s):.3g} s"
+            ),
+            "",
+        ]
+        rows = [
+            (name, _format_value(getattr(self, name)), desc) for name, desc in _METRICS
+        ]
+        w_name = max(len("metric"), *(len(r[0]) for r in rows))
+        w_val = max(len("value"), *(len(r[1]) for r in rows))
+        w_desc = max(len("description"), *(len(r[2]) for r in rows))
+        lines.append(f"{'metric':<{w_name}}  {'value':>{w_val}}  description")
+        lines.append(f"{'-' * w_name}  {'-' * w_val}  {'-' * w_desc}")
+        for name, val, desc in rows:
+            lines.append(f"{name:<{w_name}}  {val:>{w_val}}  {desc}")
+        lines.append("")
+        lines.append(
+            "Errors are fractions (0.05 = 5 %), not percent; KL and log quantities in nats."
+        )
+        for key, ref in _REFERENCES.items():
+            lines.append(f"[{key}] {ref}")
+        return "\n".join(lines)

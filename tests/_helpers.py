@@ -1,0 +1,80 @@
+"""Tolerances and assertion helpers shared by the test modules.
+
+Tolerances were derived by comparing the brute-force reference against a
+simulation of the engine's arithmetic (sequential accumulation of G_ij in the
+input dtype, per-class running max, S / sum S) over every dataset in conftest
+and bandwidths 1e-5 .. 1 (script summarised in test_reference_selfcheck.py).
+
+float64, worst relative errors observed (simulated engine vs reference):
+  h      E (entries > 1e-200)   loo-LL    scalar estimators
+  1e-5   3.4e-10                3.4e-13   2.3e-10 (refinement_kl, E ~ one-hot)
+  1e-4   2.1e-11                2.4e-13   5.0e-12
+  1e-3   3.6e-12                8.6e-14   2.5e-13
+  1e-2   1.1e-12                1.8e-14   1.5e-14
+  >=0.05 3.4e-13                1.7e-14   1.2e-14
+float32 input (G_ij accumulated in float32, clip in float32), h >= 1e-2:
+  E: max abs error 1.7e-5 (relative up to 1.1e-3 on small entries),
+  loo-LL: rel 1.2e-5, scalar estimators: rel <= 3.8e-6.
+  At h = 1e-3 it grows to 1.5e-4 (scalars) / 1.6e-4 (E abs), so float32 is
+  only checked for h >= 1e-2.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# absolute floor for scalar estimators: they are sums of O(1) terms that can
+# cancel to ~0 (e.g. refinement when E is nearly one-hot), so a pure relative
+# bound is meaningless below ~1e-13.
+SCALAR_ATOL = 1e-13
+LL_ATOL = 1e-12  # loo log-likelihood can cross 0 (it is a log density)
+E_ATOL = 1e-200  # entries of E below this are underflow noise
+
+F32_RTOL = 1e-4  # ~25x the worst observed (3.8e-6) in the float32 simulation
+F32_E_ATOL = 2e-4  # ~10x the worst observed abs error of E entries (1.7e-5)
+F32_BANDWIDTHS = [0.01, 0.05, 0.2, 1.0]
+
+BACKEND_RTOL = 1e-10  # cpp vs numba, float64
+THREADS_RTOL = 1e-12  # 1 vs 2 threads, cpp
+
+
+def rtol64(bandwidth: float) -> float:
+    """Relative tolerance for float64 results at bandwidth h.
+
+    L_ij = bias_i + G_ij / h is a sum of terms of size up to ~|log EPS| / h =
+    27.6 / h, so two correct float64 implementations (BLAS vs. a sequential
+    loop, FMA or not) differ by ~ eps * 27.6 / h * few in L, i.e. by that
+    relative amount in every kernel ratio: 1e-9 for h >= 1e-4, 1e-8 at 1e-5.
+    """
+    return max(1e-9, 1e-13 / float(bandwidth))
+
+
+def assert_close(actual, expected, *, rtol, atol=0.0, what=""):
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    assert np.all(np.isfinite(actual)), f"{what}: non-finite values {actual}"
+    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol, err_msg=what)
+
+
+def assert_scalar(actual, expected, *, rtol, atol=SCALAR_ATOL, what=""):
+    assert np.ndim(actual) == 0, f"{what}: expected a scalar, got shape {np.shape(actual)}"
+    assert isinstance(float(actual), float)
+    assert_close(float(actual), expected, rtol=rtol, atol=atol, what=what)
+
+
+def assert_simplex_rows(E, *, atol=1e-12, what="E"):
+    E = np.asarray(E)
+    assert np.all(np.isfinite(E)), f"{what}: non-finite"
+    assert np.all(E >= 0.0), f"{what}: negative entries, min {E.min()}"
+    dev = np.abs(E.sum(axis=1) - 1.0).max()
+    assert dev <= atol, f"{what}: row sums deviate from 1 by {dev}"
+
+
+def resolve_bw(dataset, bandwidth):
+    """The bandwidth the reference should use for `bandwidth` ("auto" or float)."""
+    return dataset.ref_bandwidth if bandwidth == "auto" else float(bandwidth)
+
+
+def bw_id(bandwidth):
+    return bandwidth if isinstance(bandwidth, str) else f"h={bandwidth:g}"

@@ -1,0 +1,210 @@
+"""Shared fixtures for the kdecal test suite.
+
+Datasets are small (n <= 400) so that tests/_reference.py can materialise the
+n x n log-kernel matrix.  Real data comes from ../shared/data/real next to the
+repository root (CI clones the repo with shared/ beside it); real-data tests are
+skipped when that folder is missing.
+
+kdecal itself is only imported inside fixtures/tests that need it, so the
+reference self-checks (test_reference_selfcheck.py) run even if the package is
+broken.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # make `_reference` importable
+
+import _reference as ref  # noqa: E402
+
+DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
+REAL_N_MAX = 300
+BACKENDS = ["cpp", "numba"]
+
+
+# ----------------------------------------------------------------------------- datasets
+@dataclass
+class Dataset:
+    name: str
+    probs: np.ndarray  # float64, (n, K) or (n,) for the binary convention
+    labels: np.ndarray  # int64, (n,)
+    probs32: np.ndarray  # the same data as float32 (file dtype for real data)
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def n(self) -> int:
+        return self.labels.shape[0]
+
+    @property
+    def K(self) -> int:
+        return 2 if self.probs.ndim == 1 else self.probs.shape[1]
+
+    @property
+    def ref_bandwidth(self) -> float:
+        """Reference select_bandwidth on the float64 probs (cached)."""
+        if "bw" not in self._cache:
+            self._cache["bw"] = ref.ref_select_bandwidth(self.probs)
+        return self._cache["bw"]
+
+
+def make_synthetic(n, K, *, alpha=1.0, temperature=0.7, seed=0, binary_vector=False,
+                   drop_class=None):
+    """Dirichlet(alpha) probs; labels ~ Categorical(probs^(1/T) renormalised).
+
+    T < 1 sharpens the label distribution, i.e. the model is under-confident;
+    T > 1 makes it over-confident.  Either way it is miscalibrated, so the
+    calibration errors are clearly > 0.
+    """
+    rng = np.random.default_rng(seed)
+    P = rng.dirichlet(np.full(K, alpha), size=n)
+    T = P ** (1.0 / temperature)
+    T /= T.sum(axis=1, keepdims=True)
+    u = rng.random(n)
+    labels = (u[:, None] > np.cumsum(T, axis=1)).sum(axis=1).clip(0, K - 1).astype(np.int64)
+    if drop_class is not None:  # class `drop_class` never appears among the labels
+        labels[labels == drop_class] = (drop_class + 1) % K
+    if binary_vector:
+        assert K == 2
+        P = P[:, 1].copy()
+    return P, labels
+
+
+SYNTHETIC = {
+    "syn-K2-n60": dict(n=60, K=2, alpha=1.0, temperature=0.7, seed=1),
+    "syn-K2vec-n80": dict(n=80, K=2, alpha=0.8, temperature=1.5, seed=2, binary_vector=True),
+    "syn-K3-n150": dict(n=150, K=3, alpha=1.0, temperature=0.6, seed=3),
+    "syn-K4-absentclass-n100": dict(n=100, K=4, alpha=0.7, temperature=1.0, seed=4, drop_class=3),
+    "syn-K10-n400": dict(n=400, K=10, alpha=0.3, temperature=1.4, seed=5),
+}
+
+# name -> (file, key prefix ("" / "val_" / "test_"), kind ("logits"/"probs"), K)
+REAL = {
+    "real-pneumonia-K2": ("pneumoniamnist_resnet50.npz", "", "logits", 2),
+    "real-adrenal-K2": ("adrenalmnist3d_resnet50.npz", "", "logits", 2),
+    "real-speaker-K2-imbalanced": ("speaker_verification_plda.npz", "test_", "logits", 2),
+    "real-vgg16-K10": ("cifar10_vgg16_keras_verifiedcal.npz", "", "probs", 10),
+    "real-densenet-K100": ("cifar100_densenetbc100_netcal.npz", "", "probs", 100),
+}
+
+SYNTHETIC_NAMES = list(SYNTHETIC)
+REAL_NAMES = list(REAL)
+ALL_NAMES = SYNTHETIC_NAMES + REAL_NAMES
+
+
+def real_data_available() -> bool:
+    return DATA_DIR.is_dir()
+
+
+@functools.lru_cache(maxsize=None)
+def load_real_file(fname: str, prefix: str = "", kind: str = "probs"):
+    """Full file: (probs float64, probs float32, labels int64).  Skips if missing."""
+    path = DATA_DIR / fname
+    if not path.is_file():
+        pytest.skip(f"real data not available: {path}")
+    with np.load(path, allow_pickle=False) as d:
+        X = d[prefix + kind]
+        y = d[prefix + "labels"].astype(np.int64)
+    if kind == "logits":
+        P64 = ref.ref_softmax(X.astype(np.float64))
+        P32 = P64.astype(np.float32)
+    else:
+        P32 = X.astype(np.float32)
+        P64 = P32.astype(np.float64)
+    return P64, P32, y
+
+
+@functools.lru_cache(maxsize=None)
+def get_dataset(name: str) -> Dataset:
+    if name in SYNTHETIC:
+        P, y = make_synthetic(**SYNTHETIC[name])
+        return Dataset(name, P, y, P.astype(np.float32))
+    fname, prefix, kind, _ = REAL[name]
+    P64, P32, y = load_real_file(fname, prefix, kind)
+    n = y.shape[0]
+    if n > REAL_N_MAX:
+        idx = np.sort(np.random.default_rng(12345).choice(n, REAL_N_MAX, replace=False))
+        P64, P32, y = P64[idx], P32[idx], y[idx]
+    return Dataset(name, np.ascontiguousarray(P64), y.copy(), np.ascontiguousarray(P32))
+
+
+def dataset_or_skip(name):
+    if name in REAL and not real_data_available():
+        pytest.skip(f"real data folder missing: {DATA_DIR}")
+    return get_dataset(name)
+
+
+# ------------------------------------------------------------------------------ fixtures
+@pytest.fixture(scope="session")
+def data_dir():
+    if not real_data_available():
+        pytest.skip(f"real data folder missing: {DATA_DIR}")
+    return DATA_DIR
+
+
+@pytest.fixture(scope="session", params=ALL_NAMES, ids=ALL_NAMES)
+def dataset(request) -> Dataset:
+    """Every synthetic and real dataset (real ones skip when data is missing)."""
+    return dataset_or_skip(request.param)
+
+
+@pytest.fixture(scope="session", params=SYNTHETIC_NAMES, ids=SYNTHETIC_NAMES)
+def synthetic_dataset(request) -> Dataset:
+    return get_dataset(request.param)
+
+
+@pytest.fixture(scope="session", params=REAL_NAMES, ids=REAL_NAMES)
+def real_dataset(request) -> Dataset:
+    return dataset_or_skip(request.param)
+
+
+@pytest.fixture(scope="session")
+def real_k2() -> Dataset:
+    return dataset_or_skip("real-pneumonia-K2")
+
+
+@pytest.fixture(scope="session")
+def real_k10() -> Dataset:
+    return dataset_or_skip("real-vgg16-K10")
+
+
+@pytest.fixture(scope="session")
+def real_k100() -> Dataset:
+    return dataset_or_skip("real-densenet-K100")
+
+
+@pytest.fixture(scope="session")
+def syn_k3() -> Dataset:
+    return get_dataset("syn-K3-n150")
+
+
+@pytest.fixture(scope="session")
+def kdecal_module():
+    import kdecal  # the package under test; a failing import is a real failure
+
+    return kdecal
+
+
+@pytest.fixture(params=BACKENDS, ids=BACKENDS)
+def backend(request, kdecal_module) -> str:
+    """Each concrete backend; skipped when kdecal.available_backends() lacks it."""
+    available = list(kdecal_module.available_backends())
+    if request.param not in available:
+        pytest.skip(f"backend {request.param!r} not available (available: {available})")
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def both_backends(kdecal_module):
+    """Skip unless both cpp and numba are available (for agreement tests)."""
+    available = list(kdecal_module.available_backends())
+    missing = [b for b in BACKENDS if b not in available]
+    if missing:
+        pytest.skip(f"backends {missing} not available (available: {available})")
+    return tuple(BACKENDS)

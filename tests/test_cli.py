@@ -1,0 +1,584 @@
+"""Tests of the command line (kdecal.cli), the file reader (kdecal._io) and the report."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import sys
+
+import kdecal
+import numpy as np
+import pytest
+from kdecal._io import InputFileError, bundled_example_path, load_predictions
+from kdecal._report import CalibrationReport
+from kdecal.cli import main
+
+N, K = 200, 3
+BW = "0.05"  # a fixed bandwidth keeps the tests fast (no bandwidth search)
+
+
+# --------------------------------------------------------------------------- #
+# helpers
+# --------------------------------------------------------------------------- #
+
+
+def _synthetic(seed: int = 0, n: int = N, k: int = K):
+    """Logits, probabilities and labels drawn from the model itself (calibrated)."""
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(scale=2.0, size=(n, k))
+    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)
+    labels = np.array([rng.choice(k, p=row) for row in probs], dtype=np.int64)
+    return logits, probs, labels
+
+
+def _accuracy(scores: np.ndarray, labels: np.ndarray) -> float:
+    if scores.ndim == 1:
+        return float(np.mean((scores > 0.5).astype(int) == labels))
+    return float(np.mean(scores.argmax(axis=1) == labels))
+
+
+def _run_json(capsys, *argv: str) -> dict:
+    code = main(["evaluate", *argv, "--json", "--quiet", "--bandwidth", BW])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return json.loads(out)
+
+
+def _run_error(capsys, *argv: str) -> str:
+    code = main(["evaluate", *argv, "--quiet", "--bandwidth", BW])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("kdecal: error: ")
+    return lines[0]
+
+
+def _write_csv(path, header, rows):
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(header)
+        w.writerows(rows)
+
+
+# --------------------------------------------------------------------------- #
+# round trips through each format
+# --------------------------------------------------------------------------- #
+
+
+def test_npz_probs_round_trip(tmp_path, capsys):
+    """A probs/labels .npz gives the right n, K and accuracy."""
+    _, probs, labels = _synthetic()
+    f = tmp_path / "preds.npz"
+    np.savez(f, probs=probs, labels=labels)
+    d = _run_json(capsys, str(f))
+    assert d["n"] == N
+    assert d["n_classes"] == K
+    assert d["accuracy"] == pytest.approx(_accuracy(probs, labels), abs=1e-12)
+    assert d["bandwidth"] == pytest.approx(float(BW))
+    assert "preds.npz" in d["source"]
+
+
+def test_npz_logits_key_applies_softmax(tmp_path, capsys):
+    """A 'logits' key is passed through softmax before evaluation."""
+    logits, probs, labels = _synthetic(1)
+    f = tmp_path / "logits.npz"
+    np.savez(f, logits=logits, labels=labels)
+    d = _run_json(capsys, str(f))
+    direct = kdecal.evaluate(probs, labels, bandwidth=float(BW), backend="auto")
+    assert d["n"] == N and d["n_classes"] == K
+    assert d["accuracy"] == pytest.approx(_accuracy(logits, labels), abs=1e-12)
+    assert d["log_loss"] == pytest.approx(direct.log_loss, rel=1e-9)
+    assert d["ece_kde_l1"] == pytest.approx(direct.ece_kde_l1, rel=1e-6)
+
+
+def test_npy_pair_with_prefixed_labels(tmp_path, capsys):
+    """X.npy takes its labels from X_labels.npy before labels.npy."""
+    _, probs, labels = _synthetic(2)
+    np.save(tmp_path / "preds.npy", probs)
+    np.save(tmp_path / "preds_labels.npy", labels)
+    np.save(tmp_path / "labels.npy", np.zeros(N, dtype=np.int64))  # must not be used
+    d = _run_json(capsys, str(tmp_path / "preds.npy"))
+    assert d["n"] == N and d["n_classes"] == K
+    assert d["accuracy"] == pytest.approx(_accuracy(probs, labels), abs=1e-12)
+
+
+def test_npy_pair_with_plain_labels_file(tmp_path, capsys):
+    """X.npy falls back to labels.npy in the same folder."""
+    _, probs, labels = _synthetic(3)
+    np.save(tmp_path / "scores.npy", probs.astype(np.float32))
+    np.save(tmp_path / "labels.npy", labels.astype(np.int32))
+    d = _run_json(capsys, str(tmp_path / "scores.npy"))
+    assert d["n"] == N and d["n_classes"] == K
+    assert d["accuracy"] == pytest.approx(_accuracy(probs, labels), abs=1e-12)
+
+
+def test_csv_round_trip_ignores_id_and_text_columns(tmp_path, capsys):
+    """CSV score columns are read in order; id and text columns are ignored."""
+    _, probs, labels = _synthetic(4)
+    f = tmp_path / "preds.csv"
+    rows = [
+        [i, f"img_{i}.png", *map(repr, map(float, p)), int(y)]
+        for i, (p, y) in enumerate(zip(probs, labels))
+    ]
+    _write_csv(f, ["id", "file", "p0", "p1", "p2", "label"], rows)
+    d = _run_json(capsys, str(f))
+    assert d["n"] == N and d["n_classes"] == K
+    assert d["accuracy"] == pytest.approx(_accuracy(probs, labels), abs=1e-12)
+    scores, lab, is_logits, desc = load_predictions(f)
+    assert scores.shape == (N, K) and not is_logits
+    np.testing.assert_allclose(scores, probs, rtol=1e-15)
+    np.testing.assert_array_equal(lab, labels)
+    assert "'id'" in desc and "'file'" in desc
+
+
+def test_csv_binary_single_column(tmp_path, capsys):
+    """A single CSV score column is binary P(y=1)."""
+    rng = np.random.default_rng(5)
+    p1 = rng.uniform(size=N)
+    labels = (rng.uniform(size=N) < p1).astype(int)
+    f = tmp_path / "binary.csv"
+    _write_csv(
+        f, ["score", "labels"], [[repr(float(p)), y] for p, y in zip(p1, labels)]
+    )
+    scores, _, is_logits, _ = load_predictions(f)
+    assert scores.shape == (N,) and not is_logits
+    d = _run_json(capsys, str(f))
+    assert d["n"] == N and d["n_classes"] == 2
+    assert d["accuracy"] == pytest.approx(_accuracy(p1, labels), abs=1e-12)
+
+
+def test_parquet_round_trip(tmp_path, capsys):
+    """Parquet with one numeric column per class."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    _, probs, labels = _synthetic(6)
+    f = tmp_path / "preds.parquet"
+    table = pa.table(
+        {"p0": probs[:, 0], "p1": probs[:, 1], "p2": probs[:, 2], "label": labels}
+    )
+    pq.write_table(table, f)
+    d = _run_json(capsys, str(f))
+    assert d["n"] == N and d["n_classes"] == K
+    assert d["accuracy"] == pytest.approx(_accuracy(probs, labels), abs=1e-12)
+
+
+def test_parquet_list_column(tmp_path):
+    """Parquet with one list-valued column holding each row's vector."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    _, probs, labels = _synthetic(7)
+    f = tmp_path / "lists.parquet"
+    pq.write_table(pa.table({"probs": list(probs), "labels": labels}), f)
+    scores, lab, is_logits, _ = load_predictions(f)
+    np.testing.assert_allclose(scores, probs)
+    np.testing.assert_array_equal(lab, labels)
+    assert not is_logits
+
+
+def test_default_bandwidth_is_auto(tmp_path, capsys):
+    """Without --bandwidth the bandwidth is selected (and reported)."""
+    _, probs, labels = _synthetic(9)
+    f = tmp_path / "auto.npz"
+    np.savez(f, probs=probs, labels=labels)
+    assert main(["evaluate", str(f), "--json", "--quiet"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["bandwidth"] == pytest.approx(kdecal.select_bandwidth(probs))
+    assert d["n"] == N
+
+
+def test_text_output_is_a_table(tmp_path, capsys):
+    """Without --json the report is printed as a table."""
+    _, probs, labels = _synthetic(8)
+    f = tmp_path / "preds.npz"
+    np.savez(f, probs=probs, labels=labels)
+    assert main(["evaluate", str(f), "--quiet", "--bandwidth", BW]) == 0
+    out = capsys.readouterr().out
+    assert "preds.npz" in out
+    assert f"n = {N}, K = {K}" in out
+    for name in ("ece_kde_l1", "ece_kde_l2", "ce_kl", "accuracy", "ece_binned"):
+        assert name in out
+    assert "ECE^KDE (L1, canonical)" in out
+
+
+# --------------------------------------------------------------------------- #
+# splits
+# --------------------------------------------------------------------------- #
+
+
+@pytest.fixture
+def split_file(tmp_path):
+    """Write a .npz file with val_ and test_ prefixed keys of different sizes."""
+    lv, _, yv = _synthetic(10, n=150)
+    lt, _, yt = _synthetic(11, n=N)
+    f = tmp_path / "splits.npz"
+    np.savez(f, val_logits=lv, val_labels=yv, test_logits=lt, test_labels=yt)
+    return f, (lv, yv), (lt, yt)
+
+
+def test_split_default_is_test(split_file, capsys):
+    """Without --split the test split is used."""
+    f, _, (lt, yt) = split_file
+    d = _run_json(capsys, str(f))
+    assert d["n"] == N
+    assert d["accuracy"] == pytest.approx(_accuracy(lt, yt), abs=1e-12)
+    assert "test_logits" in d["source"]
+
+
+def test_split_val(split_file, capsys):
+    """--split val reads the val_ keys."""
+    f, (lv, yv), _ = split_file
+    d = _run_json(capsys, str(f), "--split", "val")
+    assert d["n"] == 150
+    assert d["accuracy"] == pytest.approx(_accuracy(lv, yv), abs=1e-12)
+    assert "val_logits" in d["source"]
+
+
+def test_split_absent_lists_splits_present(tmp_path, capsys):
+    """Asking for a missing split lists the splits present."""
+    lv, _, yv = _synthetic(12)
+    f = tmp_path / "valonly.npz"
+    np.savez(f, val_logits=lv, val_labels=yv)
+    line = _run_error(capsys, str(f), "--split", "test")
+    assert "valonly.npz" in line and "'test'" in line and "val" in line
+    # without --split, the only split present is used
+    d = _run_json(capsys, str(f))
+    assert d["n"] == N
+
+
+def test_split_on_unsplit_file_is_an_error(tmp_path, capsys):
+    """--split on a file without prefixed keys is an error."""
+    _, probs, labels = _synthetic(13)
+    f = tmp_path / "plain.npz"
+    np.savez(f, probs=probs, labels=labels)
+    line = _run_error(capsys, str(f), "--split", "val")
+    assert "plain.npz" in line
+
+
+# --------------------------------------------------------------------------- #
+# logits inference
+# --------------------------------------------------------------------------- #
+
+
+def test_logits_inferred_from_values(tmp_path, capsys):
+    """Values outside [0, 1] are taken as logits."""
+    logits, probs, labels = _synthetic(14)
+    np.save(tmp_path / "raw.npy", logits)
+    np.save(tmp_path / "raw_labels.npy", labels)
+    _, _, is_logits, desc = load_predictions(tmp_path / "raw.npy")
+    assert is_logits and "logits" in desc
+    d = _run_json(capsys, str(tmp_path / "raw.npy"))
+    direct = kdecal.evaluate(probs, labels, bandwidth=float(BW), backend="auto")
+    assert d["accuracy"] == pytest.approx(_accuracy(logits, labels), abs=1e-12)
+    assert d["log_loss"] == pytest.approx(direct.log_loss, rel=1e-9)
+
+
+def test_logits_inferred_when_rows_do_not_sum_to_one(tmp_path):
+    """Rows not summing to 1 are taken as logits unless told otherwise."""
+    rng = np.random.default_rng(15)
+    scores = rng.uniform(0.0, 1.0, size=(N, K))  # inside [0, 1] but not normalised
+    np.save(tmp_path / "u.npy", scores)
+    np.save(tmp_path / "labels.npy", rng.integers(0, K, N))
+    assert load_predictions(tmp_path / "u.npy")[2] is True
+    assert load_predictions(tmp_path / "u.npy", logits=False)[2] is False
+
+
+def test_probabilities_not_taken_for_logits(tmp_path):
+    """Proper probabilities are not taken for logits unless told so."""
+    _, probs, labels = _synthetic(16)
+    np.save(tmp_path / "p.npy", probs)
+    np.save(tmp_path / "labels.npy", labels)
+    assert load_predictions(tmp_path / "p.npy")[2] is False
+    assert load_predictions(tmp_path / "p.npy", logits=True)[2] is True
+
+
+def test_binary_logit_column_uses_sigmoid(tmp_path, capsys):
+    """A single log-odds column goes through the sigmoid."""
+    rng = np.random.default_rng(17)
+    z = rng.normal(scale=3.0, size=N)
+    labels = (rng.uniform(size=N) < 1 / (1 + np.exp(-z))).astype(int)
+    f = tmp_path / "logodds.csv"
+    _write_csv(f, ["logit", "label"], [[repr(float(v)), y] for v, y in zip(z, labels)])
+    assert load_predictions(f)[2] is True
+    d = _run_json(capsys, str(f))
+    assert d["n_classes"] == 2
+    assert d["accuracy"] == pytest.approx(
+        np.mean((z > 0).astype(int) == labels), abs=1e-12
+    )
+
+
+def test_probs_flag_overrides_logits_key(tmp_path, capsys):
+    """--probs overrides the 'logits' key name."""
+    _, probs, labels = _synthetic(18)
+    f = tmp_path / "mislabelled.npz"
+    np.savez(f, logits=probs, labels=labels)  # probabilities stored under "logits"
+    d = _run_json(capsys, str(f), "--probs")
+    direct = kdecal.evaluate(probs, labels, bandwidth=float(BW), backend="auto")
+    assert d["log_loss"] == pytest.approx(direct.log_loss, rel=1e-9)
+
+
+def test_forcing_probs_on_logits_is_an_error(tmp_path, capsys):
+    """Logits forced to be probabilities fail kdecal's validation."""
+    logits, _, labels = _synthetic(19)
+    f = tmp_path / "logits.npz"
+    np.savez(f, logits=logits, labels=labels)
+    _run_error(capsys, str(f), "--probs")
+
+
+# --------------------------------------------------------------------------- #
+# bad input: exit status 2 and one line on stderr naming the file
+# --------------------------------------------------------------------------- #
+
+
+def test_missing_file(tmp_path, capsys):
+    """A missing file is one error line."""
+    line = _run_error(capsys, str(tmp_path / "nope.npz"))
+    assert "nope.npz" in line and "not found" in line
+
+
+def test_unknown_extension(tmp_path, capsys):
+    """An unknown extension is one error line naming it."""
+    f = tmp_path / "preds.txt"
+    f.write_text("0.5,0.5,1\n")
+    line = _run_error(capsys, str(f))
+    assert "preds.txt" in line and ".txt" in line and "extension" in line
+
+
+def test_npz_missing_labels_key(tmp_path, capsys):
+    """A .npz without labels is one error line."""
+    _, probs, _ = _synthetic(20)
+    f = tmp_path / "nolabels.npz"
+    np.savez(f, probs=probs)
+    line = _run_error(capsys, str(f))
+    assert "nolabels.npz" in line and "labels" in line
+
+
+def test_npz_missing_scores_key(tmp_path, capsys):
+    """A .npz without probs/logits is one error line."""
+    f = tmp_path / "noscores.npz"
+    np.savez(f, labels=np.zeros(N, dtype=int))
+    line = _run_error(capsys, str(f))
+    assert "noscores.npz" in line and "probs" in line
+
+
+def test_npz_wrong_score_shape(tmp_path, capsys):
+    """3-D scores are rejected."""
+    f = tmp_path / "cube.npz"
+    np.savez(f, probs=np.full((N, K, 2), 1.0 / (2 * K)), labels=np.zeros(N, dtype=int))
+    line = _run_error(capsys, str(f))
+    assert "cube.npz" in line and "shape" in line
+
+
+def test_npz_wrong_label_shape(tmp_path, capsys):
+    """2-D labels are rejected."""
+    _, probs, _ = _synthetic(21)
+    f = tmp_path / "labels2d.npz"
+    np.savez(f, probs=probs, labels=np.zeros((N, 2), dtype=int))
+    line = _run_error(capsys, str(f))
+    assert "labels2d.npz" in line and "shape" in line
+
+
+def test_labels_length_mismatch(tmp_path, capsys):
+    """Scores and labels of different lengths are rejected with both lengths."""
+    _, probs, labels = _synthetic(22)
+    f = tmp_path / "short.npz"
+    np.savez(f, probs=probs, labels=labels[:-5])
+    line = _run_error(capsys, str(f))
+    assert "short.npz" in line and str(N) in line and str(N - 5) in line
+
+
+def test_npy_without_labels_file(tmp_path, capsys):
+    """A lone .npy names the labels files it looked for."""
+    _, probs, _ = _synthetic(23)
+    np.save(tmp_path / "alone.npy", probs)
+    line = _run_error(capsys, str(tmp_path / "alone.npy"))
+    assert "alone.npy" in line and "alone_labels.npy" in line and "labels.npy" in line
+
+
+def test_csv_without_label_column(tmp_path, capsys):
+    """A CSV without a label column is rejected."""
+    _, probs, _ = _synthetic(24)
+    f = tmp_path / "nolabel.csv"
+    _write_csv(f, ["p0", "p1", "p2"], probs.tolist())
+    line = _run_error(capsys, str(f))
+    assert "nolabel.csv" in line and "label" in line
+
+
+def test_csv_ragged_row(tmp_path, capsys):
+    """A CSV row with the wrong number of fields is reported by line."""
+    f = tmp_path / "ragged.csv"
+    f.write_text("p0,p1,label\n0.2,0.8,1\n0.5,0\n")
+    line = _run_error(capsys, str(f))
+    assert "ragged.csv" in line and "line 3" in line
+
+
+def test_csv_non_integer_labels(tmp_path, capsys):
+    """Fractional CSV labels are rejected."""
+    f = tmp_path / "fraclabels.csv"
+    f.write_text("p0,p1,label\n0.2,0.8,1\n0.5,0.5,0.5\n0.1,0.9,1\n")
+    line = _run_error(capsys, str(f))
+    assert "fraclabels.csv" in line and "integer" in line
+
+
+def test_corrupt_npz(tmp_path, capsys):
+    """A .npz that is not a zip archive is rejected."""
+    f = tmp_path / "corrupt.npz"
+    f.write_bytes(b"this is not a zip archive")
+    line = _run_error(capsys, str(f))
+    assert "corrupt.npz" in line
+
+
+def test_label_out_of_range_is_reported_by_kdecal(tmp_path, capsys):
+    """Kdecal's own ValueError becomes one error line."""
+    _, probs, labels = _synthetic(25)
+    labels = labels.copy()
+    labels[0] = K + 3
+    f = tmp_path / "badlabel.npz"
+    np.savez(f, probs=probs, labels=labels)
+    line = _run_error(capsys, str(f))
+    assert "labels" in line
+
+
+def test_load_predictions_raises_input_file_error(tmp_path):
+    """load_predictions raises InputFileError, a ValueError."""
+    with pytest.raises(InputFileError, match="nope.csv"):
+        load_predictions(tmp_path / "nope.csv")
+    assert issubclass(InputFileError, ValueError)
+
+
+# --------------------------------------------------------------------------- #
+# usage errors
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["frobnicate"],
+        ["evaluate", "--backend", "gpu"],
+        ["evaluate", "--bandwidth", "0"],
+        ["evaluate", "--bandwidth", "-1"],
+        ["evaluate", "--bandwidth", "wide"],
+        ["evaluate", "--split", "train"],
+        ["evaluate", "--logits", "--probs"],
+    ],
+)
+def test_usage_errors_exit_2(argv, capsys):
+    """Usage errors exit with status 2."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "kdecal: error:" in err
+
+
+def test_help_exits_0(capsys):
+    """--help exits with status 0."""
+    assert main(["evaluate", "--help"]) == 0
+    assert "--bandwidth" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- #
+# bundled example
+# --------------------------------------------------------------------------- #
+
+
+def test_bundled_example_file():
+    """The bundled example is installed and readable."""
+    path = bundled_example_path()
+    assert path.name == "cifar10_vgg16_keras_verifiedcal.npz"
+    scores, labels, is_logits, _ = load_predictions(path)
+    assert scores.shape == (10000, 10) and labels.shape == (10000,)
+    assert not is_logits
+
+
+def test_bundled_example_runs(capsys):
+    """Kdecal evaluate without FILE evaluates the bundled example."""
+    # A fixed bandwidth keeps this quick; test_default_bandwidth_is_auto covers auto.
+    code = main(["evaluate", "--json", "--quiet", "--bandwidth", "0.01"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["n"] == 10000
+    assert d["n_classes"] == 10
+    assert d["accuracy"] == pytest.approx(0.9359, abs=1e-4)
+    assert d["source"].startswith("bundled example")
+    assert "cifar10_vgg16_keras_verifiedcal.npz" in d["source"]
+
+
+# --------------------------------------------------------------------------- #
+# CalibrationReport
+# --------------------------------------------------------------------------- #
+
+
+def _report(**overrides) -> CalibrationReport:
+    values: dict = {
+        "n": np.int64(500),
+        "n_classes": 3,
+        "bandwidth": np.float64(0.01),
+        "ece_kde_l1": np.float32(0.05),
+        "ece_kde_l2": 0.03,
+        "ce_kl": 2e-6,
+        "ce_l2": 0.004,
+        "refinement_kl": 0.6,
+        "refinement_l2": -0.7,
+        "sharpness_kl": 0.2,
+        "sharpness_l2": 0.1,
+        "accuracy": 0.8,
+        "log_loss": 0.5,
+        "brier_score": 0.3,
+        "ece_binned": 0.04,
+        "backend": "numba",
+        "wall_time_s": 1.25,
+        "source": None,
+    }
+    values.update(overrides)
+    return CalibrationReport(**values)
+
+
+def test_report_to_dict_is_plain_json():
+    """to_dict gives plain JSON types and round-trips."""
+    r = _report()
+    d = r.to_dict()
+    assert list(d) == [f.name for f in dataclasses.fields(CalibrationReport)]
+    assert type(d["n"]) is int and type(d["bandwidth"]) is float
+    assert type(d["ece_kde_l1"]) is float and d["source"] is None
+    assert json.loads(json.dumps(d)) == d
+    assert CalibrationReport(**d).to_dict() == d
+
+
+def test_report_is_frozen():
+    """CalibrationReport is immutable."""
+    r = _report()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.n = 3  # type: ignore[misc]
+
+
+def test_report_str():
+    """str(report) has the header and the metric table."""
+    text = str(_report(source="x.npz"))
+    assert "source: x.npz" in text
+    assert "n = 500, K = 3" in text and "backend = numba" in text
+    assert "ECE^KDE (L1, canonical)" in text and "Popordanoska" in text
+    assert "2.000e-06" in text  # small values stay readable
+    assert "(in-memory arrays)" in str(_report())
+
+
+def test_parquet_without_pyarrow_says_how_to_install(tmp_path, capsys, monkeypatch):
+    """Without pyarrow, .parquet input says how to install it."""
+    f = tmp_path / "preds.parquet"
+    f.write_bytes(b"PAR1")
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    line = _run_error(capsys, str(f))
+    assert "preds.parquet" in line and "pip install 'kdecal[parquet]'" in line
+
+
+def test_csv_error_line_numbers_count_blank_lines(tmp_path, capsys):
+    """CSV error line numbers are file line numbers."""
+    f = tmp_path / "gaps.csv"
+    f.write_text("p0,p1,label\n\n0.2,0.8,1\n\n0.5,,0\n")
+    line = _run_error(capsys, str(f))
+    assert "gaps.csv" in line and "line 5" in line

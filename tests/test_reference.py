@@ -1,0 +1,318 @@
+"""Every public kdecal function against the float64 brute-force reference.
+
+Datasets: conftest (synthetic K = 2, 2-as-vector, 3, 4-with-absent-class, 10;
+real K = 2 (x3), 10, 100; n <= 400).  Backends: cpp and numba (each skipped if
+unavailable), plus backend="auto" once.  float64 tolerance: rtol64(h) (1e-9 for
+h >= 1e-4) with a 1e-13 absolute floor for scalars; float32 tolerances: see
+_helpers.py (measured, documented there).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import _reference as ref
+from _helpers import (
+    E_ATOL,
+    F32_BANDWIDTHS,
+    F32_E_ATOL,
+    F32_RTOL,
+    LL_ATOL,
+    assert_close,
+    assert_scalar,
+    assert_simplex_rows,
+    bw_id,
+    resolve_bw,
+    rtol64,
+)
+from conftest import dataset_or_skip as _get, load_real_file
+
+BANDWIDTHS = [1e-3, 0.05, 0.5, "auto"]
+BW_IDS = [bw_id(b) for b in BANDWIDTHS]
+
+
+@pytest.fixture(scope="module")
+def kd(kdecal_module):
+    return kdecal_module
+
+
+# ------------------------------------------------------------------ softmax
+class TestSoftmax:
+    @pytest.mark.parametrize("scale", [1.0, 30.0], ids=["scale1", "scale30"])
+    @pytest.mark.parametrize("K", [2, 10, 100], ids=["K2", "K10", "K100"])
+    def test_matches_reference(self, kd, K, scale):
+        X = np.random.default_rng(K).normal(size=(50, K)) * scale
+        P = kd.softmax(X)
+        assert_close(P, ref.ref_softmax(X), rtol=1e-12, atol=1e-300, what="softmax")
+        assert_close(P.sum(axis=-1), np.ones(50), rtol=0, atol=1e-14, what="row sums")
+
+    def test_shift_invariant_no_overflow(self, kd):
+        X = np.random.default_rng(0).normal(size=(20, 5)) * 10
+        P = kd.softmax(X + 1e4)  # naive exp overflows
+        assert_close(P, ref.ref_softmax(X), rtol=1e-9, atol=1e-300, what="softmax(x + 1e4)")
+
+    def test_axis0(self, kd):
+        X = np.random.default_rng(1).normal(size=(7, 4)) * 5
+        assert_close(kd.softmax(X, axis=0), ref.ref_softmax(X, axis=0), rtol=1e-12, what="axis=0")
+
+    @pytest.mark.parametrize("fname", ["pneumoniamnist_resnet50.npz", "cifar100_resnet20_chenyaofo.npz"])
+    def test_real_logits(self, kd, data_dir, fname):
+        with np.load(data_dir / fname) as d:
+            X = d["logits"].astype(np.float64)
+        assert_close(kd.softmax(X), ref.ref_softmax(X), rtol=1e-12, atol=1e-300, what="softmax real")
+
+
+# -------------------------------------------------------- conditional expectation
+@pytest.mark.parametrize("bandwidth", BANDWIDTHS, ids=BW_IDS)
+def test_conditional_expectation(kd, dataset, bandwidth, backend):
+    h = resolve_bw(dataset, bandwidth)
+    E = kd.conditional_expectation(dataset.probs, dataset.labels, bandwidth=bandwidth, backend=backend)
+    assert isinstance(E, np.ndarray) and E.dtype == np.float64
+    assert E.shape == (dataset.n, dataset.K)
+    E_ref = ref.ref_conditional_expectation(dataset.probs, dataset.labels, h)
+    assert_close(E, E_ref, rtol=rtol64(h), atol=E_ATOL, what=f"E {dataset.name} h={h}")
+    assert_simplex_rows(E)
+
+
+# ------------------------------------------------------------------ ece_kde
+@pytest.mark.parametrize("p", [1, 2], ids=["p1", "p2"])
+@pytest.mark.parametrize("bandwidth", BANDWIDTHS, ids=BW_IDS)
+def test_ece_kde(kd, dataset, bandwidth, p, backend):
+    h = resolve_bw(dataset, bandwidth)
+    got = kd.ece_kde(dataset.probs, dataset.labels, p=p, bandwidth=bandwidth, backend=backend)
+    want = ref.ref_ece_kde(dataset.probs, dataset.labels, p=p, bandwidth=h)
+    assert want > 0
+    assert_scalar(got, want, rtol=rtol64(h), what=f"ece_kde p={p} {dataset.name} h={h}")
+
+
+@pytest.mark.parametrize("p", [1.5, 3], ids=["p1.5", "p3"])
+def test_ece_kde_other_p(kd, dataset, p, backend):
+    h = 0.05
+    got = kd.ece_kde(dataset.probs, dataset.labels, p=p, bandwidth=h, backend=backend)
+    assert_scalar(got, ref.ref_ece_kde(dataset.probs, dataset.labels, p=p, bandwidth=h), rtol=1e-9)
+
+
+def test_ece_kde_default_bandwidth_is_auto(kd, dataset):
+    got = kd.ece_kde(dataset.probs, dataset.labels)  # p=1, bandwidth="auto", backend="auto"
+    h = dataset.ref_bandwidth
+    assert_scalar(got, ref.ref_ece_kde(dataset.probs, dataset.labels, p=1, bandwidth=h), rtol=rtol64(h))
+
+
+# ------------------------------------------------------------ calibration_error
+@pytest.mark.parametrize("estimator", ["direct", "refinement"])
+@pytest.mark.parametrize("divergence", ["kl", "l2"])
+@pytest.mark.parametrize("bandwidth", BANDWIDTHS, ids=BW_IDS)
+def test_calibration_error(kd, dataset, bandwidth, divergence, estimator, backend):
+    h = resolve_bw(dataset, bandwidth)
+    got = kd.calibration_error(dataset.probs, dataset.labels, divergence=divergence, bandwidth=bandwidth,
+                               estimator=estimator, backend=backend)
+    want = ref.ref_calibration_error(dataset.probs, dataset.labels, divergence, h, estimator)
+    assert_scalar(got, want, rtol=rtol64(h), what=f"CE {divergence}/{estimator} {dataset.name} h={h}")
+
+
+def test_calibration_error_defaults_kl_direct_auto(kd, dataset):
+    got = kd.calibration_error(dataset.probs, dataset.labels)
+    h = dataset.ref_bandwidth
+    want = ref.ref_calibration_error(dataset.probs, dataset.labels, "kl", h, "direct")
+    assert_scalar(got, want, rtol=rtol64(h))
+
+
+# ---- custom Bregman generators (F: (n, K) -> (n,), grad_F: (n, K) -> (n, K))
+def _F_sq(X):
+    return np.sum(np.asarray(X) ** 2, axis=-1)
+
+
+def _g_sq(X):
+    return 2.0 * np.asarray(X)
+
+
+def _F_negent(X):
+    X = np.asarray(X, dtype=np.float64)
+    return np.sum(np.where(X > 0, X * np.log(np.where(X > 0, X, 1.0)), 0.0), axis=-1)
+
+
+def _g_negent(X):
+    return np.log(np.asarray(X, dtype=np.float64)) + 1.0
+
+
+def _F_exp(X):  # not a built-in divergence
+    return np.sum(np.exp(np.asarray(X, dtype=np.float64)), axis=-1)
+
+
+def _g_exp(X):
+    return np.exp(np.asarray(X, dtype=np.float64))
+
+
+CUSTOM = {"sq": (_F_sq, _g_sq), "negentropy": (_F_negent, _g_negent), "sumexp": (_F_exp, _g_exp)}
+BUILTIN_EQUIV = {"sq": "l2", "negentropy": "kl"}
+
+
+@pytest.mark.parametrize("estimator", ["direct", "refinement"])
+@pytest.mark.parametrize("gen", list(CUSTOM), ids=list(CUSTOM))
+@pytest.mark.parametrize("name", ["syn-K3-n150", "syn-K2vec-n80", "real-vgg16-K10"])
+def test_calibration_error_custom_bregman(kd, name, gen, estimator, backend):
+    ds = _get(name)
+    F, gF = CUSTOM[gen]
+    h = 0.05
+    got = kd.calibration_error(ds.probs, ds.labels, divergence=kd.Bregman(F, gF, name=gen), bandwidth=h,
+                               estimator=estimator, backend=backend)
+    want = ref.ref_calibration_error(ds.probs, ds.labels, (F, gF), h, estimator)
+    assert_scalar(got, want, rtol=1e-9, what=f"Bregman({gen}) {estimator}")
+    if gen in BUILTIN_EQUIV:  # same generator as a built-in -> same number
+        builtin = ref.ref_calibration_error(ds.probs, ds.labels, BUILTIN_EQUIV[gen], h, estimator)
+        assert_scalar(got, builtin, rtol=1e-9, atol=1e-12, what=f"Bregman({gen}) vs {BUILTIN_EQUIV[gen]}")
+
+
+# ------------------------------------------------------- refinement / sharpness
+@pytest.mark.parametrize("divergence", ["kl", "l2"])
+@pytest.mark.parametrize("bandwidth", BANDWIDTHS, ids=BW_IDS)
+def test_refinement(kd, dataset, bandwidth, divergence, backend):
+    h = resolve_bw(dataset, bandwidth)
+    got = kd.refinement(dataset.probs, dataset.labels, divergence=divergence, bandwidth=bandwidth, backend=backend)
+    want = ref.ref_refinement(dataset.probs, dataset.labels, divergence, h)
+    assert_scalar(got, want, rtol=rtol64(h), what=f"refinement {divergence} {dataset.name} h={h}")
+
+
+@pytest.mark.parametrize("divergence", ["kl", "l2"])
+@pytest.mark.parametrize("bandwidth", BANDWIDTHS, ids=BW_IDS)
+def test_sharpness(kd, dataset, bandwidth, divergence, backend):
+    h = resolve_bw(dataset, bandwidth)
+    got = kd.sharpness(dataset.probs, dataset.labels, divergence=divergence, bandwidth=bandwidth, backend=backend)
+    want = ref.ref_sharpness(dataset.probs, dataset.labels, divergence, h)
+    assert_scalar(got, want, rtol=rtol64(h), what=f"sharpness {divergence} {dataset.name} h={h}")
+
+
+@pytest.mark.parametrize("gen", list(CUSTOM), ids=list(CUSTOM))
+def test_refinement_sharpness_custom_bregman(kd, syn_k3, gen, backend):
+    F, gF = CUSTOM[gen]
+    div = kd.Bregman(F, gF)
+    got_r = kd.refinement(syn_k3.probs, syn_k3.labels, divergence=div, bandwidth=0.1, backend=backend)
+    got_s = kd.sharpness(syn_k3.probs, syn_k3.labels, divergence=div, bandwidth=0.1, backend=backend)
+    assert_scalar(got_r, ref.ref_refinement(syn_k3.probs, syn_k3.labels, (F, gF), 0.1), rtol=1e-9)
+    assert_scalar(got_s, ref.ref_sharpness(syn_k3.probs, syn_k3.labels, (F, gF), 0.1), rtol=1e-9)
+
+
+# ------------------------------------------------------ bandwidth selection
+def test_loo_log_likelihood_default_grid(kd, dataset, backend):
+    grid = ref.DEFAULT_GRID
+    got = kd.loo_log_likelihood(dataset.probs, grid, backend=backend)
+    assert isinstance(got, np.ndarray) and got.shape == (len(grid),) and got.dtype == np.float64
+    want = ref.ref_loo_log_likelihood(dataset.probs, grid)
+    rt = np.array([rtol64(h) for h in grid])
+    err = np.abs(got - want)
+    bad = err > rt * np.abs(want) + LL_ATOL
+    assert not bad.any(), f"loo-LL mismatch at h={grid[bad]}: got {got[bad]}, want {want[bad]}"
+
+
+@pytest.mark.parametrize("bandwidths", [[0.3], [1.0, 1e-3, 0.02]], ids=["single", "unsorted3"])
+def test_loo_log_likelihood_custom_bandwidths(kd, dataset, bandwidths, backend):
+    got = kd.loo_log_likelihood(dataset.probs, np.array(bandwidths), backend=backend)
+    want = ref.ref_loo_log_likelihood(dataset.probs, bandwidths)
+    assert_close(got, want, rtol=rtol64(min(bandwidths)), atol=LL_ATOL, what="loo-LL")
+
+
+def test_select_bandwidth_default_grid(kd, dataset, backend):
+    got = kd.select_bandwidth(dataset.probs, backend=backend)
+    assert float(got) in set(ref.DEFAULT_GRID.tolist())
+    # the reference's top-2 LOO-LL gap is >= 6e-4 relative on every fixture
+    # dataset, so the argmax is not a rounding-level tie
+    assert float(got) == dataset.ref_bandwidth
+
+
+def test_select_bandwidth_custom_grid(kd, dataset, backend):
+    grid = [0.4, 0.003, 0.05, 0.01, 1.0]
+    got = kd.select_bandwidth(dataset.probs, grid=grid, backend=backend)
+    assert float(got) == ref.ref_select_bandwidth(dataset.probs, grid)
+
+
+def test_default_grid_is_55_values(kd, real_k10, backend):
+    # the LOO-LL over the default grid must match the spec's grid exactly, as
+    # seen through select_bandwidth with grid=None vs the explicit grid
+    a = kd.select_bandwidth(real_k10.probs, backend=backend)
+    b = kd.select_bandwidth(real_k10.probs, grid=ref.DEFAULT_GRID, backend=backend)
+    assert float(a) == float(b) == real_k10.ref_bandwidth
+
+
+# ----------------------------------------------------------------- evaluate
+REPORT_FLOAT_FIELDS = ["ece_kde_l1", "ece_kde_l2", "ce_kl", "ce_l2", "refinement_kl", "refinement_l2",
+                       "sharpness_kl", "sharpness_l2", "accuracy", "log_loss", "brier_score", "ece_binned"]
+
+
+@pytest.mark.parametrize("bandwidth", [0.05, "auto"], ids=["h=0.05", "auto"])
+def test_evaluate(kd, dataset, bandwidth, backend):
+    h = resolve_bw(dataset, bandwidth)
+    rep = kd.evaluate(dataset.probs, dataset.labels, bandwidth=bandwidth, backend=backend)
+    want = ref.ref_evaluate(dataset.probs, dataset.labels, h)
+    assert rep.n == want["n"] and rep.n_classes == want["n_classes"]
+    assert float(rep.bandwidth) == h
+    assert rep.backend == backend
+    assert isinstance(rep.wall_time_s, float) and rep.wall_time_s >= 0.0
+    for f in REPORT_FLOAT_FIELDS:
+        assert_scalar(getattr(rep, f), want[f], rtol=rtol64(h), what=f"report.{f} {dataset.name}")
+
+
+def test_evaluate_full_vgg16_binned_ece(kd, data_dir):
+    """Full 10,000-row file: binned ECE equals the README's ECE15 = 3.98 %."""
+    P64, _, y = load_real_file("cifar10_vgg16_keras_verifiedcal.npz", "", "probs")
+    rep = kd.evaluate(P64, y, bandwidth=0.1)
+    assert rep.n == 10000 and rep.n_classes == 10
+    assert_scalar(rep.ece_binned, ref.ref_ece_binned(P64, y), rtol=1e-9, atol=1e-12)
+    assert round(100 * rep.ece_binned, 2) == 3.98  # fraction, README gives %
+    assert_scalar(rep.accuracy, 0.9359, rtol=0, atol=1e-12)
+    assert_scalar(rep.log_loss, ref.ref_log_loss(P64, y), rtol=1e-9)
+    assert_scalar(rep.brier_score, ref.ref_brier(P64, y), rtol=1e-9)
+
+
+# ------------------------------------------------------- binary convention
+@pytest.mark.parametrize("name", ["syn-K2vec-n80", "real-pneumonia-K2"])
+def test_binary_vector_equals_two_columns(kd, name, backend):
+    ds = _get(name)
+    p = ds.probs if ds.probs.ndim == 1 else ds.probs[:, 1].copy()
+    P2 = np.stack([1.0 - p, p], axis=1)
+    h = 0.05
+    E1 = kd.conditional_expectation(p, ds.labels, bandwidth=h, backend=backend)
+    E2 = kd.conditional_expectation(P2, ds.labels, bandwidth=h, backend=backend)
+    assert E1.shape == (ds.n, 2)
+    assert_close(E1, E2, rtol=1e-12, atol=1e-300, what="(n,) vs (n,2)")
+    assert_close(E1, ref.ref_conditional_expectation(p, ds.labels, h), rtol=1e-9, atol=E_ATOL)
+    for fn in ("ece_kde", "calibration_error", "refinement", "sharpness"):
+        a = getattr(kd, fn)(p, ds.labels, bandwidth=h, backend=backend)
+        b = getattr(kd, fn)(P2, ds.labels, bandwidth=h, backend=backend)
+        assert_scalar(a, b, rtol=1e-12, what=fn)
+    assert_close(kd.loo_log_likelihood(p, [h], backend=backend), ref.ref_loo_log_likelihood(p, [h]),
+                 rtol=1e-9, atol=LL_ATOL)
+
+
+# -------------------------------------------------------------- float32 input
+@pytest.mark.parametrize("bandwidth", F32_BANDWIDTHS, ids=[bw_id(b) for b in F32_BANDWIDTHS])
+def test_float32_input(kd, dataset, bandwidth, backend):
+    """float32 probs: G is computed in float32 (spec), so only ~1e-5 accuracy.
+
+    Reference = float64 computation on the same float32 values.  Bounds from the
+    float32 simulation in _helpers.py (observed: scalars <= 3.8e-6 rel, E <= 1.7e-5
+    abs, LOO-LL <= 1.2e-5 rel for h >= 1e-2).
+    """
+    P32 = dataset.probs32
+    assert P32.dtype == np.float32
+    P = P32.astype(np.float64)
+    y = dataset.labels
+    h = bandwidth
+    E = kd.conditional_expectation(P32, y, bandwidth=h, backend=backend)
+    assert E.dtype == np.float64
+    assert_close(E, ref.ref_conditional_expectation(P, y, h), rtol=0, atol=F32_E_ATOL, what="E f32")
+    assert_simplex_rows(E, atol=1e-6)
+    for p in (1, 2):
+        assert_scalar(kd.ece_kde(P32, y, p=p, bandwidth=h, backend=backend),
+                      ref.ref_ece_kde(P, y, p=p, bandwidth=h), rtol=F32_RTOL, atol=1e-7, what=f"ece p={p} f32")
+    for div in ("kl", "l2"):
+        for est in ("direct", "refinement"):
+            assert_scalar(kd.calibration_error(P32, y, divergence=div, bandwidth=h, estimator=est, backend=backend),
+                          ref.ref_calibration_error(P, y, div, h, est), rtol=F32_RTOL, atol=1e-7,
+                          what=f"CE {div}/{est} f32")
+        assert_scalar(kd.refinement(P32, y, divergence=div, bandwidth=h, backend=backend),
+                      ref.ref_refinement(P, y, div, h), rtol=F32_RTOL, atol=1e-7, what=f"refinement {div} f32")
+        assert_scalar(kd.sharpness(P32, y, divergence=div, bandwidth=h, backend=backend),
+                      ref.ref_sharpness(P, y, div, h), rtol=F32_RTOL, atol=1e-7, what=f"sharpness {div} f32")
+    assert_close(kd.loo_log_likelihood(P32, [h], backend=backend), ref.ref_loo_log_likelihood(P, [h]),
+                 rtol=F32_RTOL, atol=1e-6, what="loo-LL f32")
