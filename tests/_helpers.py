@@ -1,22 +1,26 @@
 """Tolerances and assertion helpers shared by the test modules.
 
-Tolerances were derived by comparing the brute-force reference against a
+Tolerances were first derived by comparing the brute-force reference against a
 simulation of the engine's arithmetic (sequential accumulation of G_ij in the
-input dtype, per-class running max, S / sum S) over every dataset in conftest
-and bandwidths 1e-5 .. 1 (script summarised in test_reference_selfcheck.py).
+input dtype, per-class running max, S / sum S; see _engine_sim in
+test_reference_selfcheck.py), then checked against the real package (kdecal at
+commit 85bb802 plus working-tree changes, cpp and numba backends, every
+conftest dataset).  Worst relative errors vs the reference, real package:
 
-float64, worst relative errors observed (simulated engine vs reference):
-  h      E (entries > 1e-200)   loo-LL    scalar estimators
-  1e-5   3.4e-10                3.4e-13   2.3e-10 (refinement_kl, E ~ one-hot)
-  1e-4   2.1e-11                2.4e-13   5.0e-12
-  1e-3   3.6e-12                8.6e-14   2.5e-13
-  1e-2   1.1e-12                1.8e-14   1.5e-14
-  >=0.05 3.4e-13                1.7e-14   1.2e-14
-float32 input (G_ij accumulated in float32, clip in float32), h >= 1e-2:
-  E: max abs error 1.7e-5 (relative up to 1.1e-3 on small entries),
-  loo-LL: rel 1.2e-5, scalar estimators: rel <= 3.8e-6.
-  At h = 1e-3 it grows to 1.5e-4 (scalars) / 1.6e-4 (E abs), so float32 is
-  only checked for h >= 1e-2.
+float64      E (entries > 1e-200)   loo-LL    scalar estimators   cpp vs numba (E)
+  h=1e-5     3.7e-10                6.2e-13   2.3e-10             2.3e-10
+  h=1e-4     2.9e-11                2.5e-13   5.0e-12             2.9e-11
+  h=1e-3     3.6e-12                8.9e-14   2.5e-13             1.8e-12
+  h=1e-2     1.1e-12                1.9e-14   1.6e-14             1.1e-12
+  h>=0.05    4.3e-13                1.6e-14   2.4e-14             2.8e-13
+float32 input (G_ij in float32 as the spec says; reference = float64 on the
+same float32 values):
+  h=1e-3     E abs 5.5e-5, loo-LL 1.7e-5, scalars 2.9e-5
+  h=1e-2     E abs 1.0e-5 (rel up to 1.4e-3 on small entries), loo-LL 6.0e-6, scalars 1.8e-6
+  h=0.05     E abs 3.4e-6, loo-LL 2.1e-6, scalars 1.4e-6
+  h>=0.2     E abs 1.4e-6, loo-LL 6.7e-7, scalars 1.3e-7
+The simulation gave the same orders of magnitude (float32 h=1e-2: E abs 1.7e-5,
+scalars 3.8e-6).  float32 is only checked for h >= 1e-2.
 """
 
 from __future__ import annotations
@@ -30,11 +34,15 @@ SCALAR_ATOL = 1e-13
 LL_ATOL = 1e-12  # loo log-likelihood can cross 0 (it is a log density)
 E_ATOL = 1e-200  # entries of E below this are underflow noise
 
-F32_RTOL = 1e-4  # ~25x the worst observed (3.8e-6) in the float32 simulation
-F32_E_ATOL = 2e-4  # ~10x the worst observed abs error of E entries (1.7e-5)
+F32_RTOL = (
+    1e-4  # >= 25x the worst observed (1.8e-6 package, 3.8e-6 simulation; LL 6e-6)
+)
+F32_E_ATOL = 2e-4  # >= 10x the worst observed abs error of E entries (1.0e-5 / 1.7e-5)
 F32_BANDWIDTHS = [0.01, 0.05, 0.2, 1.0]
 
-BACKEND_RTOL = 1e-10  # cpp vs numba, float64
+BACKEND_RTOL = (
+    1e-10  # cpp vs numba, float64, h >= 1e-4 (use backend_rtol(h) below that)
+)
 THREADS_RTOL = 1e-12  # 1 vs 2 threads, cpp
 
 
@@ -49,17 +57,28 @@ def rtol64(bandwidth: float) -> float:
     return max(1e-9, 1e-13 / float(bandwidth))
 
 
+def backend_rtol(bandwidth: float) -> float:
+    """Cpp vs numba: 1e-10, relaxed below h = 1e-4 like rtol64 (observed 2.3e-10 at 1e-5)."""
+    return max(BACKEND_RTOL, rtol64(bandwidth) / 10)
+
+
 def assert_close(actual, expected, *, rtol, atol=0.0, what=""):
     actual = np.asarray(actual, dtype=np.float64)
     expected = np.asarray(expected, dtype=np.float64)
-    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    assert actual.shape == expected.shape, (
+        f"{what}: shape {actual.shape} != {expected.shape}"
+    )
     assert np.all(np.isfinite(actual)), f"{what}: non-finite values {actual}"
     np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol, err_msg=what)
 
 
 def assert_scalar(actual, expected, *, rtol, atol=SCALAR_ATOL, what=""):
-    assert np.ndim(actual) == 0, f"{what}: expected a scalar, got shape {np.shape(actual)}"
-    assert isinstance(float(actual), float)
+    assert np.ndim(actual) == 0, (
+        f"{what}: expected a scalar, got shape {np.shape(actual)}"
+    )
+    assert isinstance(actual, float), (
+        f"{what}: expected a float, got {type(actual)}"
+    )  # np.float64 is a float
     assert_close(float(actual), expected, rtol=rtol, atol=atol, what=what)
 
 
@@ -72,7 +91,7 @@ def assert_simplex_rows(E, *, atol=1e-12, what="E"):
 
 
 def resolve_bw(dataset, bandwidth):
-    """The bandwidth the reference should use for `bandwidth` ("auto" or float)."""
+    """Return the bandwidth the reference should use for `bandwidth` ("auto" or float)."""
     return dataset.ref_bandwidth if bandwidth == "auto" else float(bandwidth)
 
 

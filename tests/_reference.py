@@ -57,7 +57,7 @@ def ref_log_kernel(P, h, *, include_constant=True):
     ratio (conditional expectation); it is only needed for the density itself, so
     it can be left out to avoid adding rounding noise of size ~ eps * lgamma(1/h+K).
     """
-    n, K = P.shape
+    K = P.shape[1]
     h = float(h)
     bias = -gammaln(P / h + 1.0).sum(axis=1)  # (n,), per centre i
     G = P @ np.log(P).T  # G[i, j] = sum_k P~_ik log P~_jk
@@ -69,7 +69,7 @@ def ref_log_kernel(P, h, *, include_constant=True):
 
 
 # ------------------------------------------------------------------- bandwidth selection
-_LL_CACHE: "OrderedDict[tuple, np.ndarray]" = OrderedDict()
+_LL_CACHE: OrderedDict[tuple, np.ndarray] = OrderedDict()
 
 
 def ref_loo_log_likelihood(probs, bandwidths):
@@ -119,7 +119,7 @@ def _resolve_bandwidth(probs, bandwidth):
 
 
 # --------------------------------------------------------------- conditional expectation
-_E_CACHE: "OrderedDict[tuple, np.ndarray]" = OrderedDict()
+_E_CACHE: OrderedDict[tuple, np.ndarray] = OrderedDict()
 _E_CACHE_MAX = 64
 
 
@@ -132,7 +132,12 @@ def ref_conditional_expectation(probs, labels, bandwidth):
     h = _resolve_bandwidth(probs, bandwidth)
     P = np.asarray(probs, dtype=np.float64)
     y = np.asarray(labels).astype(np.int64)
-    key = (P.shape, hashlib.sha1(P.tobytes()).hexdigest(), hashlib.sha1(y.tobytes()).hexdigest(), h)
+    key = (
+        P.shape,
+        hashlib.sha1(P.tobytes()).hexdigest(),
+        hashlib.sha1(y.tobytes()).hexdigest(),
+        h,
+    )
     if key not in _E_CACHE:
         _E_CACHE[key] = _conditional_expectation_uncached(P, y, h)
         if len(_E_CACHE) > _E_CACHE_MAX:
@@ -193,8 +198,8 @@ def _bregman(divergence, A, B):
 
 
 def _as_divergence(divergence):
-    """str stays a str; a Bregman-like object becomes an (F, gradF) tuple."""
-    if isinstance(divergence, str) or isinstance(divergence, tuple):
+    """Str stays a str; a Bregman-like object becomes an (F, gradF) tuple."""
+    if isinstance(divergence, (str, tuple)):
         return divergence
     return (divergence.F, divergence.grad_F)
 
@@ -206,7 +211,9 @@ def ref_ece_kde(probs, labels, p=1, bandwidth="auto"):
     return float(np.mean(np.sum(np.abs(E - P) ** p, axis=1)) ** (1.0 / p))
 
 
-def ref_calibration_error(probs, labels, divergence="kl", bandwidth="auto", estimator="direct"):
+def ref_calibration_error(
+    probs, labels, divergence="kl", bandwidth="auto", estimator="direct"
+):
     divergence = _as_divergence(divergence)
     P = ref_clip(probs)
     K = P.shape[1]
@@ -217,7 +224,9 @@ def ref_calibration_error(probs, labels, divergence="kl", bandwidth="auto", esti
         Y = ref_one_hot(labels, K)
         if divergence == "kl":
             # D_F(y, f) = -log f_y, F(y) = 0
-            term = -np.log(P[np.arange(P.shape[0]), np.asarray(labels).astype(np.int64)])
+            term = -np.log(
+                P[np.arange(P.shape[0]), np.asarray(labels).astype(np.int64)]
+            )
         elif divergence == "l2":
             # D_F(y, f) = ||y - f||^2, F(y) = 1
             term = ((Y - P) ** 2).sum(axis=1) - 1.0
@@ -250,7 +259,9 @@ def ref_accuracy(probs, labels):
 
 def ref_log_loss(probs, labels):
     P = ref_clip(probs)
-    return float(-np.mean(np.log(P[np.arange(P.shape[0]), np.asarray(labels).astype(np.int64)])))
+    return float(
+        -np.mean(np.log(P[np.arange(P.shape[0]), np.asarray(labels).astype(np.int64)]))
+    )
 
 
 def ref_brier(probs, labels):
@@ -276,23 +287,23 @@ def ref_ece_binned(probs, labels, n_bins=N_BINS):
 
 
 def ref_evaluate(probs, labels, bandwidth="auto"):
-    """Expected CalibrationReport numeric fields (ce_* use the direct estimator)."""
+    """Return the expected CalibrationReport numeric fields (ce_* use the direct estimator)."""
     P = ref_clip(probs)
     h = _resolve_bandwidth(probs, bandwidth)
-    return dict(
-        n=P.shape[0],
-        n_classes=P.shape[1],
-        bandwidth=h,
-        ece_kde_l1=ref_ece_kde(probs, labels, p=1, bandwidth=h),
-        ece_kde_l2=ref_ece_kde(probs, labels, p=2, bandwidth=h),
-        ce_kl=ref_calibration_error(probs, labels, "kl", h, "direct"),
-        ce_l2=ref_calibration_error(probs, labels, "l2", h, "direct"),
-        refinement_kl=ref_refinement(probs, labels, "kl", h),
-        refinement_l2=ref_refinement(probs, labels, "l2", h),
-        sharpness_kl=ref_sharpness(probs, labels, "kl", h),
-        sharpness_l2=ref_sharpness(probs, labels, "l2", h),
-        accuracy=ref_accuracy(probs, labels),
-        log_loss=ref_log_loss(probs, labels),
-        brier_score=ref_brier(probs, labels),
-        ece_binned=ref_ece_binned(probs, labels),
-    )
+    return {
+        "n": P.shape[0],
+        "n_classes": P.shape[1],
+        "bandwidth": h,
+        "ece_kde_l1": ref_ece_kde(probs, labels, p=1, bandwidth=h),
+        "ece_kde_l2": ref_ece_kde(probs, labels, p=2, bandwidth=h),
+        "ce_kl": ref_calibration_error(probs, labels, "kl", h, "direct"),
+        "ce_l2": ref_calibration_error(probs, labels, "l2", h, "direct"),
+        "refinement_kl": ref_refinement(probs, labels, "kl", h),
+        "refinement_l2": ref_refinement(probs, labels, "l2", h),
+        "sharpness_kl": ref_sharpness(probs, labels, "kl", h),
+        "sharpness_l2": ref_sharpness(probs, labels, "l2", h),
+        "accuracy": ref_accuracy(probs, labels),
+        "log_loss": ref_log_loss(probs, labels),
+        "brier_score": ref_brier(probs, labels),
+        "ece_binned": ref_ece_binned(probs, labels),
+    }

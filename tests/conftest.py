@@ -22,7 +22,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # make `_reference` importable
 
-import _reference as ref  # noqa: E402
+import _reference as ref
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
 REAL_N_MAX = 300
@@ -32,6 +32,8 @@ BACKENDS = ["cpp", "numba"]
 # ----------------------------------------------------------------------------- datasets
 @dataclass
 class Dataset:
+    """A named (probs, labels) problem, float64 and float32 copies."""
+
     name: str
     probs: np.ndarray  # float64, (n, K) or (n,) for the binary convention
     labels: np.ndarray  # int64, (n,)
@@ -40,10 +42,12 @@ class Dataset:
 
     @property
     def n(self) -> int:
+        """Number of rows."""
         return self.labels.shape[0]
 
     @property
     def K(self) -> int:
+        """Number of classes (2 for the binary (n,) convention)."""
         return 2 if self.probs.ndim == 1 else self.probs.shape[1]
 
     @property
@@ -54,8 +58,9 @@ class Dataset:
         return self._cache["bw"]
 
 
-def make_synthetic(n, K, *, alpha=1.0, temperature=0.7, seed=0, binary_vector=False,
-                   drop_class=None):
+def make_synthetic(
+    n, K, *, alpha=1.0, temperature=0.7, seed=0, binary_vector=False, drop_class=None
+):
     """Dirichlet(alpha) probs; labels ~ Categorical(probs^(1/T) renormalised).
 
     T < 1 sharpens the label distribution, i.e. the model is under-confident;
@@ -67,7 +72,9 @@ def make_synthetic(n, K, *, alpha=1.0, temperature=0.7, seed=0, binary_vector=Fa
     T = P ** (1.0 / temperature)
     T /= T.sum(axis=1, keepdims=True)
     u = rng.random(n)
-    labels = (u[:, None] > np.cumsum(T, axis=1)).sum(axis=1).clip(0, K - 1).astype(np.int64)
+    labels = (
+        (u[:, None] > np.cumsum(T, axis=1)).sum(axis=1).clip(0, K - 1).astype(np.int64)
+    )
     if drop_class is not None:  # class `drop_class` never appears among the labels
         labels[labels == drop_class] = (drop_class + 1) % K
     if binary_vector:
@@ -77,18 +84,37 @@ def make_synthetic(n, K, *, alpha=1.0, temperature=0.7, seed=0, binary_vector=Fa
 
 
 SYNTHETIC = {
-    "syn-K2-n60": dict(n=60, K=2, alpha=1.0, temperature=0.7, seed=1),
-    "syn-K2vec-n80": dict(n=80, K=2, alpha=0.8, temperature=1.5, seed=2, binary_vector=True),
-    "syn-K3-n150": dict(n=150, K=3, alpha=1.0, temperature=0.6, seed=3),
-    "syn-K4-absentclass-n100": dict(n=100, K=4, alpha=0.7, temperature=1.0, seed=4, drop_class=3),
-    "syn-K10-n400": dict(n=400, K=10, alpha=0.3, temperature=1.4, seed=5),
+    "syn-K2-n60": {"n": 60, "K": 2, "alpha": 1.0, "temperature": 0.7, "seed": 1},
+    "syn-K2vec-n80": {
+        "n": 80,
+        "K": 2,
+        "alpha": 0.8,
+        "temperature": 1.5,
+        "seed": 2,
+        "binary_vector": True,
+    },
+    "syn-K3-n150": {"n": 150, "K": 3, "alpha": 1.0, "temperature": 0.6, "seed": 3},
+    "syn-K4-absentclass-n100": {
+        "n": 100,
+        "K": 4,
+        "alpha": 0.7,
+        "temperature": 1.0,
+        "seed": 4,
+        "drop_class": 3,
+    },
+    "syn-K10-n400": {"n": 400, "K": 10, "alpha": 0.3, "temperature": 1.4, "seed": 5},
 }
 
 # name -> (file, key prefix ("" / "val_" / "test_"), kind ("logits"/"probs"), K)
 REAL = {
     "real-pneumonia-K2": ("pneumoniamnist_resnet50.npz", "", "logits", 2),
     "real-adrenal-K2": ("adrenalmnist3d_resnet50.npz", "", "logits", 2),
-    "real-speaker-K2-imbalanced": ("speaker_verification_plda.npz", "test_", "logits", 2),
+    "real-speaker-K2-imbalanced": (
+        "speaker_verification_plda.npz",
+        "test_",
+        "logits",
+        2,
+    ),
     "real-vgg16-K10": ("cifar10_vgg16_keras_verifiedcal.npz", "", "probs", 10),
     "real-densenet-K100": ("cifar100_densenetbc100_netcal.npz", "", "probs", 100),
 }
@@ -99,10 +125,11 @@ ALL_NAMES = SYNTHETIC_NAMES + REAL_NAMES
 
 
 def real_data_available() -> bool:
+    """Whether ../shared/data/real exists next to the repository."""
     return DATA_DIR.is_dir()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_real_file(fname: str, prefix: str = "", kind: str = "probs"):
     """Full file: (probs float64, probs float32, labels int64).  Skips if missing."""
     path = DATA_DIR / fname
@@ -120,8 +147,9 @@ def load_real_file(fname: str, prefix: str = "", kind: str = "probs"):
     return P64, P32, y
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def get_dataset(name: str) -> Dataset:
+    """Build (and cache) a named synthetic or real dataset."""
     if name in SYNTHETIC:
         P, y = make_synthetic(**SYNTHETIC[name])
         return Dataset(name, P, y, P.astype(np.float32))
@@ -135,6 +163,7 @@ def get_dataset(name: str) -> Dataset:
 
 
 def dataset_or_skip(name):
+    """Return the named dataset, skipping the test when real data is missing."""
     if name in REAL and not real_data_available():
         pytest.skip(f"real data folder missing: {DATA_DIR}")
     return get_dataset(name)
@@ -143,6 +172,7 @@ def dataset_or_skip(name):
 # ------------------------------------------------------------------------------ fixtures
 @pytest.fixture(scope="session")
 def data_dir():
+    """Real-data folder; skips when it is missing."""
     if not real_data_available():
         pytest.skip(f"real data folder missing: {DATA_DIR}")
     return DATA_DIR
@@ -156,36 +186,43 @@ def dataset(request) -> Dataset:
 
 @pytest.fixture(scope="session", params=SYNTHETIC_NAMES, ids=SYNTHETIC_NAMES)
 def synthetic_dataset(request) -> Dataset:
+    """Every synthetic dataset."""
     return get_dataset(request.param)
 
 
 @pytest.fixture(scope="session", params=REAL_NAMES, ids=REAL_NAMES)
 def real_dataset(request) -> Dataset:
+    """Every real dataset (skips without data)."""
     return dataset_or_skip(request.param)
 
 
 @pytest.fixture(scope="session")
 def real_k2() -> Dataset:
+    """PneumoniaMNIST ResNet-50 (K = 2, logits), 300 rows."""
     return dataset_or_skip("real-pneumonia-K2")
 
 
 @pytest.fixture(scope="session")
 def real_k10() -> Dataset:
+    """CIFAR-10 VGG-16 (K = 10, probs), 300 rows."""
     return dataset_or_skip("real-vgg16-K10")
 
 
 @pytest.fixture(scope="session")
 def real_k100() -> Dataset:
+    """CIFAR-100 DenseNet-BC-100 (K = 100, probs), 300 rows."""
     return dataset_or_skip("real-densenet-K100")
 
 
 @pytest.fixture(scope="session")
 def syn_k3() -> Dataset:
+    """Synthetic K = 3, n = 150."""
     return get_dataset("syn-K3-n150")
 
 
 @pytest.fixture(scope="session")
 def kdecal_module():
+    """Import the package under test (a failing import is a real failure)."""
     import kdecal  # the package under test; a failing import is a real failure
 
     return kdecal

@@ -9,11 +9,17 @@ classes): finite results equal to the float64 reference.
 
 from __future__ import annotations
 
+import _reference as ref
 import numpy as np
 import pytest
-
-import _reference as ref
-from _helpers import E_ATOL, LL_ATOL, assert_close, assert_scalar, assert_simplex_rows, rtol64
+from _helpers import (
+    E_ATOL,
+    LL_ATOL,
+    assert_close,
+    assert_scalar,
+    assert_simplex_rows,
+    rtol64,
+)
 from conftest import make_synthetic
 
 H = 0.1
@@ -21,6 +27,7 @@ H = 0.1
 
 @pytest.fixture(scope="module")
 def kd(kdecal_module):
+    """Return the kdecal module."""
     return kdecal_module
 
 
@@ -32,7 +39,9 @@ def _good(n=12, K=3, seed=0):
 
 # Every public function taking (probs, labels), called with a valid bandwidth.
 LABELLED = {
-    "conditional_expectation": lambda kd, P, y: kd.conditional_expectation(P, y, bandwidth=H),
+    "conditional_expectation": lambda kd, P, y: kd.conditional_expectation(
+        P, y, bandwidth=H
+    ),
     "ece_kde": lambda kd, P, y: kd.ece_kde(P, y, bandwidth=H),
     "calibration_error": lambda kd, P, y: kd.calibration_error(P, y, bandwidth=H),
     "refinement": lambda kd, P, y: kd.refinement(P, y, bandwidth=H),
@@ -49,23 +58,33 @@ ALL_FUNCS = {**LABELLED, **PROBS_ONLY}
 
 # ------------------------------------------------------------------ bad probs
 def _nan(P):
-    P = P.copy(); P[3, 1] = np.nan; return P
+    P = P.copy()
+    P[3, 1] = np.nan
+    return P
 
 
 def _inf(P):
-    P = P.copy(); P[3, 1] = np.inf; return P
+    P = P.copy()
+    P[3, 1] = np.inf
+    return P
 
 
 def _negative(P):
-    P = P.copy(); P[3] = [-0.1, 0.6, 0.5]; return P  # still sums to 1
+    P = P.copy()
+    P[3] = [-0.1, 0.6, 0.5]
+    return P  # still sums to 1
 
 
 def _rowsum_high(P):
-    P = P.copy(); P[3] = P[3] * 1.01; return P  # |sum - 1| = 1e-2 > 1e-3
+    P = P.copy()
+    P[3] = P[3] * 1.01
+    return P  # |sum - 1| = 1e-2 > 1e-3
 
 
 def _rowsum_low(P):
-    P = P.copy(); P[5] = P[5] * (1 - 2e-3); return P
+    P = P.copy()
+    P[5] = P[5] * (1 - 2e-3)
+    return P
 
 
 def _K1(P):
@@ -93,6 +112,7 @@ BAD_PROBS_VALUE = {
 @pytest.mark.parametrize("fn", list(ALL_FUNCS), ids=list(ALL_FUNCS))
 @pytest.mark.parametrize("case", list(BAD_PROBS_VALUE), ids=list(BAD_PROBS_VALUE))
 def test_bad_probs_raise_valueerror(kd, case, fn):
+    """Each invalid probs value raises ValueError naming 'probs'."""
     P, y = _good()
     if case.startswith("binary"):
         P, y = _good(K=2)
@@ -110,6 +130,7 @@ def test_bad_probs_raise_valueerror(kd, case, fn):
 
 @pytest.mark.parametrize("fn", list(ALL_FUNCS), ids=list(ALL_FUNCS))
 def test_too_few_rows(kd, fn):
+    """Fewer than 3 rows raise ValueError."""
     P, y = _good()
     with pytest.raises(ValueError, match="probs|labels"):
         ALL_FUNCS[fn](kd, P[:2], y[:2])
@@ -118,10 +139,15 @@ def test_too_few_rows(kd, fn):
 @pytest.mark.parametrize("fn", list(ALL_FUNCS), ids=list(ALL_FUNCS))
 @pytest.mark.parametrize(
     "bad",
-    [np.array([["a", "b", "c"]] * 5), np.array([[object(), 0.5, 0.5]] * 5, dtype=object), "probs"],
+    [
+        np.array([["a", "b", "c"]] * 5),
+        np.array([[object(), 0.5, 0.5]] * 5, dtype=object),
+        "probs",
+    ],
     ids=["str-array", "object-array", "plain-str"],
 )
 def test_non_numeric_probs_typeerror(kd, fn, bad):
+    """Non-numeric probs raise TypeError naming 'probs'."""
     y = np.array([0, 1, 2, 0, 1])
     with pytest.raises(TypeError, match="probs"):
         ALL_FUNCS[fn](kd, bad, y)
@@ -131,7 +157,9 @@ def test_non_numeric_probs_typeerror(kd, fn, bad):
 BAD_LABELS = {
     "too-large": lambda y, K: np.where(np.arange(y.size) == 4, K, y),
     "negative": lambda y, K: np.where(np.arange(y.size) == 4, -1, y),
-    "non-integer-float": lambda y, K: np.where(np.arange(y.size) == 4, 0.5, y.astype(float)),
+    "non-integer-float": lambda y, K: np.where(
+        np.arange(y.size) == 4, 0.5, y.astype(float)
+    ),
     "float-nan": lambda y, K: np.where(np.arange(y.size) == 4, np.nan, y.astype(float)),
     "2d": lambda y, K: y.reshape(-1, 1),
     "2d-row": lambda y, K: y.reshape(1, -1),
@@ -143,16 +171,20 @@ BAD_LABELS = {
 @pytest.mark.parametrize("fn", list(LABELLED), ids=list(LABELLED))
 @pytest.mark.parametrize("case", list(BAD_LABELS), ids=list(BAD_LABELS))
 def test_bad_labels_raise_valueerror(kd, case, fn):
+    """Each invalid labels value raises ValueError naming 'labels'."""
     P, y = _good()
     bad = BAD_LABELS[case](y, P.shape[1])
     # shape mismatch may legitimately be reported against either argument
-    match = "probs|labels" if case.startswith("too-") and case != "too-large" else "labels"
+    match = (
+        "probs|labels" if case.startswith("too-") and case != "too-large" else "labels"
+    )
     with pytest.raises(ValueError, match=match):
         LABELLED[fn](kd, P, bad)
 
 
 @pytest.mark.parametrize("fn", list(LABELLED), ids=list(LABELLED))
 def test_binary_labels_out_of_range(kd, fn):
+    """Label 2 with binary (n,) probs raises ValueError."""
     P, y = _good(K=2)
     with pytest.raises(ValueError, match="labels"):
         LABELLED[fn](kd, P[:, 1], np.where(np.arange(y.size) == 0, 2, y))
@@ -160,14 +192,17 @@ def test_binary_labels_out_of_range(kd, fn):
 
 @pytest.mark.parametrize("fn", list(LABELLED), ids=list(LABELLED))
 def test_non_numeric_labels_typeerror(kd, fn):
-    P, y = _good()
+    """String labels raise TypeError naming 'labels'."""
+    P, _ = _good()
     with pytest.raises(TypeError, match="labels"):
         LABELLED[fn](kd, P, np.array(["a", "b", "c"] * 4))
 
 
 # -------------------------------------------------------------- bad bandwidth
 BW_FUNCS = {
-    "conditional_expectation": lambda kd, P, y, h: kd.conditional_expectation(P, y, bandwidth=h),
+    "conditional_expectation": lambda kd, P, y, h: kd.conditional_expectation(
+        P, y, bandwidth=h
+    ),
     "ece_kde": lambda kd, P, y, h: kd.ece_kde(P, y, bandwidth=h),
     "calibration_error": lambda kd, P, y, h: kd.calibration_error(P, y, bandwidth=h),
     "refinement": lambda kd, P, y, h: kd.refinement(P, y, bandwidth=h),
@@ -175,12 +210,19 @@ BW_FUNCS = {
     "evaluate": lambda kd, P, y, h: kd.evaluate(P, y, bandwidth=h),
     "loo_log_likelihood": lambda kd, P, y, h: kd.loo_log_likelihood(P, [0.1, h]),
 }
-BAD_BW = {"zero": 0.0, "negative": -0.1, "nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
+BAD_BW = {
+    "zero": 0.0,
+    "negative": -0.1,
+    "nan": float("nan"),
+    "inf": float("inf"),
+    "-inf": float("-inf"),
+}
 
 
 @pytest.mark.parametrize("fn", list(BW_FUNCS), ids=list(BW_FUNCS))
 @pytest.mark.parametrize("case", list(BAD_BW), ids=list(BAD_BW))
 def test_bad_bandwidth_raises(kd, case, fn):
+    """A bandwidth <= 0, NaN or inf raises ValueError naming 'bandwidth'."""
     P, y = _good()
     with pytest.raises(ValueError, match="bandwidth"):  # also matches "bandwidths"
         BW_FUNCS[fn](kd, P, y, BAD_BW[case])
@@ -188,6 +230,7 @@ def test_bad_bandwidth_raises(kd, case, fn):
 
 @pytest.mark.parametrize("fn", [f for f in BW_FUNCS if f != "loo_log_likelihood"])
 def test_unknown_bandwidth_string(kd, fn):
+    """A bandwidth string other than 'auto' raises ValueError."""
     P, y = _good()
     with pytest.raises(ValueError, match="bandwidth"):
         BW_FUNCS[fn](kd, P, y, "scott")
@@ -200,20 +243,24 @@ CAL_FUNCS = ["ece_kde", "calibration_error", "refinement", "sharpness"]
 @pytest.mark.parametrize("fn", CAL_FUNCS)
 @pytest.mark.parametrize("calibration", ["classwise", "top_label"])
 def test_calibration_not_implemented(kd, fn, calibration):
+    """Calibration classwise / top_label raises NotImplementedError; canonical works."""
     P, y = _good()
     with pytest.raises(NotImplementedError):
         getattr(kd, fn)(P, y, bandwidth=H, calibration=calibration)
     # "canonical" is the default and gives the reference value
     got = getattr(kd, fn)(P, y, bandwidth=H, calibration="canonical")
-    want = {"ece_kde": lambda: ref.ref_ece_kde(P, y, 1, H),
-            "calibration_error": lambda: ref.ref_calibration_error(P, y, "kl", H),
-            "refinement": lambda: ref.ref_refinement(P, y, "kl", H),
-            "sharpness": lambda: ref.ref_sharpness(P, y, "kl", H)}[fn]()
+    want = {
+        "ece_kde": lambda: ref.ref_ece_kde(P, y, 1, H),
+        "calibration_error": lambda: ref.ref_calibration_error(P, y, "kl", H),
+        "refinement": lambda: ref.ref_refinement(P, y, "kl", H),
+        "sharpness": lambda: ref.ref_sharpness(P, y, "kl", H),
+    }[fn]()
     assert_scalar(got, want, rtol=1e-9)
 
 
 @pytest.mark.parametrize("fn", CAL_FUNCS)
 def test_calibration_unknown_string(kd, fn):
+    """An unknown calibration string raises ValueError."""
     P, y = _good()
     with pytest.raises(ValueError, match="calibration"):
         getattr(kd, fn)(P, y, bandwidth=H, calibration="bogus")
@@ -221,25 +268,31 @@ def test_calibration_unknown_string(kd, fn):
 
 @pytest.mark.parametrize("fn", ["calibration_error", "refinement", "sharpness"])
 def test_unknown_divergence(kd, fn):
+    """An unknown divergence name raises ValueError."""
     P, y = _good()
     with pytest.raises(ValueError, match="divergence"):
         getattr(kd, fn)(P, y, bandwidth=H, divergence="hellinger")
 
 
 def test_unknown_estimator(kd):
+    """An unknown estimator name raises ValueError."""
     P, y = _good()
     with pytest.raises(ValueError, match="estimator"):
         kd.calibration_error(P, y, bandwidth=H, estimator="bogus")
 
 
-@pytest.mark.parametrize("p", [0.5, 0.0, -1.0, float("nan")], ids=["0.5", "0", "-1", "nan"])
+@pytest.mark.parametrize(
+    "p", [0.5, 0.0, -1.0, float("nan")], ids=["0.5", "0", "-1", "nan"]
+)
 def test_ece_kde_p_below_one(kd, p):
+    """A power p < 1 (or NaN) raises ValueError."""
     P, y = _good()
     with pytest.raises(ValueError, match=r"\bp\b"):
         kd.ece_kde(P, y, p=p, bandwidth=H)
 
 
 def test_keyword_only(kd):
+    """Arguments after (probs, labels) are keyword-only."""
     P, y = _good()
     with pytest.raises(TypeError):
         kd.ece_kde(P, y, 1, H)  # p and bandwidth are keyword-only
@@ -253,45 +306,85 @@ def _exact01(K, n=40, seed=0):
     rng = np.random.default_rng(seed)
     P = rng.dirichlet(np.ones(K), size=n)
     P[: n // 3] = np.eye(K)[rng.integers(0, K, n // 3)]  # exactly one-hot
-    P[n // 3: n // 2, 0] = 0.0  # an exact zero
-    P[n // 3: n // 2] /= P[n // 3: n // 2].sum(axis=1, keepdims=True)
+    P[n // 3 : n // 2, 0] = 0.0  # an exact zero
+    P[n // 3 : n // 2] /= P[n // 3 : n // 2].sum(axis=1, keepdims=True)
     y = rng.integers(0, K, n)
     y[:K] = np.arange(K)
     return P, y
 
 
-EXACT01 = {"K2": lambda: _exact01(2), "K3": lambda: _exact01(3), "K10": lambda: _exact01(10, n=80),
-           "binary-vector": lambda: (lambda P, y: (P[:, 1].copy(), y))(*_exact01(2))}
+def _exact01_binary_vector():
+    P, y = _exact01(2)
+    return P[:, 1].copy(), y
+
+
+EXACT01 = {
+    "K2": lambda: _exact01(2),
+    "K3": lambda: _exact01(3),
+    "K10": lambda: _exact01(10, n=80),
+    "binary-vector": lambda: _exact01_binary_vector(),
+}
 
 
 @pytest.mark.parametrize("bandwidth", [1e-3, 0.1, 1.0], ids=["h=1e-3", "h=0.1", "h=1"])
 @pytest.mark.parametrize("case", list(EXACT01), ids=list(EXACT01))
 def test_exact_zero_one_probabilities(kd, case, bandwidth, backend):
+    """Exact 0/1 probabilities give finite results equal to the reference."""
     P, y = EXACT01[case]()
     assert np.any(P == 0.0) and np.any(P == 1.0)
     h = bandwidth
     r = rtol64(h)
     E = kd.conditional_expectation(P, y, bandwidth=h, backend=backend)
-    assert_close(E, ref.ref_conditional_expectation(P, y, h), rtol=r, atol=E_ATOL, what="E")
+    assert_close(
+        E, ref.ref_conditional_expectation(P, y, h), rtol=r, atol=E_ATOL, what="E"
+    )
     assert_simplex_rows(E)
-    assert_scalar(kd.ece_kde(P, y, bandwidth=h, backend=backend), ref.ref_ece_kde(P, y, 1, h), rtol=r)
+    assert_scalar(
+        kd.ece_kde(P, y, bandwidth=h, backend=backend),
+        ref.ref_ece_kde(P, y, 1, h),
+        rtol=r,
+    )
     for div in ("kl", "l2"):
         for est in ("direct", "refinement"):
-            assert_scalar(kd.calibration_error(P, y, divergence=div, estimator=est, bandwidth=h, backend=backend),
-                          ref.ref_calibration_error(P, y, div, h, est), rtol=r, what=f"CE {div}/{est}")
-        assert_scalar(kd.refinement(P, y, divergence=div, bandwidth=h, backend=backend),
-                      ref.ref_refinement(P, y, div, h), rtol=r)
-        assert_scalar(kd.sharpness(P, y, divergence=div, bandwidth=h, backend=backend),
-                      ref.ref_sharpness(P, y, div, h), rtol=r)
-    assert_close(kd.loo_log_likelihood(P, [h], backend=backend), ref.ref_loo_log_likelihood(P, [h]),
-                 rtol=r, atol=LL_ATOL)
+            assert_scalar(
+                kd.calibration_error(
+                    P, y, divergence=div, estimator=est, bandwidth=h, backend=backend
+                ),
+                ref.ref_calibration_error(P, y, div, h, est),
+                rtol=r,
+                what=f"CE {div}/{est}",
+            )
+        assert_scalar(
+            kd.refinement(P, y, divergence=div, bandwidth=h, backend=backend),
+            ref.ref_refinement(P, y, div, h),
+            rtol=r,
+        )
+        assert_scalar(
+            kd.sharpness(P, y, divergence=div, bandwidth=h, backend=backend),
+            ref.ref_sharpness(P, y, div, h),
+            rtol=r,
+        )
+    assert_close(
+        kd.loo_log_likelihood(P, [h], backend=backend),
+        ref.ref_loo_log_likelihood(P, [h]),
+        rtol=r,
+        atol=LL_ATOL,
+    )
 
 
 def test_exact_zero_one_report(kd, backend):
+    """evaluate() on exact 0/1 probabilities matches the reference."""
     P, y = _exact01(3)
     rep = kd.evaluate(P, y, bandwidth=0.1, backend=backend)
     want = ref.ref_evaluate(P, y, 0.1)
-    for f in ("log_loss", "brier_score", "ece_binned", "accuracy", "ce_kl", "ece_kde_l1"):
+    for f in (
+        "log_loss",
+        "brier_score",
+        "ece_binned",
+        "accuracy",
+        "ce_kl",
+        "ece_kde_l1",
+    ):
         assert_scalar(getattr(rep, f), want[f], rtol=1e-9, what=f)
     # log loss uses clipped probs: finite even where P[y] == 0 is possible
     assert np.isfinite(rep.log_loss)
@@ -315,8 +408,11 @@ def _underflow_data():
 
 @pytest.mark.parametrize("h", [1e-5, 1e-4], ids=["h=1e-5", "h=1e-4"])
 def test_all_underflow_rows(kd, backend, h):
+    """Tiny bandwidths (every exp(L) underflows) give the reference ratios, not 0/NaN."""
     P, y = _underflow_data()
-    A0 = ref.ref_log_kernel(ref.ref_clip(P), h, include_constant=False)  # = L_ij of the spec
+    A0 = ref.ref_log_kernel(
+        ref.ref_clip(P), h, include_constant=False
+    )  # = L_ij of the spec
     assert np.all(np.exp(A0) == 0.0), "precondition: every exp(L_ij) must underflow"
     E = kd.conditional_expectation(P, y, bandwidth=h, backend=backend)
     E_ref = ref.ref_conditional_expectation(P, y, h)
@@ -324,17 +420,28 @@ def test_all_underflow_rows(kd, backend, h):
     assert_close(E, E_ref, rtol=rtol64(h), atol=E_ATOL, what="E at tiny bandwidth")
     # the exact answer has non-trivial ratios (duplicates with different labels)
     assert np.sum((E_ref > 0.3) & (E_ref < 0.7)) >= 20
-    assert_scalar(kd.ece_kde(P, y, bandwidth=h, backend=backend), ref.ref_ece_kde(P, y, 1, h), rtol=rtol64(h))
+    assert_scalar(
+        kd.ece_kde(P, y, bandwidth=h, backend=backend),
+        ref.ref_ece_kde(P, y, 1, h),
+        rtol=rtol64(h),
+    )
     for est in ("direct", "refinement"):
-        assert_scalar(kd.calibration_error(P, y, bandwidth=h, estimator=est, backend=backend),
-                      ref.ref_calibration_error(P, y, "kl", h, est), rtol=rtol64(h), what=est)
+        assert_scalar(
+            kd.calibration_error(P, y, bandwidth=h, estimator=est, backend=backend),
+            ref.ref_calibration_error(P, y, "kl", h, est),
+            rtol=rtol64(h),
+            what=est,
+        )
     ll = kd.loo_log_likelihood(P, [h], backend=backend)
-    assert_close(ll, ref.ref_loo_log_likelihood(P, [h]), rtol=rtol64(h), atol=LL_ATOL, what="LL")
+    assert_close(
+        ll, ref.ref_loo_log_likelihood(P, [h]), rtol=rtol64(h), atol=LL_ATOL, what="LL"
+    )
     # select_bandwidth on duplicated data: the reference picks the smallest grid value
     assert float(kd.select_bandwidth(P, backend=backend)) == ref.ref_select_bandwidth(P)
 
 
 def test_rows_within_tolerance_are_renormalised(kd, backend):
+    """Rows off by < 1e-3 are accepted and renormalised."""
     P, y = _good(n=30)
     P2 = P.copy()
     P2[::2] *= 1 + 5e-4  # |sum - 1| = 5e-4 < 1e-3: accepted
@@ -342,15 +449,22 @@ def test_rows_within_tolerance_are_renormalised(kd, backend):
     h = 0.1
     E = kd.conditional_expectation(P2, y, bandwidth=h, backend=backend)
     assert_close(E, ref.ref_conditional_expectation(P2, y, h), rtol=1e-9, atol=E_ATOL)
-    assert_scalar(kd.calibration_error(P2, y, divergence="l2", bandwidth=h, backend=backend),
-                  ref.ref_calibration_error(P2, y, "l2", h), rtol=1e-9)
+    assert_scalar(
+        kd.calibration_error(P2, y, divergence="l2", bandwidth=h, backend=backend),
+        ref.ref_calibration_error(P2, y, "l2", h),
+        rtol=1e-9,
+    )
     # renormalised data is the same as the original (up to rounding)
     assert_close(E, ref.ref_conditional_expectation(P, y, h), rtol=1e-9, atol=1e-15)
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int32, np.int64, np.uint8],
-                         ids=["f64", "f32", "i32", "i64", "u8"])
+@pytest.mark.parametrize(
+    "dtype",
+    [np.float64, np.float32, np.int32, np.int64, np.uint8],
+    ids=["f64", "f32", "i32", "i64", "u8"],
+)
 def test_label_dtypes(kd, dtype, backend):
+    """Integer and integral-float label dtypes give the same result."""
     P, y = _good(n=25)
     h = 0.1
     want = ref.ref_ece_kde(P, y, 2, h)
@@ -359,20 +473,38 @@ def test_label_dtypes(kd, dtype, backend):
 
 
 def test_list_labels(kd):
+    """A plain list of labels is accepted."""
     P, y = _good(n=25)
-    assert_scalar(kd.ece_kde(P, y.tolist(), bandwidth=0.1), ref.ref_ece_kde(P, y, 1, 0.1), rtol=1e-9)
+    assert_scalar(
+        kd.ece_kde(P, y.tolist(), bandwidth=0.1),
+        ref.ref_ece_kde(P, y, 1, 0.1),
+        rtol=1e-9,
+    )
 
 
 def test_minimal_n3(kd, backend):
+    """The minimal n = 3 works and matches the reference."""
     P = np.array([[0.7, 0.2, 0.1], [0.1, 0.8, 0.1], [0.3, 0.3, 0.4]])
     y = np.array([0, 1, 1])
     for h in (0.01, 0.5):
         E = kd.conditional_expectation(P, y, bandwidth=h, backend=backend)
-        assert_close(E, ref.ref_conditional_expectation(P, y, h), rtol=1e-9, atol=E_ATOL)
-        assert E[1, 1] > 0 and E[2, 1] > 0  # leave-one-out: row 1 sees row 2 only in class 1
-        assert_scalar(kd.ece_kde(P, y, bandwidth=h, backend=backend), ref.ref_ece_kde(P, y, 1, h), rtol=1e-9)
-    assert_close(kd.loo_log_likelihood(P, [0.01, 0.5], backend=backend),
-                 ref.ref_loo_log_likelihood(P, [0.01, 0.5]), rtol=1e-9, atol=LL_ATOL)
+        assert_close(
+            E, ref.ref_conditional_expectation(P, y, h), rtol=1e-9, atol=E_ATOL
+        )
+        assert (
+            E[1, 1] > 0 and E[2, 1] > 0
+        )  # leave-one-out: row 1 sees row 2 only in class 1
+        assert_scalar(
+            kd.ece_kde(P, y, bandwidth=h, backend=backend),
+            ref.ref_ece_kde(P, y, 1, h),
+            rtol=1e-9,
+        )
+    assert_close(
+        kd.loo_log_likelihood(P, [0.01, 0.5], backend=backend),
+        ref.ref_loo_log_likelihood(P, [0.01, 0.5]),
+        rtol=1e-9,
+        atol=LL_ATOL,
+    )
 
 
 def test_singleton_class_leave_one_out(kd, backend):
@@ -388,10 +520,14 @@ def test_singleton_class_leave_one_out(kd, backend):
 
 
 def test_absent_class_column_is_zero(kd, backend):
+    """A class absent from the labels gets E = 0 in its column."""
     P, y = _good(n=30, K=4)
     y[y == 3] = 0  # class 3 never observed
     E = kd.conditional_expectation(P, y, bandwidth=0.2, backend=backend)
     assert np.all(E[:, 3] == 0.0)
     assert_close(E, ref.ref_conditional_expectation(P, y, 0.2), rtol=1e-9, atol=E_ATOL)
-    assert_scalar(kd.sharpness(P, y, bandwidth=0.2, backend=backend), ref.ref_sharpness(P, y, "kl", 0.2),
-                  rtol=1e-9)
+    assert_scalar(
+        kd.sharpness(P, y, bandwidth=0.2, backend=backend),
+        ref.ref_sharpness(P, y, "kl", 0.2),
+        rtol=1e-9,
+    )

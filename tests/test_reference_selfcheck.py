@@ -1,19 +1,20 @@
-"""Checks of the reference itself (no kdecal import): these run even when the
-package is broken, and validate the formulas and the tolerances used elsewhere.
+"""Checks of the reference itself (no kdecal import).
+
+These run even when the package is broken, and validate the formulas and the
+tolerances used elsewhere.
 """
 
 from __future__ import annotations
 
 import math
 
+import _reference as ref
 import numpy as np
 import pytest
-from scipy import integrate, stats
-from scipy.special import gammaln
-
-import _reference as ref
 from _helpers import F32_BANDWIDTHS, F32_E_ATOL, F32_RTOL, rtol64
 from conftest import ALL_NAMES, dataset_or_skip, load_real_file, make_synthetic
+from scipy import integrate, stats
+from scipy.special import gammaln
 
 README_ECE15 = {  # file -> (key prefix, kind, accuracy %, ECE15 %) from the data README
     "cifar10_vgg16_keras_verifiedcal.npz": ("", "probs", 93.59, 3.98),
@@ -25,8 +26,9 @@ README_ECE15 = {  # file -> (key prefix, kind, accuracy %, ECE15 %) from the dat
 
 @pytest.mark.parametrize("fname", list(README_ECE15))
 def test_binned_ece_reproduces_readme(data_dir, fname):
+    """The reference ECE15 / accuracy equal the data README's numbers."""
     prefix, kind, acc, ece = README_ECE15[fname]
-    P, P32, y = load_real_file(fname, prefix, kind)
+    P, _, y = load_real_file(fname, prefix, kind)
     assert round(100 * ref.ref_ece_binned(P, y), 2) == ece
     assert round(100 * ref.ref_accuracy(P, y), 2) == acc
     # clip + renormalisation (float32 rows sum to 1 within 1e-4) moves the
@@ -35,12 +37,16 @@ def test_binned_ece_reproduces_readme(data_dir, fname):
     conf = P.max(axis=1)
     bins = np.clip(np.ceil(conf * 15).astype(int) - 1, 0, 14)
     correct = P.argmax(axis=1) == y
-    raw = sum(np.mean(bins == b) * abs(correct[bins == b].mean() - conf[bins == b].mean())
-              for b in range(15) if np.any(bins == b))
+    raw = sum(
+        np.mean(bins == b) * abs(correct[bins == b].mean() - conf[bins == b].mean())
+        for b in range(15)
+        if np.any(bins == b)
+    )
     assert abs(raw - ref.ref_ece_binned(P, y)) < 1e-7
 
 
 def test_vgg16_full_file_ece15_is_3_98(data_dir):
+    """Binned ECE of the full VGG-16 file is 3.98 %."""
     P, _, y = load_real_file("cifar10_vgg16_keras_verifiedcal.npz", "", "probs")
     assert P.shape == (10000, 10)
     e = ref.ref_ece_binned(P, y)
@@ -48,6 +54,7 @@ def test_vgg16_full_file_ece15_is_3_98(data_dir):
 
 
 def test_clip_binary_and_zeros():
+    """ref_clip: binary expansion, EPS clip, renormalisation."""
     p = np.array([0.0, 1.0, 0.25])
     P = ref.ref_clip(p)
     assert P.shape == (3, 2)
@@ -57,6 +64,7 @@ def test_clip_binary_and_zeros():
 
 
 def test_log_kernel_is_scipy_dirichlet_logpdf():
+    """The log kernel is scipy's Dirichlet log-density."""
     P = ref.ref_clip(make_synthetic(8, 4, seed=11)[0])
     for h in (0.01, 0.3, 2.0):
         A = ref.ref_log_kernel(P, h)
@@ -73,14 +81,17 @@ def test_log_kernel_is_scipy_dirichlet_logpdf():
 def test_kernel_integrates_to_one_K2(h):
     """For K = 2 the kernel is a Beta density in x = P(class 1)."""
     for c in ([0.3, 0.7], [0.9, 0.1]):
-        def k(x):
+
+        def k(x, c=c):
             Q = np.array([[c[0], c[1]], [1 - x, x]])
             return np.exp(ref.ref_log_kernel(Q, h)[0, 1])
+
         val, _ = integrate.quad(k, 0, 1, limit=200)
         assert abs(val - 1.0) < 1e-6
 
 
 def test_conditional_expectation_by_explicit_loops():
+    """E and the LOO-LL equal explicit math-module loops."""
     P, y = make_synthetic(9, 3, seed=5)
     y[:3] = [0, 1, 2]
     Pc = ref.ref_clip(P)
@@ -91,20 +102,37 @@ def test_conditional_expectation_by_explicit_loops():
             for i in range(9):
                 if i == j:
                     continue
-                lk = (math.lgamma(1 / h + 3) - sum(math.lgamma(Pc[i, k] / h + 1) for k in range(3))
-                      + sum(Pc[i, k] * math.log(Pc[j, k]) for k in range(3)) / h)
+                lk = (
+                    math.lgamma(1 / h + 3)
+                    - sum(math.lgamma(Pc[i, k] / h + 1) for k in range(3))
+                    + sum(Pc[i, k] * math.log(Pc[j, k]) for k in range(3)) / h
+                )
                 w[y[i]] += math.exp(lk)
             np.testing.assert_allclose(E[j], w / w.sum(), rtol=1e-12, atol=1e-300)
         ll = ref.ref_loo_log_likelihood(P, [h])[0]
-        want = np.mean([math.log(sum(math.exp(
-            math.lgamma(1 / h + 3) - sum(math.lgamma(Pc[i, k] / h + 1) for k in range(3))
-            + sum(Pc[i, k] * math.log(Pc[j, k]) for k in range(3)) / h) for i in range(9) if i != j) / 8)
-            for j in range(9)])
+        want = np.mean(
+            [
+                math.log(
+                    sum(
+                        math.exp(
+                            math.lgamma(1 / h + 3)
+                            - sum(math.lgamma(Pc[i, k] / h + 1) for k in range(3))
+                            + sum(Pc[i, k] * math.log(Pc[j, k]) for k in range(3)) / h
+                        )
+                        for i in range(9)
+                        if i != j
+                    )
+                    / 8
+                )
+                for j in range(9)
+            ]
+        )
         assert abs(ll - want) <= 1e-12 * max(1, abs(want))
 
 
 @pytest.mark.parametrize("name", ALL_NAMES)
 def test_reference_sanity(name):
+    """Simplex rows, CE >= 0, identities, grid argmax with a clear margin."""
     ds = dataset_or_skip(name)
     P, y = ds.probs, ds.labels
     bw = ds.ref_bandwidth
@@ -130,16 +158,36 @@ def test_reference_sanity(name):
             assert abs((d - r) - diff) < 1e-10 * max(1, abs(diff))
             # refinement + sharpness = -F(freq)
             freq = np.bincount(y, minlength=Pc.shape[1]) / len(y)
-            Ff = np.sum(freq[freq > 0] * np.log(freq[freq > 0])) if div == "kl" else np.sum(freq ** 2)
-            assert abs(ref.ref_refinement(P, y, div, h) + ref.ref_sharpness(P, y, div, h) + Ff) < 1e-12
+            Ff = (
+                np.sum(freq[freq > 0] * np.log(freq[freq > 0]))
+                if div == "kl"
+                else np.sum(freq**2)
+            )
+            assert (
+                abs(
+                    ref.ref_refinement(P, y, div, h)
+                    + ref.ref_sharpness(P, y, div, h)
+                    + Ff
+                )
+                < 1e-12
+            )
         # ECE p=2 squared = CE l2 (direct)
-        assert abs(ref.ref_ece_kde(P, y, 2, h) ** 2 - ref.ref_calibration_error(P, y, "l2", h)) < 1e-12
+        assert (
+            abs(
+                ref.ref_ece_kde(P, y, 2, h) ** 2
+                - ref.ref_calibration_error(P, y, "l2", h)
+            )
+            < 1e-12
+        )
 
 
 # ------------------------------------------------ tolerance justification
 def _engine_sim(probs, labels, h, dtype):
-    """Re-implementation of the spec's loo_reduce arithmetic (clip and G_ij in the
-    input dtype, sequential accumulation over k, per-class max, S / sum S)."""
+    """Re-implement the spec's loo_reduce arithmetic in numpy.
+
+    Clip and G_ij in the input dtype, sequential accumulation over k,
+    per-class max, S / sum S.
+    """
     P = np.asarray(probs, dtype=dtype)
     if P.ndim == 1:
         P = np.stack([1 - P, P], 1).astype(dtype)
@@ -162,7 +210,11 @@ def _engine_sim(probs, labels, h, dtype):
             with np.errstate(invalid="ignore"):  # -inf - -inf on the diagonal
                 S[:, c] = np.nan_to_num(np.exp(L[mem] - mc[None, :, c]), nan=0.0).sum(0)
     m = mc.max(1)
-    S = np.where(np.isfinite(mc), S * np.exp(np.where(np.isfinite(mc), mc - m[:, None], 0.0)), 0.0)
+    S = np.where(
+        np.isfinite(mc),
+        S * np.exp(np.where(np.isfinite(mc), mc - m[:, None], 0.0)),
+        0.0,
+    )
     E = S / S.sum(1, keepdims=True)
     ll = np.mean(gammaln(1 / h + K) + m + np.log(S.sum(1)) - np.log(n - 1))
     return P64, E, ll
@@ -170,6 +222,7 @@ def _engine_sim(probs, labels, h, dtype):
 
 @pytest.mark.parametrize("name", ["syn-K3-n150", "real-adrenal-K2", "real-vgg16-K10"])
 def test_float64_tolerance_covers_simulated_engine(name):
+    """rtol64 covers a simulated engine with another summation order."""
     ds = dataset_or_skip(name)
     for h in (1e-5, 1e-3, 0.05):
         _, E, ll = _engine_sim(ds.probs, ds.labels, h, np.float64)
@@ -180,8 +233,11 @@ def test_float64_tolerance_covers_simulated_engine(name):
         assert abs(ll - ll_ref) < rtol64(h) / 2 * abs(ll_ref)
 
 
-@pytest.mark.parametrize("name", ["syn-K10-n400", "real-pneumonia-K2", "real-densenet-K100"])
+@pytest.mark.parametrize(
+    "name", ["syn-K10-n400", "real-pneumonia-K2", "real-densenet-K100"]
+)
 def test_float32_tolerance_covers_simulated_engine(name):
+    """The float32 bounds cover a simulated float32 engine."""
     ds = dataset_or_skip(name)
     P = ds.probs32.astype(np.float64)
     for h in F32_BANDWIDTHS:

@@ -23,20 +23,26 @@ Preconditions (the caller validates; nothing is checked here):
   sums, without NaN.
 
 Implementation notes.  Centres are permuted once per call so that the centres
-of each class are contiguous (no copy when the labels are already sorted),
-and kept transposed, ``(K, n)``, so that the kernel dot products of one query
+of each class are contiguous (no copy when the labels are already sorted) and
+kept transposed, ``(K, n)``, so that the dot products ``G_ij`` of one query
 row against all centres are computed with vectorised loops, in the input dtype
-and with the terms added in the order ``k = 0 .. K-1``, into a float64 scratch
-row of length ``n`` that is reused for every bandwidth.  For each bandwidth
-the per-class maxima ``m_c`` are found first, then the sums of
-``exp(max(L - m_c, -230))`` (and of its square and cube) are formed with a
-vectorisable polynomial ``exp`` (about 1 ulp on ``[-230, 0]``) and rescaled by
-``exp(m_c - m)`` (resp. its square and cube).  The scratch per query row is
-``O(n)``; nothing of size ``n x n`` is ever formed.  Query rows are processed
-in parallel (``prange``); each row is computed by a single thread in a fixed
-order, so results do not depend on the number of threads.  No fast-math is
-used; fused multiply-adds are requested explicitly (``llvm.fma``) only inside
-the ``exp`` polynomial.
+with the terms added in the order ``k = 0 .. K-1``, into a float64 row of
+length ``n`` that is reused for every bandwidth.  For each bandwidth two
+passes run over each class segment, block by block through L1-sized buffers:
+the first finds ``m_c``, the second recomputes ``L`` (bitwise the same values)
+and forms the sums of ``e = exp(max(L - m_c, -230))``, ``e**2`` and ``e**3``
+with a vectorisable polynomial ``exp`` (within about 1 ulp on ``[-230, 0]``)
+and a pairwise (tree) summation; the i == j term is excluded exactly (it is
+set to ``-inf`` for the maximum and to ``0`` before summing).  The class sums
+are finally scaled by ``exp(m_c - m)`` (resp. ``exp(2 (m_c - m))``,
+``exp(3 (m_c - m))``).  Scratch is ``O(n)`` per chunk of query rows; nothing
+of size ``n x n`` is ever formed.  Chunks of query rows run in parallel
+(``prange``); each row is computed by one thread in a fixed order, so results
+do not depend on the number of threads.  No fast-math is used (the summation
+order is fixed in the code); fused multiply-adds are requested explicitly
+(``llvm.fma``) only inside the ``exp`` polynomial.  Calling ``loo_reduce``
+concurrently from several Python threads requires a thread-safe numba
+threading layer (``tbb`` or ``omp``), as for any ``parallel=True`` function.
 """
 
 from __future__ import annotations
@@ -51,15 +57,18 @@ from numba.extending import intrinsic
 
 __all__ = ["loo_reduce", "warmup"]
 
-_JIT = dict(nogil=True, cache=True, error_model="numpy")
+_JIT = {"nogil": True, "cache": True, "error_model": "numpy"}
 
 # Terms more than _CLAMP below their class maximum are clamped to exp(-_CLAMP):
 # exp(-3 * 230) ~ 1e-300 is still a normal double, so no subnormals appear in
 # the sums of squares and cubes either.
 _CLAMP = -230.0
 
-# Centres per block in the dot-product stage (keeps the block in L1).
+# Centres per block in the dot-product and reduction stages (L1-sized buffers).
 _BLK = 512
+
+# Query rows per tile: one block of centres and of bias serves the whole tile.
+_TQ = 4
 
 
 # ---------------------------------------------------------------------------
@@ -89,7 +98,7 @@ def _bits_f64(typingctx, x):
 
 @intrinsic
 def _fma(typingctx, a, b, c):
-    """a * b + c with a single rounding (llvm.fma.f64)."""
+    """Return a * b + c with a single rounding (llvm.fma.f64)."""
     sig = types.float64(types.float64, types.float64, types.float64)
 
     def codegen(context, builder, signature, args):
@@ -138,10 +147,14 @@ def _exp_nonpos(x):
 # (vectorised by LLVM without any fast-math flag) or a short scalar loop.
 # ---------------------------------------------------------------------------
 @njit(**_JIT)
-def _dot_row(lq, psT, G, acc):
-    """G[i] = float64(sum_k lq[k] * psT[k, i]), accumulated in the input
-    dtype strictly in the order k = 0 .. K-1 (four k per sweep to save loads
-    and stores of the accumulator), one L1-sized block of centres at a time."""
+def _dot_tile(logq, j0, tq, psT, G, acc):
+    """Set G[q, i] = float64(sum_k logq[j0 + q, k] * psT[k, i]) for q < tq.
+
+    The sum is accumulated in the input dtype strictly in the order
+    k = 0 .. K-1 (four k per sweep, to save loads and stores of the
+    accumulator), one L1-sized block of centres at a time, each block of psT
+    serving the whole tile.
+    """
     K = psT.shape[0]
     n = psT.shape[1]
     nb = acc.shape[0]
@@ -149,33 +162,36 @@ def _dot_row(lq, psT, G, acc):
         i1 = min(i0 + nb, n)
         w = i1 - i0
         a = acc[:w]
-        r0 = psT[0, i0:i1]
-        l0 = lq[0]
-        for ii in range(w):
-            a[ii] = l0 * r0[ii]
-        k = 1
-        while k + 4 <= K:
-            r0 = psT[k, i0:i1]
-            r1 = psT[k + 1, i0:i1]
-            r2 = psT[k + 2, i0:i1]
-            r3 = psT[k + 3, i0:i1]
-            l0 = lq[k]
-            l1 = lq[k + 1]
-            l2 = lq[k + 2]
-            l3 = lq[k + 3]
+        for q in range(tq):
+            lq = logq[j0 + q]
+            r0 = psT[0, i0:i1]
+            l0 = lq[0]
             for ii in range(w):
-                a[ii] = (((a[ii] + l0 * r0[ii]) + l1 * r1[ii])
-                         + l2 * r2[ii]) + l3 * r3[ii]
-            k += 4
-        while k < K:
-            r0 = psT[k, i0:i1]
-            l0 = lq[k]
+                a[ii] = l0 * r0[ii]
+            k = 1
+            while k + 4 <= K:
+                r0 = psT[k, i0:i1]
+                r1 = psT[k + 1, i0:i1]
+                r2 = psT[k + 2, i0:i1]
+                r3 = psT[k + 3, i0:i1]
+                l0 = lq[k]
+                l1 = lq[k + 1]
+                l2 = lq[k + 2]
+                l3 = lq[k + 3]
+                for ii in range(w):
+                    a[ii] = (
+                        ((a[ii] + l0 * r0[ii]) + l1 * r1[ii]) + l2 * r2[ii]
+                    ) + l3 * r3[ii]
+                k += 4
+            while k < K:
+                r0 = psT[k, i0:i1]
+                l0 = lq[k]
+                for ii in range(w):
+                    a[ii] = a[ii] + l0 * r0[ii]
+                k += 1
+            g = G[q, i0:i1]
             for ii in range(w):
-                a[ii] = a[ii] + l0 * r0[ii]
-            k += 1
-        g = G[i0:i1]
-        for ii in range(w):
-            g[ii] = np.float64(a[ii])
+                g[ii] = np.float64(a[ii])
 
 
 @njit(**_JIT)
@@ -200,13 +216,16 @@ def _seg_max(L, lo, hi):
 
 @njit(**_JIT)
 def _tree_sum(E):
-    """Pairwise (tree) sum of E; destroys E.  Each halving step is an
-    element-wise loop, so the summation vectorises in a fixed order."""
+    """Return the pairwise (tree) sum of E; destroys E.
+
+    Each halving step is an element-wise loop, so the summation vectorises
+    in a fixed order.
+    """
     w = E.shape[0]
     while w > 16:
         h = w >> 1
         a = E[:h]
-        b = E[h:2 * h]
+        b = E[h : 2 * h]
         for i in range(h):
             a[i] = a[i] + b[i]
         if w & 1:
@@ -219,128 +238,203 @@ def _tree_sum(E):
 
 
 @njit(**_JIT)
-def _row(lq, psT, bs, seg_lo, seg_hi, pj, scale, powers, r,
-         G, E, E2, E3, acc, mc, m_out, S_out, Q_out, T_out):
-    """All outputs of one query row (index r of the outputs); pj is the
-    position of the query among the class-sorted centres.
+def _tile(
+    logq,
+    j0,
+    tq,
+    r0,
+    psT,
+    bs,
+    seg_lo,
+    seg_hi,
+    pos,
+    scale,
+    powers,
+    G,
+    E,
+    E2,
+    E3,
+    acc,
+    mc,
+    acc_s,
+    m_out,
+    S_out,
+    Q_out,
+    T_out,
+):
+    """All outputs of the tq query rows j0 .. j0+tq-1 (output rows r0 ..).
 
-    G (length n) holds the row's dot products for all bandwidths.  For each
-    bandwidth two passes run over each class segment, block by block through
-    the L1-sized buffers E, E2, E3: the class maximum, then the sums.  L is
-    recomputed in the second pass with the same operations, hence bitwise
-    the same values."""
+    For each class segment two passes run block by block (L1-sized blocks of
+    centres): the class maxima m_c, then the sums.  Within a block the loops
+    run over bandwidths, then query rows, so that each block of G stays in
+    cache across bandwidths and each block of bias serves the whole tile.
+    L is recomputed in the second pass with the same operations, hence
+    bitwise the same values.  The order of operations for one query row does
+    not depend on the tile it belongs to.
+    """
     H = scale.shape[0]
     C = seg_lo.shape[0]
     nb = E.shape[0]
-    _dot_row(lq, psT, G, acc)
-    for t in range(H):
-        st = scale[t]
-        b = bs[t]
-        mrow = -np.inf
-        for c in range(C):
-            lo = seg_lo[c]
-            hi = seg_hi[c]
-            cnt = hi - lo
-            if lo <= pj and pj < hi:
-                cnt -= 1
-            if cnt <= 0:
-                mc[c] = -np.inf
-                continue
-            v = -np.inf
-            for i0 in range(lo, hi, nb):
-                i1 = min(i0 + nb, hi)
-                w = i1 - i0
-                e = E[:w]
-                bb = b[i0:i1]
-                gg = G[i0:i1]
-                for ii in range(w):
-                    e[ii] = bb[ii] + st * gg[ii]
-                if i0 <= pj and pj < i1:
-                    e[pj - i0] = -np.inf  # leave-one-out
-                v = max(v, _seg_max(e, 0, w))
-            mc[c] = v
-            if v > mrow:
-                mrow = v
-        m_out[t, r] = mrow
-        for c in range(C):
-            v = mc[c]
-            if v == -np.inf:  # no centre i != j in this class
-                S_out[t, r, c] = 0.0
-                if powers >= 2:
-                    Q_out[t, r, c] = 0.0
-                if powers >= 3:
-                    T_out[t, r, c] = 0.0
-                continue
-            lo = seg_lo[c]
-            hi = seg_hi[c]
-            s1 = 0.0
-            s2 = 0.0
-            s3 = 0.0
-            for i0 in range(lo, hi, nb):
-                i1 = min(i0 + nb, hi)
-                w = i1 - i0
-                e = E[:w]
-                bb = b[i0:i1]
-                gg = G[i0:i1]
-                for ii in range(w):
-                    e[ii] = _exp_nonpos(max((bb[ii] + st * gg[ii]) - v, _CLAMP))
-                if i0 <= pj and pj < i1:
-                    e[pj - i0] = 0.0  # exact exclusion of the i == j term
-                if powers >= 2:
-                    e2 = E2[:w]
+    _dot_tile(logq, j0, tq, psT, G, acc)
+    # Pass 1: per-class maxima (the i == j term is set to -inf, so a class
+    # whose only centre is the query keeps m_c = -inf).
+    for c in range(C):
+        lo = seg_lo[c]
+        hi = seg_hi[c]
+        for t in range(H):
+            for q in range(tq):
+                mc[t, q, c] = -np.inf
+        for i0 in range(lo, hi, nb):
+            i1 = min(i0 + nb, hi)
+            w = i1 - i0
+            e = E[:w]
+            for t in range(H):
+                st = scale[t]
+                bb = bs[t, i0:i1]
+                for q in range(tq):
+                    gg = G[q, i0:i1]
                     for ii in range(w):
-                        e2[ii] = e[ii] * e[ii]
-                    if powers >= 3:
-                        e3 = E3[:w]
+                        e[ii] = bb[ii] + st * gg[ii]
+                    pj = pos[j0 + q]
+                    if i0 <= pj < i1:
+                        e[pj - i0] = -np.inf  # leave-one-out
+                    v = _seg_max(e, 0, w)
+                    mc[t, q, c] = max(mc[t, q, c], v)
+    for t in range(H):
+        for q in range(tq):
+            mrow = -np.inf
+            for c in range(C):
+                mrow = max(mrow, mc[t, q, c])
+            m_out[t, r0 + q] = mrow
+    # Pass 2: sums of exp(max(L - m_c, -230)) and of its square and cube.
+    for c in range(C):
+        lo = seg_lo[c]
+        hi = seg_hi[c]
+        for t in range(H):
+            for q in range(tq):
+                acc_s[0, t, q] = 0.0
+                acc_s[1, t, q] = 0.0
+                acc_s[2, t, q] = 0.0
+        for i0 in range(lo, hi, nb):
+            i1 = min(i0 + nb, hi)
+            w = i1 - i0
+            e = E[:w]
+            e2 = E2[:w]
+            e3 = E3[:w]
+            for t in range(H):
+                st = scale[t]
+                bb = bs[t, i0:i1]
+                for q in range(tq):
+                    v = mc[t, q, c]
+                    if v == -np.inf:  # no centre i != j in this class
+                        continue
+                    gg = G[q, i0:i1]
+                    for ii in range(w):
+                        e[ii] = _exp_nonpos(max((bb[ii] + st * gg[ii]) - v, _CLAMP))
+                    pj = pos[j0 + q]
+                    if i0 <= pj < i1:
+                        e[pj - i0] = 0.0  # exact exclusion of i == j
+                    if powers >= 2:
                         for ii in range(w):
-                            e3[ii] = e2[ii] * e[ii]
-                        s3 += _tree_sum(e3)
-                    s2 += _tree_sum(e2)
-                s1 += _tree_sum(e)
-            d = v - mrow
-            S_out[t, r, c] = s1 * math.exp(d)
-            if powers >= 2:
-                Q_out[t, r, c] = s2 * math.exp(2.0 * d)
-            if powers >= 3:
-                T_out[t, r, c] = s3 * math.exp(3.0 * d)
+                            e2[ii] = e[ii] * e[ii]
+                        if powers >= 3:
+                            for ii in range(w):
+                                e3[ii] = e2[ii] * e[ii]
+                            acc_s[2, t, q] += _tree_sum(e3)
+                        acc_s[1, t, q] += _tree_sum(e2)
+                    acc_s[0, t, q] += _tree_sum(e)
+        for t in range(H):
+            for q in range(tq):
+                v = mc[t, q, c]
+                r = r0 + q
+                if v == -np.inf:
+                    S_out[t, r, c] = 0.0
+                    if powers >= 2:
+                        Q_out[t, r, c] = 0.0
+                    if powers >= 3:
+                        T_out[t, r, c] = 0.0
+                    continue
+                d = v - m_out[t, r]
+                S_out[t, r, c] = acc_s[0, t, q] * math.exp(d)
+                if powers >= 2:
+                    Q_out[t, r, c] = acc_s[1, t, q] * math.exp(2.0 * d)
+                if powers >= 3:
+                    T_out[t, r, c] = acc_s[2, t, q] * math.exp(3.0 * d)
 
 
 # ---------------------------------------------------------------------------
 # The parallel kernel.
 # ---------------------------------------------------------------------------
 @njit(parallel=True, **_JIT)
-def _loo_reduce_kernel(logq, psT, bs, seg_lo, seg_hi, pos, scale, powers,
-                       row_start, row_stop, m_out, S_out, Q_out, T_out,
-                       n_chunks):
+def _loo_reduce_kernel(
+    logq,
+    psT,
+    bs,
+    seg_lo,
+    seg_hi,
+    pos,
+    scale,
+    powers,
+    row_start,
+    row_stop,
+    m_out,
+    S_out,
+    Q_out,
+    T_out,
+    n_chunks,
+):
     n = psT.shape[1]
+    H = scale.shape[0]
     C = seg_lo.shape[0]
     R = row_stop - row_start
     nb = min(_BLK, max(n, 1))
     n2 = nb if powers >= 2 else 0
     n3 = nb if powers >= 3 else 0
-    # Scratch is allocated once per chunk of consecutive rows (not per row);
-    # the caller asks for a few chunks per thread.
+    # Scratch is allocated once per chunk of consecutive rows (the caller
+    # asks for a few chunks per thread); rows go through in tiles of _TQ.
     nch = max(1, min(R, n_chunks))
     for ch in prange(nch):
-        r0 = (R * ch) // nch
-        r1 = (R * (ch + 1)) // nch
-        G = np.empty(n, np.float64)
+        c0 = (R * ch) // nch
+        c1 = (R * (ch + 1)) // nch
+        G = np.empty((_TQ, n), np.float64)
         E = np.empty(nb, np.float64)
         E2 = np.empty(n2, np.float64)
         E3 = np.empty(n3, np.float64)
         acc = np.empty_like(psT[0, :nb])
-        mc = np.empty(C, np.float64)
-        for r in range(r0, r1):
-            j = row_start + r
-            _row(logq[j], psT, bs, seg_lo, seg_hi, pos[j], scale, powers, r,
-                 G, E, E2, E3, acc, mc, m_out, S_out, Q_out, T_out)
+        mc = np.empty((H, _TQ, C), np.float64)
+        acc_s = np.empty((3, H, _TQ), np.float64)
+        for r0 in range(c0, c1, _TQ):
+            tq = min(_TQ, c1 - r0)
+            _tile(
+                logq,
+                row_start + r0,
+                tq,
+                r0,
+                psT,
+                bs,
+                seg_lo,
+                seg_hi,
+                pos,
+                scale,
+                powers,
+                G,
+                E,
+                E2,
+                E3,
+                acc,
+                mc,
+                acc_s,
+                m_out,
+                S_out,
+                Q_out,
+                T_out,
+            )
 
 
 # ---------------------------------------------------------------------------
 # Public entry points.
 # ---------------------------------------------------------------------------
-def loo_reduce(logq, p, labels, n_classes, scale, bias, powers, row_start,
-               row_stop):
+def loo_reduce(logq, p, labels, n_classes, scale, bias, powers, row_start, row_stop):
     """Per-class leave-one-out sums of Dirichlet-kernel values (numba backend).
 
     For each bandwidth index ``t``, each query row ``j`` in
@@ -392,11 +486,12 @@ def loo_reduce(logq, p, labels, n_classes, scale, bias, powers, row_start,
 
     Notes
     -----
-    Nothing is validated (the caller does).  Memory: ``O(n K + H n)`` for a
-    class-sorted copy of the centres and of `bias` (skipped when `labels` is
-    already sorted) plus ``O(n)`` scratch per query row being processed;
-    never an ``n x n`` array.  Results do not depend on the number of numba
-    threads.
+    Nothing is validated (the caller does).  Memory: a transposed copy of
+    `p` (``n K``) and, unless `labels` is already sorted, a class-sorted copy
+    of `bias` (``H n``), plus ``O(n)`` float64 scratch per chunk of query rows
+    in flight (a few chunks per numba thread); never an ``n x n`` array.
+    Results do not depend on the number of numba threads nor on how the
+    query rows are split into ``[row_start, row_stop)`` ranges.
     """
     powers = int(powers)
     row_start = int(row_start)
@@ -430,9 +525,23 @@ def loo_reduce(logq, p, labels, n_classes, scale, bias, powers, row_start,
     Q = np.empty((H, R, C) if powers >= 2 else (0, 0, 0), dtype=np.float64)
     T = np.empty((H, R, C) if powers >= 3 else (0, 0, 0), dtype=np.float64)
     if R > 0 and H > 0:
-        _loo_reduce_kernel(logq, psT, bs, seg_lo, seg_hi, pos, scale, powers,
-                           row_start, row_stop, m, S, Q, T,
-                           4 * numba.get_num_threads())
+        _loo_reduce_kernel(
+            logq,
+            psT,
+            bs,
+            seg_lo,
+            seg_hi,
+            pos,
+            scale,
+            powers,
+            row_start,
+            row_stop,
+            m,
+            S,
+            Q,
+            T,
+            4 * numba.get_num_threads(),
+        )
     return m, S, Q, T
 
 
