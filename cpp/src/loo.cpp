@@ -102,11 +102,14 @@ void loo_reduce_impl(const LooProblem<Real>& prob, const LooResult& out, int n_t
         perm[pos] = i;
     }
 
-    const std::int64_t n_pad = (n + detail::kPad - 1) / detail::kPad * detail::kPad;
+    // centre tiles, each a contiguous (K, kColBlock) block, zero-padded at the end
+    const std::int64_t BC = detail::kColBlock;
+    const std::int64_t n_pad = (n + BC - 1) / BC * BC;
     std::vector<Real> pt(static_cast<std::size_t>(K * n_pad), Real(0));
     for (std::int64_t s = 0; s < n; ++s) {
         const Real* row = prob.p + perm[s] * K;
-        for (std::int64_t k = 0; k < K; ++k) pt[k * n_pad + s] = row[k];
+        Real* tile = pt.data() + (s / BC) * K * BC + (s % BC);
+        for (std::int64_t k = 0; k < K; ++k) tile[k * BC] = row[k];
     }
     std::vector<double> bias(static_cast<std::size_t>(H * n));
     for (std::int64_t t = 0; t < H; ++t)

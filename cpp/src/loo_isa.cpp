@@ -67,10 +67,26 @@ inline double exp_small(double x) {
 }
 
 // Fold centres [0, len) of one class into the running state of one query row.
-// b: bias of those centres, g: their K-dots with the query, s: 1/h.  The loops keep
-// kLanes independent accumulators so that the max and sum reductions are limited by
-// throughput, not by the latency of one dependency chain.
+// b: bias of those centres, g: their K-dots with the query, s: 1/h.  First the
+// range's maximum; a range entirely more than kDrop below the class's running maximum
+// is skipped (common at small bandwidths); otherwise the sums of exp(L - max), with
+// arguments clamped at -kClamp so that no exp is subnormal.  The loops keep kLanes
+// independent accumulators so that the reductions are throughput-bound.
 constexpr i64 kLanes = 32;
+
+// Pairwise (tree) reductions of kLanes accumulators: vectorised, and no serial chain
+// of kLanes dependent operations at the end of every range.
+inline double tree_max(double* a) {
+    for (i64 w = kLanes / 2; w >= 1; w /= 2)
+        for (i64 v = 0; v < w; ++v) a[v] = a[v + w] > a[v] ? a[v + w] : a[v];
+    return a[0];
+}
+
+inline double tree_sum(double* a) {
+    for (i64 w = kLanes / 2; w >= 1; w /= 2)
+        for (i64 v = 0; v < w; ++v) a[v] += a[v + w];
+    return a[0];
+}
 
 template <int POW, class Real>
 inline void fold(const double* b, const Real* g, i64 len, double s, double& mc,
@@ -89,8 +105,7 @@ inline void fold(const double* b, const Real* g, i64 len, double s, double& mc,
         const double l = b[i + v] + s * static_cast<double>(g[i + v]);
         mxv[v] = l > mxv[v] ? l : mxv[v];
     }
-    double mx = kNegInf;
-    for (i64 v = 0; v < kLanes; ++v) mx = mxv[v] > mx ? mxv[v] : mx;
+    const double mx = tree_max(mxv);
     if (!(mx > kNegInf)) return;
     if (mx > mc) {
         const double f = std::exp(mc - mx);  // 0 when mc = -inf
@@ -98,8 +113,8 @@ inline void fold(const double* b, const Real* g, i64 len, double s, double& mc,
         if (POW >= 2) s2 *= f * f;
         if (POW >= 3) s3 *= f * f * f;
         mc = mx;
-    } else if (mx < mc - kClamp) {
-        return;  // every term is below exp(-kClamp) of this class's maximum
+    } else if (mx < mc - kDrop) {
+        return;  // every term is below exp(-kDrop) ~ 1.6e-28 of this class's maximum
     }
     const double off = mc;
     double a1[kLanes], a2[kLanes], a3[kLanes];
@@ -128,15 +143,9 @@ inline void fold(const double* b, const Real* g, i64 len, double s, double& mc,
         if (POW >= 2) a2[v] += w * w;
         if (POW >= 3) a3[v] += w * w * w;
     }
-    double t1 = 0.0, t2 = 0.0, t3 = 0.0;
-    for (i64 v = 0; v < kLanes; ++v) {
-        t1 += a1[v];
-        if (POW >= 2) t2 += a2[v];
-        if (POW >= 3) t3 += a3[v];
-    }
-    s1 += t1;
-    if (POW >= 2) s2 += t2;
-    if (POW >= 3) s3 += t3;
+    s1 += tree_sum(a1);
+    if (POW >= 2) s2 += tree_sum(a2);
+    if (POW >= 3) s3 += tree_sum(a3);
 }
 
 template <int POW, class Real>
@@ -146,18 +155,17 @@ inline void fold_range(const Prepared<Real>& pr, const Real* grow, i64 cb, i64 l
     fold<POW>(pr.bias + t * pr.n + lo, grow + (lo - cb), hi - lo, pr.scale[t], mc, s1, s2, s3);
 }
 
-// G[r][0..bc) = sum_k lq[r][k] * pt[k][cb..cb+bc) for kMicroRows rows at once,
+// G[r][0..bc) = sum_k lq[r][k] * tile[k][0..bc) for kMicroRows rows at once,
 // accumulators held in registers across k.
 template <class Real>
-inline void gemm_micro(const Real* lq, i64 K, const Real* pt, i64 n_pad, i64 cb, i64 bc,
-                       Real* g, i64 ldg) {
-    constexpr i64 V = 64 / static_cast<i64>(sizeof(Real));
+inline void gemm_micro(const Real* lq, i64 K, const Real* tile, i64 bc, Real* g, i64 ldg) {
+    constexpr i64 V = 128 / static_cast<i64>(sizeof(Real));
     for (i64 c0 = 0; c0 < bc; c0 += V) {
         Real acc[kMicroRows][V];
         for (i64 r = 0; r < kMicroRows; ++r)
             for (i64 v = 0; v < V; ++v) acc[r][v] = Real(0);
         for (i64 k = 0; k < K; ++k) {
-            const Real* col = pt + k * n_pad + cb + c0;
+            const Real* col = tile + k * kColBlock + c0;
             for (i64 r = 0; r < kMicroRows; ++r) {
                 const Real a = lq[r * K + k];
 #pragma omp simd
@@ -197,7 +205,7 @@ void run_block(const Prepared<Real>& pr, const LooResult& out, i64 j0, double* s
         i64 bc = ce - cb;
         bc = (bc + detail::kPad - 1) / detail::kPad * detail::kPad;  // within n_pad
         for (i64 r0 = 0; r0 < nr; r0 += kMicroRows)
-            gemm_micro(lq + r0 * K, K, pr.pt, pr.n_pad, cb, bc, g + r0 * kColBlock, kColBlock);
+            gemm_micro(lq + r0 * K, K, pr.pt + cb * K, bc, g + r0 * kColBlock, kColBlock);
 
         // classes overlapping [cb, ce)
         i64 c_first = 0;

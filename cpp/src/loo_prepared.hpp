@@ -15,12 +15,13 @@ namespace detail {
 constexpr std::int64_t kRowBlock = 16;    // query rows per task (one thread)
 constexpr std::int64_t kMicroRows = 4;    // query rows per register-blocked GEMM step
 constexpr std::int64_t kColBlock = 256;   // centres per tile
-constexpr std::int64_t kPad = 16;         // PT columns are padded to a multiple of this
+constexpr std::int64_t kPad = 32;         // GEMM columns are computed in multiples of this
 
 template <class Real>
 struct Prepared {
     const Real* logq;          // (n, K)   queries, original order
-    const Real* pt;            // (K, n_pad) centres sorted by label, transposed, zero-padded
+    const Real* pt;            // (n_pad / kColBlock, K, kColBlock) centres sorted by label,
+                               // in tiles of kColBlock, each tile transposed; zero-padded
     const double* bias;        // (H, n)   bias of the sorted centres
     const double* scale;       // (H,)
     const std::int64_t* inv;   // (n,)     sorted position of original row j

@@ -11,18 +11,22 @@
 //
 // The n x n matrix is never formed: centres are sorted by label once, streamed in
 // fixed-size tiles, and every query row keeps one running max and running sums per
-// class (an online log-sum-exp).  Terms more than kClamp below their class maximum
-// are dropped or clamped to exp(-kClamp) (they are < 1e-99 of the class sum), which
-// keeps every exp out of the subnormal range.  Results for a row do not depend on the
-// number of threads: each row is reduced by one thread in a fixed order.
+// class (an online log-sum-exp).  Ranges of centres more than kDrop = 64 below the
+// running class maximum are skipped (< 1.6e-28 of it per term) and exp arguments are
+// clamped at -kClamp = -230, which keeps every exp out of the subnormal range.
+// Results for a row do not depend on the number of threads: each row is reduced by one thread in a fixed order.
 #pragma once
 
 #include <cstdint>
 
 namespace kdecal {
 
-/// Terms with L_ij - (class max) < -kClamp contribute at most exp(-kClamp) each.
+/// Arguments of exp are clamped at -kClamp (exp(-3 kClamp) is still a normal double,
+/// so the power sums never touch subnormals).
 constexpr double kClamp = 230.0;
+/// Ranges of centres whose largest log-kernel is more than kDrop below the running
+/// class maximum are skipped: each term is < exp(-kDrop) ~ 1.6e-28 of that maximum.
+constexpr double kDrop = 64.0;
 
 /// Inputs of one leave-one-out reduction.  All pointers are row-major, C-contiguous.
 template <class Real>
