@@ -58,7 +58,7 @@ def test_select_bandwidth_vs_one(benchmark, what):
     """select_bandwidth over the default 55-value grid vs one bandwidth, n = 10,000."""
     n = 10000
     benchmark.group = f"bandwidth selection n={n} K=10 float64"
-    p, y = cifar10_probs(n)
+    p, _ = cifar10_probs(n)
     if what == "one_bandwidth":
         out = benchmark(kdecal.loo_log_likelihood, p, [H])
         assert np.isfinite(out).all()

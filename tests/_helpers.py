@@ -34,15 +34,11 @@ SCALAR_ATOL = 1e-13
 LL_ATOL = 1e-12  # loo log-likelihood can cross 0 (it is a log density)
 E_ATOL = 1e-200  # entries of E below this are underflow noise
 
-F32_RTOL = (
-    1e-4  # >= 25x the worst observed (1.8e-6 package, 3.8e-6 simulation; LL 6e-6)
-)
+F32_RTOL = 1e-4  # >= 25x the worst observed (1.8e-6 package, 3.8e-6 simulation; LL 6e-6)
 F32_E_ATOL = 2e-4  # >= 10x the worst observed abs error of E entries (1.0e-5 / 1.7e-5)
 F32_BANDWIDTHS = [0.01, 0.05, 0.2, 1.0]
 
-BACKEND_RTOL = (
-    1e-10  # cpp vs numba, float64, h >= 1e-4 (use backend_rtol(h) below that)
-)
+BACKEND_RTOL = 1e-10  # cpp vs numba, float64, h >= 1e-4 (use backend_rtol(h) below that)
 THREADS_RTOL = 1e-12  # 1 vs 2 threads, cpp
 
 
@@ -65,17 +61,13 @@ def backend_rtol(bandwidth: float) -> float:
 def assert_close(actual, expected, *, rtol, atol=0.0, what=""):
     actual = np.asarray(actual, dtype=np.float64)
     expected = np.asarray(expected, dtype=np.float64)
-    assert actual.shape == expected.shape, (
-        f"{what}: shape {actual.shape} != {expected.shape}"
-    )
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
     assert np.all(np.isfinite(actual)), f"{what}: non-finite values {actual}"
     np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol, err_msg=what)
 
 
 def assert_scalar(actual, expected, *, rtol, atol=SCALAR_ATOL, what=""):
-    assert np.ndim(actual) == 0, (
-        f"{what}: expected a scalar, got shape {np.shape(actual)}"
-    )
+    assert np.ndim(actual) == 0, f"{what}: expected a scalar, got shape {np.shape(actual)}"
     assert isinstance(actual, float), (
         f"{what}: expected a float, got {type(actual)}"
     )  # np.float64 is a float

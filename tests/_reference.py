@@ -211,9 +211,7 @@ def ref_ece_kde(probs, labels, p=1, bandwidth="auto"):
     return float(np.mean(np.sum(np.abs(E - P) ** p, axis=1)) ** (1.0 / p))
 
 
-def ref_calibration_error(
-    probs, labels, divergence="kl", bandwidth="auto", estimator="direct"
-):
+def ref_calibration_error(probs, labels, divergence="kl", bandwidth="auto", estimator="direct"):
     divergence = _as_divergence(divergence)
     P = ref_clip(probs)
     K = P.shape[1]
@@ -224,9 +222,7 @@ def ref_calibration_error(
         Y = ref_one_hot(labels, K)
         if divergence == "kl":
             # D_F(y, f) = -log f_y, F(y) = 0
-            term = -np.log(
-                P[np.arange(P.shape[0]), np.asarray(labels).astype(np.int64)]
-            )
+            term = -np.log(P[np.arange(P.shape[0]), np.asarray(labels).astype(np.int64)])
         elif divergence == "l2":
             # D_F(y, f) = ||y - f||^2, F(y) = 1
             term = ((Y - P) ** 2).sum(axis=1) - 1.0
@@ -259,9 +255,7 @@ def ref_accuracy(probs, labels):
 
 def ref_log_loss(probs, labels):
     P = ref_clip(probs)
-    return float(
-        -np.mean(np.log(P[np.arange(P.shape[0]), np.asarray(labels).astype(np.int64)]))
-    )
+    return float(-np.mean(np.log(P[np.arange(P.shape[0]), np.asarray(labels).astype(np.int64)])))
 
 
 def ref_brier(probs, labels):

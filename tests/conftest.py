@@ -72,9 +72,7 @@ def make_synthetic(
     T = P ** (1.0 / temperature)
     T /= T.sum(axis=1, keepdims=True)
     u = rng.random(n)
-    labels = (
-        (u[:, None] > np.cumsum(T, axis=1)).sum(axis=1).clip(0, K - 1).astype(np.int64)
-    )
+    labels = (u[:, None] > np.cumsum(T, axis=1)).sum(axis=1).clip(0, K - 1).astype(np.int64)
     if drop_class is not None:  # class `drop_class` never appears among the labels
         labels[labels == drop_class] = (drop_class + 1) % K
     if binary_vector:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 
-import _reference as ref
 import numpy as np
 import pytest
+
+import _reference as ref
 from _helpers import (
     BACKEND_RTOL,
     E_ATOL,
@@ -47,23 +48,17 @@ CALLS = {
         P, y, bandwidth=H, backend=b
     ),
     "ece_kde": lambda kd, P, y, b: kd.ece_kde(P, y, bandwidth=H, backend=b),
-    "calibration_error": lambda kd, P, y, b: kd.calibration_error(
-        P, y, bandwidth=H, backend=b
-    ),
+    "calibration_error": lambda kd, P, y, b: kd.calibration_error(P, y, bandwidth=H, backend=b),
     "refinement": lambda kd, P, y, b: kd.refinement(P, y, bandwidth=H, backend=b),
     "sharpness": lambda kd, P, y, b: kd.sharpness(P, y, bandwidth=H, backend=b),
     "loo_log_likelihood": lambda kd, P, y, b: kd.loo_log_likelihood(P, [H], backend=b),
-    "select_bandwidth": lambda kd, P, y, b: kd.select_bandwidth(
-        P, grid=[H, 0.5], backend=b
-    ),
+    "select_bandwidth": lambda kd, P, y, b: kd.select_bandwidth(P, grid=[H, 0.5], backend=b),
     "evaluate": lambda kd, P, y, b: kd.evaluate(P, y, bandwidth=H, backend=b),
 }
 
 
 @pytest.mark.parametrize("fn", list(CALLS), ids=list(CALLS))
-@pytest.mark.parametrize(
-    "bad", ["bogus", "", "openmp"], ids=["bogus", "empty", "openmp"]
-)
+@pytest.mark.parametrize("bad", ["bogus", "", "openmp"], ids=["bogus", "empty", "openmp"])
 def test_unknown_backend_lists_available(kd, fn, bad):
     """An unknown backend raises ValueError naming every available one."""
     P, y = _data()
@@ -71,9 +66,7 @@ def test_unknown_backend_lists_available(kd, fn, bad):
         CALLS[fn](kd, P, y, bad)
     msg = str(exc.value)
     for name in kd.available_backends():
-        assert name in msg, (
-            f"error message should list available backend {name!r}: {msg!r}"
-        )
+        assert name in msg, f"error message should list available backend {name!r}: {msg!r}"
 
 
 @pytest.mark.parametrize("name", BACKENDS)
@@ -128,8 +121,7 @@ def test_backends_agree_real_data(kd, both_backends, real_dataset):
         res[b] = {
             "E": kd.conditional_expectation(P, y, bandwidth=0.02, backend=b),
             "E_tiny": {
-                h: kd.conditional_expectation(P, y, bandwidth=h, backend=b)
-                for h in (1e-5, 1e-4)
+                h: kd.conditional_expectation(P, y, bandwidth=h, backend=b) for h in (1e-5, 1e-4)
             },
             "ll": kd.loo_log_likelihood(P, grid, backend=b),
             "bw": kd.select_bandwidth(P, backend=b),
@@ -148,9 +140,7 @@ def test_backends_agree_real_data(kd, both_backends, real_dataset):
             atol=E_ATOL,
             what=f"E h={h}",
         )
-    assert_close(
-        a["ll"], c["ll"], rtol=BACKEND_RTOL, atol=1e-12, what="LOO-LL cpp vs numba"
-    )
+    assert_close(a["ll"], c["ll"], rtol=BACKEND_RTOL, atol=1e-12, what="LOO-LL cpp vs numba")
     assert float(a["bw"]) == float(c["bw"]) == ds.ref_bandwidth
     for f in (
         "ece_kde_l1",
@@ -185,9 +175,7 @@ def cpp_threads(kd):
     kd.set_num_threads(before if before is not None else (os.cpu_count() or 1))
 
 
-@pytest.mark.parametrize(
-    "name", ["syn-K10-n400", "real-densenet-K100", "syn-K2vec-n80"]
-)
+@pytest.mark.parametrize("name", ["syn-K10-n400", "real-densenet-K100", "syn-K2vec-n80"])
 def test_thread_count_independence(kd, cpp_threads, name):
     """Results of cpp with 1 and 2 threads agree to 1e-12 and match the reference."""
     from conftest import dataset_or_skip
@@ -212,18 +200,10 @@ def test_thread_count_independence(kd, cpp_threads, name):
             ),
         }
     a, b = out[1], out[2]
-    assert_close(
-        a["E"], b["E"], rtol=THREADS_RTOL, atol=E_ATOL, what="E 1 vs 2 threads"
-    )
-    assert_close(
-        a["ll"], b["ll"], rtol=THREADS_RTOL, atol=1e-13, what="LL 1 vs 2 threads"
-    )
-    assert_scalar(
-        a["ece"], b["ece"], rtol=THREADS_RTOL, atol=1e-15, what="ece 1 vs 2 threads"
-    )
-    assert_scalar(
-        a["ce"], b["ce"], rtol=THREADS_RTOL, atol=1e-15, what="CE 1 vs 2 threads"
-    )
+    assert_close(a["E"], b["E"], rtol=THREADS_RTOL, atol=E_ATOL, what="E 1 vs 2 threads")
+    assert_close(a["ll"], b["ll"], rtol=THREADS_RTOL, atol=1e-13, what="LL 1 vs 2 threads")
+    assert_scalar(a["ece"], b["ece"], rtol=THREADS_RTOL, atol=1e-15, what="ece 1 vs 2 threads")
+    assert_scalar(a["ce"], b["ce"], rtol=THREADS_RTOL, atol=1e-15, what="CE 1 vs 2 threads")
     # and both are right
     assert_close(
         b["E"],
@@ -237,9 +217,7 @@ def test_thread_count_independence(kd, cpp_threads, name):
         ref.ref_ece_kde(P, y, 1, ds.ref_bandwidth),
         rtol=rtol64(ds.ref_bandwidth),
     )
-    assert_scalar(
-        b["ce"], ref.ref_calibration_error(P, y, "l2", 0.3, "refinement"), rtol=1e-9
-    )
+    assert_scalar(b["ce"], ref.ref_calibration_error(P, y, "l2", 0.3, "refinement"), rtol=1e-9)
     ll_ref = ref.ref_loo_log_likelihood(P, grid)
     rt = np.array([rtol64(h) for h in grid])
     assert np.all(np.abs(b["ll"] - ll_ref) <= rt * np.abs(ll_ref) + LL_ATOL)

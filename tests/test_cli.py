@@ -7,9 +7,10 @@ import dataclasses
 import json
 import sys
 
-import kdecal
 import numpy as np
 import pytest
+
+import kdecal
 from kdecal._io import InputFileError, bundled_example_path, load_predictions
 from kdecal._report import CalibrationReport
 from kdecal.cli import main
@@ -141,9 +142,7 @@ def test_csv_binary_single_column(tmp_path, capsys):
     p1 = rng.uniform(size=N)
     labels = (rng.uniform(size=N) < p1).astype(int)
     f = tmp_path / "binary.csv"
-    _write_csv(
-        f, ["score", "labels"], [[repr(float(p)), y] for p, y in zip(p1, labels)]
-    )
+    _write_csv(f, ["score", "labels"], [[repr(float(p)), y] for p, y in zip(p1, labels)])
     scores, _, is_logits, _ = load_predictions(f)
     assert scores.shape == (N,) and not is_logits
     d = _run_json(capsys, str(f))
@@ -157,9 +156,7 @@ def test_parquet_round_trip(tmp_path, capsys):
     pq = pytest.importorskip("pyarrow.parquet")
     _, probs, labels = _synthetic(6)
     f = tmp_path / "preds.parquet"
-    table = pa.table(
-        {"p0": probs[:, 0], "p1": probs[:, 1], "p2": probs[:, 2], "label": labels}
-    )
+    table = pa.table({"p0": probs[:, 0], "p1": probs[:, 1], "p2": probs[:, 2], "label": labels})
     pq.write_table(table, f)
     d = _run_json(capsys, str(f))
     assert d["n"] == N and d["n_classes"] == K
@@ -305,9 +302,7 @@ def test_binary_logit_column_uses_sigmoid(tmp_path, capsys):
     assert load_predictions(f)[2] is True
     d = _run_json(capsys, str(f))
     assert d["n_classes"] == 2
-    assert d["accuracy"] == pytest.approx(
-        np.mean((z > 0).astype(int) == labels), abs=1e-12
-    )
+    assert d["accuracy"] == pytest.approx(np.mean((z > 0).astype(int) == labels), abs=1e-12)
 
 
 def test_probs_flag_overrides_logits_key(tmp_path, capsys):

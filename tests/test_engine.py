@@ -76,10 +76,12 @@ def test_row_chunks_equal_full_pass(backend):
     if backend not in kdecal.available_backends():
         pytest.skip(f"{backend} not available")
     n, K, C = 203, 4, 4
-    P, logq, p, labels, scale, bias = _problem(n, K, C, [0.01, 0.1], seed=3)
+    _, logq, p, labels, scale, bias = _problem(n, K, C, [0.01, 0.1], seed=3)
     full = _run(backend, logq, p, labels, C, scale, bias, 2, 0, n)
-    parts = [_run(backend, logq, p, labels, C, scale, bias, 2, a, b)
-             for a, b in [(0, 17), (17, 17), (17, 150), (150, n)]]
+    parts = [
+        _run(backend, logq, p, labels, C, scale, bias, 2, a, b)
+        for a, b in [(0, 17), (17, 17), (17, 150), (150, n)]
+    ]
     for k in range(3):
         np.testing.assert_array_equal(full[k], np.concatenate([x[k] for x in parts], axis=1))
 
@@ -87,7 +89,7 @@ def test_row_chunks_equal_full_pass(backend):
 def test_powers_one_returns_empty_q_t():
     n, K = 40, 3
     _, logq, p, labels, scale, bias = _problem(n, K, K, [0.1])
-    m, S, Q, T = kdecal._backends._core.loo_reduce(logq, p, labels, K, scale, bias, 1, 0, n, 0)
+    _, _, Q, T = kdecal._backends._core.loo_reduce(logq, p, labels, K, scale, bias, 1, 0, n, 0)
     assert Q.shape == (0, 0, 0) and T.shape == (0, 0, 0)
 
 
@@ -107,8 +109,18 @@ def test_core_argument_errors(kwargs, match):
     _, logq, p, labels, scale, bias = _problem(n, K, K, [0.1])
     labels = labels + kwargs.get("labels_shift", 0)
     with pytest.raises(ValueError, match=match):
-        core.loo_reduce(logq, p, labels, K, scale, bias, kwargs.get("powers", 1), 0,
-                        kwargs.get("row_stop", n), 0)
+        core.loo_reduce(
+            logq,
+            p,
+            labels,
+            K,
+            scale,
+            bias,
+            kwargs.get("powers", 1),
+            0,
+            kwargs.get("row_stop", n),
+            0,
+        )
 
 
 def test_core_rejects_mixed_dtypes():
@@ -145,8 +157,9 @@ json.dump(out, sys.stdout)
 
 def _isa_run(isa):
     env = dict(os.environ, KDECAL_ISA=isa)
-    res = subprocess.run([sys.executable, "-c", _ISA_SCRIPT], env=env, capture_output=True,
-                         text=True, check=True)
+    res = subprocess.run(
+        [sys.executable, "-c", _ISA_SCRIPT], env=env, capture_output=True, text=True, check=True
+    )
     return json.loads(res.stdout)
 
 
@@ -163,11 +176,20 @@ def test_every_simd_path_agrees():
     assert base["isa"] == "baseline"
     for isa, r in runs.items():
         for k in range(4):
-            np.testing.assert_allclose(np.array(r["float64"][k]), np.array(base["float64"][k]),
-                                       rtol=1e-9, atol=0, err_msg=f"{isa} float64 [{k}]")
+            np.testing.assert_allclose(
+                np.array(r["float64"][k]),
+                np.array(base["float64"][k]),
+                rtol=1e-9,
+                atol=0,
+                err_msg=f"{isa} float64 [{k}]",
+            )
             # float32 dot products (~1e-7 * |G| / h relative in L, x3 in T): compare at
             # h = 0.01 and 0.3 only (at 1e-4 the
             # rounding of G in float32 is amplified 1e4 times)
-            np.testing.assert_allclose(np.array(r["float32"][k])[1:],
-                                       np.array(base["float32"][k])[1:],
-                                       rtol=3e-3, atol=1e-6, err_msg=f"{isa} float32 [{k}]")
+            np.testing.assert_allclose(
+                np.array(r["float32"][k])[1:],
+                np.array(base["float32"][k])[1:],
+                rtol=3e-3,
+                atol=1e-6,
+                err_msg=f"{isa} float32 [{k}]",
+            )

@@ -9,9 +9,10 @@ classes): finite results equal to the float64 reference.
 
 from __future__ import annotations
 
-import _reference as ref
 import numpy as np
 import pytest
+
+import _reference as ref
 from _helpers import (
     E_ATOL,
     LL_ATOL,
@@ -39,9 +40,7 @@ def _good(n=12, K=3, seed=0):
 
 # Every public function taking (probs, labels), called with a valid bandwidth.
 LABELLED = {
-    "conditional_expectation": lambda kd, P, y: kd.conditional_expectation(
-        P, y, bandwidth=H
-    ),
+    "conditional_expectation": lambda kd, P, y: kd.conditional_expectation(P, y, bandwidth=H),
     "ece_kde": lambda kd, P, y: kd.ece_kde(P, y, bandwidth=H),
     "calibration_error": lambda kd, P, y: kd.calibration_error(P, y, bandwidth=H),
     "refinement": lambda kd, P, y: kd.refinement(P, y, bandwidth=H),
@@ -157,9 +156,7 @@ def test_non_numeric_probs_typeerror(kd, fn, bad):
 BAD_LABELS = {
     "too-large": lambda y, K: np.where(np.arange(y.size) == 4, K, y),
     "negative": lambda y, K: np.where(np.arange(y.size) == 4, -1, y),
-    "non-integer-float": lambda y, K: np.where(
-        np.arange(y.size) == 4, 0.5, y.astype(float)
-    ),
+    "non-integer-float": lambda y, K: np.where(np.arange(y.size) == 4, 0.5, y.astype(float)),
     "float-nan": lambda y, K: np.where(np.arange(y.size) == 4, np.nan, y.astype(float)),
     "2d": lambda y, K: y.reshape(-1, 1),
     "2d-row": lambda y, K: y.reshape(1, -1),
@@ -175,9 +172,7 @@ def test_bad_labels_raise_valueerror(kd, case, fn):
     P, y = _good()
     bad = BAD_LABELS[case](y, P.shape[1])
     # shape mismatch may legitimately be reported against either argument
-    match = (
-        "probs|labels" if case.startswith("too-") and case != "too-large" else "labels"
-    )
+    match = "probs|labels" if case.startswith("too-") and case != "too-large" else "labels"
     with pytest.raises(ValueError, match=match):
         LABELLED[fn](kd, P, bad)
 
@@ -200,9 +195,7 @@ def test_non_numeric_labels_typeerror(kd, fn):
 
 # -------------------------------------------------------------- bad bandwidth
 BW_FUNCS = {
-    "conditional_expectation": lambda kd, P, y, h: kd.conditional_expectation(
-        P, y, bandwidth=h
-    ),
+    "conditional_expectation": lambda kd, P, y, h: kd.conditional_expectation(P, y, bandwidth=h),
     "ece_kde": lambda kd, P, y, h: kd.ece_kde(P, y, bandwidth=h),
     "calibration_error": lambda kd, P, y, h: kd.calibration_error(P, y, bandwidth=h),
     "refinement": lambda kd, P, y, h: kd.refinement(P, y, bandwidth=h),
@@ -281,9 +274,7 @@ def test_unknown_estimator(kd):
         kd.calibration_error(P, y, bandwidth=H, estimator="bogus")
 
 
-@pytest.mark.parametrize(
-    "p", [0.5, 0.0, -1.0, float("nan")], ids=["0.5", "0", "-1", "nan"]
-)
+@pytest.mark.parametrize("p", [0.5, 0.0, -1.0, float("nan")], ids=["0.5", "0", "-1", "nan"])
 def test_ece_kde_p_below_one(kd, p):
     """A power p < 1 (or NaN) raises ValueError."""
     P, y = _good()
@@ -335,9 +326,7 @@ def test_exact_zero_one_probabilities(kd, case, bandwidth, backend):
     h = bandwidth
     r = rtol64(h)
     E = kd.conditional_expectation(P, y, bandwidth=h, backend=backend)
-    assert_close(
-        E, ref.ref_conditional_expectation(P, y, h), rtol=r, atol=E_ATOL, what="E"
-    )
+    assert_close(E, ref.ref_conditional_expectation(P, y, h), rtol=r, atol=E_ATOL, what="E")
     assert_simplex_rows(E)
     assert_scalar(
         kd.ece_kde(P, y, bandwidth=h, backend=backend),
@@ -410,9 +399,7 @@ def _underflow_data():
 def test_all_underflow_rows(kd, backend, h):
     """Tiny bandwidths (every exp(L) underflows) give the reference ratios, not 0/NaN."""
     P, y = _underflow_data()
-    A0 = ref.ref_log_kernel(
-        ref.ref_clip(P), h, include_constant=False
-    )  # = L_ij of the spec
+    A0 = ref.ref_log_kernel(ref.ref_clip(P), h, include_constant=False)  # = L_ij of the spec
     assert np.all(np.exp(A0) == 0.0), "precondition: every exp(L_ij) must underflow"
     E = kd.conditional_expectation(P, y, bandwidth=h, backend=backend)
     E_ref = ref.ref_conditional_expectation(P, y, h)
@@ -433,9 +420,7 @@ def test_all_underflow_rows(kd, backend, h):
             what=est,
         )
     ll = kd.loo_log_likelihood(P, [h], backend=backend)
-    assert_close(
-        ll, ref.ref_loo_log_likelihood(P, [h]), rtol=rtol64(h), atol=LL_ATOL, what="LL"
-    )
+    assert_close(ll, ref.ref_loo_log_likelihood(P, [h]), rtol=rtol64(h), atol=LL_ATOL, what="LL")
     # select_bandwidth on duplicated data: the reference picks the smallest grid value
     assert float(kd.select_bandwidth(P, backend=backend)) == ref.ref_select_bandwidth(P)
 
@@ -488,12 +473,8 @@ def test_minimal_n3(kd, backend):
     y = np.array([0, 1, 1])
     for h in (0.01, 0.5):
         E = kd.conditional_expectation(P, y, bandwidth=h, backend=backend)
-        assert_close(
-            E, ref.ref_conditional_expectation(P, y, h), rtol=1e-9, atol=E_ATOL
-        )
-        assert (
-            E[1, 1] > 0 and E[2, 1] > 0
-        )  # leave-one-out: row 1 sees row 2 only in class 1
+        assert_close(E, ref.ref_conditional_expectation(P, y, h), rtol=1e-9, atol=E_ATOL)
+        assert E[1, 1] > 0 and E[2, 1] > 0  # leave-one-out: row 1 sees row 2 only in class 1
         assert_scalar(
             kd.ece_kde(P, y, bandwidth=h, backend=backend),
             ref.ref_ece_kde(P, y, 1, h),

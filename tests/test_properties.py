@@ -10,6 +10,9 @@ import numpy as np
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 import _reference as ref
 from _helpers import (
     BACKEND_RTOL,
@@ -20,8 +23,6 @@ from _helpers import (
     assert_simplex_rows,
     rtol64,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 SETTINGS = settings(
     max_examples=25,
@@ -153,9 +154,7 @@ def test_sharpness_refinement_decomposition(kd, backend, prob):
     ):
         r = kd.refinement(P, y, divergence=div, bandwidth=h, backend=backend)
         s = kd.sharpness(P, y, divergence=div, bandwidth=h, backend=backend)
-        assert_scalar(
-            r + s, -Ffreq, rtol=1e-12, atol=1e-13, what=f"{div}: refinement + sharpness"
-        )
+        assert_scalar(r + s, -Ffreq, rtol=1e-12, atol=1e-13, what=f"{div}: refinement + sharpness")
         assert_scalar(
             r,
             ref.ref_refinement(P, y, div, h),
@@ -179,15 +178,9 @@ def test_backend_agreement(kd, both_backends, prob):
         }
     a, b = (out[k] for k in both_backends)
     assert_close(a["E"], b["E"], rtol=BACKEND_RTOL, atol=E_ATOL, what="E cpp vs numba")
-    assert_scalar(
-        a["ece"], b["ece"], rtol=BACKEND_RTOL, atol=1e-14, what="ece cpp vs numba"
-    )
-    assert_scalar(
-        a["ce"], b["ce"], rtol=BACKEND_RTOL, atol=1e-14, what="CE cpp vs numba"
-    )
-    assert_close(
-        a["ll"], b["ll"], rtol=BACKEND_RTOL, atol=1e-13, what="LL cpp vs numba"
-    )
+    assert_scalar(a["ece"], b["ece"], rtol=BACKEND_RTOL, atol=1e-14, what="ece cpp vs numba")
+    assert_scalar(a["ce"], b["ce"], rtol=BACKEND_RTOL, atol=1e-14, what="CE cpp vs numba")
+    assert_close(a["ll"], b["ll"], rtol=BACKEND_RTOL, atol=1e-13, what="LL cpp vs numba")
     assert_close(
         a["ll"],
         ref.ref_loo_log_likelihood(P, [h, 0.5]),
@@ -195,9 +188,7 @@ def test_backend_agreement(kd, both_backends, prob):
         atol=LL_ATOL,
         what="LL vs ref",
     )
-    assert_scalar(
-        a["ece"], ref.ref_ece_kde(P, y, 1, h), rtol=rtol64(h), what="ece vs ref"
-    )
+    assert_scalar(a["ece"], ref.ref_ece_kde(P, y, 1, h), rtol=rtol64(h), what="ece vs ref")
 
 
 @SETTINGS

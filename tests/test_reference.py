@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import itertools
 
-import _reference as ref
 import numpy as np
 import pytest
+
+import _reference as ref
 from _helpers import (
     E_ATOL,
     F32_BANDWIDTHS,
@@ -57,16 +58,12 @@ class TestSoftmax:
         """Check that softmax(x + 1e4) does not overflow."""
         X = np.random.default_rng(0).normal(size=(20, 5)) * 10
         P = kd.softmax(X + 1e4)  # naive exp overflows
-        assert_close(
-            P, ref.ref_softmax(X), rtol=1e-9, atol=1e-300, what="softmax(x + 1e4)"
-        )
+        assert_close(P, ref.ref_softmax(X), rtol=1e-9, atol=1e-300, what="softmax(x + 1e4)")
 
     def test_axis0(self, kd):
         """Check softmax along axis 0."""
         X = np.random.default_rng(1).normal(size=(7, 4)) * 5
-        assert_close(
-            kd.softmax(X, axis=0), ref.ref_softmax(X, axis=0), rtol=1e-12, what="axis=0"
-        )
+        assert_close(kd.softmax(X, axis=0), ref.ref_softmax(X, axis=0), rtol=1e-12, what="axis=0")
 
     @pytest.mark.parametrize(
         "fname", ["pneumoniamnist_resnet50.npz", "cifar100_resnet20_chenyaofo.npz"]
@@ -105,9 +102,7 @@ def test_conditional_expectation(kd, dataset, bandwidth, backend):
 def test_ece_kde(kd, dataset, bandwidth, p, backend):
     """ece_kde (p = 1, 2) matches the reference."""
     h = resolve_bw(dataset, bandwidth)
-    got = kd.ece_kde(
-        dataset.probs, dataset.labels, p=p, bandwidth=bandwidth, backend=backend
-    )
+    got = kd.ece_kde(dataset.probs, dataset.labels, p=p, bandwidth=bandwidth, backend=backend)
     want = ref.ref_ece_kde(dataset.probs, dataset.labels, p=p, bandwidth=h)
     assert want > 0
     assert_scalar(got, want, rtol=rtol64(h), what=f"ece_kde p={p} {dataset.name} h={h}")
@@ -118,16 +113,12 @@ def test_ece_kde_other_p(kd, dataset, p, backend):
     """ece_kde with non-integer / larger p matches the reference."""
     h = 0.05
     got = kd.ece_kde(dataset.probs, dataset.labels, p=p, bandwidth=h, backend=backend)
-    assert_scalar(
-        got, ref.ref_ece_kde(dataset.probs, dataset.labels, p=p, bandwidth=h), rtol=1e-9
-    )
+    assert_scalar(got, ref.ref_ece_kde(dataset.probs, dataset.labels, p=p, bandwidth=h), rtol=1e-9)
 
 
 def test_ece_kde_default_bandwidth_is_auto(kd, dataset):
     """ece_kde defaults: p = 1, bandwidth = 'auto'."""
-    got = kd.ece_kde(
-        dataset.probs, dataset.labels
-    )  # p=1, bandwidth="auto", backend="auto"
+    got = kd.ece_kde(dataset.probs, dataset.labels)  # p=1, bandwidth="auto", backend="auto"
     h = dataset.ref_bandwidth
     assert_scalar(
         got,
@@ -151,9 +142,7 @@ def test_calibration_error(kd, dataset, bandwidth, divergence, estimator, backen
         estimator=estimator,
         backend=backend,
     )
-    want = ref.ref_calibration_error(
-        dataset.probs, dataset.labels, divergence, h, estimator
-    )
+    want = ref.ref_calibration_error(dataset.probs, dataset.labels, divergence, h, estimator)
     assert_scalar(
         got,
         want,
@@ -223,9 +212,7 @@ def test_calibration_error_custom_bregman(kd, name, gen, estimator, backend):
     want = ref.ref_calibration_error(ds.probs, ds.labels, (F, gF), h, estimator)
     assert_scalar(got, want, rtol=1e-9, what=f"Bregman({gen}) {estimator}")
     if gen in BUILTIN_EQUIV:  # same generator as a built-in -> same number
-        builtin = ref.ref_calibration_error(
-            ds.probs, ds.labels, BUILTIN_EQUIV[gen], h, estimator
-        )
+        builtin = ref.ref_calibration_error(ds.probs, ds.labels, BUILTIN_EQUIV[gen], h, estimator)
         assert_scalar(
             got,
             builtin,
@@ -249,9 +236,7 @@ def test_refinement(kd, dataset, bandwidth, divergence, backend):
         backend=backend,
     )
     want = ref.ref_refinement(dataset.probs, dataset.labels, divergence, h)
-    assert_scalar(
-        got, want, rtol=rtol64(h), what=f"refinement {divergence} {dataset.name} h={h}"
-    )
+    assert_scalar(got, want, rtol=rtol64(h), what=f"refinement {divergence} {dataset.name} h={h}")
 
 
 @pytest.mark.parametrize("divergence", ["kl", "l2"])
@@ -267,9 +252,7 @@ def test_sharpness(kd, dataset, bandwidth, divergence, backend):
         backend=backend,
     )
     want = ref.ref_sharpness(dataset.probs, dataset.labels, divergence, h)
-    assert_scalar(
-        got, want, rtol=rtol64(h), what=f"sharpness {divergence} {dataset.name} h={h}"
-    )
+    assert_scalar(got, want, rtol=rtol64(h), what=f"sharpness {divergence} {dataset.name} h={h}")
 
 
 @pytest.mark.parametrize("gen", list(CUSTOM), ids=list(CUSTOM))
@@ -283,12 +266,8 @@ def test_refinement_sharpness_custom_bregman(kd, syn_k3, gen, backend):
     got_s = kd.sharpness(
         syn_k3.probs, syn_k3.labels, divergence=div, bandwidth=0.1, backend=backend
     )
-    assert_scalar(
-        got_r, ref.ref_refinement(syn_k3.probs, syn_k3.labels, (F, gF), 0.1), rtol=1e-9
-    )
-    assert_scalar(
-        got_s, ref.ref_sharpness(syn_k3.probs, syn_k3.labels, (F, gF), 0.1), rtol=1e-9
-    )
+    assert_scalar(got_r, ref.ref_refinement(syn_k3.probs, syn_k3.labels, (F, gF), 0.1), rtol=1e-9)
+    assert_scalar(got_s, ref.ref_sharpness(syn_k3.probs, syn_k3.labels, (F, gF), 0.1), rtol=1e-9)
 
 
 # ------------------------------------------------------ bandwidth selection
@@ -296,23 +275,15 @@ def test_loo_log_likelihood_default_grid(kd, dataset, backend):
     """loo_log_likelihood on the 55-value grid matches the reference."""
     grid = ref.DEFAULT_GRID
     got = kd.loo_log_likelihood(dataset.probs, grid, backend=backend)
-    assert (
-        isinstance(got, np.ndarray)
-        and got.shape == (len(grid),)
-        and got.dtype == np.float64
-    )
+    assert isinstance(got, np.ndarray) and got.shape == (len(grid),) and got.dtype == np.float64
     want = ref.ref_loo_log_likelihood(dataset.probs, grid)
     rt = np.array([rtol64(h) for h in grid])
     err = np.abs(got - want)
     bad = err > rt * np.abs(want) + LL_ATOL
-    assert not bad.any(), (
-        f"loo-LL mismatch at h={grid[bad]}: got {got[bad]}, want {want[bad]}"
-    )
+    assert not bad.any(), f"loo-LL mismatch at h={grid[bad]}: got {got[bad]}, want {want[bad]}"
 
 
-@pytest.mark.parametrize(
-    "bandwidths", [[0.3], [1.0, 1e-3, 0.02]], ids=["single", "unsorted3"]
-)
+@pytest.mark.parametrize("bandwidths", [[0.3], [1.0, 1e-3, 0.02]], ids=["single", "unsorted3"])
 def test_loo_log_likelihood_custom_bandwidths(kd, dataset, bandwidths, backend):
     """loo_log_likelihood keeps the order of the bandwidths given."""
     got = kd.loo_log_likelihood(dataset.probs, np.array(bandwidths), backend=backend)
@@ -365,18 +336,14 @@ REPORT_FLOAT_FIELDS = [
 def test_evaluate(kd, dataset, bandwidth, backend):
     """Every CalibrationReport field matches the reference."""
     h = resolve_bw(dataset, bandwidth)
-    rep = kd.evaluate(
-        dataset.probs, dataset.labels, bandwidth=bandwidth, backend=backend
-    )
+    rep = kd.evaluate(dataset.probs, dataset.labels, bandwidth=bandwidth, backend=backend)
     want = ref.ref_evaluate(dataset.probs, dataset.labels, h)
     assert rep.n == want["n"] and rep.n_classes == want["n_classes"]
     assert float(rep.bandwidth) == h
     assert rep.backend == backend
     assert isinstance(rep.wall_time_s, float) and rep.wall_time_s >= 0.0
     for f in REPORT_FLOAT_FIELDS:
-        assert_scalar(
-            getattr(rep, f), want[f], rtol=rtol64(h), what=f"report.{f} {dataset.name}"
-        )
+        assert_scalar(getattr(rep, f), want[f], rtol=rtol64(h), what=f"report.{f} {dataset.name}")
 
 
 def _bin_edge_rows():
@@ -393,10 +360,7 @@ def _bin_edge_rows():
             r = [c, s, 1.0 - c - s]
             if not (0 < r[2] < c and s < c and c * 15 == k):
                 continue
-            if all(
-                (r[a] + r[b]) + r[d] == 1.0
-                for a, b, d in itertools.permutations(range(3))
-            ):
+            if all((r[a] + r[b]) + r[d] == 1.0 for a, b, d in itertools.permutations(range(3))):
                 rows.append(np.roll(r, len(rows) % 3))
     return np.array(rows)
 
@@ -471,9 +435,7 @@ def test_binary_vector_equals_two_columns(kd, name, backend):
     E2 = kd.conditional_expectation(P2, ds.labels, bandwidth=h, backend=backend)
     assert E1.shape == (ds.n, 2)
     assert_close(E1, E2, rtol=1e-12, atol=1e-300, what="(n,) vs (n,2)")
-    assert_close(
-        E1, ref.ref_conditional_expectation(p, ds.labels, h), rtol=1e-9, atol=E_ATOL
-    )
+    assert_close(E1, ref.ref_conditional_expectation(p, ds.labels, h), rtol=1e-9, atol=E_ATOL)
     for fn in ("ece_kde", "calibration_error", "refinement", "sharpness"):
         a = getattr(kd, fn)(p, ds.labels, bandwidth=h, backend=backend)
         b = getattr(kd, fn)(P2, ds.labels, bandwidth=h, backend=backend)
@@ -487,9 +449,7 @@ def test_binary_vector_equals_two_columns(kd, name, backend):
 
 
 # -------------------------------------------------------------- float32 input
-@pytest.mark.parametrize(
-    "bandwidth", F32_BANDWIDTHS, ids=[bw_id(b) for b in F32_BANDWIDTHS]
-)
+@pytest.mark.parametrize("bandwidth", F32_BANDWIDTHS, ids=[bw_id(b) for b in F32_BANDWIDTHS])
 def test_float32_input(kd, dataset, bandwidth, backend):
     """float32 probs: G is computed in float32 (spec), so only ~1e-5 accuracy.
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import math
 
-import _reference as ref
 import numpy as np
 import pytest
-from _helpers import F32_BANDWIDTHS, F32_E_ATOL, F32_RTOL, rtol64
-from conftest import ALL_NAMES, dataset_or_skip, load_real_file, make_synthetic
 from scipy import integrate, stats
 from scipy.special import gammaln
+
+import _reference as ref
+from _helpers import F32_BANDWIDTHS, F32_E_ATOL, F32_RTOL, rtol64
+from conftest import ALL_NAMES, dataset_or_skip, load_real_file, make_synthetic
 
 README_ECE15 = {  # file -> (key prefix, kind, accuracy %, ECE15 %) from the data README
     "cifar10_vgg16_keras_verifiedcal.npz": ("", "probs", 93.59, 3.98),
@@ -159,24 +160,15 @@ def test_reference_sanity(name):
             # refinement + sharpness = -F(freq)
             freq = np.bincount(y, minlength=Pc.shape[1]) / len(y)
             Ff = (
-                np.sum(freq[freq > 0] * np.log(freq[freq > 0]))
-                if div == "kl"
-                else np.sum(freq**2)
+                np.sum(freq[freq > 0] * np.log(freq[freq > 0])) if div == "kl" else np.sum(freq**2)
             )
             assert (
-                abs(
-                    ref.ref_refinement(P, y, div, h)
-                    + ref.ref_sharpness(P, y, div, h)
-                    + Ff
-                )
+                abs(ref.ref_refinement(P, y, div, h) + ref.ref_sharpness(P, y, div, h) + Ff)
                 < 1e-12
             )
         # ECE p=2 squared = CE l2 (direct)
         assert (
-            abs(
-                ref.ref_ece_kde(P, y, 2, h) ** 2
-                - ref.ref_calibration_error(P, y, "l2", h)
-            )
+            abs(ref.ref_ece_kde(P, y, 2, h) ** 2 - ref.ref_calibration_error(P, y, "l2", h))
             < 1e-12
         )
 
@@ -233,9 +225,7 @@ def test_float64_tolerance_covers_simulated_engine(name):
         assert abs(ll - ll_ref) < rtol64(h) / 2 * abs(ll_ref)
 
 
-@pytest.mark.parametrize(
-    "name", ["syn-K10-n400", "real-pneumonia-K2", "real-densenet-K100"]
-)
+@pytest.mark.parametrize("name", ["syn-K10-n400", "real-pneumonia-K2", "real-densenet-K100"])
 def test_float32_tolerance_covers_simulated_engine(name):
     """The float32 bounds cover a simulated float32 engine."""
     ds = dataset_or_skip(name)

@@ -92,8 +92,7 @@ def resolve_backend(backend: object) -> str:
         )
     if backend not in BACKENDS:
         raise ValueError(
-            f"unknown backend {backend!r}; choose 'auto' or one of the available "
-            f"backends {avail}"
+            f"unknown backend {backend!r}; choose 'auto' or one of the available backends {avail}"
         )
     if backend not in avail:
         why = _core_error if backend == "cpp" else "numba is not installed"
@@ -120,7 +119,7 @@ def set_num_threads(n: int | None) -> None:
 
 
 def get_num_threads() -> int:
-    """Number of threads the engine will use."""
+    """Return the number of threads the engine will use."""
     if _num_threads > 0:
         return _num_threads
     if _core is not None:

@@ -161,16 +161,10 @@ def load_predictions(
         raise _fail(path, "is a directory, not a predictions file")
     ext = p.suffix.lower()
     if ext not in _EXTENSIONS:
-        problem = (
-            f"unknown file extension '{p.suffix}'"
-            if p.suffix
-            else "has no file extension"
-        )
+        problem = f"unknown file extension '{p.suffix}'" if p.suffix else "has no file extension"
         raise _fail(path, f"{problem} (expected .npz, .npy, .csv or .parquet)")
     if split is not None and ext != ".npz":
-        raise _fail(
-            path, f"split={split!r} applies only to .npz files with val_/test_ keys"
-        )
+        raise _fail(path, f"split={split!r} applies only to .npz files with val_/test_ keys")
     try:
         if ext == ".npz":
             scores, labels, key_logits, desc = _read_npz(p, path, split, logits)
@@ -216,9 +210,7 @@ def _one_line(exc: BaseException) -> str:
 def _infer_logits(scores: np.ndarray) -> tuple[bool, str]:
     """Decide whether ``scores`` are logits, by the rule of :func:`load_predictions`."""
     finite = scores[np.isfinite(scores)]
-    if finite.size != scores.size or (
-        finite.size and (finite.min() < 0 or finite.max() > 1)
-    ):
+    if finite.size != scores.size or (finite.size and (finite.min() < 0 or finite.max() > 1)):
         return True, "inferred: values outside [0, 1]"
     if scores.ndim == 2:
         sums = scores.sum(axis=1, dtype=np.float64)
@@ -301,11 +293,7 @@ def _read_npz(
         keys = list(archive.files)
         shown = ", ".join(keys) if keys else "none"
         splits = sorted(
-            {
-                m["split"]
-                for k in keys
-                if (m := _SPLIT_KEY.match(k)) and m["kind"] != "labels"
-            }
+            {m["split"] for k in keys if (m := _SPLIT_KEY.match(k)) and m["kind"] != "labels"}
         )
         plain = [k for k in ("probs", "logits") if k in keys]
 
@@ -351,9 +339,7 @@ def _read_npz(
                 f"has no '{prefix}probs' or '{prefix}logits' array (keys: {shown})",
             )
 
-        label_key = next(
-            (k for k in (f"{prefix}labels", f"{prefix}label") if k in keys), None
-        )
+        label_key = next((k for k in (f"{prefix}labels", f"{prefix}label") if k in keys), None)
         if label_key is None:
             raise _fail(path, f"has no '{prefix}labels' array (keys: {shown})")
 
@@ -361,9 +347,7 @@ def _read_npz(
             scores = archive[score_key]
             labels = archive[label_key]
         except ValueError as exc:  # object arrays need pickle, which is refused
-            raise _fail(
-                path, f"array cannot be loaded without pickle ({_one_line(exc)})"
-            ) from exc
+            raise _fail(path, f"array cannot be loaded without pickle ({_one_line(exc)})") from exc
     key_logits = score_key.endswith("logits")
     return scores, labels, key_logits, f"{p.name} [{score_key}, {label_key}]"
 
@@ -377,19 +361,13 @@ def _load_npy(p: Path, shown_path: str | os.PathLike[str]) -> np.ndarray:
     except ValueError as exc:
         raise _fail(shown_path, f"is not a valid .npy file ({_one_line(exc)})") from exc
     if not isinstance(arr, np.ndarray):
-        raise _fail(
-            shown_path, "is a .npz archive, not a single array; use the .npz extension"
-        )
+        raise _fail(shown_path, "is a .npz archive, not a single array; use the .npz extension")
     return arr
 
 
-def _read_npy(
-    p: Path, path: str | os.PathLike[str]
-) -> tuple[np.ndarray, np.ndarray, str]:
+def _read_npy(p: Path, path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray, str]:
     if p.stem == "labels" or p.stem.endswith("_labels"):
-        raise _fail(
-            path, "is a labels file; pass the scores file (X.npy next to X_labels.npy)"
-        )
+        raise _fail(path, "is a labels file; pass the scores file (X.npy next to X_labels.npy)")
     candidates = [
         p.with_name(f"{p.stem}_labels{p.suffix}"),
         p.with_name(f"labels{p.suffix}"),
@@ -416,9 +394,7 @@ def _parse_float(text: str) -> float | None:
         return None
 
 
-def _split_columns(
-    names: list[str], path: str | os.PathLike[str]
-) -> tuple[int, list[int]]:
+def _split_columns(names: list[str], path: str | os.PathLike[str]) -> tuple[int, list[int]]:
     """Return (label column index, candidate score column indices)."""
     lowered = [n.strip().lower() for n in names]
     label_idx = [i for i, n in enumerate(lowered) if n in _LABEL_COLUMNS]
@@ -432,16 +408,12 @@ def _split_columns(
     candidates = [
         i
         for i, n in enumerate(lowered)
-        if i != label_idx[0]
-        and n not in _IGNORED_COLUMNS
-        and not n.startswith("unnamed:")
+        if i != label_idx[0] and n not in _IGNORED_COLUMNS and not n.startswith("unnamed:")
     ]
     return label_idx[0], candidates
 
 
-def _read_csv(
-    p: Path, path: str | os.PathLike[str]
-) -> tuple[np.ndarray, np.ndarray, str]:
+def _read_csv(p: Path, path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray, str]:
     with open(p, newline="", encoding="utf-8-sig") as fh:
         reader = csv.reader(fh)
         numbered: list[tuple[int, list[str]]] = []
@@ -461,9 +433,7 @@ def _read_csv(
     ncol = len(header)
     for lineno, r in zip(linenos, body):
         if len(r) != ncol:
-            raise _fail(
-                path, f"line {lineno} has {len(r)} fields but the header has {ncol}"
-            )
+            raise _fail(path, f"line {lineno} has {len(r)} fields but the header has {ncol}")
 
     labels_text = [r[label_col].strip() for r in body]
     label_vals = [_parse_float(t) for t in labels_text]
@@ -476,9 +446,7 @@ def _read_csv(
             )
 
     score_cols: list[int] = []
-    ignored: list[str] = [
-        header[i] for i in range(ncol) if i != label_col and i not in candidates
-    ]
+    ignored: list[str] = [header[i] for i in range(ncol) if i != label_col and i not in candidates]
     columns: list[list[float]] = []
     for i in candidates:
         cells = [r[i].strip() for r in body]
@@ -488,9 +456,7 @@ def _read_csv(
             continue
         if any(v is None for v in parsed):
             lineno = linenos[next(k for k, v in enumerate(parsed) if v is None)]
-            raise _fail(
-                path, f"score column '{header[i]}' has an empty value on line {lineno}"
-            )
+            raise _fail(path, f"score column '{header[i]}' has an empty value on line {lineno}")
         score_cols.append(i)
         columns.append(parsed)  # type: ignore[arg-type]
     if not score_cols:
@@ -508,7 +474,9 @@ def _table_description(
     elif len(score_cols) <= 4:
         cols = f"{len(score_cols)} score columns ({', '.join(names[i] for i in score_cols)})"
     else:
-        cols = f"{len(score_cols)} score columns ({names[score_cols[0]]} .. {names[score_cols[-1]]})"
+        cols = (
+            f"{len(score_cols)} score columns ({names[score_cols[0]]} .. {names[score_cols[-1]]})"
+        )
     desc = f"{p.name} [{cols}, label column '{names[label_col]}'"
     if ignored:
         desc += f"; ignored: {', '.join(repr(n) for n in ignored)}"
@@ -518,16 +486,12 @@ def _table_description(
 # ----------------------------- parquet ----------------------------------- #
 
 
-def _read_parquet(
-    p: Path, path: str | os.PathLike[str]
-) -> tuple[np.ndarray, np.ndarray, str]:
+def _read_parquet(p: Path, path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray, str]:
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError as exc:
-        raise _fail(
-            path, "reading .parquet needs pyarrow: pip install 'kdecal[parquet]'"
-        ) from exc
+        raise _fail(path, "reading .parquet needs pyarrow: pip install 'kdecal[parquet]'") from exc
     try:
         table = pq.read_table(p)
     except (pa.ArrowException, ValueError) as exc:
@@ -553,13 +517,9 @@ def _read_parquet(
     labels = label_arr.to_numpy()
 
     def numeric(t: Any) -> bool:
-        return (
-            pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
-        )
+        return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
 
-    ignored = [
-        names[i] for i in range(len(names)) if i != label_col and i not in candidates
-    ]
+    ignored = [names[i] for i in range(len(names)) if i != label_col and i not in candidates]
     score_cols: list[int] = []
     list_cols: list[int] = []
     for i in candidates:
@@ -567,9 +527,7 @@ def _read_parquet(
         if numeric(t):
             score_cols.append(i)
         elif (
-            pa.types.is_list(t)
-            or pa.types.is_large_list(t)
-            or pa.types.is_fixed_size_list(t)
+            pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
         ) and numeric(t.value_type):
             list_cols.append(i)
         else:
@@ -583,9 +541,7 @@ def _read_parquet(
     if list_cols:
         col = table.column(list_cols[0])
         if col.null_count:
-            raise _fail(
-                path, f"score column '{names[list_cols[0]]}' has missing values"
-            )
+            raise _fail(path, f"score column '{names[list_cols[0]]}' has missing values")
         rows = col.to_pylist()
         widths = {len(r) for r in rows}
         if len(widths) != 1 or None in (v for r in rows for v in r):

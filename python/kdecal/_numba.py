@@ -179,9 +179,7 @@ def _dot_tile(logq, j0, tq, psT, G, acc):
                 l2 = lq[k + 2]
                 l3 = lq[k + 3]
                 for ii in range(w):
-                    a[ii] = (
-                        ((a[ii] + l0 * r0[ii]) + l1 * r1[ii]) + l2 * r2[ii]
-                    ) + l3 * r3[ii]
+                    a[ii] = (((a[ii] + l0 * r0[ii]) + l1 * r1[ii]) + l2 * r2[ii]) + l3 * r3[ii]
                 k += 4
             while k < K:
                 r0 = psT[k, i0:i1]

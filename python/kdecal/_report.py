@@ -190,9 +190,7 @@ class CalibrationReport:
             ),
             "",
         ]
-        rows = [
-            (name, _format_value(getattr(self, name)), desc) for name, desc in _METRICS
-        ]
+        rows = [(name, _format_value(getattr(self, name)), desc) for name, desc in _METRICS]
         w_name = max(len("metric"), *(len(r[0]) for r in rows))
         w_val = max(len("value"), *(len(r[1]) for r in rows))
         w_desc = max(len("description"), *(len(r[2]) for r in rows))

@@ -93,9 +93,7 @@ def check_probs(probs: object, name: str = "probs", min_n: int = 3) -> Probs:
     if binary:
         if np.any(a > 1):
             idx = _first_bad(a > 1)
-            raise ValueError(
-                f"binary {name} must lie in [0, 1], got {a[idx]!r} at index {idx}"
-            )
+            raise ValueError(f"binary {name} must lie in [0, 1], got {a[idx]!r} at index {idx}")
         a = np.stack([1.0 - a, a], axis=1)
     else:
         sums = a.sum(axis=1)

@@ -78,9 +78,7 @@ def _build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    sub = parser.add_subparsers(
-        dest="command", metavar="COMMAND", parser_class=_ArgumentParser
-    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_ArgumentParser)
     ev = sub.add_parser(
         "evaluate",
         help="compute all calibration metrics of a predictions file",

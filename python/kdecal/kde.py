@@ -27,17 +27,17 @@ from . import _backends
 from ._report import CalibrationReport
 from ._validation import (
     Probs,
+    _numeric_array,
     check_bandwidth,
     check_bandwidths,
     check_choice,
     check_labels,
     check_probs,
-    _numeric_array,
 )
 
 __all__ = [
-    "Bregman",
     "DEFAULT_BANDWIDTH_GRID",
+    "Bregman",
     "calibration_error",
     "conditional_expectation",
     "ece_kde",
@@ -90,8 +90,7 @@ class Bregman:
         out = np.asarray(self.F(P), dtype=np.float64)
         if out.shape != (P.shape[0],):
             raise ValueError(
-                f"Bregman F must return shape ({P.shape[0]},) for input {P.shape}, "
-                f"got {out.shape}"
+                f"Bregman F must return shape ({P.shape[0]},) for input {P.shape}, got {out.shape}"
             )
         return out
 
@@ -197,7 +196,9 @@ def _select(probs: Probs, grid: np.ndarray, backend: str, progress: bool | None)
     return float(grid[int(np.argmax(ll))])
 
 
-def _resolve_bandwidth(probs: Probs, bandwidth: object, backend: str, progress: bool | None) -> float:
+def _resolve_bandwidth(
+    probs: Probs, bandwidth: object, backend: str, progress: bool | None
+) -> float:
     if isinstance(bandwidth, str):
         if bandwidth != "auto":
             raise ValueError(f"bandwidth must be a float > 0 or 'auto', got {bandwidth!r}")
@@ -205,8 +206,10 @@ def _resolve_bandwidth(probs: Probs, bandwidth: object, backend: str, progress: 
     return check_bandwidth(bandwidth)
 
 
-def _cond_exp(probs: Probs, labels: np.ndarray, h: float, backend: str, progress: bool | None = None) -> np.ndarray:
-    m, S = _engine(probs, labels, np.array([h]), backend, progress)
+def _cond_exp(
+    probs: Probs, labels: np.ndarray, h: float, backend: str, progress: bool | None = None
+) -> np.ndarray:
+    _, S = _engine(probs, labels, np.array([h]), backend, progress)
     S0 = S[0]
     return S0 / S0.sum(axis=1, keepdims=True)
 
@@ -495,9 +498,7 @@ def _sharp_from(E: np.ndarray, y: np.ndarray, K: int, div: Bregman) -> float:
     return float(np.mean(div._F(E)) - div._F(freq)[0])
 
 
-def loo_log_likelihood(
-    probs: object, bandwidths: object, *, backend: str = "auto"
-) -> np.ndarray:
+def loo_log_likelihood(probs: object, bandwidths: object, *, backend: str = "auto") -> np.ndarray:
     """Mean leave-one-out log density of the Dirichlet KDE at each bandwidth.
 
     ``mean_j log( 1/(n-1) sum_{i != j} Dir(f_j; f_i / h + 1) )``; the Dirichlet density
@@ -529,9 +530,7 @@ def loo_log_likelihood(
     return _loglik_from(m, S, hs, P.n_classes)
 
 
-def select_bandwidth(
-    probs: object, *, grid: object = None, backend: str = "auto"
-) -> float:
+def select_bandwidth(probs: object, *, grid: object = None, backend: str = "auto") -> float:
     """Bandwidth that maximises the leave-one-out likelihood (LOO-MLE).
 
     Parameters

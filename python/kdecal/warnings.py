@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["KdecalWarning", "BackendFallbackWarning"]
+__all__ = ["BackendFallbackWarning", "KdecalWarning"]
 
 
 class KdecalWarning(UserWarning):
