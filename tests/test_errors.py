@@ -234,24 +234,6 @@ CAL_FUNCS = ["ece_kde", "calibration_error", "refinement", "sharpness"]
 
 
 @pytest.mark.parametrize("fn", CAL_FUNCS)
-@pytest.mark.parametrize("calibration", ["classwise", "top_label"])
-def test_calibration_not_implemented(kd, fn, calibration):
-    """Calibration classwise / top_label raises NotImplementedError; canonical works."""
-    P, y = _good()
-    with pytest.raises(NotImplementedError):
-        getattr(kd, fn)(P, y, bandwidth=H, calibration=calibration)
-    # "canonical" is the default and gives the reference value
-    got = getattr(kd, fn)(P, y, bandwidth=H, calibration="canonical")
-    want = {
-        "ece_kde": lambda: ref.ref_ece_kde(P, y, 1, H),
-        "calibration_error": lambda: ref.ref_calibration_error(P, y, "kl", H),
-        "refinement": lambda: ref.ref_refinement(P, y, "kl", H),
-        "sharpness": lambda: ref.ref_sharpness(P, y, "kl", H),
-    }[fn]()
-    assert_scalar(got, want, rtol=1e-9)
-
-
-@pytest.mark.parametrize("fn", CAL_FUNCS)
 def test_calibration_unknown_string(kd, fn):
     """An unknown calibration string raises ValueError."""
     P, y = _good()

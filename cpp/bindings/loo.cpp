@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "kdecal/loo.hpp"
 
@@ -18,53 +19,71 @@ py::tuple loo_reduce_py(const carray<Real>& logq, const carray<Real>& p,
                         const carray<std::int64_t>& labels, std::int64_t n_classes,
                         const carray<double>& scale, const carray<double>& bias, int powers,
                         std::int64_t row_start, std::int64_t row_stop, int n_threads) {
-    if (logq.ndim() != 2 || p.ndim() != 2)
-        throw std::invalid_argument("logq and p must be 2-D (n, K) arrays");
-    const std::int64_t n = p.shape(0), K = p.shape(1);
-    if (logq.shape(0) != n || logq.shape(1) != K)
-        throw std::invalid_argument("logq and p must have the same shape");
-    if (labels.ndim() != 1 || labels.shape(0) != n)
-        throw std::invalid_argument("labels must have shape (n,) with n = " + std::to_string(n));
+    // A 2-D problem (n, K) or a batch of B independent problems (B, n, K) sharing n, K,
+    // the bandwidths and C (e.g. the K one-vs-rest problems of class-wise calibration).
+    const bool batched = p.ndim() == 3;
+    if (!(p.ndim() == 2 || batched) || logq.ndim() != p.ndim())
+        throw std::invalid_argument("logq and p must both be (n, K) or both (B, n, K) arrays");
+    const std::int64_t B = batched ? p.shape(0) : 1;
+    const std::int64_t n = p.shape(batched ? 1 : 0), K = p.shape(batched ? 2 : 1);
+    for (py::ssize_t d = 0; d < p.ndim(); ++d)
+        if (logq.shape(d) != p.shape(d))
+            throw std::invalid_argument("logq and p must have the same shape");
+    if (labels.ndim() != (batched ? 2 : 1) || (batched && labels.shape(0) != B) ||
+        labels.shape(labels.ndim() - 1) != n)
+        throw std::invalid_argument(batched ? "labels must have shape (B, n)"
+                                            : "labels must have shape (n,)");
     if (scale.ndim() != 1) throw std::invalid_argument("scale must be 1-D");
     const std::int64_t H = scale.shape(0);
-    if (bias.ndim() != 2 || bias.shape(0) != H || bias.shape(1) != n)
-        throw std::invalid_argument("bias must have shape (H, n)");
+    if (bias.ndim() != (batched ? 3 : 2) || (batched && bias.shape(0) != B) ||
+        bias.shape(bias.ndim() - 2) != H || bias.shape(bias.ndim() - 1) != n)
+        throw std::invalid_argument(batched ? "bias must have shape (B, H, n)"
+                                            : "bias must have shape (H, n)");
     if (row_start < 0 || row_stop < row_start || row_stop > n)
         throw std::invalid_argument("need 0 <= row_start <= row_stop <= n");
     if (powers < 1 || powers > 3) throw std::invalid_argument("powers must be 1, 2 or 3");
     if (n_classes < 1) throw std::invalid_argument("n_classes must be >= 1");
 
     const std::int64_t R = row_stop - row_start;
-    py::array_t<double> m({H, R});
-    py::array_t<double> S({H, R, n_classes});
-    const std::int64_t qr = powers >= 2 ? R : 0, qh = powers >= 2 ? H : 0,
-                       qc = powers >= 2 ? n_classes : 0;
-    const std::int64_t tr = powers >= 3 ? R : 0, th = powers >= 3 ? H : 0,
-                       tc = powers >= 3 ? n_classes : 0;
-    py::array_t<double> Q({qh, qr, qc});
-    py::array_t<double> T({th, tr, tc});
+    auto shape = [&](std::vector<py::ssize_t> dims) {
+        if (batched) dims.insert(dims.begin(), static_cast<py::ssize_t>(B));
+        return dims;
+    };
+    const auto Hs = static_cast<py::ssize_t>(H), Rs = static_cast<py::ssize_t>(R),
+               Cs = static_cast<py::ssize_t>(n_classes);
+    py::array_t<double> m(shape({Hs, Rs}));
+    py::array_t<double> S(shape({Hs, Rs, Cs}));
+    py::array_t<double> Q(powers >= 2 ? shape({Hs, Rs, Cs}) : std::vector<py::ssize_t>{0, 0, 0});
+    py::array_t<double> T(powers >= 3 ? shape({Hs, Rs, Cs}) : std::vector<py::ssize_t>{0, 0, 0});
 
-    kdecal::LooProblem<Real> prob;
-    prob.logq = logq.data();
-    prob.p = p.data();
-    prob.labels = labels.data();
-    prob.n = n;
-    prob.K = K;
-    prob.C = n_classes;
-    prob.scale = scale.data();
-    prob.bias = bias.data();
-    prob.H = H;
-    prob.powers = powers;
-    prob.row_start = row_start;
-    prob.row_stop = row_stop;
-    kdecal::LooResult out;
-    out.m = m.mutable_data();
-    out.S = S.mutable_data();
-    out.Q = powers >= 2 ? Q.mutable_data() : nullptr;
-    out.T = powers >= 3 ? T.mutable_data() : nullptr;
+    const std::int64_t in_stride = n * K, out_m = H * R, out_s = H * R * n_classes;
+    double* pm = m.mutable_data();
+    double* pS = S.mutable_data();
+    double* pQ = powers >= 2 ? Q.mutable_data() : nullptr;
+    double* pT = powers >= 3 ? T.mutable_data() : nullptr;
     {
         py::gil_scoped_release release;
-        kdecal::loo_reduce(prob, out, n_threads);
+        for (std::int64_t b = 0; b < B; ++b) {
+            kdecal::LooProblem<Real> prob;
+            prob.logq = logq.data() + b * in_stride;
+            prob.p = p.data() + b * in_stride;
+            prob.labels = labels.data() + b * n;
+            prob.n = n;
+            prob.K = K;
+            prob.C = n_classes;
+            prob.scale = scale.data();
+            prob.bias = bias.data() + b * H * n;
+            prob.H = H;
+            prob.powers = powers;
+            prob.row_start = row_start;
+            prob.row_stop = row_stop;
+            kdecal::LooResult out;
+            out.m = pm + b * out_m;
+            out.S = pS + b * out_s;
+            out.Q = pQ ? pQ + b * out_s : nullptr;
+            out.T = pT ? pT + b * out_s : nullptr;
+            kdecal::loo_reduce(prob, out, n_threads);
+        }
     }
     return py::make_tuple(m, S, Q, T);
 }
@@ -75,7 +94,8 @@ void bind_loo(py::module_& m) {
     const char* doc = R"doc(
 Leave-one-out Dirichlet-kernel reduction (one streaming pass, O(n K) memory).
 
-For query rows j in [row_start, row_stop) and centres i != j:
+For query rows j in [row_start, row_stop) and centres i != j (logq, p of shape (n, K), or
+(B, n, K) for a batch of independent problems; outputs then gain a leading B axis):
 L_ij = bias[t, i] + scale[t] * sum_k logq[j, k] * p[i, k]; returns (m, S, Q, T) with
 m[t, j] = max_i L_ij and S[t, j, c] = sum_{i != j, labels_i = c} exp(L_ij - m[t, j])
 (Q, T: the same with exp(2 (.)), exp(3 (.)); empty arrays unless powers >= 2, 3).

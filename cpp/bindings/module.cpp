@@ -4,4 +4,5 @@
 PYBIND11_MODULE(_core, m) {
     m.doc() = "kdecal compiled core: streaming leave-one-out Dirichlet-kernel reduction";
     bind_loo(m);
+    bind_debias(m);
 }

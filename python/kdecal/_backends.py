@@ -146,7 +146,18 @@ def _call(backend: str) -> Callable[..., tuple[np.ndarray, ...]]:
         try:
             if _num_threads > 0:
                 numba.set_num_threads(min(_num_threads, numba.config.NUMBA_NUM_THREADS))
-            return mod.loo_reduce(*args)  # type: ignore[no-any-return]
+            logq, p, labels, n_classes, scale, bias = args[:6]
+            if p.ndim == 2:
+                return mod.loo_reduce(*args)  # type: ignore[no-any-return]
+            # a batch of independent problems: one numba call per problem
+            parts = [
+                mod.loo_reduce(logq[b], p[b], labels[b], n_classes, scale, bias[b], *args[6:])
+                for b in range(p.shape[0])
+            ]
+            return tuple(
+                np.stack([x[k] for x in parts]) if parts[0][k].size else parts[0][k]
+                for k in range(4)
+            )
         finally:
             numba.set_num_threads(old)
 
@@ -173,15 +184,17 @@ def loo_reduce(
 
     Parameters
     ----------
-    logq, p : ndarray, shape (n, K), float32 or float64, C-contiguous
-        Log query probabilities and centre probabilities (same dtype).
-    labels : ndarray, shape (n,), int64
+    logq, p : ndarray, shape (n, K) or (B, n, K), float32 or float64, C-contiguous
+        Log query probabilities and centre probabilities (same dtype); a leading axis B
+        holds independent problems (e.g. the one-vs-rest problems of class-wise
+        calibration), computed in one engine call.
+    labels : ndarray, shape (n,) or (B, n), int64
         Group label of each centre, in ``0..n_classes-1``.
     n_classes : int
         Number of label groups C.
     scale : ndarray, shape (H,), float64
         ``1 / h`` for each bandwidth.
-    bias : ndarray, shape (H, n), float64
+    bias : ndarray, shape (H, n) or (B, H, n), float64
         ``-sum_k lgamma(p[i, k] / h + 1)`` for each bandwidth and centre.
     powers : {1, 2, 3}
         Which power sums to return.
@@ -192,15 +205,15 @@ def loo_reduce(
 
     Returns
     -------
-    m : ndarray, shape (H, n), float64
+    m : ndarray, shape ([B,] H, n), float64
         ``max_{i != j} L_ij`` with ``L_ij = bias[t, i] + scale[t] * <logq_j, p_i>``.
-    S, Q, T : ndarray, shape (H, n, C), float64
+    S, Q, T : ndarray, shape ([B,] H, n, C), float64
         ``sum_{i != j, labels_i = c} exp(q (L_ij - m_j))`` for q = 1, 2, 3 (Q and T have
         shape (0, 0, 0) unless requested).
     """
-    n = p.shape[0]
+    n = p.shape[-2]
     run = _call(backend)
-    work = float(n) * n * len(scale)
+    work = float(n) * n * len(scale) * (p.shape[0] if p.ndim == 3 else 1)
     show = (work >= PROGRESS_MIN_WORK) if progress is None else bool(progress)
     if os.environ.get("KDECAL_PROGRESS", "1") == "0":
         show = False
@@ -216,8 +229,8 @@ def loo_reduce(
         for a, b in zip(edges[:-1], edges[1:]):
             parts.append(run(logq, p, labels, n_classes, scale, bias, powers, int(a), int(b)))
             bar.update(int(b - a))
-    m = np.concatenate([x[0] for x in parts], axis=1)
-    S = np.concatenate([x[1] for x in parts], axis=1)
-    Q = np.concatenate([x[2] for x in parts], axis=1) if powers >= 2 else parts[0][2]
-    T = np.concatenate([x[3] for x in parts], axis=1) if powers >= 3 else parts[0][3]
+    m = np.concatenate([x[0] for x in parts], axis=-1)
+    S = np.concatenate([x[1] for x in parts], axis=-2)
+    Q = np.concatenate([x[2] for x in parts], axis=-2) if powers >= 2 else parts[0][2]
+    T = np.concatenate([x[3] for x in parts], axis=-2) if powers >= 3 else parts[0][3]
     return m, S, Q, T

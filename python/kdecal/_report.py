@@ -132,6 +132,13 @@ class CalibrationReport:
     source : str or None
         Where the predictions came from (a file name or short description), or
         None when :func:`kdecal.evaluate` was called on in-memory arrays.
+    calibration : str
+        Notion of calibration of the kernel estimators: ``"canonical"``,
+        ``"classwise"`` (mean over the K one-vs-rest problems) or ``"top_label"``
+        (Popordanoska et al. 2024, Eq. 24-25, App. D).
+    debias : str
+        Debiasing of the kernel ratios: ``"none"``, ``"ustat"`` (Eq. 7 of [1]) or
+        ``"ratio"`` (App. C-D of [1]).
 
     References
     ----------
@@ -162,6 +169,8 @@ class CalibrationReport:
     backend: str
     wall_time_s: float
     source: str | None = None
+    calibration: str = "canonical"
+    debias: str = "none"
 
     def to_dict(self) -> dict[str, Any]:
         """Return the report as a dict of plain Python values.
@@ -188,6 +197,7 @@ class CalibrationReport:
                 f"bandwidth = {bw_text}, backend = {self.backend}, "
                 f"wall time = {_plain(self.wall_time_s):.3g} s"
             ),
+            f"calibration = {self.calibration}, debias = {self.debias}",
             "",
         ]
         rows = [(name, _format_value(getattr(self, name)), desc) for name, desc in _METRICS]

@@ -20,10 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import gammaln, xlogy
 from scipy.special import softmax as _sp_softmax
+from scipy.special import xlogy
 
 from . import _backends
+from . import _estimators as _est
 from ._report import CalibrationReport
 from ._validation import (
     Probs,
@@ -53,8 +54,6 @@ __all__ = [
 #: 0.2, 0.4, 0.6, 0.8, 1.0 (the grid of Popordanoska et al. 2024's code).
 DEFAULT_BANDWIDTH_GRID = np.concatenate([np.logspace(-5, -1, 50), [0.2, 0.4, 0.6, 0.8, 1.0]])
 DEFAULT_BANDWIDTH_GRID.setflags(write=False)
-
-_CALIBRATIONS = ("canonical", "classwise", "top_label")
 
 
 # ----------------------------------------------------------------------------- Bregman
@@ -96,7 +95,7 @@ class Bregman:
 
 
 def _neg_entropy(P: np.ndarray) -> np.ndarray:
-    return np.sum(xlogy(P, P), axis=1)
+    return np.asarray(np.sum(xlogy(P, P), axis=1))
 
 
 def _neg_entropy_grad(P: np.ndarray) -> np.ndarray:
@@ -104,120 +103,67 @@ def _neg_entropy_grad(P: np.ndarray) -> np.ndarray:
 
 
 def _sq_norm(P: np.ndarray) -> np.ndarray:
-    return np.sum(P * P, axis=1)
+    return np.asarray(np.sum(P * P, axis=1))
 
 
 def _sq_norm_grad(P: np.ndarray) -> np.ndarray:
     return 2.0 * P
 
 
+#: The built-in generators as Bregman objects (the estimators use closed forms for them).
 KL = Bregman(_neg_entropy, _neg_entropy_grad, "kl")
 L2 = Bregman(_sq_norm, _sq_norm_grad, "l2")
 
 
-def _check_divergence(divergence: object) -> Bregman:
+def _generator(divergence: object) -> _est.Generator:
+    if divergence == "kl" or divergence is KL:
+        return _est.KLGenerator()
+    if divergence == "l2" or divergence is L2:
+        return _est.L2Generator()
     if isinstance(divergence, Bregman):
-        return divergence
-    if divergence == "kl":
-        return KL
-    if divergence == "l2":
-        return L2
+        return _est.CustomGenerator(divergence)
     raise ValueError(
         f"divergence must be 'kl', 'l2' or a kdecal.Bregman(F, grad_F), got {divergence!r}"
     )
 
 
-def _bregman_rows(div: Bregman, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``D_F(a_j, b_j)`` per row, with exact closed forms for KL and L2."""
-    if div is KL:
-        return np.sum(xlogy(a, a) - xlogy(a, b), axis=1)  # 0 log 0 = 0
-    if div is L2:
-        return np.sum((a - b) ** 2, axis=1)
-    out = np.asarray(div.divergence(a, b), dtype=np.float64)
-    if out.shape != (a.shape[0],):
-        raise ValueError(f"Bregman divergence must give shape ({a.shape[0]},), got {out.shape}")
-    return out
-
-
 # ------------------------------------------------------------------------ engine glue
 
 
-def _check_calibration(calibration: object) -> None:
-    check_choice(calibration, "calibration", _CALIBRATIONS)
-    if calibration != "canonical":
-        raise NotImplementedError(
-            f"calibration={calibration!r} is not implemented yet; only 'canonical' is"
-        )
-
-
-def _bias(P: np.ndarray, hs: np.ndarray) -> np.ndarray:
-    """``-sum_k lgamma(P_ik / h + 1)`` for each bandwidth: shape (H, n)."""
-    return np.stack([-gammaln(P / h + 1.0).sum(axis=1) for h in hs])
-
-
-def _engine(
+def _resolve_bandwidth(
     probs: Probs,
     labels: np.ndarray | None,
-    hs: np.ndarray,
+    calibration: str,
+    bandwidth: object,
     backend: str,
-    progress: bool | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """One leave-one-out pass; returns ``m`` (H, n) and ``S`` (H, n, C)."""
-    logq, p = probs.engine_arrays()
-    if labels is None:
-        lab = np.zeros(probs.n, dtype=np.int64)
-        n_groups = 1
-    else:
-        lab, n_groups = labels, probs.n_classes
-    m, S, _, _ = _backends.loo_reduce(
-        logq,
-        p,
-        lab,
-        n_groups,
-        np.ascontiguousarray(1.0 / hs),
-        np.ascontiguousarray(_bias(probs.p, hs)),
-        powers=1,
-        backend=backend,
-        progress=progress,
-    )
-    return m, S
-
-
-def _loglik_from(m: np.ndarray, S: np.ndarray, hs: np.ndarray, K: int) -> np.ndarray:
-    n = m.shape[1]
-    logS0 = np.log(S.sum(axis=2))
-    log_dens = gammaln(1.0 / hs + K)[:, None] + m + logS0 - np.log(n - 1)
-    return np.asarray(log_dens.mean(axis=1))
-
-
-def _select(probs: Probs, grid: np.ndarray, backend: str, progress: bool | None) -> float:
-    m, S = _engine(probs, None, grid, backend, progress)
-    ll = _loglik_from(m, S, grid, probs.n_classes)
-    return float(grid[int(np.argmax(ll))])
-
-
-def _resolve_bandwidth(
-    probs: Probs, bandwidth: object, backend: str, progress: bool | None
+    progress: bool | None,
 ) -> float:
     if isinstance(bandwidth, str):
         if bandwidth != "auto":
             raise ValueError(f"bandwidth must be a float > 0 or 'auto', got {bandwidth!r}")
-        return _select(probs, DEFAULT_BANDWIDTH_GRID, backend, progress)
+        problem = _est.make_problem(probs, labels, calibration)
+        return _est.select_bandwidth(problem, DEFAULT_BANDWIDTH_GRID, backend, progress)
     return check_bandwidth(bandwidth)
 
 
-def _cond_exp(
-    probs: Probs, labels: np.ndarray, h: float, backend: str, progress: bool | None = None
-) -> np.ndarray:
-    _, S = _engine(probs, labels, np.array([h]), backend, progress)
-    S0 = S[0]
-    return S0 / S0.sum(axis=1, keepdims=True)
-
-
-def _setup(probs: object, labels: object, backend: object) -> tuple[Probs, np.ndarray, str]:
+def _run(
+    probs: object,
+    labels: object,
+    bandwidth: object,
+    calibration: object,
+    debias: object,
+    backend: object,
+    progress: bool | None = None,
+) -> tuple[_est.Estimate, Probs, np.ndarray, str]:
+    """Validate, resolve the bandwidth, and run the engine once for one notion."""
+    check_choice(calibration, "calibration", _est.CALIBRATIONS)
+    check_choice(debias, "debias", _est.DEBIAS_MODES)
     P = check_probs(probs)
     y = check_labels(labels, P.n, P.n_classes)
-    return P, y, _backends.resolve_backend(backend)
+    be = _backends.resolve_backend(backend)
+    h = _resolve_bandwidth(P, y, str(calibration), bandwidth, be, progress)
+    problem = _est.make_problem(P, y, str(calibration))
+    return _est.estimate(problem, h, str(debias), be, progress), P, y, be
 
 
 # ------------------------------------------------------------------------- public API
@@ -289,9 +235,8 @@ def conditional_expectation(
     ValueError
         Invalid probabilities, labels, bandwidth or backend (message names the argument).
     """
-    P, y, be = _setup(probs, labels, backend)
-    h = _resolve_bandwidth(P, bandwidth, be, None)
-    return _cond_exp(P, y, h, be)
+    est = _run(probs, labels, bandwidth, "canonical", "none", backend)[0]
+    return np.asarray(est.E[0])
 
 
 def ece_kde(
@@ -301,12 +246,15 @@ def ece_kde(
     p: float = 1,
     bandwidth: float | str = "auto",
     calibration: str = "canonical",
+    debias: str = "none",
     backend: str = "auto",
 ) -> float:
-    """Canonical L_p calibration error ECE^KDE (Popordanoska et al. 2022).
+    """L_p calibration error ECE^KDE (Popordanoska et al. 2022).
 
-    ``CE_p = ( mean_j sum_c |E_hat[y | f_j]_c - f_jc|^p )^(1/p)``, the p-th root of the
-    estimator of Eq. 9 (the authors' code returns the p-th power, ``CE_p ** p``).
+    Canonical: ``CE_p = ( mean_j sum_c |E_hat[y | f_j]_c - f_jc|^p )^(1/p)``, the p-th
+    root of the estimator of Eq. 9 (the authors' code returns the p-th power,
+    ``CE_p ** p``). Class-wise: ``( mean_c mean_j |E_hat[y_c | f_jc] - f_jc|^p )^(1/p)``
+    (Popordanoska et al. 2024, Eq. 24); top-label: the binary error of the confidence.
 
     Parameters
     ----------
@@ -318,9 +266,22 @@ def ece_kde(
         Order of the L_p norm, ``p >= 1``.
     bandwidth : float or "auto", default "auto"
         Kernel bandwidth h > 0, or "auto" (:func:`select_bandwidth`, LOO likelihood).
-    calibration : {"canonical"}, default "canonical"
-        Notion of calibration. "classwise" and "top_label" are reserved
-        (NotImplementedError).
+    calibration : {"canonical", "classwise", "top_label"}, default "canonical"
+        Notion of calibration (Popordanoska et al. 2024, Eq. 24-25, App. D):
+        "canonical" uses the whole vector (Dirichlet kernel); "top_label" the binary
+        problem ``(max_k f_jk, 1[argmax_k f_jk = y_j])`` (Beta kernel); "classwise" the
+        K one-vs-rest problems ``(f_jc, 1[y_j = c])``, averaged over classes, all in one
+        engine call. For binary problems the L_p errors and "l2" use the positive
+        coordinate only (so the class-wise "l2" error is the square of the class-wise
+        ECE^KDE at p = 2); a binary ``(n,)`` input is the canonical K = 2 problem, whose
+        L_p^p error is twice the class-wise one.
+    debias : {"none", "ustat", "ratio"}, default "none"
+        "ustat": squared conditional expectations from the ratio of U-statistics of
+        Popordanoska et al. 2022, Eq. 7 (affects the L2 / p = 2 quantities); "ratio":
+        the geometric-series debiasing of App. C (conditional expectation) and App. D
+        (its square), bias O(n^-2). Debiasing needs 2 (ustat) or 3 (ratio) power sums
+        from the engine; rows with a single effective neighbour keep the plain ratio
+        and are reported with a KdecalWarning.
     backend : {"auto", "cpp", "numba"}, default "auto"
 
     Returns
@@ -331,44 +292,15 @@ def ece_kde(
     Raises
     ------
     TypeError, ValueError
-        Invalid input (see :func:`conditional_expectation`) or ``p < 1``.
-    NotImplementedError
-        ``calibration`` other than "canonical".
+        Invalid input (see :func:`conditional_expectation`), ``p < 1``, or an unknown
+        ``calibration`` or ``debias``.
     """
-    _check_calibration(calibration)
     if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)):
         raise TypeError(f"p must be a real number >= 1, got {p!r}")
     if not np.isfinite(p) or p < 1:
         raise ValueError(f"p must be a finite real number >= 1, got {p!r}")
-    P, y, be = _setup(probs, labels, backend)
-    h = _resolve_bandwidth(P, bandwidth, be, None)
-    E = _cond_exp(P, y, h, be)
-    return _ce_p(E, P.p, float(p))
-
-
-def _ce_p(E: np.ndarray, P: np.ndarray, p: float) -> float:
-    return float(np.mean(np.sum(np.abs(E - P) ** p, axis=1)) ** (1.0 / p))
-
-
-def _one_hot(y: np.ndarray, K: int) -> np.ndarray:
-    Y = np.zeros((y.shape[0], K))
-    Y[np.arange(y.shape[0]), y] = 1.0
-    return Y
-
-
-def _ce_from(E: np.ndarray, P: np.ndarray, y: np.ndarray, div: Bregman, estimator: str) -> float:
-    if estimator == "direct":
-        return float(np.mean(_bregman_rows(div, E, P)))
-    # refinement estimator: CE = -REF + mean_i [D_F(y_i, f_i) - F(y_i)]  (000 Eq. 14)
-    if div is KL:
-        risk = -np.log(P[np.arange(P.shape[0]), y])
-    elif div is L2:
-        Y = _one_hot(y, P.shape[1])
-        risk = np.sum((Y - P) ** 2, axis=1) - 1.0
-    else:
-        Y = _one_hot(y, P.shape[1])
-        risk = _bregman_rows(div, Y, P) - div._F(Y)
-    return float(np.mean(div._F(E)) + np.mean(risk))
+    est = _run(probs, labels, bandwidth, calibration, debias, backend)[0]
+    return _est.ce_p(est, float(p))
 
 
 def calibration_error(
@@ -379,6 +311,7 @@ def calibration_error(
     bandwidth: float | str = "auto",
     estimator: str = "direct",
     calibration: str = "canonical",
+    debias: str = "none",
     backend: str = "auto",
 ) -> float:
     """Proper calibration error CE_F for a Bregman generator F (Popordanoska et al. 2024).
@@ -404,8 +337,22 @@ def calibration_error(
     bandwidth : float or "auto", default "auto"
         Kernel bandwidth h > 0, or "auto" (:func:`select_bandwidth`).
     estimator : {"direct", "refinement"}, default "direct"
-    calibration : {"canonical"}, default "canonical"
-        "classwise" and "top_label" are reserved (NotImplementedError).
+    calibration : {"canonical", "classwise", "top_label"}, default "canonical"
+        Notion of calibration (Popordanoska et al. 2024, Eq. 24-25, App. D):
+        "canonical" uses the whole vector (Dirichlet kernel); "top_label" the binary
+        problem ``(max_k f_jk, 1[argmax_k f_jk = y_j])`` (Beta kernel); "classwise" the
+        K one-vs-rest problems ``(f_jc, 1[y_j = c])``, averaged over classes, all in one
+        engine call. For binary problems the L_p errors and "l2" use the positive
+        coordinate only (so the class-wise "l2" error is the square of the class-wise
+        ECE^KDE at p = 2); a binary ``(n,)`` input is the canonical K = 2 problem, whose
+        L_p^p error is twice the class-wise one.
+    debias : {"none", "ustat", "ratio"}, default "none"
+        "ustat": squared conditional expectations from the ratio of U-statistics of
+        Popordanoska et al. 2022, Eq. 7 (affects the L2 / p = 2 quantities); "ratio":
+        the geometric-series debiasing of App. C (conditional expectation) and App. D
+        (its square), bias O(n^-2). Debiasing needs 2 (ustat) or 3 (ratio) power sums
+        from the engine; rows with a single effective neighbour keep the plain ratio
+        and are reported with a KdecalWarning.
     backend : {"auto", "cpp", "numba"}, default "auto"
 
     Returns
@@ -416,17 +363,12 @@ def calibration_error(
     Raises
     ------
     TypeError, ValueError
-        Invalid input, divergence or estimator.
-    NotImplementedError
-        ``calibration`` other than "canonical".
+        Invalid input, divergence, estimator, calibration or debias.
     """
-    _check_calibration(calibration)
-    div = _check_divergence(divergence)
+    gen = _generator(divergence)
     check_choice(estimator, "estimator", ("direct", "refinement"))
-    P, y, be = _setup(probs, labels, backend)
-    h = _resolve_bandwidth(P, bandwidth, be, None)
-    E = _cond_exp(P, y, h, be)
-    return _ce_from(E, P.p, y, div, estimator)
+    est = _run(probs, labels, bandwidth, calibration, debias, backend)[0]
+    return _est.calibration_error(est, gen, estimator)
 
 
 def refinement(
@@ -436,6 +378,7 @@ def refinement(
     divergence: str | Bregman = "kl",
     bandwidth: float | str = "auto",
     calibration: str = "canonical",
+    debias: str = "none",
     backend: str = "auto",
 ) -> float:
     """Refinement ``REF_F = -mean_j F(E_j)`` (Popordanoska et al. 2024, Eq. 15).
@@ -450,15 +393,12 @@ def refinement(
 
     Raises
     ------
-    TypeError, ValueError, NotImplementedError
+    TypeError, ValueError
         As :func:`calibration_error`.
     """
-    _check_calibration(calibration)
-    div = _check_divergence(divergence)
-    P, y, be = _setup(probs, labels, backend)
-    h = _resolve_bandwidth(P, bandwidth, be, None)
-    E = _cond_exp(P, y, h, be)
-    return float(-np.mean(div._F(E)))
+    gen = _generator(divergence)
+    est = _run(probs, labels, bandwidth, calibration, debias, backend)[0]
+    return _est.refinement(est, gen)
 
 
 def sharpness(
@@ -468,6 +408,7 @@ def sharpness(
     divergence: str | Bregman = "kl",
     bandwidth: float | str = "auto",
     calibration: str = "canonical",
+    debias: str = "none",
     backend: str = "auto",
 ) -> float:
     """Sharpness ``SHARP_F = mean_j F(E_j) - F(pi)`` (Popordanoska et al. 2024, Eq. 4-5).
@@ -482,20 +423,12 @@ def sharpness(
 
     Raises
     ------
-    TypeError, ValueError, NotImplementedError
+    TypeError, ValueError
         As :func:`calibration_error`.
     """
-    _check_calibration(calibration)
-    div = _check_divergence(divergence)
-    P, y, be = _setup(probs, labels, backend)
-    h = _resolve_bandwidth(P, bandwidth, be, None)
-    E = _cond_exp(P, y, h, be)
-    return _sharp_from(E, y, P.n_classes, div)
-
-
-def _sharp_from(E: np.ndarray, y: np.ndarray, K: int, div: Bregman) -> float:
-    freq = np.bincount(y, minlength=K).astype(np.float64)[None, :] / y.shape[0]
-    return float(np.mean(div._F(E)) - div._F(freq)[0])
+    gen = _generator(divergence)
+    est = _run(probs, labels, bandwidth, calibration, debias, backend)[0]
+    return _est.sharpness(est, gen)
 
 
 def loo_log_likelihood(probs: object, bandwidths: object, *, backend: str = "auto") -> np.ndarray:
@@ -526,8 +459,8 @@ def loo_log_likelihood(probs: object, bandwidths: object, *, backend: str = "aut
     P = check_probs(probs)
     hs = check_bandwidths(bandwidths)
     be = _backends.resolve_backend(backend)
-    m, S = _engine(P, None, hs, be)
-    return _loglik_from(m, S, hs, P.n_classes)
+    problem = _est.make_problem(P, None, "canonical")
+    return np.asarray(_est.loo_log_likelihood(problem, hs, be)[0])
 
 
 def select_bandwidth(probs: object, *, grid: object = None, backend: str = "auto") -> float:
@@ -554,7 +487,8 @@ def select_bandwidth(probs: object, *, grid: object = None, backend: str = "auto
     P = check_probs(probs)
     hs = DEFAULT_BANDWIDTH_GRID if grid is None else check_bandwidths(grid, "grid")
     be = _backends.resolve_backend(backend)
-    return _select(P, np.asarray(hs, dtype=np.float64), be, None)
+    problem = _est.make_problem(P, None, "canonical")
+    return _est.select_bandwidth(problem, np.asarray(hs, dtype=np.float64), be)
 
 
 def _binned_ece_top_label(P: np.ndarray, y: np.ndarray, n_bins: int = 15) -> float:
@@ -570,11 +504,13 @@ def evaluate(
     labels: object,
     *,
     bandwidth: float | str = "auto",
+    calibration: str = "canonical",
+    debias: str = "none",
     backend: str = "auto",
     progress: bool | None = None,
     source: str | None = None,
 ) -> CalibrationReport:
-    """Every canonical kernel estimator of kdecal from one engine pass, plus context.
+    """Every kernel estimator of kdecal for one notion from one engine pass, plus context.
 
     Computes ECE^KDE (L1 and L2; Popordanoska et al. 2022, Eq. 9), the KL and squared
     L2 calibration errors, refinement and sharpness (Popordanoska et al. 2024, Eq. 4-5,
@@ -589,6 +525,22 @@ def evaluate(
     labels : array-like, shape (n,), int
         True classes in ``0..K-1``.
     bandwidth : float or "auto", default "auto"
+    calibration : {"canonical", "classwise", "top_label"}, default "canonical"
+        Notion of calibration (Popordanoska et al. 2024, Eq. 24-25, App. D):
+        "canonical" uses the whole vector (Dirichlet kernel); "top_label" the binary
+        problem ``(max_k f_jk, 1[argmax_k f_jk = y_j])`` (Beta kernel); "classwise" the
+        K one-vs-rest problems ``(f_jc, 1[y_j = c])``, averaged over classes, all in one
+        engine call. For binary problems the L_p errors and "l2" use the positive
+        coordinate only (so the class-wise "l2" error is the square of the class-wise
+        ECE^KDE at p = 2); a binary ``(n,)`` input is the canonical K = 2 problem, whose
+        L_p^p error is twice the class-wise one.
+    debias : {"none", "ustat", "ratio"}, default "none"
+        "ustat": squared conditional expectations from the ratio of U-statistics of
+        Popordanoska et al. 2022, Eq. 7 (affects the L2 / p = 2 quantities); "ratio":
+        the geometric-series debiasing of App. C (conditional expectation) and App. D
+        (its square), bias O(n^-2). Debiasing needs 2 (ustat) or 3 (ratio) power sums
+        from the engine; rows with a single effective neighbour keep the plain ratio
+        and are reported with a KdecalWarning.
     backend : {"auto", "cpp", "numba"}, default "auto"
     progress : bool or None, default None
         Progress bar with ETA; None shows one only for long work.
@@ -606,29 +558,30 @@ def evaluate(
         Invalid input (see :func:`conditional_expectation`).
     """
     t0 = time.perf_counter()
-    P, y, be = _setup(probs, labels, backend)
-    h = _resolve_bandwidth(P, bandwidth, be, progress)
-    E = _cond_exp(P, y, h, be, progress)
+    est, P, y, be = _run(probs, labels, bandwidth, calibration, debias, backend, progress)
     Pp, K, n = P.p, P.n_classes, P.n
     rows = np.arange(n)
+    kl, l2 = _est.KLGenerator(), _est.L2Generator()
     report = CalibrationReport(
         n=n,
         n_classes=K,
-        bandwidth=h,
-        ece_kde_l1=_ce_p(E, Pp, 1.0),
-        ece_kde_l2=_ce_p(E, Pp, 2.0),
-        ce_kl=_ce_from(E, Pp, y, KL, "direct"),
-        ce_l2=_ce_from(E, Pp, y, L2, "direct"),
-        refinement_kl=float(-np.mean(KL._F(E))),
-        refinement_l2=float(-np.mean(L2._F(E))),
-        sharpness_kl=_sharp_from(E, y, K, KL),
-        sharpness_l2=_sharp_from(E, y, K, L2),
+        bandwidth=est.bandwidth,
+        ece_kde_l1=_est.ce_p(est, 1.0),
+        ece_kde_l2=_est.ce_p(est, 2.0),
+        ce_kl=_est.calibration_error(est, kl, "direct"),
+        ce_l2=_est.calibration_error(est, l2, "direct"),
+        refinement_kl=_est.refinement(est, kl),
+        refinement_l2=_est.refinement(est, l2),
+        sharpness_kl=_est.sharpness(est, kl),
+        sharpness_l2=_est.sharpness(est, l2),
         accuracy=float(np.mean(Pp.argmax(axis=1) == y)),
         log_loss=float(-np.mean(np.log(Pp[rows, y]))),
-        brier_score=float(np.mean(np.sum((Pp - _one_hot(y, K)) ** 2, axis=1))),
+        brier_score=float(np.mean(np.sum((Pp - np.eye(K)[y]) ** 2, axis=1))),
         ece_binned=_binned_ece_top_label(Pp, y),
         backend=be,
         wall_time_s=time.perf_counter() - t0,
         source=source,
+        calibration=str(calibration),
+        debias=str(debias),
     )
     return report

@@ -1,0 +1,113 @@
+"""NumPy twin of ``cpp/include/kdecal/debias.hpp`` for the numba (no compiled core) backend.
+
+Debiasing of the leave-one-out kernel ratios per query row from the power sums
+``S, Q, T`` (Popordanoska et al. 2022, Eq. 7, App. C Eq. 73-75, App. D Eq. 89-91).  With
+``N = n - 1`` leave-one-out terms and ``(X_i, Y_i) = (w_i, w_i 1[y_i = c])``::
+
+    sum X = S0, sum Y = S_c, sum X^2 = Q0, sum XY = sum Y^2 = Q_c,
+    sum X^3 = T0, sum X^2 Y = sum Y^2 X = T_c.
+
+The formulas mirror the C++ line by line; :func:`ratio_of_means` and
+:func:`ratio_of_squares` take the sample moments as arguments so that the tests can feed
+them moments computed independently from the materialised kernel weights.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["debias", "moments", "ratio_of_means", "ratio_of_squares"]
+
+
+def moments(S0, Sc, Q0, Qc, T0, Tc, N):
+    """Unbiased sample moments (``N - 1`` divisor) from power sums; a dict of arrays."""
+    d = N - 1.0
+    return {
+        "N": N,
+        "mx": S0 / N,
+        "my": Sc / N,
+        "varx": (Q0 - S0 * S0 / N) / d,
+        "vary": (Qc - Sc * Sc / N) / d,
+        "covxy": (Qc - S0 * Sc / N) / d,
+        "covx2y": (Tc - Q0 * Sc / N) / d,
+        "covx2x": (T0 - Q0 * S0 / N) / d,
+        "covy2x": (Tc - Qc * S0 / N) / d,
+    }
+
+
+def _ra_rb_star(m):
+    n1 = m["N"] - 1.0
+    mx, my = m["mx"], m["my"]
+    ra = m["covxy"] / (mx * my)
+    rb = m["varx"] / (mx * mx)
+    cross = (my * m["covx2y"] + mx * m["covy2x"]) / (mx * mx * my * my)
+    ra_star = ra + (cross - 4.0 * ra) / n1 - ra / n1 * (rb + m["vary"] / (my * my) + 2.0 * ra)
+    rb_star = rb + 4.0 / n1 * (0.5 * m["covx2x"] / (mx * mx * mx) - rb) - 4.0 / n1 * rb * rb
+    return ra_star, rb_star
+
+
+def ratio_of_means(m):
+    """``mu_Y / mu_X`` debiased to O(N^-2) (App. C, Eq. 73); 0 where ``mu_Y = 0``."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ra_star, rb_star = _ra_rb_star(m)
+        mx, N = m["mx"], m["N"]
+        mx3, mx4 = mx**3, mx**4
+        r = m["my"] / mx
+        second = (
+            (m["covx2y"] - 2.0 * mx * m["covxy"]) / mx3
+            - r * (m["covx2x"] - 2.0 * mx * m["varx"]) / mx3
+            - 3.0 * m["varx"] * m["covxy"] / mx4
+            + r * 3.0 * m["varx"] ** 2 / mx4
+        )
+        out = r * (1.0 - (rb_star - ra_star) / N) - second / (N * N)
+    return np.where(m["my"] > 0, out, 0.0)
+
+
+def ratio_of_squares(m, r_ustat):
+    """``mu_Y^2 / mu_X^2`` debiased to O(N^-2) from the U-statistic ratio (App. D, Eq. 89)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ra_star, rb_star = _ra_rb_star(m)
+        n = m["N"]
+        n1, n2, n3, n4, n5 = n - 1.0, n - 2.0, n - 3.0, n - 4.0, n - 5.0
+        mx, my = m["mx"], m["my"]
+        mx2 = mx * mx
+        mx3, mx4 = mx2 * mx, mx2 * mx2
+        cxy2 = m["covxy"] ** 2 / (mx2 * my * my)
+        vx2 = m["varx"] ** 2 / mx4
+        a3 = m["covx2y"] / (mx2 * my)
+        cxyv = m["covxy"] * (m["varx"] + mx2) / (mx3 * my)
+        d3 = m["covx2x"] / mx3
+        vxv = m["varx"] * (m["varx"] + mx2) / mx4
+        c34 = 4.0 * n2 * n3 / (n * n1)
+        c5 = n2 * n3 * n4 * n5 / (n * n * n1 * n1)
+        t1 = 12.0 / (n * n1) * cxy2 + 24.0 / n * ra_star
+        t2 = 12.0 / (n * n1) * vx2 + 24.0 / n * rb_star
+        t3 = 32.0 * n2 / (n * n1 * n1) * (a3 + 2.0 * cxyv) + c34 * (
+            8.0 / n * ra_star + 12.0 / (n * n1) * cxy2
+        )
+        t4 = 32.0 * n2 / (n * n1 * n1) * (d3 + 2.0 * vxv) + c34 * (
+            8.0 / n * rb_star + 12.0 / (n * n1) * vx2
+        )
+        k5 = 24.0 * n2 * n3 * n4 / (n * n * n1 * n1 * n1)
+        t5 = k5 * (a3 + 4.0 * cxyv) + c5 * (12.0 / n * ra_star + 30.0 / (n * n1) * cxy2)
+        t6 = k5 * (d3 + 4.0 * vxv) + c5 * (12.0 / n * rb_star + 30.0 / (n * n1) * vx2)
+        out = r_ustat * (1.0 + t1 - t2 - t3 + t4 + t5 - t6)
+    return np.where(my > 0, out, 0.0)
+
+
+def debias(S, Q, T, n_terms, mode):
+    """Debias like ``kdecal._core.debias``; returns ``(E, sq, degenerate)``."""
+    S0 = S.sum(axis=-1, keepdims=True)
+    Q0 = Q.sum(axis=-1, keepdims=True)
+    den = S0 * S0 - Q0
+    degenerate = ~(den > 1e-12 * S0 * S0) | (mode == 2 and n_terms < 6)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        plain = S / S0
+        sq = np.where(degenerate, plain * plain, (S * S - Q) / den)
+    E = plain
+    if mode == 2:
+        T0 = T.sum(axis=-1, keepdims=True)
+        m = moments(S0, S, Q0, Q, T0, T, float(n_terms))
+        E = np.where(degenerate, plain, ratio_of_means(m))
+        sq = np.where(degenerate, sq, ratio_of_squares(m, sq))
+    return E, sq, degenerate[..., 0]

@@ -1,0 +1,376 @@
+"""Estimators on top of the engine, written once for every notion of calibration.
+
+A notion of calibration turns ``(probs, labels)`` into a batch of B kernel problems on
+the simplex of dimension D (Popordanoska et al. 2024, Eq. 24-25 and App. D):
+
+- ``"canonical"``: one problem, the full vectors ``f_j`` (D = K) and the labels;
+- ``"top_label"``: one binary problem, ``(1 - max_k f_jk, max_k f_jk)`` with the label
+  ``1[argmax_k f_jk = y_j]`` (the Beta kernel, i.e. the K = 2 Dirichlet kernel);
+- ``"classwise"``: K binary problems ``(1 - f_jc, f_jc)`` with labels ``1[y_j = c]``,
+  all in one batched engine call.
+
+Every estimator is a plug-in of the leave-one-out conditional expectation ``E`` (and,
+with debiasing, of the estimate ``sq`` of its square) into a Bregman generator F.  For
+binary problems built from a multiclass output (top-label and class-wise) the "l2"
+generator is the scalar ``F(q) = q^2`` of App. D (so that the class-wise L2 calibration
+error is the square of the class-wise ECE^KDE with p = 2; the one-vs-rest Brier
+generator ``q^2 + (1 - q)^2`` would give exactly twice that), and the L_p errors use the
+positive coordinate only.  "kl" is ``q log q + (1 - q) log(1 - q)`` there, the same
+formula as the canonical negative entropy.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import gammaln, xlogy
+
+from . import _backends
+from ._validation import PROB_EPS, Probs
+from .warnings import KdecalWarning
+
+CALIBRATIONS = ("canonical", "classwise", "top_label")
+DEBIAS_MODES = ("none", "ustat", "ratio")
+_POWERS = {"none": 1, "ustat": 2, "ratio": 3}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A batch of leave-one-out kernel problems.
+
+    Attributes
+    ----------
+    calibration : str
+        The notion it was built for.
+    p : ndarray, shape (B, n, D), float64
+        Clipped, renormalised points on the simplex.
+    labels : ndarray, shape (B, n), int64
+        Labels in ``0..D-1``.
+    dtype : numpy dtype
+        Kernel dtype (float32 or float64).
+    """
+
+    calibration: str
+    p: np.ndarray
+    labels: np.ndarray
+    dtype: np.dtype
+
+    @property
+    def binary(self) -> bool:
+        return self.calibration != "canonical"
+
+    @property
+    def n(self) -> int:
+        return int(self.p.shape[1])
+
+    @property
+    def dim(self) -> int:
+        return int(self.p.shape[2])
+
+    @property
+    def coords(self) -> slice:
+        """Coordinates that enter L_p and L2 quantities (the positive one when binary)."""
+        return slice(1, 2) if self.binary else slice(None)
+
+    def one_hot(self) -> np.ndarray:
+        """Labels as one-hot vectors, shape (B, n, D)."""
+        return (self.labels[..., None] == np.arange(self.dim)).astype(np.float64)
+
+    def frequencies(self) -> np.ndarray:
+        """Label frequencies per problem, shape (B, 1, D)."""
+        return self.one_hot().mean(axis=1, keepdims=True)
+
+
+def _binary_points(q: np.ndarray) -> np.ndarray:
+    """``(1 - q, q)`` clipped to PROB_EPS and renormalised; q of shape (..., n)."""
+    v = np.stack([1.0 - q, q], axis=-1)
+    v = np.maximum(v, PROB_EPS)
+    return v / v.sum(axis=-1, keepdims=True)
+
+
+def make_problem(probs: Probs, labels: np.ndarray | None, calibration: str) -> Problem:
+    """Build the kernel problems of one notion of calibration (labels None: unlabelled)."""
+    P = probs.p
+    n, K = P.shape
+    y = np.zeros(n, dtype=np.int64) if labels is None else labels
+    if calibration == "canonical":
+        return Problem(calibration, P[None], y[None], probs.dtype)
+    if calibration == "top_label":
+        top = P.argmax(axis=1)
+        pts = _binary_points(P[np.arange(n), top])[None]
+        return Problem(calibration, pts, (top == y).astype(np.int64)[None], probs.dtype)
+    pts = _binary_points(np.ascontiguousarray(P.T))  # (K, n, 2)
+    lab = (y[None, :] == np.arange(K)[:, None]).astype(np.int64)
+    return Problem(calibration, pts, lab, probs.dtype)
+
+
+def engine(
+    problem: Problem,
+    hs: np.ndarray,
+    *,
+    labelled: bool,
+    powers: int,
+    backend: str,
+    progress: bool | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One batched leave-one-out pass: m (B, H, n) and S, Q, T (B, H, n, C)."""
+    p = problem.p
+    logq = np.ascontiguousarray(np.log(p), dtype=problem.dtype)
+    pk = np.ascontiguousarray(p, dtype=problem.dtype)
+    if labelled:
+        lab, n_groups = problem.labels, problem.dim
+    else:
+        lab, n_groups = np.zeros_like(problem.labels), 1
+    # per-centre bias -sum_k lgamma(p_ik / h + 1), shape (B, H, n)
+    bias = np.stack([-gammaln(p / h + 1.0).sum(axis=-1) for h in hs], axis=1)
+    return _backends.loo_reduce(
+        logq,
+        pk,
+        np.ascontiguousarray(lab),
+        n_groups,
+        np.ascontiguousarray(1.0 / hs),
+        np.ascontiguousarray(bias),
+        powers=powers,
+        backend=backend,
+        progress=progress,
+    )
+
+
+def loo_log_likelihood(
+    problem: Problem, hs: np.ndarray, backend: str, progress: bool | None = None
+) -> np.ndarray:
+    """Mean LOO log density per problem and bandwidth, shape (B, H)."""
+    m, S, _, _ = engine(problem, hs, labelled=False, powers=1, backend=backend, progress=progress)
+    n, D = problem.n, problem.dim
+    log_dens = gammaln(1.0 / hs + D)[None, :, None] + m + np.log(S[..., 0]) - np.log(n - 1)
+    return np.asarray(log_dens.mean(axis=-1))
+
+
+def select_bandwidth(
+    problem: Problem, grid: np.ndarray, backend: str, progress: bool | None = None
+) -> float:
+    """Grid value maximising the LOO likelihood (summed over the problems of a batch)."""
+    ll = loo_log_likelihood(problem, grid, backend, progress).sum(axis=0)
+    return float(grid[int(np.argmax(ll))])
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Leave-one-out conditional expectations of a problem batch at one bandwidth.
+
+    Attributes
+    ----------
+    E : ndarray, shape (B, n, D)
+        Estimates of ``E[y | f_j]`` (debiased with App. C when ``debias="ratio"``).
+    sq : ndarray or None, shape (B, n, D)
+        Estimates of ``E[y_c | f_j]^2`` (Eq. 7 or App. D) when debiasing, else None.
+    n_degenerate : int
+        Rows with a single effective neighbour, where the plain ratio was used.
+    """
+
+    problem: Problem
+    bandwidth: float
+    debias: str
+    E: np.ndarray
+    sq: np.ndarray | None
+    n_degenerate: int
+
+    def simplex_E(self) -> np.ndarray:
+        """E projected on the simplex (clip at 0, renormalise) for generators needing it."""
+        if self.debias != "ratio":
+            return self.E
+        E = np.clip(self.E, 0.0, None)
+        return E / E.sum(axis=-1, keepdims=True)
+
+    def squares(self) -> np.ndarray:
+        """Estimates of ``E_c^2`` (the debiased ones when available)."""
+        return self.E * self.E if self.sq is None else self.sq
+
+
+def estimate(
+    problem: Problem,
+    bandwidth: float,
+    debias: str,
+    backend: str,
+    progress: bool | None = None,
+) -> Estimate:
+    """Run the engine at one bandwidth and form (debiased) conditional expectations."""
+    _, S, Q, T = engine(
+        problem,
+        np.array([bandwidth]),
+        labelled=True,
+        powers=_POWERS[debias],
+        backend=backend,
+        progress=progress,
+    )
+    S = S[:, 0]
+    if debias == "none":
+        return Estimate(problem, bandwidth, debias, S / S.sum(axis=-1, keepdims=True), None, 0)
+    mode = 1 if debias == "ustat" else 2
+    Qh = np.ascontiguousarray(Q[:, 0])
+    Th = np.ascontiguousarray(T[:, 0]) if mode == 2 else None
+    if backend == "cpp":
+        E, sq, degenerate = _backends._core.debias(
+            np.ascontiguousarray(S), Qh, Th, float(problem.n - 1), mode
+        )
+    else:
+        from ._debias import debias as np_debias
+
+        E, sq, degenerate = np_debias(S, Qh, Th, float(problem.n - 1), mode)
+    n_deg = int(np.count_nonzero(degenerate))
+    if n_deg:
+        warnings.warn(
+            f"debias={debias!r}: {n_deg} of {degenerate.size} query rows have a single "
+            f"effective neighbour at bandwidth {bandwidth:g}; their plain (biased) ratio "
+            "was used. A larger bandwidth avoids this.",
+            KdecalWarning,
+            stacklevel=3,
+        )
+    return Estimate(problem, bandwidth, debias, E, sq, n_deg)
+
+
+# ----------------------------------------------------------------------------- generators
+
+
+class Generator:
+    """A Bregman generator applied to estimates: ``F``, ``D_F`` and the risk term."""
+
+    name = "custom"
+
+    def F(self, est: Estimate) -> np.ndarray:
+        """``F(E_j)`` per problem and row, shape (B, n)."""
+        raise NotImplementedError
+
+    def F_points(self, problem: Problem, v: np.ndarray) -> np.ndarray:
+        """``F(v)`` for points v of shape (B, m, D), shape (B, m)."""
+        raise NotImplementedError
+
+    def divergence(self, est: Estimate) -> np.ndarray:
+        """``D_F(E_j, f_j)``, shape (B, n)."""
+        raise NotImplementedError
+
+    def risk(self, problem: Problem) -> np.ndarray:
+        """``D_F(y_j, f_j) - F(y_j)`` with one-hot ``y_j``, shape (B, n)."""
+        raise NotImplementedError
+
+
+class KLGenerator(Generator):
+    """``F(p) = sum_c p_c log p_c`` (binary problems: ``q log q + (1-q) log(1-q)``)."""
+
+    name = "kl"
+
+    def F_points(self, problem: Problem, v: np.ndarray) -> np.ndarray:
+        return np.asarray(np.sum(xlogy(v, v), axis=-1))
+
+    def F(self, est: Estimate) -> np.ndarray:
+        return self.F_points(est.problem, est.simplex_E())
+
+    def divergence(self, est: Estimate) -> np.ndarray:
+        E = est.simplex_E()
+        return np.asarray(np.sum(xlogy(E, E) - xlogy(E, est.problem.p), axis=-1))
+
+    def risk(self, problem: Problem) -> np.ndarray:
+        p_true = np.take_along_axis(problem.p, problem.labels[..., None], axis=-1)[..., 0]
+        return np.asarray(-np.log(p_true))
+
+
+class L2Generator(Generator):
+    """``F(p) = ||p||^2`` (binary problems: ``F(q) = q^2``); uses debiased squares."""
+
+    name = "l2"
+
+    def F_points(self, problem: Problem, v: np.ndarray) -> np.ndarray:
+        return np.asarray(np.sum(v[..., problem.coords] ** 2, axis=-1))
+
+    def F(self, est: Estimate) -> np.ndarray:
+        return np.asarray(np.sum(est.squares()[..., est.problem.coords], axis=-1))
+
+    def divergence(self, est: Estimate) -> np.ndarray:
+        c = est.problem.coords
+        f = est.problem.p[..., c]
+        E, sq = est.E[..., c], est.squares()[..., c]
+        return np.asarray(np.sum(sq - 2.0 * E * f + f * f, axis=-1))
+
+    def risk(self, problem: Problem) -> np.ndarray:
+        c = problem.coords
+        Y = problem.one_hot()[..., c]
+        return np.asarray(np.sum((Y - problem.p[..., c]) ** 2 - Y * Y, axis=-1))
+
+
+class CustomGenerator(Generator):
+    """A user's ``kdecal.Bregman``; binary problems pass the 2-vectors ``(1 - q, q)``."""
+
+    def __init__(self, bregman: object) -> None:
+        self.bregman = bregman
+        self.name = getattr(bregman, "name", "custom")
+
+    def _rows(self, fn: object, v: np.ndarray, what: str) -> np.ndarray:
+        B, m, D = v.shape
+        out = np.asarray(fn(v.reshape(B * m, D)), dtype=np.float64)  # type: ignore[operator]
+        if out.shape != (B * m,):
+            raise ValueError(f"Bregman {what} must return shape ({B * m},), got {out.shape}")
+        return out.reshape(B, m)
+
+    def F_points(self, problem: Problem, v: np.ndarray) -> np.ndarray:
+        return self._rows(self.bregman.F, v, "F")  # type: ignore[attr-defined]
+
+    def F(self, est: Estimate) -> np.ndarray:
+        return self.F_points(est.problem, est.simplex_E())
+
+    def _div(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        B, m, D = a.shape
+        g = np.asarray(self.bregman.grad_F(b.reshape(B * m, D)), dtype=np.float64)  # type: ignore[attr-defined]
+        if g.shape != (B * m, D):
+            raise ValueError(f"Bregman grad_F must return shape ({B * m}, {D}), got {g.shape}")
+        lin = np.sum(g.reshape(B, m, D) * (a - b), axis=-1)
+        return self._rows(self.bregman.F, a, "F") - self._rows(self.bregman.F, b, "F") - lin  # type: ignore[attr-defined]
+
+    def divergence(self, est: Estimate) -> np.ndarray:
+        return self._div(est.simplex_E(), est.problem.p)
+
+    def risk(self, problem: Problem) -> np.ndarray:
+        Y = problem.one_hot()
+        return self._div(Y, problem.p) - self.F_points(problem, Y)
+
+
+# ----------------------------------------------------------------------------- estimators
+
+
+def ce_p(est: Estimate, p: float) -> float:
+    """``(mean_b mean_j sum_coords |E - f|^p)^(1/p)``; p = 2 uses the debiased squares."""
+    c = est.problem.coords
+    f = est.problem.p[..., c]
+    E = est.E[..., c]
+    if p == 2.0 and est.sq is not None:
+        inner = np.sum(est.sq[..., c] - 2.0 * E * f + f * f, axis=-1)
+    else:
+        inner = np.sum(np.abs(E - f) ** p, axis=-1)
+    value = float(np.mean(inner))
+    if value < 0.0:  # a debiased estimate of a (near-)zero error can be negative
+        warnings.warn(
+            f"the debiased estimate of CE_{p:g}^{p:g} is negative ({value:.3g}); returning 0",
+            KdecalWarning,
+            stacklevel=3,
+        )
+        return 0.0
+    return value ** (1.0 / p)
+
+
+def calibration_error(est: Estimate, gen: Generator, estimator: str) -> float:
+    """Proper calibration error, direct (Eq. 9/26) or via refinement (Eq. 14-15)."""
+    if estimator == "direct":
+        return float(np.mean(gen.divergence(est)))
+    return float(np.mean(gen.F(est)) + np.mean(gen.risk(est.problem)))
+
+
+def refinement(est: Estimate, gen: Generator) -> float:
+    """``REF_F = -mean F(E_j)`` (Eq. 15), averaged over the problems of the batch."""
+    return float(-np.mean(gen.F(est)))
+
+
+def sharpness(est: Estimate, gen: Generator) -> float:
+    """``mean F(E_j) - F(class frequencies)`` (Eq. 4-5), averaged over the batch."""
+    freq = est.problem.frequencies()
+    return float(np.mean(gen.F(est)) - np.mean(gen.F_points(est.problem, freq)))
