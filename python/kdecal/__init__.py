@@ -8,6 +8,7 @@ calibration errors for Bregman generators (KL, L2), refinement and sharpness
 
 from __future__ import annotations
 
+from . import binned
 from ._backends import available_backends, get_num_threads, set_num_threads
 from ._report import CalibrationReport
 from ._validation import PROB_EPS, ROW_SUM_ATOL
@@ -38,6 +39,7 @@ __all__ = [
     "KdecalWarning",
     "__version__",
     "available_backends",
+    "binned",
     "calibration_error",
     "conditional_expectation",
     "ece_kde",

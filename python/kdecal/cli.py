@@ -137,6 +137,19 @@ def _build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="computation engine (default: auto)",
     )
+    ev.add_argument(
+        "--calibration",
+        choices=("canonical", "classwise", "top_label"),
+        default="canonical",
+        help="notion of calibration of the kernel estimators (default: canonical)",
+    )
+    ev.add_argument(
+        "--debias",
+        choices=("none", "ustat", "ratio"),
+        default="none",
+        help="debiasing of the kernel ratios: Eq. 7 U-statistics or the O(n^-2) "
+        "geometric-series correction (default: none)",
+    )
     ev.add_argument("--json", action="store_true", help="print the report as JSON")
     ev.add_argument("--quiet", action="store_true", help="do not show a progress bar")
     return parser
@@ -181,6 +194,8 @@ def _run_evaluate(args: argparse.Namespace) -> int:
             probs,
             labels,
             bandwidth=args.bandwidth,
+            calibration=args.calibration,
+            debias=args.debias,
             backend=args.backend,
             progress=False if args.quiet else None,  # None: a bar for long work only
             source=f"{prefix}{description}",

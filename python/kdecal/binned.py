@@ -1,0 +1,556 @@
+"""Binned (histogram) estimators of calibration error.
+
+These are the classical reference estimators that ECE^KDE is compared with:
+
+* :func:`ece` -- the binned expected calibration error ECE^bin of Guo et al. (2017),
+  top-label or class-wise (Kull et al. 2019), with equal-width or equal-mass bins and
+  an L_p norm;
+* :func:`binned_statistics` -- the per-bin statistics behind it (reliability diagram);
+* :func:`simplex_ece` -- the canonical binned estimator of Popordanoska et al. (2022),
+  Sec. 4 / Fig. 1: the simplex is cut into equal-volume simplices and E[y | f(x)] is
+  replaced by the histogram estimate of the cell of f(x).  For K = 3 the cells are the
+  triangles of the standard triangular grid (003 Fig. 1); for general K the Freudenthal
+  (Kuhn) triangulation, the K-class extension of 003 Fig. 2a.
+
+All results are fractions (a calibration error of 0.0398 is 3.98 %), not percent.
+
+Unlike the kernel estimators, these functions use the probabilities exactly as given
+(validated, converted to float64, *not* clipped to ``PROB_EPS`` nor renormalised), so
+that a confidence of exactly 0.0 or 1.0 stays 0.0 or 1.0 and lands in the first or last
+bin.
+
+References
+----------
+.. [Guo2017] C. Guo, G. Pleiss, Y. Sun, K. Q. Weinberger. "On Calibration of Modern
+   Neural Networks". ICML 2017 (the binned ECE, Sec. 2).
+.. [Naeini2015] M. P. Naeini, G. F. Cooper, M. Hauskrecht. "Obtaining Well Calibrated
+   Probabilities Using Bayesian Binning". AAAI 2015.
+.. [Kull2019] M. Kull, M. Perello-Nieto, M. Kaengsepp, T. Silva Filho, H. Song,
+   P. Flach. "Beyond temperature scaling: Obtaining well-calibrated multi-class
+   probabilities with Dirichlet calibration". NeurIPS 2019 (class-wise ECE).
+.. [003] T. Popordanoska, R. Sayer, M. B. Blaschko. "A Consistent and Differentiable
+   L_p Canonical Calibration Error Estimator". NeurIPS 2022 (Eq. 1, Sec. 4, Fig. 1,
+   Fig. 2a, App. F).
+.. [Doane1976] D. P. Doane. "Aesthetic frequency classifications". The American
+   Statistician 30(4):181-183, 1976.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._validation import check_choice, check_labels, check_probs
+
+__all__ = ["BinStats", "binned_statistics", "ece", "simplex_ece"]
+
+_BINNINGS = ("uniform", "quantile")
+_CALIBRATIONS = ("top_label", "classwise")
+
+
+# ------------------------------------------------------------------------------ checks
+def _check_positive_int(value: object, name: str) -> int:
+    """Check a positive Python/NumPy integer (bool and floats are refused); return it."""
+    is_int = isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+    if not is_int or int(value) < 1:  # ValueError, as for any bad option value
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _check_p(p: object) -> float:
+    """Check the order p of the L_p error (a finite real >= 1); return it as float."""
+    if isinstance(p, (bool, np.bool_)) or not isinstance(p, numbers.Real):
+        raise TypeError(f"p must be a real number >= 1, got {p!r}")
+    q = float(p)
+    if not math.isfinite(q) or q < 1.0:
+        raise ValueError(f"p must be a finite real number >= 1, got {p!r}")
+    return q
+
+
+def _raw_probs(probs: object) -> np.ndarray:
+    """Validate like :func:`check_probs` but return the *unclipped* values.
+
+    Returns a C-contiguous float64 array of shape (n, K); a 1-D input of P(y = 1) becomes
+    the two columns ``(1 - p, p)``.  Rows are neither clipped nor renormalised.
+    """
+    check_probs(probs, min_n=1)  # raises on every invalid input
+    a = np.asarray(probs).astype(np.float64)
+    if a.ndim == 1:
+        a = np.stack([1.0 - a, a], axis=1)
+    return np.ascontiguousarray(a)
+
+
+def _validated(probs: object, labels: object) -> tuple[np.ndarray, np.ndarray]:
+    P = _raw_probs(probs)
+    y = check_labels(labels, P.shape[0], P.shape[1])
+    return P, y
+
+
+# ------------------------------------------------------------------------- 1-D binning
+def _uniform_bins(conf: np.ndarray, n_bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """Equal-width bins ``[0, 1/B], (1/B, 2/B], ..., ((B-1)/B, 1]``."""
+    edges = np.arange(n_bins + 1, dtype=np.float64) / n_bins
+    # number of edges strictly below conf, minus one: the right-closed bin (a, b]
+    idx = np.searchsorted(edges, conf, side="left") - 1
+    return edges, np.clip(idx, 0, n_bins - 1)
+
+
+def _quantile_bins(conf: np.ndarray, n_bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """Equal-mass bins whose edges are order statistics; tied edges are merged."""
+    n = conf.shape[0]
+    xs = np.sort(conf)
+    j = np.arange(1, n_bins + 1, dtype=np.int64)
+    ranks = -((-j * n) // n_bins)  # ceil(j n / B), 1-based, in 1..n
+    edges = np.unique(np.concatenate([xs[:1], xs[ranks - 1]]))
+    if edges.shape[0] == 1:  # every confidence is the same value c: one bin [c, c]
+        edges = np.array([edges[0], edges[0]])
+    idx = np.searchsorted(edges, conf, side="left") - 1
+    return edges, np.clip(idx, 0, edges.shape[0] - 2)
+
+
+def _bin_one(
+    conf: np.ndarray, outcome: np.ndarray, n_bins: int, binning: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Edges, counts, mean confidence, frequency of one binary problem."""
+    if binning == "uniform":
+        edges, idx = _uniform_bins(conf, n_bins)
+    else:
+        edges, idx = _quantile_bins(conf, n_bins)
+    nb = edges.shape[0] - 1
+    counts = np.bincount(idx, minlength=nb).astype(np.int64)
+    sum_conf = np.bincount(idx, weights=conf, minlength=nb)
+    sum_out = np.bincount(idx, weights=outcome, minlength=nb)
+    nonempty = counts > 0
+    mean_conf = np.full(nb, np.nan)
+    freq = np.full(nb, np.nan)
+    np.divide(sum_conf, counts, out=mean_conf, where=nonempty)
+    np.divide(sum_out, counts, out=freq, where=nonempty)
+    return edges, counts, mean_conf, freq
+
+
+def _problems(P: np.ndarray, y: np.ndarray, calibration: str, class_index: int | None):
+    """List the binary problems ``(confidence, outcome)`` that the binned ECE averages."""
+    if calibration == "top_label":
+        pred = np.argmax(P, axis=1)  # ties: the lowest class index
+        conf = P[np.arange(P.shape[0]), pred]
+        return [(conf, (pred == y).astype(np.float64))]
+    classes = range(P.shape[1]) if class_index is None else [class_index]
+    return [(np.ascontiguousarray(P[:, c]), (y == c).astype(np.float64)) for c in classes]
+
+
+# --------------------------------------------------------------------------- BinStats
+def _readonly(a: np.ndarray) -> np.ndarray:
+    a = np.ascontiguousarray(a)
+    a.setflags(write=False)
+    return a
+
+
+@dataclass(frozen=True)
+class BinStats:
+    """Per-bin statistics of a binned calibration estimate (a reliability diagram).
+
+    For one binary problem (top-label, or class-wise with a ``class_index``) every array
+    is 1-D with ``B`` bins; for class-wise statistics of all ``K`` classes the arrays are
+    stacked into ``(K, ...)``, row ``c`` being class ``c``.  ``B = n_bins`` for uniform
+    bins; for quantile bins ``B <= n_bins`` (bins whose edges coincide because of ties are
+    merged), and in the stacked form each row is padded at its end to ``n_bins`` bins
+    with ``count = 0`` and NaN edges/means.  All arrays are read-only.
+
+    Attributes
+    ----------
+    edges : ndarray, float64, shape (B + 1,) or (K, n_bins + 1)
+        Bin edges, increasing.  Bin ``b`` is ``(edges[b], edges[b + 1]]``, except the first
+        bin, which also holds ``edges[0]`` (so a confidence of 0.0 is in the first bin and
+        of 1.0 in the last one for uniform bins).
+    counts : ndarray, int64, shape (B,) or (K, n_bins)
+        Number of samples in each bin; sums to n (per row).
+    mean_confidence : ndarray, float64, shape (B,) or (K, n_bins)
+        Mean confidence of the bin's samples; NaN for an empty bin.
+    frequency : ndarray, float64, shape (B,) or (K, n_bins)
+        Fraction of the bin's samples that are positive (top-label: correctly classified;
+        class-wise: of class c); NaN for an empty bin.
+    gap : ndarray, float64, shape (B,) or (K, n_bins)
+        ``mean_confidence - frequency`` (> 0 where over-confident); NaN for an empty bin.
+    """
+
+    edges: np.ndarray
+    counts: np.ndarray
+    mean_confidence: np.ndarray
+    frequency: np.ndarray
+    gap: np.ndarray
+
+    @property
+    def n_samples(self) -> int:
+        """Number of samples n (the same for every row of stacked statistics)."""
+        c = self.counts if self.counts.ndim == 1 else self.counts[0]
+        return int(c.sum())
+
+    @property
+    def weights(self) -> np.ndarray:
+        """``counts / n``: the fraction of samples in each bin."""
+        return self.counts / self.n_samples
+
+
+def _ce_pp(stats: BinStats, p: float) -> np.ndarray:
+    """``sum_b (n_b / n) |gap_b|^p`` over non-empty bins: a float, or (K,) when stacked."""
+    nonempty = stats.counts > 0
+    absgap = np.abs(np.where(nonempty, stats.gap, 0.0))
+    return np.sum(stats.weights * absgap**p, axis=-1)
+
+
+def _statistics(
+    P: np.ndarray,
+    y: np.ndarray,
+    n_bins: int,
+    binning: str,
+    calibration: str,
+    class_index: int | None,
+) -> BinStats:
+    per = [_bin_one(c, o, n_bins, binning) for c, o in _problems(P, y, calibration, class_index)]
+    if calibration == "top_label" or class_index is not None:
+        edges, counts, mconf, freq = per[0]
+    else:
+        K = len(per)
+        edges = np.full((K, n_bins + 1), np.nan)
+        counts = np.zeros((K, n_bins), dtype=np.int64)
+        mconf = np.full((K, n_bins), np.nan)
+        freq = np.full((K, n_bins), np.nan)
+        for c, (e, cnt, mc, fr) in enumerate(per):
+            nb = cnt.shape[0]
+            edges[c, : nb + 1] = e
+            counts[c, :nb] = cnt
+            mconf[c, :nb] = mc
+            freq[c, :nb] = fr
+    return BinStats(
+        edges=_readonly(edges),
+        counts=_readonly(counts),
+        mean_confidence=_readonly(mconf),
+        frequency=_readonly(freq),
+        gap=_readonly(mconf - freq),
+    )
+
+
+# ------------------------------------------------------------------------ public: ECE
+def binned_statistics(
+    probs: object,
+    labels: object,
+    *,
+    n_bins: int = 15,
+    binning: str = "uniform",
+    calibration: str = "top_label",
+    class_index: int | None = None,
+) -> BinStats:
+    """Per-bin counts, mean confidence and frequency of the binned ECE.
+
+    This is the computation behind :func:`ece` (which calls it), i.e. the data of a
+    reliability diagram.
+
+    Parameters
+    ----------
+    probs : array-like, shape (n, K) or (n,)
+        Predicted probabilities; rows must sum to 1 (tolerance ``ROW_SUM_ATOL``).  A 1-D
+        array is P(y = 1) of a binary problem and means the two columns ``(1 - p, p)``.
+        Used as given (float64, not clipped, not renormalised).
+    labels : array-like of int, shape (n,)
+        True classes in ``0..K-1``.
+    n_bins : int, default 15
+        Number of bins (a positive integer).
+    binning : {"uniform", "quantile"}, default "uniform"
+        ``"uniform"``: equal-width bins with edges ``b / n_bins``, ``b = 0..n_bins``;
+        bin ``b`` is the right-closed interval ``(b / n_bins, (b + 1) / n_bins]`` and the
+        first bin also holds 0.0, i.e. the index is ``clip(ceil(conf * n_bins) - 1, 0,
+        n_bins - 1)`` (decided by comparison with the returned edges when ``conf *
+        n_bins`` rounds across an integer).  Confidence 1.0 is in the last bin, 0.0 in
+        the first.  ``"quantile"``: equal-mass bins, see Notes.
+    calibration : {"top_label", "classwise"}, default "top_label"
+        ``"top_label"``: the confidence is ``max_k p_k`` and the outcome is whether
+        ``argmax_k p_k`` (lowest index on ties) equals the label.  ``"classwise"``: for
+        each class c the binary problem ``(p_c, 1[y = c])``.
+    class_index : int, optional
+        Class-wise only: return the statistics of class ``class_index`` alone (1-D
+        arrays).  When None (default) the statistics of all K classes are stacked.
+
+    Returns
+    -------
+    BinStats
+        Edges, counts, mean confidence, frequency and gap; see :class:`BinStats` for
+        shapes.
+
+    Raises
+    ------
+    ValueError
+        Invalid ``probs`` or ``labels`` (shapes, non-finite values, rows not summing to
+        1, labels out of range); ``n_bins`` not a positive integer; unknown ``binning``
+        or ``calibration``; ``class_index`` out of range or given with top-label.
+    TypeError
+        Non-numeric ``probs`` or ``labels``.
+
+    Notes
+    -----
+    Quantile bins (ties rule).  With ``x_(1) <= ... <= x_(n)`` the sorted confidences and
+    ``B = n_bins``, the candidate edges are ``x_(1)`` and ``x_(r_j)`` with
+    ``r_j = ceil(j n / B)``, ``j = 1..B`` (the ``j / B`` quantiles of the empirical
+    distribution, inverse-CDF definition, so every edge is an observed confidence).
+    Equal edges are merged, so there are ``B' <= min(B, #distinct confidences)`` bins;
+    bins are right-closed ``(e_b, e_{b+1}]`` with the first one closed, so every sample is
+    in exactly one bin, samples with equal confidence are always in the same bin, and no
+    bin is empty (bin b contains the sample equal to ``e_{b+1}``).  Without ties the bin
+    sizes are ``floor(n / B)`` or ``ceil(n / B)``.  Edges run from ``min conf`` to
+    ``max conf``, not from 0 to 1.
+
+    References
+    ----------
+    Guo et al. (2017), Sec. 2 (binned ECE); Naeini et al. (2015); Kull et al. (2019)
+    (class-wise ECE).
+    """
+    P, y = _validated(probs, labels)
+    n_bins = _check_positive_int(n_bins, "n_bins")
+    check_choice(binning, "binning", _BINNINGS)
+    check_choice(calibration, "calibration", _CALIBRATIONS)
+    if class_index is not None:
+        if calibration != "classwise":
+            raise ValueError("class_index is only meaningful with calibration='classwise'")
+        K = P.shape[1]
+        if (
+            isinstance(class_index, (bool, np.bool_))
+            or not isinstance(class_index, numbers.Integral)
+            or not 0 <= int(class_index) < K
+        ):
+            raise ValueError(f"class_index must be an integer in 0..{K - 1}, got {class_index!r}")
+        class_index = int(class_index)
+    return _statistics(P, y, n_bins, binning, calibration, class_index)
+
+
+def ece(
+    probs: object,
+    labels: object,
+    *,
+    n_bins: int = 15,
+    binning: str = "uniform",
+    calibration: str = "top_label",
+    p: float = 1,
+) -> float:
+    r"""Binned expected calibration error ECE^bin (top-label or class-wise), L_p.
+
+    Top-label (Guo et al. 2017 for p = 1):
+
+    .. math:: \mathrm{ECE} = \Big(\sum_b \frac{n_b}{n}\,|\mathrm{acc}_b -
+              \mathrm{conf}_b|^p\Big)^{1/p},
+
+    with ``acc_b`` the accuracy and ``conf_b`` the mean top-label confidence of bin b.
+    Class-wise (Kull et al. 2019 for p = 1): the same binned ``CE_p^p`` of each one-vs-
+    rest problem ``(p_c, 1[y = c])``, averaged over the K classes, then the p-th root:
+    ``(1/K sum_c sum_b n_cb/n |freq_cb - conf_cb|^p)^(1/p)``.  Empty bins contribute 0.
+    A binary (n,) input has K = 2 classes, so class-wise averages the two columns.
+
+    Parameters
+    ----------
+    probs : array-like, shape (n, K) or (n,)
+        Predicted probabilities (see :func:`binned_statistics`); used unclipped.
+    labels : array-like of int, shape (n,)
+        True classes in ``0..K-1``.
+    n_bins : int, default 15
+        Number of bins.
+    binning : {"uniform", "quantile"}, default "uniform"
+        Equal-width right-closed bins or equal-mass bins; the rules are those of
+        :func:`binned_statistics`.
+    calibration : {"top_label", "classwise"}, default "top_label"
+        Which binary problem(s) to bin.
+    p : float, default 1
+        Order of the error, a finite real >= 1.
+
+    Returns
+    -------
+    float
+        The estimate, a fraction in [0, 1] (not percent).
+
+    Raises
+    ------
+    ValueError
+        Invalid ``probs``/``labels``; ``n_bins`` not a positive integer; unknown
+        ``binning`` or ``calibration``; ``p < 1`` or not finite.
+    TypeError
+        Non-numeric ``probs``/``labels``/``p``.
+
+    References
+    ----------
+    Guo et al. (2017), Sec. 2; Naeini et al. (2015); Kull et al. (2019).
+    """
+    P, y = _validated(probs, labels)
+    n_bins = _check_positive_int(n_bins, "n_bins")
+    check_choice(binning, "binning", _BINNINGS)
+    check_choice(calibration, "calibration", _CALIBRATIONS)
+    p = _check_p(p)
+    stats = _statistics(P, y, n_bins, binning, calibration, None)
+    return float(np.mean(_ce_pp(stats, p)) ** (1.0 / p))
+
+
+# ---------------------------------------------------------------- simplex binning
+def _simplex_cell_keys(P: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Freudenthal cell of each row: ``(a, perm)``, both int64 of shape (n, K - 1).
+
+    ``z = m * (p_1, p_1 + p_2, ..., p_1 + ... + p_{K-1})`` (clipped to [0, m]),
+    ``a = min(floor(z), m - 1)``, and ``perm`` lists the coordinates by decreasing
+    fractional part ``z - a`` (ties: larger coordinate index first).  The cell is the
+    simplex with vertices ``a, a + e_perm[0], a + e_perm[0] + e_perm[1], ..., a + 1`` in
+    z-coordinates; see :func:`simplex_ece`.
+    """
+    K = P.shape[1]
+    z = np.clip(m * np.cumsum(P[:, : K - 1], axis=1), 0.0, float(m))
+    a = np.minimum(np.floor(z), m - 1).astype(np.int64)
+    frac = z - a
+    order_rev = np.argsort(-frac[:, ::-1], axis=1, kind="stable")
+    perm = (K - 2) - order_rev
+    return a, perm.astype(np.int64)
+
+
+def _kuhn_vertices(a: np.ndarray, perm: np.ndarray, m: int) -> np.ndarray:
+    """Vertices (K, K) in probability coordinates of the cell ``(a, perm)`` (one row)."""
+    d = a.shape[0]
+    Z = np.empty((d + 1, d), dtype=np.float64)
+    v = a.astype(np.float64)
+    Z[0] = v
+    for k in range(d):
+        v = v.copy()
+        v[perm[k]] += 1.0
+        Z[k + 1] = v
+    S = Z / m
+    ones = np.ones((d + 1, 1))
+    return np.diff(np.concatenate([0.0 * ones, S, ones], axis=1), axis=1)
+
+
+def _group_rows(key: np.ndarray) -> np.ndarray:
+    """Dense group id (0..G-1) of each row of an integer matrix (equal rows, equal id)."""
+    n = key.shape[0]
+    order = np.lexsort(key.T[::-1])
+    sk = key[order]
+    new = np.ones(n, dtype=bool)
+    if n > 1:
+        new[1:] = np.any(sk[1:] != sk[:-1], axis=1)
+    ids = np.empty(n, dtype=np.int64)
+    ids[order] = np.cumsum(new) - 1
+    return ids
+
+
+def _simplex_cells(P: np.ndarray, m: int) -> np.ndarray:
+    """Dense cell id (n,) of each row in the m-per-side simplex triangulation."""
+    a, perm = _simplex_cell_keys(P, m)
+    return _group_rows(np.concatenate([a, perm], axis=1))
+
+
+def _doane_bins(x: np.ndarray) -> float:
+    """Doane's (1976) number of bins ``1 + log2 n + log2(1 + |g1| / sigma_g1)``."""
+    n = x.shape[0]
+    k = 1.0 + math.log2(n)
+    if n > 2:
+        sigma = float(np.std(x))
+        g1 = float(np.mean(((x - np.mean(x)) / sigma) ** 3)) if sigma > 0 else 0.0
+        sg1 = math.sqrt(6.0 * (n - 2) / ((n + 1.0) * (n + 3.0)))
+        k += math.log2(1.0 + abs(g1) / sg1)
+    return k
+
+
+def _default_bins_per_side(P: np.ndarray) -> int:
+    """``ceil`` of the mean over classes of Doane's number of bins of ``p_c``."""
+    k = float(np.mean([_doane_bins(P[:, c]) for c in range(P.shape[1])]))
+    return max(1, math.ceil(k - 1e-9))
+
+
+def simplex_ece(
+    probs: object,
+    labels: object,
+    *,
+    n_bins_per_side: int | None = None,
+    p: float = 1,
+) -> float:
+    r"""Canonical binned calibration error on the simplex (Popordanoska et al. 2022).
+
+    The probability simplex is partitioned into ``m^(K-1)`` simplices of equal volume
+    (``m = n_bins_per_side``); each prediction's conditional expectation
+    ``E[y | f(x_i)]`` is replaced by the histogram estimate ``H(f(x_i))``, the mean
+    one-hot label of the samples in its cell (itself included), and
+
+    .. math:: \mathrm{CE}_p \approx \Big(\frac1n \sum_i
+              \|H(f(x_i)) - f(x_i)\|_p^p\Big)^{1/p}
+
+    (003 Sec. 4, plug-in of Eq. 1).  The norm is over the whole probability vector, so
+    for K = 2 this is ``2^(1/p)`` times a one-column binned error.
+
+    Parameters
+    ----------
+    probs : array-like, shape (n, K) or (n,)
+        Predicted probabilities; rows must sum to 1 (tolerance ``ROW_SUM_ATOL``); a 1-D
+        array is P(y = 1) of a binary problem.  Used unclipped, in float64.
+    labels : array-like of int, shape (n,)
+        True classes in ``0..K-1``.
+    n_bins_per_side : int, optional
+        Number ``m`` of divisions of each edge of the simplex (positive integer).  Default:
+        Doane's (1976) number of bins ``1 + log2 n + log2(1 + |g1| / sigma_g1)`` (``g1``
+        the sample skewness, ``sigma_g1 = sqrt(6 (n - 2) / ((n + 1)(n + 3)))``; the
+        skewness term is dropped for n <= 2) computed for each class's column ``p_c``,
+        averaged over the K classes and rounded up -- the rule of 003 App. F, which
+        chooses the number of bins per class with Doane's formula.
+    p : float, default 1
+        Order of the error, a finite real >= 1.
+
+    Returns
+    -------
+    float
+        The estimate, a fraction (0 = perfectly calibrated on the sample); not percent.
+
+    Raises
+    ------
+    ValueError
+        Invalid ``probs``/``labels``; ``n_bins_per_side`` not a positive integer;
+        ``p < 1`` or not finite.
+    TypeError
+        Non-numeric ``probs``/``labels``/``p``.
+
+    Notes
+    -----
+    Triangulation.  With cumulative coordinates ``s_j = p_1 + ... + p_j``
+    (``j = 1..K-1``) the simplex is the order simplex ``0 <= s_1 <= ... <= s_{K-1} <= 1``;
+    the map ``p -> s`` is linear with determinant 1.  The cells are the simplices of the
+    Freudenthal (Kuhn) triangulation of the grid of cubes of side ``1/m`` in s-space:
+    with ``z = m s``, ``a = min(floor(z), m - 1)`` (componentwise) and ``t = z - a``, the
+    cell of ``(a, pi)`` is ``{a + t : 1 >= t_pi(1) >= ... >= t_pi(K-1) >= 0}``, i.e. a
+    point's cell is given by the integer parts of ``z`` and the permutation that sorts its
+    fractional parts in decreasing order (ties: larger coordinate index first, which
+    always picks a cell inside the simplex).  The cutting hyperplanes are
+    ``p_i + ... + p_j = k / m`` for consecutive classes ``i <= j``; the order simplex is
+    a union of exactly ``m^(K-1)`` such cells, each of volume ``1 / (m^(K-1) (K-1)!)``
+    in the ``(p_1..p_{K-1})`` chart, i.e. all cells have equal volume
+    ``vol(simplex) / m^(K-1)``.  For K = 3 these are the ``m^2`` congruent triangles of
+    the standard triangular grid (lines ``p_1``, ``p_2``, ``p_3 = k / m``; 003 Fig. 1):
+    with ``i = floor(m p_1)``, ``j = floor(m p_2)`` and fractional parts ``u, v``, the
+    point is in the upward triangle ``(i, j)`` (vertices ``(i, j), (i+1, j), (i, j+1)``
+    / m in ``(p_1, p_2)``) when ``u + v < 1`` and in the downward one (vertices
+    ``(i+1, j), (i, j+1), (i+1, j+1)`` / m) otherwise.  For K = 2 the cells are the
+    intervals of width ``1/m``.  For K >= 4 the triangulation depends on the order of
+    the classes (no tiling of a tetrahedron by congruent regular simplices exists).
+
+    The estimator is not consistent for fixed ``m`` and suffers from the curse of
+    dimensionality (``m^(K-1)`` cells; 003 Fig. 2a); it is provided as the reference
+    binned estimator of canonical calibration.
+
+    References
+    ----------
+    Popordanoska et al. (2022), Eq. 1, Sec. 4, Fig. 1, Fig. 2a, App. F; Doane (1976).
+    """
+    P, y = _validated(probs, labels)
+    p = _check_p(p)
+    if n_bins_per_side is None:
+        m = _default_bins_per_side(P)
+    else:
+        m = _check_positive_int(n_bins_per_side, "n_bins_per_side")
+    K = P.shape[1]
+    cell = _simplex_cells(P, m)
+    n_cells = int(cell.max()) + 1
+    counts = np.bincount(cell, minlength=n_cells).astype(np.float64)
+    label_counts = np.bincount(cell * K + y, minlength=n_cells * K).reshape(n_cells, K)
+    H = label_counts[cell] / counts[cell, None]
+    err = np.sum(np.abs(H - P) ** p, axis=1)
+    return float(np.mean(err) ** (1.0 / p))
