@@ -8,7 +8,7 @@ calibration errors for Bregman generators (KL, L2), refinement and sharpness
 
 from __future__ import annotations
 
-from . import binned
+from . import binned, datasets
 from ._backends import available_backends, get_num_threads, set_num_threads
 from ._report import CalibrationReport
 from ._validation import PROB_EPS, ROW_SUM_ATOL
@@ -42,6 +42,7 @@ __all__ = [
     "binned",
     "calibration_error",
     "conditional_expectation",
+    "datasets",
     "ece_kde",
     "evaluate",
     "get_num_threads",
