@@ -18,6 +18,9 @@ import numpy as np
 
 __all__ = ["debias", "moments", "ratio_of_means", "ratio_of_squares"]
 
+#: Classes with S_c <= NEGLIGIBLE * S0 are not corrected (as in debias.hpp).
+NEGLIGIBLE = 1e-30
+
 
 def moments(S0, Sc, Q0, Qc, T0, Tc, N):
     """Unbiased sample moments (``N - 1`` divisor) from power sums; a dict of arrays."""
@@ -108,6 +111,9 @@ def debias(S, Q, T, n_terms, mode):
     if mode == 2:
         T0 = T.sum(axis=-1, keepdims=True)
         m = moments(S0, S, Q0, Q, T0, T, float(n_terms))
-        E = np.where(degenerate, plain, ratio_of_means(m))
-        sq = np.where(degenerate, sq, ratio_of_squares(m, sq))
+        # classes below 1e-30 of the row's weight keep the plain / U-statistic values
+        # (their moments would underflow; the correction is irrelevant there)
+        keep = degenerate | ~(S > NEGLIGIBLE * S0)
+        E = np.where(keep, plain, ratio_of_means(m))
+        sq = np.where(keep, sq, ratio_of_squares(m, sq))
     return E, sq, degenerate[..., 0]

@@ -105,7 +105,10 @@ inline double debias_ratio_of_squares(const RatioMoments& m, double r_ustat) {
 /// mode 2 ("ratio"): E from Eq. 73, sq from Eq. 89.
 /// degenerate[r] = 1 where S0^2 - Q0 <= 1e-12 S0^2 (a single effective neighbour), or
 /// N < 6 in mode 2 (Eq. 89 has factors n - 5);
-/// there sq falls back to the plain (S_c / S0)^2 and E to S_c / S0.
+/// there sq falls back to the plain (S_c / S0)^2 and E to S_c / S0.  Classes with
+/// S_c <= 1e-30 S0 keep E = S_c / S0 and the U-statistic sq in mode 2.
+constexpr double kNegligible = 1e-30;
+
 inline void debias_rows(const double* S, const double* Q, const double* T, std::int64_t R,
                         std::int64_t C, double n_terms, int mode, double* E, double* sq,
                         std::uint8_t* degenerate) {
@@ -127,7 +130,10 @@ inline void debias_rows(const double* S, const double* Q, const double* T, std::
             double e = plain, v = plain * plain;
             if (!degen) {
                 v = (s[c] * s[c] - q[c]) / den;
-                if (mode == 2) {
+                // A class whose weight is below kNegligible of the row's total has E_c <
+                // 1e-30: its O(1/N) correction is irrelevant, and its moments (my^2, Q_c)
+                // would underflow, so it keeps the plain and U-statistic values.
+                if (mode == 2 && s[c] > kNegligible * S0) {
                     const RatioMoments m = ratio_moments(S0, s[c], Q0, q[c], T0, t[c], n_terms);
                     e = debias_ratio_of_means(m);
                     v = debias_ratio_of_squares(m, v);
