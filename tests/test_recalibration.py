@@ -1,0 +1,633 @@
+"""Tests of kdecal.recalibration: every calibrator against a closed form or an independent
+numpy/scipy computation, the invariances of Clarté et al. 2023 (Sec. 4 of the notes),
+binary paths, bad input, and real CIFAR-10 logits (skipped without ../shared/data/real).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import optimize
+from scipy.special import log_softmax, logsumexp, softmax
+
+import kdecal
+from kdecal import recalibration as rc
+
+ALL = [
+    rc.TemperatureScaling,
+    rc.ExpectationConsistency,
+    rc.AffineCalibration,
+    rc.VectorScaling,
+    rc.IsotonicCalibration,
+    rc.HistogramBinning,
+    rc.MeanReplacement,
+]
+IDS = [c.__name__ for c in ALL]
+
+
+# ------------------------------------------------------------------------------ helpers
+def draw_labels(z, T0, rng):
+    """Labels drawn from softmax(z / T0) (a well-specified tempered model)."""
+    p = softmax(z / T0, axis=1)
+    return (rng.random(len(z))[:, None] > np.cumsum(p, axis=1)).sum(axis=1).clip(0, z.shape[1] - 1)
+
+
+def make_logits(n=1500, K=5, scale=3.0, T0=1.7, seed=0):
+    """Gaussian logits; labels from softmax(z / T0): overconfident when T0 > 1."""
+    rng = np.random.default_rng(seed)
+    z = scale * rng.normal(size=(n, K))
+    return z, draw_labels(z, T0, rng)
+
+
+def nll(P, y):
+    return float(-np.mean(np.log(P[np.arange(len(y)), y])))
+
+
+def ts_dnll_dbeta(z, y, beta):
+    """d NLL / d beta of softmax(beta z), computed independently of the package."""
+    p = softmax(beta * z, axis=1)
+    return float(np.mean(np.sum(p * z, axis=1) - z[np.arange(len(y)), y]))
+
+
+def mean_topk_conf_and_acc(z, y, T, k):
+    """Independent top-k confidence (mean) and top-k accuracy (lowest index wins ties)."""
+    order = np.argsort(-z, axis=1, kind="stable")[:, :k]
+    p = softmax(z / T, axis=1)
+    conf = np.mean(np.take_along_axis(p, order, axis=1).sum(axis=1))
+    acc = np.mean(np.any(order == y[:, None], axis=1))
+    return conf, acc
+
+
+@pytest.fixture(scope="module")
+def data5():
+    return make_logits()
+
+
+# --------------------------------------------------------------- temperature scaling
+def test_ts_stationarity_and_independent_minimum(data5):
+    z, y = data5
+    ts = rc.TemperatureScaling().fit(z, y)
+    assert ts.converged_
+    T = ts.temperature_
+    assert T > 1.2  # labels from softmax(z / 1.7): the logits are overconfident
+    # first-order condition d NLL / d beta = 0 at beta = 1/T (independent formula)
+    assert abs(ts_dnll_dbeta(z, y, 1.0 / T)) <= 1e-12
+    # the reported NLL is the NLL of softmax(z / T)
+    assert ts.nll_ == pytest.approx(nll(softmax(z / T, axis=1), y), rel=1e-12)
+    # independent bounded minimisation directly in T
+    ref = optimize.minimize_scalar(
+        lambda t: nll(softmax(z / t, axis=1), y),
+        bounds=(0.1, 10),
+        method="bounded",
+        options={"xatol": 1e-9},
+    )
+    assert T == pytest.approx(ref.x, rel=1e-6)
+    # a minimum: nearby temperatures are worse
+    for f in (0.99, 1.01):
+        assert nll(softmax(z / (f * T), axis=1), y) > ts.nll_
+    # transform is softmax(z / T) and keeps the argmax
+    P = ts.transform(z)
+    np.testing.assert_allclose(P, softmax(z / T, axis=1), rtol=1e-12, atol=1e-15)
+    assert np.array_equal(P.argmax(1), z.argmax(1))
+
+
+@pytest.mark.parametrize("cls", [rc.TemperatureScaling, rc.ExpectationConsistency])
+@pytest.mark.parametrize("c", [0.25, 3.0])
+def test_temperature_scale_equivariance(data5, cls, c):
+    # 001 Sec. 4 (notes item 7): logits scaled by c -> temperature scaled by c
+    z, y = data5
+    T = cls().fit(z, y).temperature_
+    assert cls().fit(c * z, y).temperature_ == pytest.approx(c * T, rel=1e-10)
+
+
+@pytest.mark.parametrize("cls", [rc.TemperatureScaling, rc.ExpectationConsistency])
+def test_temperature_shift_invariance_and_probs_input(data5, cls):
+    # a constant per row changes nothing; log-probabilities (input="probs") give the same T
+    z, y = data5
+    T = cls().fit(z, y).temperature_
+    shift = np.random.default_rng(1).normal(size=(len(z), 1)) * 10
+    assert cls().fit(z + shift, y).temperature_ == pytest.approx(T, rel=1e-10)
+    assert cls().fit(log_softmax(z, axis=1), y).temperature_ == pytest.approx(T, rel=1e-10)
+    assert cls(input="probs").fit(softmax(z, axis=1), y).temperature_ == pytest.approx(
+        T, rel=1e-10
+    )
+
+
+def test_well_specified_ts_and_ec_recover_true_temperature():
+    # labels drawn from softmax(z / T0): both estimators are consistent for T0 (notes 1.3);
+    # at n = 40000 the worst of 5 seeds was 0.024 away (EC)
+    T0 = 1.5
+    z, y = make_logits(n=40000, K=10, scale=3.0, T0=T0, seed=3)
+    assert rc.TemperatureScaling().fit(z, y).temperature_ == pytest.approx(T0, abs=0.05)
+    assert rc.ExpectationConsistency().fit(z, y).temperature_ == pytest.approx(T0, abs=0.05)
+
+
+def test_ts_separable_warns_and_clips():
+    # 100% validation accuracy: NLL decreases as T -> 0, no interior optimum
+    z, _ = make_logits(n=200)
+    y = z.argmax(1)
+    ts = rc.TemperatureScaling(bounds=(0.01, 100.0))
+    with pytest.warns(kdecal.KdecalWarning, match="100% validation accuracy"):
+        ts.fit(z, y)
+    assert ts.converged_ is False
+    assert ts.temperature_ == 0.01
+    assert ts.transform(z).shape == z.shape
+
+
+def test_ts_uninformative_warns_and_clips_at_upper_bound():
+    # labels = argmin: the NLL decreases towards T -> infinity
+    z, _ = make_logits(n=200)
+    y = z.argmin(1)
+    ts = rc.TemperatureScaling(bounds=(0.01, 100.0))
+    with pytest.warns(kdecal.KdecalWarning, match="T_max"):
+        ts.fit(z, y)
+    assert ts.converged_ is False
+    assert ts.temperature_ == 100.0
+
+
+def test_ts_optimum_below_bound_warns():
+    z, y = make_logits(n=500, T0=0.3)  # underconfident: T_TS ~ 0.3
+    with pytest.warns(kdecal.KdecalWarning, match="widen bounds"):
+        ts = rc.TemperatureScaling(bounds=(1.0, 10.0)).fit(z, y)
+    assert ts.temperature_ == 1.0 and not ts.converged_
+
+
+# ------------------------------------------------------------ expectation consistency
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_ec_residual(data5, k):
+    z, y = data5
+    ec = rc.ExpectationConsistency(top_k=k).fit(z, y)
+    conf, acc = mean_topk_conf_and_acc(z, y, ec.temperature_, k)
+    assert ec.accuracy_ == acc
+    assert abs(conf - acc) <= 1e-10
+    assert abs(ec.confidence_ - acc) <= 1e-10
+    assert ec.converged_
+
+
+def test_ec_unique_root_monotone_confidence(data5):
+    # the mean confidence is strictly decreasing in T, so T_EC is the unique crossing
+    z, y = data5
+    ec = rc.ExpectationConsistency().fit(z, y)
+    Ts = ec.temperature_ * np.array([0.5, 0.9, 0.99, 1.01, 1.1, 2.0])
+    conf = [mean_topk_conf_and_acc(z, y, T, 1)[0] for T in Ts]
+    assert np.all(np.diff(conf) < 0)
+    assert conf[2] > ec.accuracy_ > conf[3]
+
+
+def test_ec_no_solution_errors():
+    z, _ = make_logits(n=300, K=4)
+    with pytest.raises(ValueError, match="accuracy is 1"):
+        rc.ExpectationConsistency().fit(z, z.argmax(1))
+    y_bad = z.argmin(1)  # accuracy 0 <= 1/K
+    with pytest.raises(ValueError, match=r"<= k/K"):
+        rc.ExpectationConsistency().fit(z, y_bad)
+    # top-2 accuracy <= 2/K: labels outside the top two
+    y_low = np.argsort(-z, axis=1)[:, 2]
+    with pytest.raises(ValueError, match="top-2 accuracy"):
+        rc.ExpectationConsistency(top_k=2).fit(z, y_low)
+    # binary at chance: accuracy 0.5 = k/K
+    t = np.array([1.0, 2.0, -1.0, -2.0])
+    with pytest.raises(ValueError, match=r"<= k/K"):
+        rc.ExpectationConsistency().fit(t, [1, 0, 1, 0])
+
+
+def test_ec_tied_top_scores_error():
+    # every row has two tied maxima: the T -> 0 confidence is 1/2 < accuracy 0.8
+    z = np.tile([2.0, 2.0, 0.0], (10, 1))
+    y = np.array([0] * 8 + [2] * 2)
+    with pytest.raises(ValueError, match="tied top scores"):
+        rc.ExpectationConsistency().fit(z, y)
+
+
+def test_ec_top_k_argument_checks(data5):
+    z, y = data5
+    with pytest.raises(ValueError, match="top_k must be < K = 5"):
+        rc.ExpectationConsistency(top_k=5).fit(z, y)
+    with pytest.raises(ValueError, match="top_k must be >= 1"):
+        rc.ExpectationConsistency(top_k=0).fit(z, y)
+    with pytest.raises(TypeError, match="top_k must be an integer"):
+        rc.ExpectationConsistency(top_k=1.5).fit(z, y)
+
+
+# --------------------------------------------------------------- affine and vector
+def affine_grad(z, y, alpha, beta):
+    """Independent gradient of the mean NLL of softmax(alpha log q + beta)."""
+    lq = log_softmax(z, axis=1)
+    s = softmax(alpha * lq + beta, axis=1)
+    r = s - np.eye(z.shape[1])[y]
+    return np.concatenate([[np.mean(np.sum(r * lq, axis=1))], r.mean(axis=0)])
+
+
+def vector_grad(z, y, w, b):
+    lq = log_softmax(z, axis=1)
+    s = softmax(w * lq + b, axis=1)
+    r = s - np.eye(z.shape[1])[y]
+    return np.concatenate([(r * lq).mean(axis=0), r.mean(axis=0)])
+
+
+@pytest.fixture(scope="module")
+def biased_data():
+    # overconfident logits with a prior shift that TS cannot fix (Ferrer & Ramos Sec. 3.3)
+    rng = np.random.default_rng(7)
+    z = 3.0 * rng.normal(size=(1500, 5))
+    y = draw_labels(z / 1.8 + np.array([1.0, 0.5, 0.0, -0.5, -1.0]), 1.0, rng)
+    return z, y
+
+
+def test_affine_gradient_zero_and_nested_in_ts(biased_data):
+    z, y = biased_data
+    aff = rc.AffineCalibration().fit(z, y)
+    assert aff.converged_
+    g = affine_grad(z, y, aff.alpha_, aff.beta_)
+    assert np.max(np.abs(g)) <= 1e-6
+    assert abs(aff.beta_.sum()) <= 1e-12
+    lq = log_softmax(z, axis=1)
+    P = softmax(aff.alpha_ * lq + aff.beta_, axis=1)
+    np.testing.assert_allclose(aff.transform(z), P, rtol=1e-12, atol=1e-15)
+    assert aff.nll_ == pytest.approx(nll(P, y), rel=1e-12)
+    ts = rc.TemperatureScaling().fit(z, y)
+    # TS is affine with beta = 0: never better; here clearly worse (prior shift)
+    assert aff.nll_ <= ts.nll_ - 1e-3
+    assert aff.alpha_ > 0
+
+
+def test_affine_without_bias_shift_matches_ts(data5):
+    # labels from softmax(z / T0) with no prior shift: beta ~ 0 and alpha ~ 1 / T_TS
+    z, y = data5
+    aff = rc.AffineCalibration().fit(z, y)
+    ts = rc.TemperatureScaling().fit(z, y)
+    assert aff.nll_ <= ts.nll_ + 1e-12
+    assert aff.alpha_ == pytest.approx(1.0 / ts.temperature_, rel=0.05)
+
+
+def test_vector_scaling_gradient_zero_and_nesting(biased_data):
+    z, y = biased_data
+    vs = rc.VectorScaling().fit(z, y)
+    assert vs.converged_
+    g = vector_grad(z, y, vs.weights_, vs.bias_)
+    assert np.max(np.abs(g)) <= 1e-6
+    lq = log_softmax(z, axis=1)
+    np.testing.assert_allclose(
+        vs.transform(z), softmax(vs.weights_ * lq + vs.bias_, axis=1), rtol=1e-12, atol=1e-15
+    )
+    # nested families: affine = vector scaling with w = alpha * 1, TS = affine with beta = 0
+    aff = rc.AffineCalibration().fit(z, y)
+    ts = rc.TemperatureScaling().fit(z, y)
+    assert vs.nll_ <= aff.nll_ + 1e-10 <= ts.nll_ + 2e-10
+
+
+def test_vector_scaling_independent_scipy_solution(biased_data):
+    # an independent optimiser (BFGS on an independently written objective) agrees
+    z, y = biased_data
+    lq = log_softmax(z[:400], axis=1)
+    yy = y[:400]
+    K = lq.shape[1]
+
+    def f(th):
+        U = th[:K] * lq + th[K:]
+        return np.mean(logsumexp(U, axis=1) - U[np.arange(len(yy)), yy])
+
+    def jac(th):
+        return vector_grad(z[:400], yy, th[:K], th[K:])
+
+    ref = optimize.minimize(f, np.r_[np.ones(K), np.zeros(K)], jac=jac, method="BFGS", tol=1e-12)
+    vs = rc.VectorScaling().fit(z[:400], yy)
+    assert vs.nll_ == pytest.approx(ref.fun, abs=1e-9)
+    np.testing.assert_allclose(vs.weights_, ref.x[:K], atol=1e-4)
+
+
+def test_affine_and_vector_absent_class_warns(data5):
+    z, y = data5
+    y = np.where(y == 4, 3, y)  # class 4 never occurs
+    for cls in (rc.AffineCalibration, rc.VectorScaling):
+        with pytest.warns(kdecal.KdecalWarning, match=r"class\(es\) \[4\]"):
+            cal = cls().fit(z, y)
+        assert cal.transform(z)[:, 4].max() < 1e-3
+
+
+def test_affine_negative_alpha_warns():
+    z, _ = make_logits(n=400, K=3)
+    with pytest.warns(kdecal.KdecalWarning, match="alpha_"):
+        aff = rc.AffineCalibration().fit(z, z.argmin(1))
+    assert aff.alpha_ < 0
+
+
+# ------------------------------------------------------------------------ isotonic
+def test_isotonic_binary_matches_scipy_pav():
+    rng = np.random.default_rng(11)
+    p = rng.random(300)
+    y = (rng.random(300) < p**2).astype(int)
+    iso = rc.IsotonicCalibration(input="probs").fit(p, y)
+    out = iso.transform(p)
+    order = np.argsort(p)
+    ref = np.empty_like(p)
+    ref[order] = optimize.isotonic_regression(y[order].astype(float)).x
+    np.testing.assert_allclose(out, ref, rtol=0, atol=1e-12)
+    # monotone non-decreasing on a fine grid (including outside the fitted range)
+    grid = np.linspace(0, 1, 2001)
+    g = iso.transform(grid)
+    assert np.all(np.diff(g) >= 0) and g.min() >= 0 and g.max() <= 1
+    # the same through logits and through two-column probabilities
+    t = np.log(p) - np.log1p(-p)
+    np.testing.assert_allclose(rc.IsotonicCalibration().fit(t, y).transform(t), ref, atol=1e-12)
+    P2 = np.stack([1 - p, p], axis=1)
+    out2 = rc.IsotonicCalibration(input="probs").fit(P2, y).transform(P2)
+    np.testing.assert_allclose(out2[:, 1], ref, atol=1e-12)
+    np.testing.assert_allclose(out2.sum(1), 1.0, atol=1e-15)
+
+
+def test_isotonic_multiclass_rows_and_monotone(data5):
+    z, y = data5
+    iso = rc.IsotonicCalibration().fit(z, y)
+    P = iso.transform(z)
+    assert P.shape == z.shape and P.dtype == np.float64
+    np.testing.assert_allclose(P.sum(1), 1.0, atol=1e-12)
+    assert np.all(P >= 0)
+    for k in range(z.shape[1]):
+        assert np.all(np.diff(iso.y_thresholds_[k]) >= 0)
+        assert np.all(np.diff(iso.x_thresholds_[k]) > 0)
+    # before renormalisation each column is the PAV fit of 1[y = k] on q_k
+    q = softmax(z, axis=1)
+    k = 2
+    order = np.argsort(q[:, k])
+    ref = optimize.isotonic_regression((y[order] == k).astype(float)).x
+    fitted = np.interp(
+        rc._ovr_log_odds(log_softmax(z, axis=1))[order, k],
+        iso.x_thresholds_[k],
+        iso.y_thresholds_[k],
+    )
+    np.testing.assert_allclose(fitted, ref, atol=1e-12)
+
+
+def test_isotonic_all_zero_row_falls_back_to_prior():
+    P = np.array(
+        [
+            [0.9, 0.05, 0.05],
+            [0.95, 0.025, 0.025],
+            [0.05, 0.9, 0.05],
+            [0.05, 0.05, 0.9],
+            [0.5, 0.45, 0.05],
+            [0.05, 0.5, 0.45],
+            [0.45, 0.05, 0.5],
+        ]
+    )
+    y = np.array([0, 0, 1, 2, 0, 1, 2])
+    iso = rc.IsotonicCalibration(input="probs").fit(P, y)
+    np.testing.assert_allclose(iso.class_prior_, [3 / 7, 2 / 7, 2 / 7])
+    out = iso.transform(np.array([[0.34, 0.33, 0.33], [0.9, 0.05, 0.05]]))
+    np.testing.assert_allclose(out[0], [3 / 7, 2 / 7, 2 / 7], rtol=1e-15)
+    np.testing.assert_allclose(out[1], [1.0, 0.0, 0.0])
+
+
+# ------------------------------------------------------------------ histogram binning
+def test_histogram_binning_binary_hand_example():
+    p = np.array([0.1, 0.2, 0.25, 0.3, 0.6, 0.7, 0.9, 1.0])
+    y = np.array([0, 1, 0, 1, 1, 0, 1, 1])
+    hb = rc.HistogramBinning(n_bins=4, input="probs").fit(p, y)
+    # right-closed bins (0, .25], (.25, .5], (.5, .75], (.75, 1]: 0.25 is in the first
+    np.testing.assert_allclose(hb.bin_values_[1], [1 / 3, 1.0, 0.5, 1.0])
+    np.testing.assert_array_equal(hb.bin_counts_[1], [3, 1, 2, 2])
+    out = hb.transform(np.array([0.0, 0.25, 0.26, 0.5, 0.55, 0.76]))
+    np.testing.assert_allclose(out, [1 / 3, 1 / 3, 1.0, 1.0, 0.5, 1.0])
+    # empty bins keep their centre: with 10 bins (0.3, 0.4] receives no fit sample
+    hb10 = rc.HistogramBinning(n_bins=10, input="probs").fit(p, y)
+    np.testing.assert_array_equal(hb10.bin_counts_[1], [1, 1, 2, 0, 0, 1, 1, 0, 1, 1])
+    assert hb10.transform(np.array([0.35]))[0] == pytest.approx(0.35)
+
+
+def test_histogram_binning_multiclass_hand_example():
+    P = np.array([[0.7, 0.2, 0.1], [0.6, 0.3, 0.1], [0.2, 0.7, 0.1], [0.1, 0.3, 0.6]])
+    y = np.array([0, 1, 1, 2])
+    hb = rc.HistogramBinning(n_bins=2, input="probs").fit(P, y)
+    # bins (0, .5], (.5, 1]; class 0: low bin rows 2, 3 (no class 0), high bin rows 0, 1
+    # (one of two); class 1: low bin rows 0, 1, 3 (one), high bin row 2; class 2 likewise
+    np.testing.assert_allclose(hb.bin_values_, [[0.0, 0.5], [1 / 3, 1.0], [0.0, 1.0]])
+    np.testing.assert_array_equal(hb.bin_counts_, [[2, 2], [3, 1], [3, 1]])
+    out = hb.transform(np.array([[0.7, 0.2, 0.1], [0.1, 0.3, 0.6], [0.4, 0.3, 0.3]]))
+    np.testing.assert_allclose(out[0], np.array([0.5, 1 / 3, 0.0]) / (5 / 6))
+    np.testing.assert_allclose(out[1], np.array([0.0, 1 / 3, 1.0]) / (4 / 3))
+    np.testing.assert_allclose(out[2], [0.0, 1.0, 0.0])
+
+
+def test_histogram_binning_all_zero_fallback():
+    P = np.array([[0.8, 0.1, 0.1], [0.1, 0.8, 0.1], [0.1, 0.1, 0.8], [0.8, 0.1, 0.1]])
+    y = np.array([0, 1, 2, 0])
+    hb = rc.HistogramBinning(n_bins=2, input="probs").fit(P, y)
+    # every class's low bin has frequency 0 -> a row with all q_k <= 0.5 falls back
+    out = hb.transform(np.array([[0.4, 0.3, 0.3]]))
+    np.testing.assert_allclose(out[0], [0.5, 0.25, 0.25])
+
+
+# ------------------------------------------------------------------- mean replacement
+def test_mean_replacement_top_label_closed_form():
+    rng = np.random.default_rng(5)
+    K, n = 1000, 4000
+    z = rng.normal(size=(n, K))
+    y_fit = np.where(rng.random(n) < 0.85, z.argmax(1), rng.integers(0, K, n))
+    mr = rc.MeanReplacement().fit(z, y_fit)
+    a = np.mean(z.argmax(1) == y_fit)
+    assert mr.accuracy_ == a
+    zt = rng.normal(size=(n, K))
+    yt = np.where(rng.random(n) < 0.8, zt.argmax(1), rng.integers(0, K, n))
+    P = mr.transform(zt)
+    # argmax kept with confidence a, every other class (1 - a)/(K - 1) (002 Sec. 3)
+    assert np.array_equal(P.argmax(1), zt.argmax(1))
+    np.testing.assert_allclose(P.max(1), a)
+    np.testing.assert_allclose(np.sort(P, axis=1)[:, :-1], (1 - a) / (K - 1))
+    np.testing.assert_allclose(P.sum(1), 1.0, rtol=1e-12)
+    # NLL closed form of 002 Sec. 9.1: -t log a - (1 - t) log((1 - a)/(K - 1))
+    t = np.mean(zt.argmax(1) == yt)
+    expected = -t * np.log(a) - (1 - t) * np.log((1 - a) / (K - 1))
+    assert nll(P, yt) == pytest.approx(expected, rel=1e-12)
+    # in-sample: mean confidence equals accuracy exactly (zero top-label ECE)
+    assert np.mean(mr.transform(z).max(1)) == pytest.approx(a, rel=1e-15)
+
+
+def test_mean_replacement_canonical_is_class_frequencies(data5):
+    z, y = data5
+    mr = rc.MeanReplacement(calibration="canonical").fit(z, y)
+    freq = np.bincount(y, minlength=5) / len(y)
+    np.testing.assert_array_equal(mr.class_frequencies_, freq)
+    np.testing.assert_array_equal(mr.transform(z[:7]), np.tile(freq, (7, 1)))
+    # perfectly calibrated and as bad as the best constant predictor (NCE = 1)
+    entropy = -np.sum(freq * np.log(freq))
+    assert nll(mr.transform(z), y) == pytest.approx(entropy, rel=1e-12)
+    # TS is sharper: lower NLL
+    assert rc.TemperatureScaling().fit(z, y).nll_ < entropy
+    with pytest.raises(ValueError, match="calibration must be one of"):
+        rc.MeanReplacement(calibration="full").fit(z, y)
+
+
+def test_mean_replacement_binary():
+    t = np.array([2.0, -1.0, 0.5, -3.0, 1.0])
+    y = np.array([1, 0, 0, 0, 1])  # accuracy 4/5
+    mr = rc.MeanReplacement().fit(t, y)
+    np.testing.assert_allclose(mr.transform(np.array([3.0, -0.5])), [0.8, 0.2])
+
+
+# ----------------------------------------------------------------- every calibrator
+def fitted(cls, z, y, **kw):
+    return cls(**kw).fit(z, y)
+
+
+@pytest.mark.parametrize("cls", ALL, ids=IDS)
+def test_common_contract(cls, data5):
+    z, y = data5
+    cal = cls()
+    P = cal.fit_transform(z, y)
+    assert P.shape == z.shape and P.dtype == np.float64
+    np.testing.assert_allclose(P.sum(1), 1.0, atol=1e-12)
+    assert np.all((P >= 0) & (P <= 1))
+    np.testing.assert_array_equal(P, cal.transform(z))
+    assert cal.n_classes_ == 5
+    assert repr(cal).startswith(cls.__name__ + "(")
+    assert "input" in cal.get_params()
+    # float32 and list input give the same answer as float64 arrays
+    z32 = z.astype(np.float32)
+    z64 = z32.astype(np.float64)
+    np.testing.assert_array_equal(
+        cls().fit(z32, y).transform(z32), cls().fit(z64, y).transform(z64)
+    )
+    assert cls().fit(z[:50].tolist(), y[:50].tolist()).n_classes_ == 5
+
+
+@pytest.mark.parametrize("cls", ALL, ids=IDS)
+def test_logits_and_probs_inputs_agree(cls, data5):
+    z, y = data5
+    z = z / 2  # keep probabilities far from the PROB_EPS clipping
+    Pl = cls().fit(z, y).transform(z)
+    q = softmax(z, axis=1)
+    Pp = cls(input="probs").fit(q, y).transform(q)
+    np.testing.assert_allclose(Pp, Pl, rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.parametrize("cls", ALL, ids=IDS)
+def test_binary_paths(cls):
+    rng = np.random.default_rng(2)
+    t = 2.0 * rng.normal(size=400)
+    y = (rng.random(400) < 1 / (1 + np.exp(-t / 1.5))).astype(int)
+    cal1 = cls().fit(t, y)
+    p1 = cal1.transform(t)
+    assert p1.shape == (400,) and p1.dtype == np.float64
+    assert np.all((p1 >= 0) & (p1 <= 1))
+    # (n,) logit t is the two-class problem with logits (0, t)
+    Z2 = np.stack([np.zeros_like(t), t], axis=1)
+    P2 = cls().fit(Z2, y).transform(Z2)
+    np.testing.assert_allclose(p1, P2[:, 1], rtol=1e-9, atol=1e-12)
+    # a binary fit transforms two-column scores and vice versa
+    np.testing.assert_allclose(cal1.transform(Z2)[:, 1], p1, rtol=1e-12, atol=1e-15)
+    # P(y = 1) input gives the same as the logit
+    p = 1 / (1 + np.exp(-t))
+    pp = cls(input="probs").fit(p, y).transform(p)
+    np.testing.assert_allclose(pp, p1, rtol=1e-7, atol=1e-9)
+
+
+def test_binary_temperature_closed_form():
+    # binary TS: sigma(t / T); EC: mean sigma(|t| / T) = accuracy (001 notes 1.2)
+    rng = np.random.default_rng(4)
+    t = 3 * rng.normal(size=500)
+    y = (rng.random(500) < 1 / (1 + np.exp(-t / 2))).astype(int)
+    ts = rc.TemperatureScaling().fit(t, y)
+    np.testing.assert_allclose(ts.transform(t), 1 / (1 + np.exp(-t / ts.temperature_)))
+    ec = rc.ExpectationConsistency().fit(t, y)
+    acc = np.mean((t > 0) == (y == 1))
+    conf = np.mean(1 / (1 + np.exp(-np.abs(t) / ec.temperature_)))
+    assert abs(conf - acc) <= 1e-10
+
+
+# ------------------------------------------------------------------------- bad input
+def test_not_fitted_error():
+    assert issubclass(rc.NotFittedError, ValueError)
+    assert issubclass(rc.NotFittedError, AttributeError)
+    for cls in ALL:
+        with pytest.raises(rc.NotFittedError, match="not fitted yet"):
+            cls().transform(np.zeros((3, 4)))
+
+
+@pytest.mark.parametrize("cls", ALL, ids=IDS)
+def test_bad_input(cls, data5):
+    z, y = data5
+    with pytest.raises(ValueError, match="input must be one of"):
+        cls(input="logprobs").fit(z, y)
+    with pytest.raises(ValueError, match=r"shape \(10, 1\)"):
+        cls().fit(z[:10, :1], y[:10])
+    with pytest.raises(ValueError, match="must have shape"):
+        cls().fit(z.reshape(-1, 5, 1), y)
+    z_nan = z.copy()
+    z_nan[3, 2] = np.nan
+    with pytest.raises(ValueError, match=r"non-finite value .*nan.* at index \(3, 2\)"):
+        cls().fit(z_nan, y)
+    with pytest.raises(ValueError, match="labels has 10 entries"):
+        cls().fit(z[:20], y[:10])
+    y_frac = y.astype(float)
+    y_frac[4] = 1.5
+    with pytest.raises(ValueError, match="labels must be integers"):
+        cls().fit(z, y_frac)
+    y_big = y.copy()
+    y_big[0] = 5
+    with pytest.raises(ValueError, match=r"labels must lie in 0..4"):
+        cls().fit(z, y_big)
+    with pytest.raises(TypeError, match="scores must be a numeric array"):
+        cls().fit([["a", "b"], ["c", "d"]], [0, 1])
+    with pytest.raises(ValueError, match="at least 2 samples"):
+        cls().fit(z[:1], y[:1])
+    with pytest.raises(ValueError, match="rows of scores must sum to 1"):
+        cls(input="probs").fit(np.abs(z), y)
+    cal = cls().fit(z, y)
+    # a different number of classes at transform time (labels unseen in fit)
+    with pytest.raises(ValueError, match="K = 6 classes .* fitted with K = 5"):
+        cal.transform(np.zeros((4, 6)))
+    with pytest.raises(ValueError, match="K = 2 classes"):
+        cal.transform(np.zeros(4))
+    with pytest.raises(ValueError, match="non-finite value inf"):
+        cal.transform(np.full((2, 5), np.inf))
+
+
+def test_probabilities_passed_as_logits_warn(data5):
+    z, y = data5
+    with pytest.warns(kdecal.KdecalWarning, match="input='probs'"):
+        rc.TemperatureScaling().fit(softmax(z, axis=1), y)
+
+
+def test_parameter_checks(data5):
+    z, y = data5
+    with pytest.raises(ValueError, match="0 < T_min < T_max"):
+        rc.TemperatureScaling(bounds=(2.0, 1.0)).fit(z, y)
+    with pytest.raises(TypeError, match="pair"):
+        rc.TemperatureScaling(bounds=3.0).fit(z, y)
+    with pytest.raises(ValueError, match="n_bins must be >= 1"):
+        rc.HistogramBinning(n_bins=0).fit(z, y)
+    with pytest.raises(TypeError, match="n_bins must be an integer"):
+        rc.HistogramBinning(n_bins=2.5).fit(z, y)
+
+
+# ------------------------------------------------------------------------- real data
+@pytest.fixture(scope="module")
+def cifar10_resnet50(data_dir):
+    path = data_dir / "cifar10_resnet50_psrcal.npz"
+    if not path.is_file():
+        pytest.skip(f"real data not available: {path}")
+    with np.load(path, allow_pickle=False) as d:
+        return (
+            d["val_logits"].astype(np.float64),
+            d["val_labels"].astype(np.int64),
+            d["test_logits"].astype(np.float64),
+            d["test_labels"].astype(np.int64),
+        )
+
+
+def test_real_cifar10_ts_and_ec(cifar10_resnet50):
+    # 001 Sec. 4: both methods give T > 1 (overconfident networks) and similar values.
+    # Measured (val -> test): T_TS = 2.575, T_EC = 2.724; test NLL 0.7897 -> 0.4473 / 0.4490
+    zv, yv, zt, yt = cifar10_resnet50
+    raw = nll(softmax(zt, axis=1), yt)
+    ts = rc.TemperatureScaling().fit(zv, yv)
+    ec = rc.ExpectationConsistency().fit(zv, yv)
+    assert ts.converged_
+    assert ts.temperature_ > 1 and ec.temperature_ > 1
+    assert ec.temperature_ == pytest.approx(ts.temperature_, rel=0.1)
+    for cal in (ts, ec):
+        assert nll(cal.transform(zt), yt) < raw - 0.2
+    aff = rc.AffineCalibration().fit(zv[:2000], yv[:2000])
+    assert aff.alpha_ > 0
+    assert nll(aff.transform(zt), yt) < raw - 0.2
