@@ -100,6 +100,10 @@ def ratio_of_squares(m, r_ustat):
 
 def debias(S, Q, T, n_terms, mode):
     """Debias like ``kdecal._core.debias``; returns ``(E, sq, degenerate)``."""
+    if mode not in (1, 2):
+        raise ValueError(f"mode must be 1 (ustat) or 2 (ratio), got {mode!r}")
+    if mode == 2 and T is None:
+        raise ValueError("mode 2 (ratio) needs T")
     S0 = S.sum(axis=-1, keepdims=True)
     Q0 = Q.sum(axis=-1, keepdims=True)
     den = S0 * S0 - Q0

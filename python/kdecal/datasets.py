@@ -55,19 +55,26 @@ References
    AISTATS 2024, Sec. 7.1, App. D and F.
 .. [ST04] N. A. Smith, R. W. Tromble. "Sampling Uniformly from the Unit Simplex".
    Technical report, Johns Hopkins University, 2004.
+.. [004] L. Ferrer, D. Ramos. "Evaluating Posterior Probabilities: Decision Theory,
+   Proper Scoring Rules, and Calibration". TMLR 2025, Sec. 3 and App. C (the
+   class-conditional Gaussian posteriors of :func:`make_gaussian_posteriors`).
 """
 
 from __future__ import annotations
 
 import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 from scipy.special import logsumexp
 
 __all__ = [
+    "GaussianPosteriors",
     "SyntheticSample",
     "calibration_error_of_sample",
+    "make_gaussian_posteriors",
     "make_seeds_synthetic",
     "temperature_scale",
     "true_calibration_error",
@@ -646,3 +653,260 @@ def calibration_error_of_sample(
         logc, logf = np.log(c), np.log(f)
     value, se = _estimate(c, f, logc, logf, p=p, div=div, calibration=calibration, n_bins=n_bins)
     return (value, se) if return_se else value
+
+
+# ------------------------------------------------- Ferrer & Ramos Gaussian posteriors
+
+#: Names of the four systems of :func:`make_gaussian_posteriors` (004 Sec. 3, App. C).
+GAUSSIAN_SYSTEMS = ("cal", "mcp", "mcs", "mcps")
+
+
+def _check_open_unit(value: object, name: str) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a float in (0, 1), got {value!r}")
+    v = float(value)
+    if not 0.0 < v < 1.0:
+        raise ValueError(f"{name} must lie in the open interval (0, 1), got {value!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class GaussianPosteriors:
+    """Posteriors of the class-conditional Gaussian model of Ferrer & Ramos (004, App. C).
+
+    Attributes
+    ----------
+    labels : ndarray, shape (n,), int64, read-only
+        True classes in ``0..K-1``, sorted (all class-0 samples first, then class 1, ...).
+    features : ndarray, shape (n, K), float64, read-only
+        The Gaussian inputs ``x ~ N(mu_i, var I)``, ``mu_i = sqrt(1/2) e_i``.
+    log_posteriors : mapping str -> ndarray (n, K) float64, read-only
+        Natural-log posteriors (rows log-sum-exp to 0) of the four systems ``"cal"``,
+        ``"mcp"``, ``"mcs"`` and ``"mcps"`` (see :func:`make_gaussian_posteriors`).
+        Prefer these to ``probs`` for log losses: the overconfident systems have
+        posteriors that underflow in linear space.
+    priors : ndarray, shape (K,), float64, read-only
+        The data priors ``(P_1, (1 - P_1)/(K - 1), ...)`` used by ``"cal"`` and ``"mcs"``.
+    mismatched_priors : ndarray, shape (K,), float64, read-only
+        ``((1 - P_m)/(K - 1), ..., P_m)`` used by ``"mcp"`` and ``"mcps"``.
+    counts : ndarray, shape (K,), int64, read-only
+        Samples per class, ``counts.sum() == n``.
+    var : float
+        Variance of every feature (the paper's sigma; covariance ``var * I``).
+    scale : float
+        The factor of the log-posteriors of ``"mcs"`` and ``"mcps"``.
+    """
+
+    labels: np.ndarray
+    features: np.ndarray
+    log_posteriors: Mapping[str, np.ndarray]
+    priors: np.ndarray
+    mismatched_priors: np.ndarray
+    counts: np.ndarray
+    var: float
+    scale: float
+
+    @property
+    def n(self) -> int:
+        """Number of samples."""
+        return int(self.labels.shape[0])
+
+    @property
+    def n_classes(self) -> int:
+        """Number of classes K."""
+        return int(self.priors.shape[0])
+
+    def probs(self, system: str) -> np.ndarray:
+        """Posterior probabilities of one system, ``exp(log_posteriors[system])``.
+
+        Parameters
+        ----------
+        system : {"cal", "mcp", "mcs", "mcps"}
+            Which system.
+
+        Returns
+        -------
+        ndarray, shape (n, K), float64
+            Rows on the simplex (entries may underflow to 0 for the scaled systems).
+
+        Raises
+        ------
+        ValueError
+            Unknown ``system``.
+        """
+        if not isinstance(system, str) or system not in GAUSSIAN_SYSTEMS:
+            raise ValueError(f"system must be one of {list(GAUSSIAN_SYSTEMS)}, got {system!r}")
+        return np.exp(self.log_posteriors[system])
+
+
+def make_gaussian_posteriors(
+    n: int,
+    n_classes: int = 2,
+    *,
+    prior1: float = 0.8,
+    var: float = 0.15,
+    mismatch_prior: float = 0.9,
+    scale: float = 5.0,
+    seed: int | np.random.Generator | np.random.SeedSequence | None = 0,
+    rng: str | np.random.RandomState = "generator",
+) -> GaussianPosteriors:
+    """Calibrated and miscalibrated posteriors of a Gaussian model (Ferrer & Ramos, App. C).
+
+    The synthetic data of 004 (Sec. 3 and App. C; Fig. 4-8 and Table 1):
+
+    1. class priors ``P = (P_1, (1 - P_1)/(K - 1), ..., (1 - P_1)/(K - 1))``;
+    2. ``N_i`` samples of class i, ``x ~ N(mu_i, var I)`` in K dimensions, with
+       ``mu_i = sqrt(1/2) e_i`` so that the class means are equidistant at L2 distance 1
+       (004 Sec. 3; App. C writes one-hot means, distance sqrt(2), but the authors' code,
+       which produced the figures and tables, uses ``sqrt(1/2) e_i``);
+    3. the exact log-likelihoods ``log N(x; mu_i, var I)`` and Bayes' rule (004 Eq. 38)
+       with the data priors give ``"cal"``, the optimal and perfectly calibrated
+       classifier; with the mismatched priors ``((1 - P_m)/(K - 1), ..., P_m)`` (the
+       large prior moved to the *last* class) they give ``"mcp"``;
+    4. ``"mcs"`` and ``"mcps"`` scale the log-posteriors of ``"cal"`` and ``"mcp"`` by
+       ``scale`` and renormalise, ``softmax(scale * log q)`` (``scale > 1``:
+       overconfident).
+
+    Affine (DP) calibration, ``softmax(alpha log q + beta)``, undoes every one of the
+    three miscalibrations exactly (``alpha = 1/scale``, ``beta = log P - log P_m``);
+    temperature scaling only undoes the scaling.
+
+    Parameters
+    ----------
+    n : int
+        Requested number of samples, ``n >= 1``. The class counts are the closest
+        integers to ``P_i n`` (``rng="generator"``) or ``int(P_i n)`` (``"legacy"``, as in
+        the authors' code), so the total may differ slightly from ``n``: see ``counts``.
+    n_classes : int, default 2
+        Number of classes K, ``K >= 2`` (also the feature dimension).
+    prior1 : float, default 0.8
+        Prior of the first class, in (0, 1); the others share ``1 - prior1`` equally.
+    var : float, default 0.15
+        Variance of each feature (the paper's sigma; 0.15 for the binary experiments and
+        Table 1, 0.08 for the 10-class Fig. 6). Larger is harder.
+    mismatch_prior : float, default 0.9
+        Prior of the last class in the mismatched prior vector of ``"mcp"``/``"mcps"``,
+        in (0, 1).
+    scale : float, default 5.0
+        Factor of the log-posteriors for ``"mcs"``/``"mcps"``, finite and ``> 0``.
+    seed : int, Generator, SeedSequence or None, default 0
+        With ``rng="generator"``: passed to :func:`numpy.random.default_rng`. With
+        ``rng="legacy"``: an int (or None) for :class:`numpy.random.RandomState`.
+        Ignored when ``rng`` is a ``RandomState``.
+    rng : {"generator", "legacy"} or numpy.random.RandomState, default "generator"
+        ``"generator"``: numpy's ``Generator``, ``x = mu_i + sqrt(var) z``, rounded
+        counts. ``"legacy"``: the exact draws of the authors' code
+        (``expected_cost/data.py``, ``np.random.seed(seed)`` then, class by class in
+        order, ``scipy.stats.multivariate_normal.rvs(mu_i, var I, N_i)``) with
+        ``np.random.RandomState(seed)`` instead of the global state, and truncated
+        counts ``int(P_i n)`` (so 0.8/0.2 with n = 2000 gives 1600/399). A
+        ``RandomState`` instance runs the legacy path on that state and leaves it
+        advanced, so that later consumers (e.g. the cross-validation folds of
+        :func:`kdecal.scores.calibration_loss` with ``seed=`` that state) continue the
+        stream as the authors' global RNG did.
+
+    Returns
+    -------
+    GaussianPosteriors
+        Labels, features, the log-posteriors of ``"cal"``, ``"mcp"``, ``"mcs"``,
+        ``"mcps"``, the two prior vectors, the class counts, ``var`` and ``scale``.
+
+    Raises
+    ------
+    TypeError
+        Non-integer ``n`` or ``n_classes``; non-real ``prior1``, ``var``,
+        ``mismatch_prior`` or ``scale``; ``rng`` of another type.
+    ValueError
+        ``n < 1``, ``n_classes < 2``, ``prior1`` or ``mismatch_prior`` outside (0, 1),
+        ``var <= 0``, ``scale <= 0``, non-finite values, unknown ``rng`` string, or an
+        ``n`` so small that some class gets no sample.
+
+    Notes
+    -----
+    The log-likelihoods are computed in closed form, ``-||x - mu_i||^2 / (2 var)``
+    (the normalising constant is common to all classes and cancels in Bayes' rule);
+    the authors' code takes ``log(pdf)``, which agrees to rounding. Samples are
+    ordered by class, as in the authors' code.
+
+    Examples
+    --------
+    >>> from kdecal.datasets import make_gaussian_posteriors
+    >>> g = make_gaussian_posteriors(2000, rng="legacy")   # 004 Table 1, N = 2000
+    >>> g.counts.tolist(), g.log_posteriors["cal"].shape
+    ([1600, 399], (1999, 2))
+    """
+    n = _check_int(n, "n", 1)
+    K = _check_int(n_classes, "n_classes", 2)
+    prior1 = _check_open_unit(prior1, "prior1")
+    mismatch_prior = _check_open_unit(mismatch_prior, "mismatch_prior")
+    var = _check_temperature(var, "var")
+    scale = _check_temperature(scale, "scale")
+    legacy_state: np.random.RandomState | None
+    if isinstance(rng, np.random.RandomState):
+        legacy_state = rng
+    elif isinstance(rng, str) and rng in ("generator", "legacy"):
+        legacy_state = np.random.RandomState(seed) if rng == "legacy" else None
+    elif isinstance(rng, str):
+        raise ValueError(f"rng must be 'generator', 'legacy' or a RandomState, got {rng!r}")
+    else:
+        raise TypeError(
+            f"rng must be 'generator', 'legacy' or a numpy RandomState, got {type(rng).__name__}"
+        )
+
+    priors = np.array([prior1] + [(1.0 - prior1) / (K - 1)] * (K - 1))
+    mism = np.array([(1.0 - mismatch_prior) / (K - 1)] * (K - 1) + [mismatch_prior])
+    if legacy_state is not None:
+        counts = np.array(priors * n, dtype=int).astype(np.int64)  # truncation, as 004's code
+    else:
+        counts = np.rint(priors * n).astype(np.int64)
+    if np.any(counts < 1):
+        i = int(np.argmin(counts))
+        raise ValueError(
+            f"n = {n} is too small: class {i} (prior {priors[i]:.4g}) gets {counts[i]} samples"
+        )
+    means = np.sqrt(0.5) * np.eye(K)
+    if legacy_state is not None:
+        from scipy.stats import multivariate_normal
+
+        cov = var * np.eye(K)
+        blocks = [
+            np.asarray(
+                multivariate_normal.rvs(means[i], cov, int(counts[i]), random_state=legacy_state),
+                dtype=np.float64,
+            ).reshape(int(counts[i]), K)
+            for i in range(K)
+        ]
+    else:
+        gen = np.random.default_rng(seed)
+        blocks = [
+            means[i] + np.sqrt(var) * gen.standard_normal((int(counts[i]), K)) for i in range(K)
+        ]
+    X = np.ascontiguousarray(np.concatenate(blocks, axis=0))
+    labels = np.repeat(np.arange(K, dtype=np.int64), counts)
+    # log N(x; mu_i, var I) up to the class-independent constant
+    sq = (
+        np.sum(X * X, axis=1, keepdims=True)
+        - 2.0 * (X @ means.T)
+        + np.sum(means * means, axis=1)[None, :]
+    )
+    llk = -0.5 * sq / var
+
+    def _logsoftmax(z: np.ndarray) -> np.ndarray:
+        return z - logsumexp(z, axis=1, keepdims=True)
+
+    cal = _logsoftmax(llk + np.log(priors))
+    mcp = _logsoftmax(llk + np.log(mism))
+    logpost = {"cal": cal, "mcp": mcp, "mcs": _logsoftmax(scale * cal)}
+    logpost["mcps"] = _logsoftmax(scale * mcp)
+    for a in (X, labels, priors, mism, counts, *logpost.values()):
+        a.setflags(write=False)
+    return GaussianPosteriors(
+        labels=labels,
+        features=X,
+        log_posteriors=MappingProxyType(logpost),
+        priors=priors,
+        mismatched_priors=mism,
+        counts=counts,
+        var=var,
+        scale=scale,
+    )
