@@ -479,14 +479,25 @@ def test_simplex_default_bins_per_side_is_doane():
 
 
 # --------------------------------------------------------------------------- errors
-@pytest.mark.parametrize("bad", [0, -3, 2.5, 15.0, True, "15", None])
-def test_bad_n_bins(bad):
-    with pytest.raises(ValueError, match="n_bins"):
+@pytest.mark.parametrize(
+    "bad,exc",
+    [
+        (0, ValueError),
+        (-3, ValueError),
+        (2.5, TypeError),
+        (15.0, TypeError),
+        (True, TypeError),
+        ("15", TypeError),
+        (None, TypeError),
+    ],
+)
+def test_bad_n_bins(bad, exc):
+    with pytest.raises(exc, match="n_bins"):
         binned.ece(HAND_P, HAND_Y, n_bins=bad)
-    with pytest.raises(ValueError, match="n_bins"):
+    with pytest.raises(exc, match="n_bins"):
         binned.binned_statistics(HAND_P, HAND_Y, n_bins=bad)
     if bad is not None:
-        with pytest.raises(ValueError, match="n_bins_per_side"):
+        with pytest.raises(exc, match="n_bins_per_side"):
             binned.simplex_ece(HAND_P, HAND_Y, n_bins_per_side=bad)
 
 

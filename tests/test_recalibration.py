@@ -203,7 +203,7 @@ def test_ec_top_k_argument_checks(data5):
     z, y = data5
     with pytest.raises(ValueError, match="top_k must be < K = 5"):
         rc.ExpectationConsistency(top_k=5).fit(z, y)
-    with pytest.raises(ValueError, match="top_k must be >= 1"):
+    with pytest.raises(ValueError, match="top_k must be an integer >= 1"):
         rc.ExpectationConsistency(top_k=0).fit(z, y)
     with pytest.raises(TypeError, match="top_k must be an integer"):
         rc.ExpectationConsistency(top_k=1.5).fit(z, y)
@@ -595,7 +595,7 @@ def test_parameter_checks(data5):
         rc.TemperatureScaling(bounds=(2.0, 1.0)).fit(z, y)
     with pytest.raises(TypeError, match="pair"):
         rc.TemperatureScaling(bounds=3.0).fit(z, y)
-    with pytest.raises(ValueError, match="n_bins must be >= 1"):
+    with pytest.raises(ValueError, match="n_bins must be an integer >= 1"):
         rc.HistogramBinning(n_bins=0).fit(z, y)
     with pytest.raises(TypeError, match="n_bins must be an integer"):
         rc.HistogramBinning(n_bins=2.5).fit(z, y)

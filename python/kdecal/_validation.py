@@ -168,3 +168,57 @@ def check_choice(value: object, name: str, choices: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
     return value
+
+
+def check_int(value: object, name: str, minimum: int) -> int:
+    """Check an integer option ``>= minimum`` (bool and floats are refused).
+
+    Raises
+    ------
+    TypeError
+        If ``value`` is not an integer.
+    ValueError
+        If ``value < minimum``.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if int(value) < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def check_p(p: object, name: str = "p") -> float:
+    """Check the order of an L_p error: a finite real ``>= 1``; returned as float.
+
+    Raises
+    ------
+    TypeError
+        If ``p`` is not a real number.
+    ValueError
+        If ``p`` is not finite or below 1.
+    """
+    if isinstance(p, (bool, np.bool_)) or not isinstance(p, numbers.Real):
+        raise TypeError(f"{name} must be a real number >= 1, got {p!r}")
+    q = float(p)
+    if not np.isfinite(q) or q < 1.0:
+        raise ValueError(f"{name} must be a finite real number >= 1, got {p!r}")
+    return q
+
+
+def check_class_index(class_index: object, n_classes: int) -> int:
+    """Check a class index in ``0..n_classes-1``.
+
+    Raises
+    ------
+    ValueError
+        If it is not an integer in range.
+    """
+    if (
+        isinstance(class_index, (bool, np.bool_))
+        or not isinstance(class_index, numbers.Integral)
+        or not 0 <= int(class_index) < n_classes
+    ):
+        raise ValueError(
+            f"class_index must be an integer in 0..{n_classes - 1}, got {class_index!r}"
+        )
+    return int(class_index)

@@ -38,12 +38,18 @@ References
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 
 import numpy as np
 
-from ._validation import check_choice, check_labels, check_probs
+from ._validation import (
+    check_choice,
+    check_class_index,
+    check_int,
+    check_labels,
+    check_p,
+    check_probs,
+)
 
 __all__ = ["BinStats", "binned_statistics", "ece", "simplex_ece"]
 
@@ -52,22 +58,6 @@ _CALIBRATIONS = ("top_label", "classwise")
 
 
 # ------------------------------------------------------------------------------ checks
-def _check_positive_int(value: object, name: str) -> int:
-    """Check a positive Python/NumPy integer (bool and floats are refused); return it."""
-    is_int = isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
-    if not is_int or int(value) < 1:  # ValueError, as for any bad option value
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def _check_p(p: object) -> float:
-    """Check the order p of the L_p error (a finite real >= 1); return it as float."""
-    if isinstance(p, (bool, np.bool_)) or not isinstance(p, numbers.Real):
-        raise TypeError(f"p must be a real number >= 1, got {p!r}")
-    q = float(p)
-    if not math.isfinite(q) or q < 1.0:
-        raise ValueError(f"p must be a finite real number >= 1, got {p!r}")
-    return q
 
 
 def _raw_probs(probs: object) -> np.ndarray:
@@ -307,20 +297,13 @@ def binned_statistics(
     (class-wise ECE).
     """
     P, y = _validated(probs, labels)
-    n_bins = _check_positive_int(n_bins, "n_bins")
+    n_bins = check_int(n_bins, "n_bins", 1)
     check_choice(binning, "binning", _BINNINGS)
     check_choice(calibration, "calibration", _CALIBRATIONS)
     if class_index is not None:
         if calibration != "classwise":
             raise ValueError("class_index is only meaningful with calibration='classwise'")
-        K = P.shape[1]
-        if (
-            isinstance(class_index, (bool, np.bool_))
-            or not isinstance(class_index, numbers.Integral)
-            or not 0 <= int(class_index) < K
-        ):
-            raise ValueError(f"class_index must be an integer in 0..{K - 1}, got {class_index!r}")
-        class_index = int(class_index)
+        class_index = check_class_index(class_index, P.shape[1])
     return _statistics(P, y, n_bins, binning, calibration, class_index)
 
 
@@ -380,10 +363,10 @@ def ece(
     Guo et al. (2017), Sec. 2; Naeini et al. (2015); Kull et al. (2019).
     """
     P, y = _validated(probs, labels)
-    n_bins = _check_positive_int(n_bins, "n_bins")
+    n_bins = check_int(n_bins, "n_bins", 1)
     check_choice(binning, "binning", _BINNINGS)
     check_choice(calibration, "calibration", _CALIBRATIONS)
-    p = _check_p(p)
+    p = check_p(p)
     stats = _statistics(P, y, n_bins, binning, calibration, None)
     return float(np.mean(_ce_pp(stats, p)) ** (1.0 / p))
 
@@ -541,11 +524,11 @@ def simplex_ece(
     Popordanoska et al. (2022), Eq. 1, Sec. 4, Fig. 1, Fig. 2a, App. F; Doane (1976).
     """
     P, y = _validated(probs, labels)
-    p = _check_p(p)
+    p = check_p(p)
     if n_bins_per_side is None:
         m = _default_bins_per_side(P)
     else:
-        m = _check_positive_int(n_bins_per_side, "n_bins_per_side")
+        m = check_int(n_bins_per_side, "n_bins_per_side", 1)
     K = P.shape[1]
     cell = _simplex_cells(P, m)
     n_cells = int(cell.max()) + 1

@@ -70,6 +70,8 @@ from types import MappingProxyType
 import numpy as np
 from scipy.special import logsumexp
 
+from ._validation import check_int, check_p
+
 __all__ = [
     "GaussianPosteriors",
     "SyntheticSample",
@@ -89,15 +91,6 @@ _CHUNK = 1 << 16
 # ----------------------------------------------------------------------------- checks
 
 
-def _check_int(value: object, name: str, minimum: int) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    v = int(value)
-    if v < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return v
-
-
 def _check_temperature(value: object, name: str) -> float:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a finite float > 0, got {value!r}")
@@ -105,15 +98,6 @@ def _check_temperature(value: object, name: str) -> float:
     if not np.isfinite(t) or t <= 0:
         raise ValueError(f"{name} must be a finite float > 0, got {value!r}")
     return t
-
-
-def _check_p(value: object) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"p must be a real number >= 1, got {value!r}")
-    p = float(value)
-    if not np.isfinite(p) or p < 1:
-        raise ValueError(f"p must be a finite real number >= 1, got {value!r}")
-    return p
 
 
 def _check_divergence(value: object) -> str | None:
@@ -133,7 +117,7 @@ def _check_calibration(value: object) -> str:
 def _check_n_bins(value: object) -> int | None:
     if value is None:
         return None
-    return _check_int(value, "n_bins", 1)
+    return check_int(value, "n_bins", 1)
 
 
 # ------------------------------------------------------------------------ primitives
@@ -310,8 +294,8 @@ def make_seeds_synthetic(
     >>> s.probs.shape, s.labels.dtype
     ((3000, 4), dtype('int64'))
     """
-    n = _check_int(n, "n", 1)
-    K = _check_int(n_classes, "n_classes", 2)
+    n = check_int(n, "n", 1)
+    K = check_int(n_classes, "n_classes", 2)
     t1 = _check_temperature(t1, "t1")
     t2 = _check_temperature(t2, "t2")
     rng = np.random.default_rng(seed)
@@ -555,13 +539,13 @@ def true_calibration_error(
     >>> 0 < ce < 1 and se < 0.01 * ce
     True
     """
-    K = _check_int(n_classes, "n_classes", 2)
+    K = check_int(n_classes, "n_classes", 2)
     t1 = _check_temperature(t1, "t1")
     t2 = _check_temperature(t2, "t2")
-    p = _check_p(p)
+    p = check_p(p)
     div = _check_divergence(divergence)
     calibration = _check_calibration(calibration)
-    n_mc = _check_int(n_mc, "n_mc", 1)
+    n_mc = check_int(n_mc, "n_mc", 1)
     n_bins = _check_n_bins(n_bins)
     rng = np.random.default_rng(seed)
 
@@ -643,7 +627,7 @@ def calibration_error_of_sample(
     """
     if not isinstance(sample, SyntheticSample):
         raise TypeError(f"sample must be a SyntheticSample, got {type(sample).__name__}")
-    p = _check_p(p)
+    p = check_p(p)
     div = _check_divergence(divergence)
     calibration = _check_calibration(calibration)
     n_bins = _check_n_bins(n_bins)
@@ -835,8 +819,8 @@ def make_gaussian_posteriors(
     >>> g.counts.tolist(), g.log_posteriors["cal"].shape
     ([1600, 399], (1999, 2))
     """
-    n = _check_int(n, "n", 1)
-    K = _check_int(n_classes, "n_classes", 2)
+    n = check_int(n, "n", 1)
+    K = check_int(n_classes, "n_classes", 2)
     prior1 = _check_open_unit(prior1, "prior1")
     mismatch_prior = _check_open_unit(mismatch_prior, "mismatch_prior")
     var = _check_temperature(var, "var")

@@ -33,6 +33,7 @@ from ._validation import (
     check_bandwidths,
     check_choice,
     check_labels,
+    check_p,
     check_probs,
 )
 
@@ -295,12 +296,9 @@ def ece_kde(
         Invalid input (see :func:`conditional_expectation`), ``p < 1``, or an unknown
         ``calibration`` or ``debias``.
     """
-    if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)):
-        raise TypeError(f"p must be a real number >= 1, got {p!r}")
-    if not np.isfinite(p) or p < 1:
-        raise ValueError(f"p must be a finite real number >= 1, got {p!r}")
+    p = check_p(p)
     est = _run(probs, labels, bandwidth, calibration, debias, backend)[0]
-    return _est.ce_p(est, float(p))
+    return _est.ce_p(est, p)
 
 
 def calibration_error(

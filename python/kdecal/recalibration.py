@@ -57,14 +57,13 @@ References
 
 from __future__ import annotations
 
-import numbers
 import warnings
 
 import numpy as np
 from scipy import optimize
 from scipy.special import log_softmax, logsumexp
 
-from ._validation import _numeric_array, check_choice, check_labels, check_probs
+from ._validation import _numeric_array, check_choice, check_int, check_labels, check_probs
 from .warnings import KdecalWarning
 
 __all__ = [
@@ -177,14 +176,6 @@ def _check_bounds(bounds: object, name: str = "bounds") -> tuple[float, float]:
     if not (np.isfinite(lo) and np.isfinite(hi) and 0 < lo < hi):
         raise ValueError(f"{name} must satisfy 0 < T_min < T_max < inf, got {bounds!r}")
     return lo, hi
-
-
-def _check_int(value: object, name: str, low: int) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    if int(value) < low:
-        raise ValueError(f"{name} must be >= {low}, got {value!r}")
-    return int(value)
 
 
 def _polish_increasing_root(f, u: float, lo: float, hi: float, f_lo: float, f_hi: float) -> float:
@@ -556,7 +547,7 @@ class ExpectationConsistency(_TemperatureMixin, _Calibrator):
 
     def _fit(self, L: np.ndarray, P: np.ndarray, y: np.ndarray) -> None:
         K = L.shape[1]
-        k = _check_int(self.top_k, "top_k", 1)
+        k = check_int(self.top_k, "top_k", 1)
         if k >= K:
             raise ValueError(f"top_k must be < K = {K} (k = K is trivial), got {k}")
         top = self._top_sets(L, k)
@@ -964,7 +955,7 @@ class HistogramBinning(_Calibrator):
         return np.clip(idx, 0, self.bin_edges_.size - 2)
 
     def _fit(self, L: np.ndarray, P: np.ndarray, y: np.ndarray) -> None:
-        M = _check_int(self.n_bins, "n_bins", 1)
+        M = check_int(self.n_bins, "n_bins", 1)
         K = L.shape[1]
         self.bin_edges_ = np.linspace(0.0, 1.0, M + 1)
         idx = self._bin_index(P)

@@ -54,7 +54,14 @@ from typing import Any, NamedTuple
 import numpy as np
 from scipy.special import logsumexp, xlogy
 
-from ._validation import ROW_SUM_ATOL, _numeric_array, check_choice, check_labels, check_probs
+from ._validation import (
+    ROW_SUM_ATOL,
+    _numeric_array,
+    check_choice,
+    check_int,
+    check_labels,
+    check_probs,
+)
 
 __all__ = [
     "BootstrapCI",
@@ -93,15 +100,6 @@ def _check_bool(value: object, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be True or False, got {value!r}")
     return bool(value)
-
-
-def _check_int(value: object, name: str, minimum: int) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    v = int(value)
-    if v < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return v
 
 
 def _log_probs(x: object, input: str, name: str, min_n: int = 1) -> np.ndarray:
@@ -351,7 +349,7 @@ def cost_matrix_01(n_classes: int) -> np.ndarray:
     TypeError, ValueError
         ``n_classes`` not an integer >= 2.
     """
-    K = _check_int(n_classes, "n_classes", 2)
+    K = check_int(n_classes, "n_classes", 2)
     return 1.0 - np.eye(K)
 
 
@@ -376,7 +374,7 @@ def cost_matrix_abstain(n_classes: int, abstain_cost: float = 0.1) -> np.ndarray
     TypeError, ValueError
         ``n_classes`` not an integer >= 2; ``abstain_cost`` not a finite real >= 0.
     """
-    K = _check_int(n_classes, "n_classes", 2)
+    K = check_int(n_classes, "n_classes", 2)
     if isinstance(abstain_cost, (bool, np.bool_)) or not isinstance(abstain_cost, numbers.Real):
         raise TypeError(f"abstain_cost must be a finite float >= 0, got {abstain_cost!r}")
     a = float(abstain_cost)
@@ -413,7 +411,7 @@ def cost_matrix_imbalanced(
         ``n_classes`` not an integer >= 2, ``cost`` not finite/>= 0, ``costly_class``
         not an integer in ``-K..K-1``.
     """
-    K = _check_int(n_classes, "n_classes", 2)
+    K = check_int(n_classes, "n_classes", 2)
     if isinstance(cost, (bool, np.bool_)) or not isinstance(cost, numbers.Real):
         raise TypeError(f"cost must be a finite float >= 0, got {cost!r}")
     c = float(cost)
@@ -684,7 +682,7 @@ def cv_folds(
     ):
         raise ValueError("labels must be integers")
     y = arr.astype(np.int64)
-    n_folds = _check_int(n_folds, "n_folds", 2)
+    n_folds = check_int(n_folds, "n_folds", 2)
     stratified = _check_bool(stratified, "stratified")
     rs = _legacy_state(seed)
     if groups is None:
@@ -777,7 +775,7 @@ def calibrate_scores(
     X = _scores_array(scores, input, "scores")
     n, K = X.shape
     y = check_labels(labels, n, K)
-    n_folds = _check_int(n_folds, "n_folds", 2)
+    n_folds = check_int(n_folds, "n_folds", 2)
     stratified = _check_bool(stratified, "stratified")
     new = _make_calibrator(calibrator, input)
     if mode == "heldout":
@@ -1025,7 +1023,7 @@ def bootstrap_ci(
     """
     if not callable(metric):
         raise TypeError(f"metric must be callable, got {type(metric).__name__}")
-    n_boot = _check_int(n_boot, "n_boot", 1)
+    n_boot = check_int(n_boot, "n_boot", 1)
     if isinstance(alpha, (bool, np.bool_)) or not isinstance(alpha, numbers.Real):
         raise TypeError(f"alpha must be a float in (0, 1), got {alpha!r}")
     a = float(alpha)
