@@ -47,7 +47,7 @@ def beta_kernel_at_f0(f):
 
 
 def truth():
-    opts = dict(epsabs=1e-14, epsrel=1e-13, limit=200)
+    opts = {"epsabs": 1e-14, "epsrel": 1e-13, "limit": 200}
     mx = integrate.quad(lambda c: beta_kernel_at_f0(fmap(c)), 0, 1, **opts)[0]
     my = integrate.quad(lambda c: beta_kernel_at_f0(fmap(c)) * c, 0, 1, **opts)[0]
     return my / mx, (my / mx) ** 2
@@ -72,8 +72,11 @@ NAMES = ("R2 plain", "R2 ustat", "R2 ratio", "R1 plain", "R1 ratio")
 
 def main():
     reps = int(sys.argv[1]) if len(sys.argv) > 1 else 20000
-    ns = [int(x) for x in sys.argv[2].split(",")] if len(sys.argv) > 2 else [
-        32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+    ns = (
+        [int(x) for x in sys.argv[2].split(",")]
+        if len(sys.argv) > 2
+        else [32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+    )
     core = _backends._core
     R1, R2 = truth()
     print(f"truth: R1 = {R1:.10f}, R2 = {R2:.10f}; reps = {reps}")

@@ -30,7 +30,7 @@ QUANTITIES = ("ece_kde_l1", "ece_kde_l2", "ce_kl", "ce_l2")
 
 
 def truths(K):
-    kw = dict(t1=0.6, t2=0.6, n_mc=10**6, seed=0)
+    kw = {"t1": 0.6, "t2": 0.6, "n_mc": 10**6, "seed": 0}
     return {
         "ece_kde_l1": datasets.true_calibration_error(K, p=1, **kw),
         "ece_kde_l2": datasets.true_calibration_error(K, p=2, **kw),
@@ -41,15 +41,19 @@ def truths(K):
 
 def main():
     reps = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    ns = [int(x) for x in sys.argv[2].split(",")] if len(sys.argv) > 2 else [
-        100, 300, 1000, 3000, 10000, 20000]
+    ns = (
+        [int(x) for x in sys.argv[2].split(",")]
+        if len(sys.argv) > 2
+        else [100, 300, 1000, 3000, 10000, 20000]
+    )
     Ks = [int(x) for x in sys.argv[3].split(",")] if len(sys.argv) > 3 else [4, 8]
     rows = []
     t0 = time.perf_counter()
     for K in Ks:
         truth = truths(K)
-        print(f"K = {K}: truth " + ", ".join(f"{k} = {v:.5f}" for k, v in truth.items()),
-              flush=True)
+        print(
+            f"K = {K}: truth " + ", ".join(f"{k} = {v:.5f}" for k, v in truth.items()), flush=True
+        )
         for n in ns:
             acc: dict[str, list[float]] = {}
             hs = []
@@ -60,21 +64,27 @@ def main():
                 for debias in ("none", "ustat", "ratio"):
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore", kdecal.KdecalWarning)
-                        rep = kdecal.evaluate(s.probs, s.labels, bandwidth=h, debias=debias,
-                                              progress=False)
+                        rep = kdecal.evaluate(
+                            s.probs, s.labels, bandwidth=h, debias=debias, progress=False
+                        )
                     for q in QUANTITIES:
                         acc.setdefault(f"{q} [{debias}]", []).append(getattr(rep, q))
                 acc.setdefault("ece_kde_l1 [simplex-binned]", []).append(
-                    binned.simplex_ece(s.probs, s.labels, p=1))
+                    binned.simplex_ece(s.probs, s.labels, p=1)
+                )
                 acc.setdefault("ece_kde_l2 [simplex-binned]", []).append(
-                    binned.simplex_ece(s.probs, s.labels, p=2))
+                    binned.simplex_ece(s.probs, s.labels, p=2)
+                )
             for key, vals in acc.items():
                 q = key.split(" ")[0]
                 mean = float(np.mean(vals))
-                rows.append((K, n, key, mean, truth[q], mean / truth[q] - 1.0,
-                             float(np.median(hs))))
-            print(f"  n = {n}: median h = {np.median(hs):.3g} "
-                  f"[{time.perf_counter() - t0:.0f} s]", flush=True)
+                rows.append(
+                    (K, n, key, mean, truth[q], mean / truth[q] - 1.0, float(np.median(hs)))
+                )
+            print(
+                f"  n = {n}: median h = {np.median(hs):.3g} [{time.perf_counter() - t0:.0f} s]",
+                flush=True,
+            )
     print("\n| K | n | estimator | mean estimate | truth | relative error | median h |")
     print("|---|---|---|---|---|---|---|")
     for K, n, key, mean, truth_v, rel, h in rows:

@@ -26,6 +26,10 @@ def test_readme_examples_run(monkeypatch):
     pytest.importorskip("numba")
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("KDECAL_PROGRESS", "0")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
     import kdecal
 
     # names the later snippets take from the earlier ones or from the reader's context
@@ -44,6 +48,7 @@ def test_readme_examples_run(monkeypatch):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", kdecal.KdecalWarning)
             exec(compile(block, "README.md", "exec"), ns)  # noqa: S102
+    plt.close("all")
     assert 0 < ns["h"] < 1
     assert isinstance(ns["report"], kdecal.CalibrationReport)
     assert ns["calibrated"].shape == (5000, 10)

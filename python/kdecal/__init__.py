@@ -8,7 +8,7 @@ calibration errors for Bregman generators (KL, L2), refinement and sharpness
 
 from __future__ import annotations
 
-from . import binned, datasets, recalibration, scores
+from . import binned, datasets, plot, recalibration, scores
 from ._backends import available_backends, get_num_threads, set_num_threads
 from ._report import CalibrationReport
 from ._validation import PROB_EPS, ROW_SUM_ATOL
@@ -47,6 +47,7 @@ __all__ = [
     "evaluate",
     "get_num_threads",
     "loo_log_likelihood",
+    "plot",
     "recalibration",
     "refinement",
     "scores",

@@ -26,10 +26,10 @@ _REFERENCES: dict[str, str] = {
 
 # (field name, description) for each metric row of the table, in display order.
 _METRICS: tuple[tuple[str, str], ...] = (
-    ("ece_kde_l1", "ECE^KDE (L1, canonical) [P22]"),
-    ("ece_kde_l2", "ECE^KDE (L2, canonical) [P22]"),
-    ("ce_kl", "calibration error, KL divergence, nats [P24]"),
-    ("ce_l2", "calibration error, squared L2 [P24]"),
+    ("ece_kde_l1", "ECE^KDE (L1, {calibration}) [P22]"),
+    ("ece_kde_l2", "ECE^KDE (L2, {calibration}) [P22]"),
+    ("ce_kl", "calibration error, KL divergence, {calibration}, nats [P24]"),
+    ("ce_l2", "calibration error, squared L2, {calibration} [P24]"),
     ("refinement_kl", "refinement, KL: mean entropy of E[y|f], nats [P24]"),
     ("refinement_l2", "refinement, L2: -mean ||E[y|f]||^2 [P24]"),
     ("sharpness_kl", "sharpness, KL: mean F(E[y|f]) - F(class freq) [P24]"),
@@ -200,7 +200,11 @@ class CalibrationReport:
             f"calibration = {self.calibration}, debias = {self.debias}",
             "",
         ]
-        rows = [(name, _format_value(getattr(self, name)), desc) for name, desc in _METRICS]
+        notion = self.calibration.replace("_", "-")
+        rows = [
+            (name, _format_value(getattr(self, name)), desc.format(calibration=notion))
+            for name, desc in _METRICS
+        ]
         w_name = max(len("metric"), *(len(r[0]) for r in rows))
         w_val = max(len("value"), *(len(r[1]) for r in rows))
         w_desc = max(len("description"), *(len(r[2]) for r in rows))

@@ -11,6 +11,11 @@ print JSON::
 
     kdecal evaluate preds.npz --split test --json
 
+Also write a one-page figure (reliability and calibration-sharpness diagrams and the
+metrics table; needs ``pip install 'kdecal[plot]'``)::
+
+    kdecal evaluate preds.npz --plot page.png
+
 Exit status: 0 on success, 2 on a usage error or a problem with the input
 (reported as one line ``kdecal: error: ...`` on stderr), 130 when interrupted.
 """
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -151,6 +157,13 @@ def _build_parser() -> argparse.ArgumentParser:
         "geometric-series correction (default: none)",
     )
     ev.add_argument("--json", action="store_true", help="print the report as JSON")
+    ev.add_argument(
+        "--plot",
+        metavar="OUT.png",
+        help="also write a one-page figure: top-label and canonical-KDE reliability "
+        "diagrams, the calibration-sharpness diagram and the metrics table (any format "
+        "matplotlib writes, by extension; needs pip install 'kdecal[plot]')",
+    )
     ev.add_argument("--quiet", action="store_true", help="do not show a progress bar")
     return parser
 
@@ -184,6 +197,8 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         path, split=args.split, logits=args.logits
     )
     probs = _to_probs(scores, is_logits)
+    if args.plot is not None:  # fail before the long computation, not after it
+        _check_plot_target(args.plot)
     with warnings.catch_warnings():
         # Show each warning once, as one line, as soon as it is raised.
         warnings.simplefilter("default")
@@ -200,11 +215,37 @@ def _run_evaluate(args: argparse.Namespace) -> int:
             progress=False if args.quiet else None,  # None: a bar for long work only
             source=f"{prefix}{description}",
         )
+        if args.plot is not None:
+            from .plot import evaluation_page
+
+            fig = evaluation_page(probs, labels, report=report, backend=args.backend)
+            fig.savefig(args.plot)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
         print(str(report))
     return 0
+
+
+def _check_plot_target(path: str) -> None:
+    """Check that ``--plot`` can be honoured: matplotlib, the folder, the file type."""
+    try:
+        from .plot import require_matplotlib
+
+        require_matplotlib()
+    except ImportError as exc:
+        raise ValueError(f"--plot: {exc}") from None
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"--plot: folder {folder!r} does not exist")
+    from matplotlib.figure import Figure
+
+    ext = os.path.splitext(path)[1][1:].lower()
+    supported = Figure().canvas.get_supported_filetypes()
+    if ext and ext not in supported:
+        raise ValueError(
+            f"--plot: unsupported file type {ext!r} (supported: {', '.join(sorted(supported))})"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
