@@ -3,7 +3,8 @@
 The canonical L_p calibration error ECE^KDE (Popordanoska et al. 2022), proper
 calibration errors for Bregman generators (KL, L2), refinement and sharpness
 (Popordanoska et al. 2024), leave-one-out bandwidth selection, and a one-pass
-:func:`evaluate` report.
+:func:`evaluate` report. ``kdecal.torch`` (optional, needs torch) has them as
+differentiable training losses.
 """
 
 from __future__ import annotations
@@ -59,3 +60,13 @@ __all__ = [
 
 def __dir__() -> list[str]:
     return __all__
+
+
+def __getattr__(name: str) -> object:
+    # ``kdecal.torch`` (the PyTorch losses) is imported on first use only, so that
+    # ``import kdecal`` never imports torch.
+    if name == "torch":
+        import importlib
+
+        return importlib.import_module("kdecal.torch")
+    raise AttributeError(f"module 'kdecal' has no attribute {name!r}")
