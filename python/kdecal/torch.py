@@ -65,7 +65,7 @@ def __dir__() -> list[str]:
 
 
 def _core() -> Any:
-    """The compiled core, or a RuntimeError saying why the losses need it."""
+    """Return the compiled core, or raise a RuntimeError saying why the losses need it."""
     if _backends._core is None:
         raise RuntimeError(
             "kdecal.torch losses need kdecal's compiled core (kdecal._core), which could not "
@@ -91,7 +91,7 @@ class _LooExpectation(torch.autograd.Function):
         core = _core()
         kdt = np.float32 if points.dtype == torch.float32 else np.float64
         p64 = np.ascontiguousarray(points.detach().to(torch.float64).numpy())
-        B, n, D = p64.shape
+        n, D = p64.shape[1:]
         logq = np.ascontiguousarray(np.log(p64), dtype=kdt)
         pk = np.ascontiguousarray(p64, dtype=kdt)
         scale = 1.0 / bandwidth
@@ -162,11 +162,9 @@ def _binary_points(q: torch.Tensor) -> torch.Tensor:
     return v / v.sum(dim=-1, keepdim=True)
 
 
-def _problem(
-    P: torch.Tensor, y: np.ndarray, calibration: str
-) -> tuple[torch.Tensor, np.ndarray]:
-    """The kernel problems of a notion (as kdecal._estimators.make_problem, in torch)."""
-    n, K = P.shape
+def _problem(P: torch.Tensor, y: np.ndarray, calibration: str) -> tuple[torch.Tensor, np.ndarray]:
+    """Build the kernel problems of a notion (kdecal._estimators.make_problem in torch)."""
+    K = P.shape[1]
     if calibration == "canonical":
         return P.unsqueeze(0), y[None]
     if calibration == "top_label":
@@ -410,6 +408,7 @@ class ECEKDELoss(torch.nn.Module):
         )
 
     def extra_repr(self) -> str:
+        """Options shown in ``repr``."""
         return f"p={self.p}, bandwidth={self.bandwidth!r}, calibration={self.calibration!r}"
 
 
@@ -451,6 +450,7 @@ class CalibrationErrorLoss(torch.nn.Module):
         )
 
     def extra_repr(self) -> str:
+        """Options shown in ``repr``."""
         return (
             f"divergence={self.divergence!r}, bandwidth={self.bandwidth!r}, "
             f"calibration={self.calibration!r}, estimator={self.estimator!r}"
