@@ -1,7 +1,8 @@
 // Dispatcher of the backward pass (loo_grad.hpp): checks the problem, lays out the two
-// passes (centres sorted by label in transposed tiles for the query pass, queries in
-// transposed tiles for the centre pass), allocates the per-thread scratch and calls the
-// kernel of the SIMD path that loo_reduce uses on this CPU.
+// passes (centres sorted by label, then by predicted class, in transposed tiles for the
+// query pass; queries sorted by predicted class in transposed tiles for the centre pass),
+// allocates the per-thread scratch and calls the kernel of the SIMD path that
+// loo_reduce uses on this CPU.
 #include "kdecal/loo_grad.hpp"
 
 #include <cmath>
@@ -32,6 +33,30 @@ using i64 = std::int64_t;
 
 void check(bool ok, const std::string& what) {
     if (!ok) throw std::invalid_argument("kdecal.loo_grad: " + what);
+}
+
+template <class Real>
+i64 argmax(const Real* row, i64 K) {
+    i64 best = 0;
+    for (i64 k = 1; k < K; ++k)
+        if (row[k] > row[best]) best = k;
+    return best;
+}
+
+// Stable counting sort of keys in [0, n_keys): perm[s] = index at sorted position s,
+// inv[i] = sorted position of index i.
+void counting_sort(const i64* key, i64 n, i64 n_keys, std::vector<i64>& perm,
+                   std::vector<i64>& inv) {
+    std::vector<i64> start(static_cast<std::size_t>(n_keys + 1), 0);
+    for (i64 i = 0; i < n; ++i) ++start[static_cast<std::size_t>(key[i] + 1)];
+    for (i64 k = 0; k < n_keys; ++k) start[k + 1] += start[k];
+    perm.assign(static_cast<std::size_t>(n), 0);
+    inv.assign(static_cast<std::size_t>(n), 0);
+    for (i64 i = 0; i < n; ++i) {
+        const i64 pos = start[static_cast<std::size_t>(key[i])]++;
+        inv[i] = pos;
+        perm[pos] = i;
+    }
 }
 
 // rows (n, K) in the order given by `order` (null: identity) -> tiles of kColBlock
@@ -84,28 +109,32 @@ void loo_grad_impl(const LooGradProblem<Real>& prob, const LooGradResult& out, i
     const bool query = out.grad_logq != nullptr, centre = out.grad_p != nullptr;
     if (!query && !centre) return;
 
-    // counting sort of the centres by label (the query pass's class segments)
-    std::vector<i64> seg(static_cast<std::size_t>(C + 1), 0);
+    // Column orders.  Query pass: centres sorted by label (the class segments), and
+    // within a label by the arg max of p; centre pass: queries sorted by the arg max of
+    // logq.  Points that predict the same class sit together, so at small bandwidths
+    // whole tiles fall below exp(-kDrop) for a row and are skipped.
     for (i64 i = 0; i < n; ++i) {
         const i64 c = prob.labels[i];
         if (c < 0 || c >= C)
             throw std::invalid_argument("kdecal.loo_grad: label " + std::to_string(c) +
                                         " at index " + std::to_string(i) + " is outside [0, " +
                                         std::to_string(C) + ")");
-        ++seg[static_cast<std::size_t>(c + 1)];
     }
-    for (i64 c = 0; c < C; ++c) seg[c + 1] += seg[c];
-    std::vector<i64> fill(seg.begin(), seg.end() - 1), inv(static_cast<std::size_t>(n)),
-        perm(static_cast<std::size_t>(n));
+    std::vector<i64> key(static_cast<std::size_t>(n)), top_q(static_cast<std::size_t>(n));
     for (i64 i = 0; i < n; ++i) {
-        const i64 pos = fill[static_cast<std::size_t>(prob.labels[i])]++;
-        inv[i] = pos;
-        perm[pos] = i;
+        key[i] = prob.labels[i] * K + argmax(prob.p + i * K, K);
+        top_q[i] = argmax(prob.logq + i * K, K);
     }
+    std::vector<i64> perm, inv, perm_q, inv_q;
+    counting_sort(key.data(), n, C * K, perm, inv);
+    counting_sort(top_q.data(), n, K, perm_q, inv_q);
+    std::vector<i64> seg(static_cast<std::size_t>(C + 1), 0);
+    for (i64 i = 0; i < n; ++i) ++seg[static_cast<std::size_t>(prob.labels[i] + 1)];
+    for (i64 c = 0; c < C; ++c) seg[c + 1] += seg[c];
 
     const i64 BC = detail::kColBlock;
     const i64 n_pad = (n + BC - 1) / BC * BC;
-    std::vector<double> neg_lse(static_cast<std::size_t>(n));
+    std::vector<double> neg_lse(static_cast<std::size_t>(n));  // query pass rows
     for (i64 j = 0; j < n; ++j) neg_lse[j] = -prob.lse[j];
 
     int nt = n_threads;
@@ -129,12 +158,16 @@ void loo_grad_impl(const LooGradProblem<Real>& prob, const LooGradResult& out, i
         dispatch(gp, scratch.data(), per_thread, nt);
     }
     if (centre) {
-        const std::vector<Real> qt = transposed_tiles(prob.logq, nullptr, n, K, n_pad);
+        // columns: the queries in the order perm_q
+        const std::vector<Real> qt = transposed_tiles(prob.logq, perm_q.data(), n, K, n_pad);
+        std::vector<double> col_off(static_cast<std::size_t>(n));
         std::vector<double> coef_t(static_cast<std::size_t>(C * n));
-        for (i64 j = 0; j < n; ++j)
-            for (i64 c = 0; c < C; ++c) coef_t[c * n + j] = prob.coef[j * C + c];
-        const detail::GradPass<Real> gp{prob.p, prob.bias, qt.data(), neg_lse.data(),
-                                        coef_t.data(), nullptr, prob.labels, nullptr,
+        for (i64 s = 0; s < n; ++s) {
+            col_off[s] = -prob.lse[perm_q[s]];
+            for (i64 c = 0; c < C; ++c) coef_t[c * n + s] = prob.coef[perm_q[s] * C + c];
+        }
+        const detail::GradPass<Real> gp{prob.p, prob.bias, qt.data(), col_off.data(),
+                                        coef_t.data(), nullptr, prob.labels, inv_q.data(),
                                         n, n_pad, K, C, prob.scale, 1,
                                         out.grad_p, out.grad_bias};
         dispatch(gp, scratch.data(), per_thread, nt);

@@ -13,8 +13,9 @@
 //   query pass (mode 0): rows = queries j (logq), columns = centres sorted by label
 //     (p), row_off = -lse, col_off = bias, coef_rc = coef[j, class of the column's
 //     segment];
-//   centre pass (mode 1): rows = centres i (p), columns = queries in original order
-//     (logq), row_off = bias, col_off = -lse, coef_rc = coefT[label_i, j].
+//   centre pass (mode 1): rows = centres i (p), columns = the queries in the
+//     dispatcher's order (logq), row_off = bias, col_off = -lse,
+//     coef_rc = coefT[label_i, column].
 #pragma once
 
 #include <cstdint>
@@ -34,7 +35,7 @@ struct GradPass {
     const double* coef;             // mode 0: (n, C) [row][class]; mode 1: (C, n) [class][column]
     const std::int64_t* seg;        // mode 0: (C + 1,) columns of class c are [seg[c], seg[c+1])
     const std::int64_t* row_label;  // mode 1: (n,) class of each row
-    const std::int64_t* diag;       // (n,) column of each row's own point, or null: column r
+    const std::int64_t* diag;       // (n,) column of each row's own point
     std::int64_t n, n_pad, K, C;
     double scale;
     int mode;
