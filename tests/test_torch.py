@@ -334,6 +334,26 @@ def test_importing_kdecal_does_not_import_torch():
     assert out == [False, True]
 
 
+def test_without_torch_kdecal_torch_is_an_attribute_error():
+    script = r"""
+import importlib.abc, json, sys
+class _Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError("No module named 'torch'", name="torch")
+sys.meta_path.insert(0, _Block())
+import kdecal
+try:
+    kdecal.torch
+    msg = ""
+except AttributeError as exc:
+    msg = str(exc)
+json.dump([hasattr(kdecal, "torch"), msg, kdecal.ece_kde([[0.5, 0.5]] * 4, [0, 1, 0, 1], bandwidth=0.1)], sys.stdout)
+"""
+    has, msg, value = _run(script)
+    assert not has and "pip install 'kdecal[torch]'" in msg and value >= 0
+
+
 def test_clear_error_without_the_compiled_core():
     script = r"""
 import importlib.abc, json, sys, warnings

@@ -68,5 +68,12 @@ def __getattr__(name: str) -> object:
     if name == "torch":
         import importlib
 
-        return importlib.import_module("kdecal.torch")
+        try:
+            return importlib.import_module("kdecal.torch")
+        except ModuleNotFoundError as exc:
+            if exc.name != "torch":
+                raise
+            raise AttributeError(
+                "kdecal.torch needs PyTorch, which is not installed: pip install 'kdecal[torch]'"
+            ) from exc
     raise AttributeError(f"module 'kdecal' has no attribute {name!r}")
