@@ -45,6 +45,8 @@ def test_readme_examples_run(monkeypatch):
         "test_logits": logits[5000:],
     }
     for block in _python_blocks():
+        if "kdecal.torch" in block:  # needs the reader's model and data
+            continue
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", kdecal.KdecalWarning)
             exec(compile(block, "README.md", "exec"), ns)  # noqa: S102

@@ -2,7 +2,8 @@
 #include "pybind11.hpp"
 
 PYBIND11_MODULE(_core, m) {
-    m.doc() = "kdecal compiled core: streaming leave-one-out Dirichlet-kernel reduction";
+    m.doc() = "kdecal compiled core: streaming leave-one-out Dirichlet-kernel reduction and its backward pass";
     bind_loo(m);
     bind_debias(m);
+    bind_grad(m);
 }

@@ -151,6 +151,8 @@ void loo_reduce_impl(const LooProblem<Real>& prob, const LooResult& out, int n_t
 
 }  // namespace
 
+int detail::isa_level() { return static_cast<int>(cpu_isa()); }
+
 void loo_reduce(const LooProblem<double>& prob, const LooResult& out, int n_threads) {
     loo_reduce_impl(prob, out, n_threads);
 }

@@ -12,11 +12,8 @@
 #include <omp.h>
 #endif
 
+#include "loo_isa_common.hpp"
 #include "loo_prepared.hpp"
-
-#ifndef KDECAL_ISA_NS
-#error "KDECAL_ISA_NS must name the instruction-set namespace"
-#endif
 
 KDECAL_DECLARE_ISA(KDECAL_ISA_NS)
 
@@ -28,43 +25,6 @@ using detail::kColBlock;
 using detail::kMicroRows;
 using detail::kRowBlock;
 using detail::Prepared;
-using i64 = std::int64_t;
-
-constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-
-// exp(x) for x in [-kClamp, 0] (valid for |x| < 700), relative error < 3e-16.
-// Cody-Waite range reduction x = n ln2 + r, |r| <= ln2/2, degree-12 Taylor
-// polynomial, and 2^n built from the bits of the rounded multiple.  Written so that
-// the compiler vectorises it inside the reduction loops.
-inline double exp_small(double x) {
-    const double kLog2e = 1.4426950408889634074;
-    const double kShift = 6755399441055744.0;  // 1.5 * 2^52: rounds to an integer
-    const double kLn2Hi = 6.93147180369123816490e-01;
-    const double kLn2Lo = 1.90821492927058770002e-10;
-    const double kd = x * kLog2e + kShift;
-    const double nd = kd - kShift;
-    double r = x - nd * kLn2Hi;
-    r = r - nd * kLn2Lo;
-    double q = 2.08767569878680989792e-09;          // 1/12!
-    q = q * r + 2.50521083854417187751e-08;         // 1/11!
-    q = q * r + 2.75573192239858906526e-07;         // 1/10!
-    q = q * r + 2.75573192239858906526e-06;         // 1/9!
-    q = q * r + 2.48015873015873015873e-05;         // 1/8!
-    q = q * r + 1.98412698412698412698e-04;         // 1/7!
-    q = q * r + 1.38888888888888888889e-03;         // 1/6!
-    q = q * r + 8.33333333333333333333e-03;         // 1/5!
-    q = q * r + 4.16666666666666666667e-02;         // 1/4!
-    q = q * r + 1.66666666666666666667e-01;         // 1/3!
-    q = q * r + 0.5;
-    q = q * r + 1.0;
-    q = q * r + 1.0;
-    std::uint64_t bits;
-    std::memcpy(&bits, &kd, sizeof bits);
-    bits = (bits << 52) + (std::uint64_t{1023} << 52);
-    double two_n;
-    std::memcpy(&two_n, &bits, sizeof two_n);
-    return q * two_n;
-}
 
 // Fold centres [0, len) of one class into the running state of one query row.
 // b: bias of those centres, g: their K-dots with the query, s: 1/h.  First the
@@ -153,28 +113,6 @@ inline void fold_range(const Prepared<Real>& pr, const Real* grow, i64 cb, i64 l
                        i64 t, double& mc, double& s1, double& s2, double& s3) {
     if (hi <= lo) return;
     fold<POW>(pr.bias + t * pr.n + lo, grow + (lo - cb), hi - lo, pr.scale[t], mc, s1, s2, s3);
-}
-
-// G[r][0..bc) = sum_k lq[r][k] * tile[k][0..bc) for kMicroRows rows at once,
-// accumulators held in registers across k.
-template <class Real>
-inline void gemm_micro(const Real* lq, i64 K, const Real* tile, i64 bc, Real* g, i64 ldg) {
-    constexpr i64 V = 128 / static_cast<i64>(sizeof(Real));
-    for (i64 c0 = 0; c0 < bc; c0 += V) {
-        Real acc[kMicroRows][V];
-        for (i64 r = 0; r < kMicroRows; ++r)
-            for (i64 v = 0; v < V; ++v) acc[r][v] = Real(0);
-        for (i64 k = 0; k < K; ++k) {
-            const Real* col = tile + k * kColBlock + c0;
-            for (i64 r = 0; r < kMicroRows; ++r) {
-                const Real a = lq[r * K + k];
-#pragma omp simd
-                for (i64 v = 0; v < V; ++v) acc[r][v] += a * col[v];
-            }
-        }
-        for (i64 r = 0; r < kMicroRows; ++r)
-            for (i64 v = 0; v < V; ++v) g[r * ldg + c0 + v] = acc[r][v];
-    }
 }
 
 template <int POW, class Real>

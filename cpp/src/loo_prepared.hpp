@@ -31,6 +31,10 @@ struct Prepared {
     std::int64_t row_start, row_stop;
 };
 
+/// SIMD path the dispatchers use on this CPU: 0 baseline, 1 avx2, 2 avx512 (after
+/// the KDECAL_ISA override; defined in loo.cpp).
+int isa_level();
+
 /// Doubles of scratch one thread needs.
 inline std::int64_t scratch_doubles(std::int64_t K, std::int64_t C, std::int64_t H) {
     return kRowBlock * kColBlock + kRowBlock * K + 4 * H * kRowBlock * C + 64;

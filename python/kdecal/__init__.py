@@ -3,7 +3,8 @@
 The canonical L_p calibration error ECE^KDE (Popordanoska et al. 2022), proper
 calibration errors for Bregman generators (KL, L2), refinement and sharpness
 (Popordanoska et al. 2024), leave-one-out bandwidth selection, and a one-pass
-:func:`evaluate` report.
+:func:`evaluate` report. ``kdecal.torch`` (optional, needs torch) has them as
+differentiable training losses.
 """
 
 from __future__ import annotations
@@ -60,3 +61,20 @@ __all__ = [
 
 def __dir__() -> list[str]:
     return __all__
+
+
+def __getattr__(name: str) -> object:
+    # ``kdecal.torch`` (the PyTorch losses) is imported on first use only, so that
+    # ``import kdecal`` never imports torch.
+    if name == "torch":
+        import importlib
+
+        try:
+            return importlib.import_module("kdecal.torch")
+        except ModuleNotFoundError as exc:
+            if exc.name != "torch":
+                raise
+            raise AttributeError(
+                "kdecal.torch needs PyTorch, which is not installed: pip install 'kdecal[torch]'"
+            ) from exc
+    raise AttributeError(f"module 'kdecal' has no attribute {name!r}")

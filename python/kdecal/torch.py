@@ -1,0 +1,457 @@
+"""Differentiable kernel calibration errors for training with PyTorch.
+
+``kdecal.torch`` turns the estimators of :mod:`kdecal` into losses: the calibration
+regularised risk ``XE + lambda * ECE^KDE`` of Popordanoska et al. 2022 (Sec. 5, Eq. 5,
+"KDE-XE") and the proper calibration errors of Popordanoska et al. 2024.
+
+The forward pass is the engine's streaming leave-one-out reduction (O(nK) memory). The
+backward pass is computed in the engine as well, by two more streaming passes that
+recompute the kernel weights from the per-query maximum and sum saved by the forward
+pass (as the backward pass of flash attention does): the n x n matrix of kernel values,
+which autograd through a materialised implementation would store (several GB at
+n = 20,000), is never formed. Gradients flow through both roles of every prediction,
+as a query point (through ``log f_j``) and as a kernel centre (through ``f_i`` and the
+normalising term ``-sum_k lgamma(f_ik / h + 1)``, whose derivative is a digamma term).
+
+Everything that is O(nK) (clipping, the binary problems of top-label and class-wise
+calibration, the estimator on top of the conditional expectation) is written in torch
+operations, so autograd differentiates it; only the leave-one-out conditional expectation
+``E[y | f_j]`` is a custom :class:`torch.autograd.Function`.
+
+Requires torch (``pip install "kdecal[torch]"``) and the compiled core ``kdecal._core``
+(the numba fallback has no backward pass). CPU tensors, float32 or float64. Importing
+:mod:`kdecal` does not import torch; import this module explicitly.
+
+References
+----------
+.. [003] T. Popordanoska, R. Sayer, M. B. Blaschko. "A Consistent and Differentiable
+   L_p Canonical Calibration Error Estimator". NeurIPS 2022.
+.. [000] T. Popordanoska, S. G. Gruber, A. Tiulpin, F. Buettner, M. B. Blaschko.
+   "Consistent and Asymptotically Unbiased Estimation of Proper Calibration Errors".
+   AISTATS 2024.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from scipy.special import digamma, gammaln
+from torch.autograd.function import once_differentiable
+
+from . import _backends
+from . import _estimators as _est
+from . import kde as _kde
+from ._validation import PROB_EPS, check_bandwidth, check_choice, check_labels, check_probs
+
+__all__ = [
+    "CalibrationErrorLoss",
+    "ECEKDELoss",
+    "calibration_error_loss",
+    "conditional_expectation",
+    "ece_kde_loss",
+]
+
+DIVERGENCES = ("kl", "l2")
+ESTIMATORS = ("direct", "refinement")
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+# ----------------------------------------------------------------------------- engine
+
+
+def _core() -> Any:
+    """Return the compiled core, or raise a RuntimeError saying why the losses need it."""
+    if _backends._core is None:
+        raise RuntimeError(
+            "kdecal.torch losses need kdecal's compiled core (kdecal._core), which could not "
+            f"be imported ({_backends._core_error}); the numba fallback has no backward "
+            "pass. Reinstall kdecal with a C++17 compiler to build it."
+        )
+    return _backends._core
+
+
+class _LooExpectation(torch.autograd.Function):
+    """Leave-one-out kernel conditional expectation of a batch of problems.
+
+    ``points`` (B, n, D) on the simplex (already clipped), ``labels`` (B, n) int64 in
+    ``0..D-1`` (constants), bandwidth h. Returns E (B, n, D) in the dtype of ``points``.
+    The backward pass is ``kdecal._core.loo_grad`` chained through ``logq = log f`` and
+    ``bias = -sum_k lgamma(f_k / h + 1)``.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, points: torch.Tensor, labels: np.ndarray, bandwidth: float
+    ) -> torch.Tensor:
+        core = _core()
+        kdt = np.float32 if points.dtype == torch.float32 else np.float64
+        p64 = np.ascontiguousarray(points.detach().to(torch.float64).numpy())
+        n, D = p64.shape[1:]
+        logq = np.ascontiguousarray(np.log(p64), dtype=kdt)
+        pk = np.ascontiguousarray(p64, dtype=kdt)
+        scale = 1.0 / bandwidth
+        bias = np.ascontiguousarray(-gammaln(p64 * scale + 1.0).sum(axis=-1))  # (B, n)
+        m, S, _, _ = core.loo_reduce(
+            logq, pk, labels, D, np.array([scale]), bias[:, None, :], 1, 0, n,
+            _backends._num_threads,
+        )  # fmt: skip
+        S = S[:, 0]  # (B, n, D)
+        S0 = S.sum(axis=-1)  # >= 1: the largest term is exp(0)
+        E = S / S0[..., None]
+        # saved for the backward pass: O(B n D), never a pairwise quantity
+        ctx.kdecal = (logq, pk, p64, labels, bias, m[:, 0] + np.log(S0), E, scale)
+        return torch.from_numpy(E).to(points.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_E: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
+        logq, pk, p64, labels, bias, lse, E, scale = ctx.kdecal
+        g = grad_E.detach().to(torch.float64).numpy()
+        # dloss/dL_ij = w_ij * coef[j, y_i], coef = g - <g, E> (the softmax Jacobian)
+        coef = np.ascontiguousarray(g - np.sum(g * E, axis=-1, keepdims=True))
+        D = E.shape[-1]
+        g_logq, g_p, g_bias, _ = _core().loo_grad(
+            logq, pk, labels, D, scale, bias, lse, coef, _backends._num_threads
+        )
+        # query role through log f, centre role through f and through the bias
+        grad = g_logq / p64 + g_p - (scale * g_bias)[..., None] * digamma(p64 * scale + 1.0)
+        return torch.from_numpy(grad).to(grad_E.dtype), None, None
+
+
+# ------------------------------------------------------------------------- validation
+
+
+def _check_tensor(probs: object) -> torch.Tensor:
+    if not isinstance(probs, torch.Tensor):
+        raise TypeError(
+            f"probs must be a torch.Tensor (float32 or float64, CPU), got {type(probs).__name__}"
+        )
+    if probs.device.type != "cpu":
+        raise ValueError(
+            f"probs is on device {probs.device}; kdecal.torch supports CPU tensors only "
+            "(move it with .cpu())"
+        )
+    if probs.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"probs must be a float32 or float64 tensor, got dtype {probs.dtype}")
+    return probs
+
+
+def _labels_array(labels: object) -> object:
+    if isinstance(labels, torch.Tensor):
+        if labels.is_floating_point() or labels.is_complex():
+            raise TypeError(f"labels must be an integer tensor, got dtype {labels.dtype}")
+        return labels.detach().cpu().numpy()
+    return labels
+
+
+def _clip(probs: torch.Tensor) -> torch.Tensor:
+    """``(n, K)`` (or ``(n,)`` = P(y = 1)) -> clipped at PROB_EPS, rows renormalised."""
+    x = torch.stack([1.0 - probs, probs], dim=1) if probs.ndim == 1 else probs
+    x = x.clamp_min(PROB_EPS)
+    return x / x.sum(dim=1, keepdim=True)
+
+
+def _binary_points(q: torch.Tensor) -> torch.Tensor:
+    """``(1 - q, q)`` clipped at PROB_EPS and renormalised; q (..., n) -> (..., n, 2)."""
+    v = torch.stack([1.0 - q, q], dim=-1).clamp_min(PROB_EPS)
+    return v / v.sum(dim=-1, keepdim=True)
+
+
+def _problem(P: torch.Tensor, y: np.ndarray, calibration: str) -> tuple[torch.Tensor, np.ndarray]:
+    """Build the kernel problems of a notion (kdecal._estimators.make_problem in torch)."""
+    K = P.shape[1]
+    if calibration == "canonical":
+        return P.unsqueeze(0), y[None]
+    if calibration == "top_label":
+        top = P.detach().argmax(dim=1)
+        q = P.gather(1, top[:, None])[:, 0]
+        correct = (top.numpy() == y).astype(np.int64)
+        return _binary_points(q).unsqueeze(0), correct[None]
+    lab = (y[None, :] == np.arange(K)[:, None]).astype(np.int64)
+    return _binary_points(P.T), np.ascontiguousarray(lab)
+
+
+def _prepare(
+    probs: object, labels: object, bandwidth: object, calibration: object
+) -> tuple[torch.Tensor, np.ndarray, torch.Tensor, np.ndarray, float]:
+    """Validate; return points (B, n, D), labels (B, n), clipped P, y and the bandwidth."""
+    _core()
+    x = _check_tensor(probs)
+    check_choice(calibration, "calibration", _est.CALIBRATIONS)
+    checked = check_probs(x.detach().cpu().numpy())  # shapes, NaN, negatives, row sums
+    y = check_labels(_labels_array(labels), checked.n, checked.n_classes)
+    if isinstance(bandwidth, str):
+        h = _kde._resolve_bandwidth(checked, y, str(calibration), bandwidth, "cpp", False)
+    else:
+        h = check_bandwidth(bandwidth)
+    P = _clip(x)
+    points, lab = _problem(P, y, str(calibration))
+    return points, np.ascontiguousarray(lab), P, y, h
+
+
+def _coords(binary: bool) -> slice:
+    return slice(1, 2) if binary else slice(None)
+
+
+def _xlogx(E: torch.Tensor) -> torch.Tensor:
+    """``E log E`` with 0 log 0 = 0 and a finite gradient (0) at E = 0."""
+    pos = E > 0
+    return torch.where(pos, E * torch.log(torch.where(pos, E, torch.ones_like(E))), 0.0)
+
+
+# ------------------------------------------------------------------------- public API
+
+
+def conditional_expectation(
+    probs: torch.Tensor, labels: object, *, bandwidth: float | str
+) -> torch.Tensor:
+    """Differentiable leave-one-out estimate of ``E[y | f(x_j)]`` (Dirichlet kernel).
+
+    The torch version of :func:`kdecal.conditional_expectation`:
+    ``E_jc = sum_{i != j} k(f_j; f_i) 1[y_i = c] / sum_{i != j} k(f_j; f_i)`` with the
+    Dirichlet kernel ``Dir(.; f_i / h + 1)`` (Popordanoska et al. 2022, Eq. 3, 10), for
+    building other losses on top of it.
+
+    Parameters
+    ----------
+    probs : torch.Tensor, shape (n, K) or (n,), float32 or float64, CPU
+        Predicted probabilities (rows on the simplex), or P(y = 1) of a binary problem.
+        Clipped at 1e-12 and renormalised (differentiably) before the kernel.
+    labels : torch.Tensor or array-like, shape (n,), int
+        True classes in ``0..K-1`` (constants).
+    bandwidth : float or "auto"
+        Kernel bandwidth h > 0; "auto" selects it on the detached batch with
+        :func:`kdecal.select_bandwidth` (not differentiated).
+
+    Returns
+    -------
+    torch.Tensor, shape (n, K), dtype of ``probs``
+        Differentiable with respect to ``probs``; rows on the simplex.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Invalid input, as :func:`kdecal.conditional_expectation`, a tensor that is not
+        float32/float64 or not on the CPU.
+    RuntimeError
+        If the compiled core is not available.
+    """
+    points, lab, _, _, h = _prepare(probs, labels, bandwidth, "canonical")
+    return _LooExpectation.apply(points, lab, h)[0]  # type: ignore[no-any-return]
+
+
+def ece_kde_loss(
+    probs: torch.Tensor,
+    labels: object,
+    *,
+    p: float = 1,
+    bandwidth: float | str,
+    calibration: str = "canonical",
+) -> torch.Tensor:
+    """Differentiable L_p calibration error ECE^KDE (Popordanoska et al. 2022, Eq. 9).
+
+    The same value as :func:`kdecal.ece_kde` with ``debias="none"``,
+    ``CE_p = (mean_j sum_c |E_hat[y | f_j]_c - f_jc|^p)^(1/p)``, as a scalar tensor whose
+    gradient with respect to ``probs`` is computed by the engine in a streaming backward
+    pass (O(nK) memory). The regulariser of KDE-XE (Sec. 5, Eq. 5) is
+    ``loss = cross_entropy + lam * ece_kde_loss(softmax(logits), labels, ...)``; the
+    authors' code uses ``CE_p ** p`` (the same at p = 1).
+
+    Parameters
+    ----------
+    probs : torch.Tensor, shape (n, K) or (n,), float32 or float64, CPU
+        Predicted probabilities of a batch (rows on the simplex within 1e-3), or P(y = 1).
+        Clipped at 1e-12 and renormalised with torch operations, so the gradient includes
+        that Jacobian (zero for the clipped entries). n >= 3.
+    labels : torch.Tensor or array-like, shape (n,), int
+        True classes in ``0..K-1``.
+    p : float, default 1
+        Order of the L_p norm, ``p >= 1``.
+    bandwidth : float or "auto"
+        Kernel bandwidth h > 0 (required). "auto" selects it on the detached batch by the
+        leave-one-out likelihood (:func:`kdecal.select_bandwidth`, 55 engine passes per
+        call), as a constant.
+    calibration : {"canonical", "classwise", "top_label"}, default "canonical"
+        Notion of calibration, as in :func:`kdecal.ece_kde`: the full vector (Dirichlet
+        kernel), the K one-vs-rest problems ``(f_c, 1[y = c])`` averaged over classes, or
+        the confidence problem ``(max_k f_k, 1[argmax_k f_k = y])`` (Beta kernel). The
+        binary problems are built with torch operations (the gradient of the maximum goes
+        to the arg max).
+
+    Returns
+    -------
+    torch.Tensor, shape (), dtype of ``probs``
+        CE_p in probability units.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Invalid input (as :func:`kdecal.ece_kde`), ``p < 1``, a tensor that is not
+        float32/float64 or not on the CPU.
+    RuntimeError
+        If the compiled core ``kdecal._core`` is not available.
+    """
+    if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)):
+        raise TypeError(f"p must be a real number >= 1, got {p!r}")
+    if not np.isfinite(p) or p < 1:
+        raise ValueError(f"p must be a finite real number >= 1, got {p!r}")
+    points, lab, _, _, h = _prepare(probs, labels, bandwidth, calibration)
+    E = _LooExpectation.apply(points, lab, h)
+    c = _coords(calibration != "canonical")
+    inner = torch.sum(torch.abs(E[..., c] - points[..., c]) ** float(p), dim=-1)
+    return torch.mean(inner) ** (1.0 / float(p))
+
+
+def calibration_error_loss(
+    probs: torch.Tensor,
+    labels: object,
+    *,
+    divergence: str = "kl",
+    bandwidth: float | str,
+    calibration: str = "canonical",
+    estimator: str = "direct",
+) -> torch.Tensor:
+    """Differentiable proper calibration error CE_F (Popordanoska et al. 2024).
+
+    The same value as :func:`kdecal.calibration_error` with ``debias="none"``, as a scalar
+    tensor with an engine-computed streaming gradient (O(nK) memory).
+
+    Parameters
+    ----------
+    probs : torch.Tensor, shape (n, K) or (n,), float32 or float64, CPU
+        Predicted probabilities (see :func:`ece_kde_loss`).
+    labels : torch.Tensor or array-like, shape (n,), int
+        True classes in ``0..K-1``.
+    divergence : {"kl", "l2"}, default "kl"
+        "kl": F(p) = sum p log p, ``mean_j sum_c E_jc log(E_jc / f_jc)`` (Eq. 10);
+        "l2": F(p) = ||p||^2, the squared L2 calibration error ``mean_j ||E_j - f_j||^2``
+        (Eq. 7). For the binary problems of "classwise"/"top_label", "l2" uses the
+        positive coordinate, as :func:`kdecal.calibration_error`.
+    bandwidth : float or "auto"
+        Kernel bandwidth h > 0 (required); "auto" as in :func:`ece_kde_loss`.
+    calibration : {"canonical", "classwise", "top_label"}, default "canonical"
+        Notion of calibration (see :func:`ece_kde_loss`).
+    estimator : {"direct", "refinement"}, default "direct"
+        "direct": ``mean_j D_F(E_j, f_j)`` (Eq. 9); "refinement": the risk minus the
+        refinement, ``mean_j F(E_j) + mean_i [D_F(y_i, f_i) - F(y_i)]`` (Eq. 14-15).
+
+    Returns
+    -------
+    torch.Tensor, shape (), dtype of ``probs``
+        CE_F in nats for "kl", squared probability units for "l2".
+
+    Raises
+    ------
+    TypeError, ValueError
+        Invalid input, divergence, estimator or calibration; a tensor that is not
+        float32/float64 or not on the CPU.
+    RuntimeError
+        If the compiled core ``kdecal._core`` is not available.
+    """
+    check_choice(divergence, "divergence", DIVERGENCES)
+    check_choice(estimator, "estimator", ESTIMATORS)
+    points, lab, _, _, h = _prepare(probs, labels, bandwidth, calibration)
+    E = _LooExpectation.apply(points, lab, h)
+    binary = calibration != "canonical"
+    c = _coords(binary)
+    if estimator == "direct":
+        if divergence == "kl":
+            rows = torch.sum(_xlogx(E) - torch.xlogy(E, points), dim=-1)
+        else:
+            rows = torch.sum((E[..., c] - points[..., c]) ** 2, dim=-1)
+        return torch.mean(rows)
+    lab_t = torch.from_numpy(lab)
+    if divergence == "kl":
+        F = torch.sum(_xlogx(E), dim=-1)
+        risk = -torch.log(points.gather(-1, lab_t[..., None])[..., 0])
+    else:
+        Y = torch.nn.functional.one_hot(lab_t, points.shape[-1]).to(points.dtype)[..., c]
+        F = torch.sum(E[..., c] ** 2, dim=-1)
+        risk = torch.sum((Y - points[..., c]) ** 2 - Y * Y, dim=-1)
+    return torch.mean(F) + torch.mean(risk)
+
+
+class ECEKDELoss(torch.nn.Module):
+    """``nn.Module`` form of :func:`ece_kde_loss`.
+
+    Parameters
+    ----------
+    p : float, default 1
+        Order of the L_p norm.
+    bandwidth : float or "auto"
+        Kernel bandwidth (required; see :func:`ece_kde_loss`).
+    calibration : {"canonical", "classwise", "top_label"}, default "canonical"
+
+    Examples
+    --------
+    >>> ece = ECEKDELoss(p=1, bandwidth=0.05)  # doctest: +SKIP
+    >>> loss = F.cross_entropy(logits, y) + 0.1 * ece(logits.softmax(-1), y)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self, *, p: float = 1, bandwidth: float | str, calibration: str = "canonical"
+    ) -> None:
+        super().__init__()
+        self.p = p
+        self.bandwidth = bandwidth
+        self.calibration = calibration
+
+    def forward(self, probs: torch.Tensor, labels: object) -> torch.Tensor:
+        """Return ``ece_kde_loss(probs, labels, ...)``, a scalar tensor."""
+        return ece_kde_loss(
+            probs, labels, p=self.p, bandwidth=self.bandwidth, calibration=self.calibration
+        )
+
+    def extra_repr(self) -> str:
+        """Options shown in ``repr``."""
+        return f"p={self.p}, bandwidth={self.bandwidth!r}, calibration={self.calibration!r}"
+
+
+class CalibrationErrorLoss(torch.nn.Module):
+    """``nn.Module`` form of :func:`calibration_error_loss`.
+
+    Parameters
+    ----------
+    divergence : {"kl", "l2"}, default "kl"
+    bandwidth : float or "auto"
+        Kernel bandwidth (required; see :func:`ece_kde_loss`).
+    calibration : {"canonical", "classwise", "top_label"}, default "canonical"
+    estimator : {"direct", "refinement"}, default "direct"
+    """
+
+    def __init__(
+        self,
+        *,
+        divergence: str = "kl",
+        bandwidth: float | str,
+        calibration: str = "canonical",
+        estimator: str = "direct",
+    ) -> None:
+        super().__init__()
+        self.divergence = divergence
+        self.bandwidth = bandwidth
+        self.calibration = calibration
+        self.estimator = estimator
+
+    def forward(self, probs: torch.Tensor, labels: object) -> torch.Tensor:
+        """Return ``calibration_error_loss(probs, labels, ...)``, a scalar tensor."""
+        return calibration_error_loss(
+            probs,
+            labels,
+            divergence=self.divergence,
+            bandwidth=self.bandwidth,
+            calibration=self.calibration,
+            estimator=self.estimator,
+        )
+
+    def extra_repr(self) -> str:
+        """Options shown in ``repr``."""
+        return (
+            f"divergence={self.divergence!r}, bandwidth={self.bandwidth!r}, "
+            f"calibration={self.calibration!r}, estimator={self.estimator!r}"
+        )
