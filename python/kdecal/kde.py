@@ -57,6 +57,31 @@ DEFAULT_BANDWIDTH_GRID = np.concatenate([np.logspace(-5, -1, 50), [0.2, 0.4, 0.6
 DEFAULT_BANDWIDTH_GRID.setflags(write=False)
 
 
+# Parameters shared by every estimator that takes a notion of calibration and a
+# debiasing mode; substituted into their docstrings by ``_doc``.
+_NOTION_PARAMS = """calibration : {"canonical", "classwise", "top_label"}, default "canonical"
+        Notion of calibration (Popordanoska et al. 2024, Eq. 24-25, App. D):
+        "canonical" uses the whole vector (Dirichlet kernel); "top_label" the binary
+        problem ``(max_k f_jk, 1[argmax_k f_jk = y_j])`` (Beta kernel); "classwise" the
+        K one-vs-rest problems ``(f_jc, 1[y_j = c])``, averaged over classes, all in one
+        engine call. For binary problems the L_p errors and "l2" use the positive
+        coordinate only (so the class-wise "l2" error is the square of the class-wise
+        ECE^KDE at p = 2); a binary ``(n,)`` input is the canonical K = 2 problem, whose
+        L_p^p error is twice the class-wise one.
+    debias : {"none", "ustat", "ratio"}, default "none"
+        "ustat": squared conditional expectations from the ratio of U-statistics of
+        Popordanoska et al. 2022, Eq. 7 (affects the L2 / p = 2 quantities); "ratio":
+        the geometric-series debiasing of App. C (conditional expectation) and App. D
+        (its square), bias O(n^-2). Debiasing needs 2 (ustat) or 3 (ratio) power sums
+        from the engine; rows with a single effective neighbour keep the plain ratio
+        and are reported with a KdecalWarning."""
+
+
+def _doc(func: Callable[..., object]) -> Callable[..., object]:
+    func.__doc__ = (func.__doc__ or "").replace("{notion_params}", _NOTION_PARAMS)
+    return func
+
+
 # ----------------------------------------------------------------------------- Bregman
 
 
@@ -240,6 +265,7 @@ def conditional_expectation(
     return np.asarray(est.E[0])
 
 
+@_doc
 def ece_kde(
     probs: object,
     labels: object,
@@ -267,22 +293,7 @@ def ece_kde(
         Order of the L_p norm, ``p >= 1``.
     bandwidth : float or "auto", default "auto"
         Kernel bandwidth h > 0, or "auto" (:func:`select_bandwidth`, LOO likelihood).
-    calibration : {"canonical", "classwise", "top_label"}, default "canonical"
-        Notion of calibration (Popordanoska et al. 2024, Eq. 24-25, App. D):
-        "canonical" uses the whole vector (Dirichlet kernel); "top_label" the binary
-        problem ``(max_k f_jk, 1[argmax_k f_jk = y_j])`` (Beta kernel); "classwise" the
-        K one-vs-rest problems ``(f_jc, 1[y_j = c])``, averaged over classes, all in one
-        engine call. For binary problems the L_p errors and "l2" use the positive
-        coordinate only (so the class-wise "l2" error is the square of the class-wise
-        ECE^KDE at p = 2); a binary ``(n,)`` input is the canonical K = 2 problem, whose
-        L_p^p error is twice the class-wise one.
-    debias : {"none", "ustat", "ratio"}, default "none"
-        "ustat": squared conditional expectations from the ratio of U-statistics of
-        Popordanoska et al. 2022, Eq. 7 (affects the L2 / p = 2 quantities); "ratio":
-        the geometric-series debiasing of App. C (conditional expectation) and App. D
-        (its square), bias O(n^-2). Debiasing needs 2 (ustat) or 3 (ratio) power sums
-        from the engine; rows with a single effective neighbour keep the plain ratio
-        and are reported with a KdecalWarning.
+    {notion_params}
     backend : {"auto", "cpp", "numba"}, default "auto"
 
     Returns
@@ -301,6 +312,7 @@ def ece_kde(
     return _est.ce_p(est, p)
 
 
+@_doc
 def calibration_error(
     probs: object,
     labels: object,
@@ -335,22 +347,7 @@ def calibration_error(
     bandwidth : float or "auto", default "auto"
         Kernel bandwidth h > 0, or "auto" (:func:`select_bandwidth`).
     estimator : {"direct", "refinement"}, default "direct"
-    calibration : {"canonical", "classwise", "top_label"}, default "canonical"
-        Notion of calibration (Popordanoska et al. 2024, Eq. 24-25, App. D):
-        "canonical" uses the whole vector (Dirichlet kernel); "top_label" the binary
-        problem ``(max_k f_jk, 1[argmax_k f_jk = y_j])`` (Beta kernel); "classwise" the
-        K one-vs-rest problems ``(f_jc, 1[y_j = c])``, averaged over classes, all in one
-        engine call. For binary problems the L_p errors and "l2" use the positive
-        coordinate only (so the class-wise "l2" error is the square of the class-wise
-        ECE^KDE at p = 2); a binary ``(n,)`` input is the canonical K = 2 problem, whose
-        L_p^p error is twice the class-wise one.
-    debias : {"none", "ustat", "ratio"}, default "none"
-        "ustat": squared conditional expectations from the ratio of U-statistics of
-        Popordanoska et al. 2022, Eq. 7 (affects the L2 / p = 2 quantities); "ratio":
-        the geometric-series debiasing of App. C (conditional expectation) and App. D
-        (its square), bias O(n^-2). Debiasing needs 2 (ustat) or 3 (ratio) power sums
-        from the engine; rows with a single effective neighbour keep the plain ratio
-        and are reported with a KdecalWarning.
+    {notion_params}
     backend : {"auto", "cpp", "numba"}, default "auto"
 
     Returns
@@ -497,6 +494,7 @@ def _binned_ece_top_label(P: np.ndarray, y: np.ndarray, n_bins: int = 15) -> flo
     return float(gap.sum() / y.shape[0])
 
 
+@_doc
 def evaluate(
     probs: object,
     labels: object,
@@ -523,22 +521,7 @@ def evaluate(
     labels : array-like, shape (n,), int
         True classes in ``0..K-1``.
     bandwidth : float or "auto", default "auto"
-    calibration : {"canonical", "classwise", "top_label"}, default "canonical"
-        Notion of calibration (Popordanoska et al. 2024, Eq. 24-25, App. D):
-        "canonical" uses the whole vector (Dirichlet kernel); "top_label" the binary
-        problem ``(max_k f_jk, 1[argmax_k f_jk = y_j])`` (Beta kernel); "classwise" the
-        K one-vs-rest problems ``(f_jc, 1[y_j = c])``, averaged over classes, all in one
-        engine call. For binary problems the L_p errors and "l2" use the positive
-        coordinate only (so the class-wise "l2" error is the square of the class-wise
-        ECE^KDE at p = 2); a binary ``(n,)`` input is the canonical K = 2 problem, whose
-        L_p^p error is twice the class-wise one.
-    debias : {"none", "ustat", "ratio"}, default "none"
-        "ustat": squared conditional expectations from the ratio of U-statistics of
-        Popordanoska et al. 2022, Eq. 7 (affects the L2 / p = 2 quantities); "ratio":
-        the geometric-series debiasing of App. C (conditional expectation) and App. D
-        (its square), bias O(n^-2). Debiasing needs 2 (ustat) or 3 (ratio) power sums
-        from the engine; rows with a single effective neighbour keep the plain ratio
-        and are reported with a KdecalWarning.
+    {notion_params}
     backend : {"auto", "cpp", "numba"}, default "auto"
     progress : bool or None, default None
         Progress bar with ETA; None shows one only for long work.
