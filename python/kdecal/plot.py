@@ -39,7 +39,6 @@ References
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,7 +49,16 @@ from scipy.special import gammaln, logsumexp, xlogy
 from . import _backends, _validation
 from . import _estimators as _est
 from . import binned as _binned
-from ._validation import PROB_EPS, Probs, check_bandwidth, check_choice, check_labels, check_probs
+from ._validation import (
+    PROB_EPS,
+    Probs,
+    check_bandwidth,
+    check_choice,
+    check_class_index,
+    check_int,
+    check_labels,
+    check_probs,
+)
 
 __all__ = [
     "BayesRiskCurve",
@@ -125,13 +133,18 @@ def _readonly(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def _check_int(value: object, name: str, minimum: int) -> int:
-    """Check an integer option ``>= minimum`` (TypeError if not an integer, else ValueError)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    if int(value) < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
+def _fraction_bars(hax: Any, edges: np.ndarray, counts: np.ndarray) -> None:
+    """Histogram of the confidences (fraction per bin) beneath a reliability diagram."""
+    hax.bar(
+        edges[:-1],
+        counts / counts.sum(),
+        width=np.diff(edges),
+        align="edge",
+        color="0.55",
+        edgecolor="0.3",
+        lw=0.5,
+    )
+    hax.set_ylabel("fraction", fontsize="small")
 
 
 def _check_draw(draw: object) -> bool:
@@ -379,7 +392,7 @@ def _reliability_arrays(
     """Compute a :class:`ReliabilityDiagram` without drawing (no matplotlib)."""
     check_choice(kind, "kind", _KINDS)
     check_choice(calibration, "calibration", _REL_CALIBRATIONS)
-    n_bins = _check_int(n_bins, "n_bins", 1)
+    n_bins = check_int(n_bins, "n_bins", 1)
     if calibration == "canonical" and kind != "kernel":
         raise ValueError(
             "calibration='canonical' needs kind='kernel' (the binned canonical estimate "
@@ -409,18 +422,11 @@ def _reliability_arrays(
             ece=float(ece) if np.ndim(ece) == 0 else _readonly(ece),
         )
     # ---- kernel
-    n_grid = _check_int(n_grid, "n_grid", 2)
+    n_grid = check_int(n_grid, "n_grid", 2)
     P = check_probs(probs)
     y = check_labels(labels, P.n, P.n_classes)
     if class_index is not None:
-        K = P.n_classes
-        if (
-            isinstance(class_index, (bool, np.bool_))
-            or not isinstance(class_index, numbers.Integral)
-            or not 0 <= int(class_index) < K
-        ):
-            raise ValueError(f"class_index must be an integer in 0..{K - 1}, got {class_index!r}")
-        class_index = int(class_index)
+        class_index = check_class_index(class_index, P.n_classes)
     be = _backends.resolve_backend(backend)
     problem = _est.make_problem(P, y, calibration)
     h = _resolve_h(problem, bandwidth, be)  # class-wise: summed over the K problems
@@ -543,16 +549,7 @@ def _draw_reliability_one(
             zorder=2,
         )
         ax.plot(conf, conf, ls="none", marker="_", color="C3", ms=6, zorder=4)
-        hax.bar(
-            edges[:-1],
-            counts / counts.sum(),
-            width=np.diff(edges),
-            align="edge",
-            color="0.55",
-            edgecolor="0.3",
-            lw=0.5,
-        )
-        hax.set_ylabel("fraction", fontsize="small")
+        _fraction_bars(hax, edges, counts)
         default_title = f"{len(edges) - 1} bins, ECE = {float(sel(np.asarray(rd.ece))):.4f}"
     elif rd.calibration == "canonical":
         assert x is not None and y is not None and counts is not None
@@ -577,16 +574,7 @@ def _draw_reliability_one(
             bx, bx, by, color="C3", alpha=0.3, lw=0, label="gap of bin means", zorder=1
         )
         ax.plot(bx, by, marker="o", ms=4, color="C3", lw=1.4, label="bin means", zorder=4)
-        hax.bar(
-            edges[:-1],
-            counts / counts.sum(),
-            width=np.diff(edges),
-            align="edge",
-            color="0.55",
-            edgecolor="0.3",
-            lw=0.5,
-        )
-        hax.set_ylabel("fraction", fontsize="small")
+        _fraction_bars(hax, edges, counts)
         default_title = (
             f"canonical Dirichlet KDE, h = {rd.bandwidth:.3g}\n"
             f"ECE$^{{KDE}}$ (L1, canonical) = {float(rd.ece):.4f}"
@@ -885,9 +873,9 @@ def _sharpness_arrays(
             f"Chidambaram & Ge use 0.05), got {bandwidth!r}"
         )
     sigma = check_bandwidth(bandwidth)
-    n_grid = _check_int(n_grid, "n_grid", 2)
-    n_sub = _check_int(n_subsamples, "n_subsamples", 0)
-    n_pts = _check_int(n_points, "n_points", 1)
+    n_grid = check_int(n_grid, "n_grid", 2)
+    n_sub = check_int(n_subsamples, "n_subsamples", 0)
+    n_pts = check_int(n_points, "n_points", 1)
     P = check_probs(probs)
     y = check_labels(labels, P.n, P.n_classes)
     Pp = P.p
@@ -1196,7 +1184,7 @@ def _simplex_arrays(
             f"simplex_density needs K = 3 classes (probs of shape (n, 3)), got K = {P.n_classes}"
         )
     y = None if labels is None else check_labels(labels, P.n, 3)
-    r = _check_int(resolution, "resolution", 2)
+    r = check_int(resolution, "resolution", 2)
     be = _backends.resolve_backend(backend)
     problem = _est.make_problem(P, y, "canonical")
     h = _resolve_h(problem, bandwidth, be)
@@ -1204,7 +1192,7 @@ def _simplex_arrays(
     if n_bins_per_side is None:
         m = _binned._default_bins_per_side(raw)
     else:
-        m = _check_int(n_bins_per_side, "n_bins_per_side", 1)
+        m = check_int(n_bins_per_side, "n_bins_per_side", 1)
     # ---- Dirichlet KDE on the barycentric grid
     ii, jj = np.meshgrid(np.arange(r + 1), np.arange(r + 1), indexing="ij")
     keep = ii + jj <= r
@@ -1321,7 +1309,7 @@ def simplex_density(
     sd = _simplex_arrays(probs, labels, bandwidth, n_bins_per_side, resolution, backend)
     if not draw:
         return sd
-    max_points = _check_int(max_points, "max_points", 0)
+    max_points = check_int(max_points, "max_points", 0)
     names = ["class 0", "class 1", "class 2"] if class_names is None else list(class_names)
     if len(names) != 3:
         raise ValueError(f"class_names must have 3 entries, got {len(names)}")
@@ -1519,7 +1507,7 @@ def _bayes_arrays(
     if not isinstance(normalize, (bool, np.bool_)):
         raise TypeError(f"normalize must be True or False, got {normalize!r}")
     if thresholds is None:
-        t = np.linspace(0.0, 1.0, _check_int(n_grid, "n_grid", 3))
+        t = np.linspace(0.0, 1.0, check_int(n_grid, "n_grid", 3))
     else:
         t = np.asarray(_validation._numeric_array(thresholds, "thresholds"), dtype=np.float64)
         if t.ndim != 1 or t.size < 2 or not np.all(np.isfinite(t)):
