@@ -10,15 +10,19 @@ differentiable training losses.
 from __future__ import annotations
 
 from . import binned, datasets, plot, recalibration, scores
+from ._compare import Comparison, compare
 from ._backends import available_backends, get_num_threads, set_num_threads
 from ._report import CalibrationReport
+from ._result import QUANTITIES, CalibrationEstimate, CalibrationTestResult, ConfidenceInterval
 from ._validation import PROB_EPS, ROW_SUM_ATOL
 from .kde import (
     DEFAULT_BANDWIDTH_GRID,
     Bregman,
     calibration_error,
+    calibration_test,
     conditional_expectation,
     ece_kde,
+    estimate,
     evaluate,
     loo_log_likelihood,
     refinement,
@@ -33,18 +37,26 @@ __version__ = "0.1.0"
 __all__ = [
     "DEFAULT_BANDWIDTH_GRID",
     "PROB_EPS",
+    "QUANTITIES",
     "ROW_SUM_ATOL",
     "BackendFallbackWarning",
     "Bregman",
+    "CalibrationEstimate",
     "CalibrationReport",
+    "CalibrationTestResult",
+    "Comparison",
+    "ConfidenceInterval",
     "KdecalWarning",
     "__version__",
     "available_backends",
     "binned",
     "calibration_error",
+    "calibration_test",
+    "compare",
     "conditional_expectation",
     "datasets",
     "ece_kde",
+    "estimate",
     "evaluate",
     "get_num_threads",
     "loo_log_likelihood",

@@ -179,8 +179,9 @@ def loo_reduce(
     powers: int = 1,
     backend: str = "cpp",
     progress: bool | None = None,
+    rows: tuple[int, int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Leave-one-out Dirichlet-kernel reduction over all query rows.
+    """Leave-one-out Dirichlet-kernel reduction over query rows (all centres).
 
     Parameters
     ----------
@@ -202,30 +203,33 @@ def loo_reduce(
         A resolved backend name.
     progress : bool or None
         Show a progress bar; ``None`` shows one for long work only.
+    rows : (int, int), optional
+        Query rows ``[start, stop)`` to reduce (against all n centres); default all.
 
     Returns
     -------
-    m : ndarray, shape ([B,] H, n), float64
+    m : ndarray, shape ([B,] H, R), float64 (R = number of query rows)
         ``max_{i != j} L_ij`` with ``L_ij = bias[t, i] + scale[t] * <logq_j, p_i>``.
     S, Q, T : ndarray, shape ([B,] H, n, C), float64
         ``sum_{i != j, labels_i = c} exp(q (L_ij - m_j))`` for q = 1, 2, 3 (Q and T have
         shape (0, 0, 0) unless requested).
     """
     n = p.shape[-2]
+    r0, r1 = (0, n) if rows is None else (int(rows[0]), int(rows[1]))
     run = _call(backend)
-    work = float(n) * n * len(scale) * (p.shape[0] if p.ndim == 3 else 1)
+    work = float(r1 - r0) * n * len(scale) * (p.shape[0] if p.ndim == 3 else 1)
     show = (work >= PROGRESS_MIN_WORK) if progress is None else bool(progress)
     if os.environ.get("KDECAL_PROGRESS", "1") == "0":
         show = False
     if not show:
-        return run(logq, p, labels, n_classes, scale, bias, powers, 0, n)  # type: ignore[return-value]
+        return run(logq, p, labels, n_classes, scale, bias, powers, r0, r1)  # type: ignore[return-value]
 
     from tqdm.auto import tqdm
 
-    n_chunks = int(min(n, max(20, math.ceil(work / 2e8))))
-    edges = np.linspace(0, n, n_chunks + 1).astype(np.int64)
+    n_chunks = int(min(r1 - r0, max(20, math.ceil(work / 2e8))))
+    edges = np.linspace(r0, r1, n_chunks + 1).astype(np.int64)
     parts: list[tuple[np.ndarray, ...]] = []
-    with tqdm(total=n, unit="row", desc="kdecal LOO kernel", leave=False) as bar:
+    with tqdm(total=r1 - r0, unit="row", desc="kdecal LOO kernel", leave=False) as bar:
         for a, b in zip(edges[:-1], edges[1:]):
             parts.append(run(logq, p, labels, n_classes, scale, bias, powers, int(a), int(b)))
             bar.update(int(b - a))

@@ -114,8 +114,13 @@ def engine(
     powers: int,
     backend: str,
     progress: bool | None = None,
+    rows: tuple[int, int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """One batched leave-one-out pass: m (B, H, n) and S, Q, T (B, H, n, C)."""
+    """One batched leave-one-out pass: m (B, H, R) and S, Q, T (B, H, R, C).
+
+    ``rows`` restricts the query rows to ``[start, stop)`` (R of them; default all n),
+    always against all n centres.
+    """
     p = problem.p
     logq = np.ascontiguousarray(np.log(p), dtype=problem.dtype)
     pk = np.ascontiguousarray(p, dtype=problem.dtype)
@@ -135,6 +140,7 @@ def engine(
         powers=powers,
         backend=backend,
         progress=progress,
+        rows=rows,
     )
 
 
@@ -156,6 +162,126 @@ def select_bandwidth(
     return float(grid[int(np.argmax(ll))])
 
 
+# ------------------------------------------------------------- regression bandwidth
+
+#: Bandwidth criteria: leave-one-out cross-validation of the regression ``E[y | f]``
+#: with the Brier or the log score, or the papers' LOO likelihood of the density of f.
+CRITERIA = ("brier", "log", "loo-mle")
+
+#: Grid of the regression bandwidth search: 61 log-spaced values in [1e-5, 1], a ratio
+#: of 10^(1/12) ~ 1.21 between neighbours.
+SEARCH_GRID = np.logspace(-5.0, 0.0, 61)
+SEARCH_GRID.setflags(write=False)
+
+#: Query rows of the subsampled stages of the search: at least this many, else n / 20.
+SEARCH_SUBSET_MIN = 1000
+
+
+def cv_risk(problem: Problem, S: np.ndarray, criterion: str, rows: slice) -> np.ndarray:
+    """Leave-one-out risk of the kernel regression at each bandwidth, shape (H,).
+
+    ``S`` (B, H, R, C) holds the class sums of the query rows ``rows`` of ``problem``.
+    "brier": ``mean_j ||y_j - E_-j(f_j)||^2`` over the coordinates that enter L2
+    quantities (the positive one of binary problems); "log": ``-mean_j log E_-j(f_j)[y_j]``
+    (floored at 1e-300). Summed over the problems of a batch.
+    """
+    lab = problem.labels[:, rows]  # (B, R)
+    out = np.zeros(S.shape[1])
+    for t in range(S.shape[1]):
+        St = S[:, t]
+        E = St / St.sum(axis=-1, keepdims=True)
+        if criterion == "brier":
+            Y = (lab[..., None] == np.arange(St.shape[-1])).astype(np.float64)
+            err = np.sum(((Y - E)[..., problem.coords]) ** 2, axis=-1)
+        else:
+            Ey = np.take_along_axis(E, lab[..., None], axis=-1)[..., 0]
+            err = -np.log(np.maximum(Ey, 1e-300))
+        out[t] = float(np.sum(np.mean(err, axis=-1)))
+    return out
+
+
+def cv_risk_grid(
+    problem: Problem, grid: np.ndarray, criterion: str, backend: str, progress: bool | None = None
+) -> np.ndarray:
+    """Exact leave-one-out risk at every bandwidth of ``grid`` (one pass), shape (H,)."""
+    _, S, _, _ = engine(problem, grid, labelled=True, powers=1, backend=backend, progress=progress)
+    return cv_risk(problem, S, criterion, slice(None))
+
+
+@dataclass(frozen=True)
+class Search:
+    """Record of a bandwidth search: the candidates tried and their risks."""
+
+    criterion: str
+    bandwidth: float
+    tried: dict[float, float]  # bandwidth -> risk on the subset rows
+    subset_rows: int
+    kernel_work: float  # kernel evaluations, in units of n^2 (one bandwidth, all rows)
+
+
+def search_bandwidth(
+    problem: Problem,
+    criterion: str,
+    powers: int,
+    backend: str,
+    progress: bool | None = None,
+) -> tuple[Search, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """Coarse-to-fine minimisation of the leave-one-out risk over :data:`SEARCH_GRID`.
+
+    1. every 6th grid value (a ratio of 3.16) on a random subset of query rows (against
+       all n centres);
+    2. the 10 grid values around the best of 1 on the same rows;
+    3. the best of 2 on all rows, with the ``powers`` the estimate needs.
+
+    Returns the search record (``tried``: the subset risks) and the engine accumulators
+    ``(m, S, Q, T)`` of the chosen bandwidth on all rows (shapes (B, n), (B, n, C)), so
+    that the estimate needs no further pass. Stages 1-2 use
+    ``max(SEARCH_SUBSET_MIN, n // 20)`` query rows (all rows when ``n <= 2000``): the
+    risks are averages over query rows and the same rows serve every bandwidth, so
+    their differences, which decide the argmin, carry far less noise than the risks.
+    The whole search costs about 2-3 single-bandwidth passes at n >= 10,000.
+    """
+    grid = SEARCH_GRID
+    G, n = len(grid), problem.n
+    m_sub = n if n <= 2 * SEARCH_SUBSET_MIN else max(SEARCH_SUBSET_MIN, n // 20)
+    sub = problem
+    if m_sub < n:
+        perm = np.random.default_rng(0).permutation(n)
+        sub = Problem(problem.calibration, problem.p[:, perm], problem.labels[:, perm], problem.dtype)
+    risk_sub: dict[int, float] = {}
+    work = 0.0
+
+    def run_sub(idx: list[int]) -> None:
+        nonlocal work
+        idx = [i for i in idx if i not in risk_sub]
+        if not idx:
+            return
+        _, S, _, _ = engine(
+            sub, grid[idx], labelled=True, powers=1, backend=backend, progress=progress,
+            rows=(0, m_sub),
+        )
+        work += m_sub / n * len(idx)
+        for i, r in zip(idx, cv_risk(sub, S, criterion, slice(0, m_sub))):
+            risk_sub[i] = float(r)
+
+    coarse = list(range(0, G, 6))
+    run_sub(coarse if coarse[-1] == G - 1 else [*coarse, G - 1])
+    a = min(risk_sub, key=risk_sub.__getitem__)
+    run_sub(list(range(max(0, a - 5), min(G, a + 6))))
+    b = min(risk_sub, key=risk_sub.__getitem__)
+
+    m, S, Q, T = engine(
+        problem, grid[[b]], labelled=True, powers=powers, backend=backend, progress=progress
+    )
+    work += 1.0
+    record = Search(
+        criterion, float(grid[b]), {float(grid[i]): v for i, v in sorted(risk_sub.items())},
+        m_sub, work,
+    )
+    acc = (m[:, 0], S[:, 0], Q[:, 0] if powers >= 2 else Q, T[:, 0] if powers >= 3 else T)
+    return record, acc
+
+
 @dataclass(frozen=True)
 class Estimate:
     """Leave-one-out conditional expectations of a problem batch at one bandwidth.
@@ -168,6 +294,12 @@ class Estimate:
         Estimates of ``E[y_c | f_j]^2`` (Eq. 7 or App. D) when debiasing, else None.
     n_degenerate : int
         Rows with a single effective neighbour, where the plain ratio was used.
+    m : ndarray, shape (B, n)
+        Per-query maximum log-kernel (the engine's running max).
+    S : ndarray, shape (B, n, D)
+        Class sums of ``exp(L_ij - m_j)``.
+    Q : ndarray or None, shape (B, n, D)
+        Class sums of ``exp(2 (L_ij - m_j))`` when the debiasing mode needed them.
     """
 
     problem: Problem
@@ -176,6 +308,26 @@ class Estimate:
     E: np.ndarray
     sq: np.ndarray | None
     n_degenerate: int
+    m: np.ndarray | None = None
+    S: np.ndarray | None = None
+    Q: np.ndarray | None = None
+    row_weights: np.ndarray | None = None
+
+    def mean(self, x: np.ndarray) -> float:
+        """Mean of per-row terms ``x`` (B, n) over rows (weighted by ``row_weights``, the
+        bootstrap multiplicities, when set) and over the problems of the batch."""
+        if self.row_weights is None:
+            return float(np.mean(x))
+        w = self.row_weights
+        return float(np.mean(np.sum(x * w, axis=-1) / np.sum(w)))
+
+    def frequencies(self) -> np.ndarray:
+        """Label frequencies per problem (weighted like :meth:`mean`), shape (B, 1, D)."""
+        Y = self.problem.one_hot()
+        if self.row_weights is None:
+            return np.asarray(Y.mean(axis=1, keepdims=True))
+        w = self.row_weights[None, :, None]
+        return np.asarray(np.sum(Y * w, axis=1, keepdims=True) / np.sum(self.row_weights))
 
     def simplex_E(self) -> np.ndarray:
         """E projected on the simplex (clip at 0, renormalise) for generators needing it."""
@@ -197,7 +349,7 @@ def estimate(
     progress: bool | None = None,
 ) -> Estimate:
     """Run the engine at one bandwidth and form (debiased) conditional expectations."""
-    _, S, Q, T = engine(
+    m, S, Q, T = engine(
         problem,
         np.array([bandwidth]),
         labelled=True,
@@ -205,12 +357,34 @@ def estimate(
         backend=backend,
         progress=progress,
     )
-    S = S[:, 0]
+    return estimate_from(
+        problem, bandwidth, debias, backend, m[:, 0], S[:, 0],
+        Q[:, 0] if debias != "none" else Q, T[:, 0] if debias == "ratio" else T,
+    )
+
+
+def estimate_from(
+    problem: Problem,
+    bandwidth: float,
+    debias: str,
+    backend: str,
+    m: np.ndarray,
+    S: np.ndarray,
+    Q: np.ndarray,
+    T: np.ndarray,
+    warn: bool = True,
+) -> Estimate:
+    """Form the (debiased) conditional expectations from one bandwidth's accumulators.
+
+    ``m`` (B, n) and ``S``, ``Q``, ``T`` (B, n, C) as returned by :func:`engine` for one
+    bandwidth (``Q``, ``T`` only when the debiasing mode needs them).
+    """
     if debias == "none":
-        return Estimate(problem, bandwidth, debias, S / S.sum(axis=-1, keepdims=True), None, 0)
+        E = S / S.sum(axis=-1, keepdims=True)
+        return Estimate(problem, bandwidth, debias, E, None, 0, m, S, None)
     mode = 1 if debias == "ustat" else 2
-    Qh = np.ascontiguousarray(Q[:, 0])
-    Th = np.ascontiguousarray(T[:, 0]) if mode == 2 else None
+    Qh = np.ascontiguousarray(Q)
+    Th = np.ascontiguousarray(T) if mode == 2 else None
     if backend == "cpp":
         E, sq, degenerate = _backends._core.debias(
             np.ascontiguousarray(S), Qh, Th, float(problem.n - 1), mode
@@ -220,15 +394,43 @@ def estimate(
 
         E, sq, degenerate = np_debias(S, Qh, Th, float(problem.n - 1), mode)
     n_deg = int(np.count_nonzero(degenerate))
-    if n_deg:
+    if n_deg and warn:
         warnings.warn(
             f"debias={debias!r}: {n_deg} of {degenerate.size} query rows have a single "
             f"effective neighbour at bandwidth {bandwidth:g}; their plain (biased) ratio "
             "was used. A larger bandwidth avoids this.",
             KdecalWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
-    return Estimate(problem, bandwidth, debias, E, sq, n_deg)
+    return Estimate(problem, bandwidth, debias, E, sq, n_deg, m, S, Qh)
+
+
+def fit(
+    problem: Problem,
+    bandwidth: float | str,
+    debias: str,
+    backend: str,
+    progress: bool | None = None,
+    criterion: str = "brier",
+) -> tuple[Estimate, Search | None]:
+    """The estimate of one notion at a fixed bandwidth or at the automatic one.
+
+    ``bandwidth="auto"`` minimises the leave-one-out risk ``criterion`` ("brier" or
+    "log") with :func:`search_bandwidth`, whose last stage already holds the estimate's
+    accumulators; ``"loo-mle"`` (or ``criterion="loo-mle"``) maximises the LOO
+    likelihood over :data:`kdecal.DEFAULT_BANDWIDTH_GRID` and then runs one more pass.
+    """
+    if isinstance(bandwidth, str):
+        if bandwidth == "loo-mle" or criterion == "loo-mle":
+            from .kde import DEFAULT_BANDWIDTH_GRID
+
+            h = select_bandwidth(problem, np.asarray(DEFAULT_BANDWIDTH_GRID), backend, progress)
+            return estimate(problem, h, debias, backend, progress), None
+        record, (m, S, Q, T) = search_bandwidth(
+            problem, criterion, _POWERS[debias], backend, progress
+        )
+        return estimate_from(problem, record.bandwidth, debias, backend, m, S, Q, T), record
+    return estimate(problem, float(bandwidth), debias, backend, progress), None
 
 
 # ----------------------------------------------------------------------------- generators
@@ -347,7 +549,7 @@ def ce_p(est: Estimate, p: float) -> float:
         inner = np.sum(est.sq[..., c] - 2.0 * E * f + f * f, axis=-1)
     else:
         inner = np.sum(np.abs(E - f) ** p, axis=-1)
-    value = float(np.mean(inner))
+    value = est.mean(inner)
     if value < 0.0:  # a debiased estimate of a (near-)zero error can be negative
         warnings.warn(
             f"the debiased estimate of CE_{p:g}^{p:g} is negative ({value:.3g}); returning 0",
@@ -361,16 +563,16 @@ def ce_p(est: Estimate, p: float) -> float:
 def calibration_error(est: Estimate, gen: Generator, estimator: str) -> float:
     """Proper calibration error, direct (Eq. 9/26) or via refinement (Eq. 14-15)."""
     if estimator == "direct":
-        return float(np.mean(gen.divergence(est)))
-    return float(np.mean(gen.F(est)) + np.mean(gen.risk(est.problem)))
+        return est.mean(gen.divergence(est))
+    return est.mean(gen.F(est)) + est.mean(gen.risk(est.problem))
 
 
 def refinement(est: Estimate, gen: Generator) -> float:
     """``REF_F = -mean F(E_j)`` (Eq. 15), averaged over the problems of the batch."""
-    return float(-np.mean(gen.F(est)))
+    return -est.mean(gen.F(est))
 
 
 def sharpness(est: Estimate, gen: Generator) -> float:
     """``mean F(E_j) - F(class frequencies)`` (Eq. 4-5), averaged over the batch."""
-    freq = est.problem.frequencies()
-    return float(np.mean(gen.F(est)) - np.mean(gen.F_points(est.problem, freq)))
+    freq = est.frequencies()
+    return est.mean(gen.F(est)) - float(np.mean(gen.F_points(est.problem, freq)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["CalibrationReport"]
@@ -22,7 +22,30 @@ _REFERENCES: dict[str, str] = {
         "AISTATS 2024"
     ),
     "G17": "Guo, Pleiss, Sun & Weinberger, 'On Calibration of Modern Neural Networks', ICML 2017",
+    "FR25": (
+        "Ferrer & Ramos, 'Evaluating Posterior Probabilities: Decision Theory, Proper "
+        "Scoring Rules, and Calibration', TMLR 2025"
+    ),
 }
+
+
+def _notion_line(name: str, row: dict[str, Any]) -> str:
+    def cell(q: str) -> str:
+        v = row.get(q)
+        ci = row.get(f"{q}_ci")
+        null = row.get(f"{q}_null_mean")
+        text = _format_value(v)
+        if ci is not None:
+            text += f" [{_format_value(ci[0])}, {_format_value(ci[1])}]"
+        if null is not None:
+            text += f" ({_format_value(null)})"
+        return text
+
+    pv = row.get("pvalue")
+    return (
+        f"{name:<11} {_format_value(row.get('bandwidth')):>9}  {cell('ece_kde_l1'):<44} "
+        f"{cell('ce_l2'):<44} {_format_value(pv) if pv is not None else 'n/a'}"
+    )
 
 # (field name, description) for each metric row of the table, in display order.
 _METRICS: tuple[tuple[str, str], ...] = (
@@ -51,8 +74,12 @@ def _plain(value: Any) -> Any:
         return int(value)
     if isinstance(value, numbers.Real):
         return float(value)
-    if hasattr(value, "item"):  # 0-d numpy array or numpy bool
+    if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:  # numpy scalar
         return _plain(value.item())
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
     return value
 
 
@@ -139,6 +166,21 @@ class CalibrationReport:
     debias : str
         Debiasing of the kernel ratios: ``"none"``, ``"ustat"`` (Eq. 7 of [1]) or
         ``"ratio"`` (App. C-D of [1]).
+    bandwidth_rule : str
+        How the bandwidth was chosen: ``"brier"`` / ``"log"`` (leave-one-out risk of the
+        kernel regression), ``"loo-mle"`` (the papers' density likelihood) or ``"fixed"``.
+    calibration_loss : float or None
+        Calibration loss of [4]: the log loss minus the log loss after affine
+        calibration trained by 5-fold cross-validation on the same data, in nats
+        (``kdecal.scores.calibration_loss(..., relative=False)``); None when skipped.
+    notions : dict
+        Per notion ("canonical", "top_label", "classwise"): ``bandwidth``,
+        ``ece_kde_l1`` and ``ce_l2`` with bootstrap 95 % intervals (``*_ci``, [low,
+        high]) and consistency-resampling null means (``*_null_mean``: what a perfectly
+        calibrated model with these predictions scores on average), and ``pvalue`` of
+        the calibration test with the ``ce_l2`` statistic.
+    notes : list of str
+        Plain-language warnings, e.g. when an estimate is dominated by its bias.
 
     References
     ----------
@@ -149,6 +191,8 @@ class CalibrationReport:
        Proper Calibration Errors", AISTATS 2024.
     .. [3] C. Guo, G. Pleiss, Y. Sun and K. Q. Weinberger, "On Calibration of
        Modern Neural Networks", ICML 2017.
+    .. [4] L. Ferrer and D. Ramos, "Evaluating Posterior Probabilities: Decision
+       Theory, Proper Scoring Rules, and Calibration", TMLR 2025.
     """
 
     n: int
@@ -170,7 +214,11 @@ class CalibrationReport:
     wall_time_s: float
     source: str | None = None
     calibration: str = "canonical"
-    debias: str = "none"
+    debias: str = "ustat"
+    bandwidth_rule: str = "fixed"
+    calibration_loss: float | None = None
+    notions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """Return the report as a dict of plain Python values.
@@ -212,6 +260,27 @@ class CalibrationReport:
         lines.append(f"{'-' * w_name}  {'-' * w_val}  {'-' * w_desc}")
         for name, val, desc in rows:
             lines.append(f"{name:<{w_name}}  {val:>{w_val}}  {desc}")
+        if self.calibration_loss is not None:
+            lines.append(
+                f"{'calibration_loss':<{w_name}}  {_format_value(self.calibration_loss):>{w_val}}"
+                "  log loss minus log loss after cross-validated affine calibration [FR25]"
+            )
+        lines.append(f"bandwidth rule: {self.bandwidth_rule}")
+        if self.notions:
+            lines.append("")
+            lines.append(
+                "notion      bandwidth  ECE^KDE L1 [95% CI]          (calibrated: null)"
+                "  squared L2 CE [95% CI]           (null)      p-value"
+            )
+            for name, row in self.notions.items():
+                lines.append(_notion_line(name, row))
+            lines.append(
+                "p-value: consistency-resampling test of calibration (squared L2 statistic); "
+                "null: the mean a perfectly calibrated model with these predictions scores."
+            )
+        for note in self.notes:
+            lines.append("")
+            lines.append("note: " + note)
         lines.append("")
         lines.append(
             "Errors are fractions (0.05 = 5 %), not percent; KL and log quantities in nats."

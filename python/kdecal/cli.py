@@ -1,4 +1,4 @@
-"""Command-line interface: ``kdecal evaluate [FILE] ...``.
+"""Command-line interface: ``kdecal evaluate [FILE] ...`` and ``kdecal compare FILE ...``.
 
 Examples
 --------
@@ -15,6 +15,10 @@ Also write a one-page figure (reliability and calibration-sharpness diagrams and
 metrics table; needs ``pip install 'kdecal[plot]'``)::
 
     kdecal evaluate preds.npz --plot page.png
+
+Compare two models' calibration on the same labels (paired bootstrap)::
+
+    kdecal compare model_a.npz model_b.npz --json
 
 Exit status: 0 on success, 2 on a usage error or a problem with the input
 (reported as one line ``kdecal: error: ...`` on stderr), 130 when interrupted.
@@ -48,19 +52,29 @@ class _ArgumentParser(argparse.ArgumentParser):
 
 
 def _bandwidth(text: str) -> float | str:
-    """Parse ``--bandwidth``: ``auto`` or a positive finite number."""
-    if text.strip().lower() == "auto":
-        return "auto"
+    """Parse ``--bandwidth``: ``auto``, ``loo-mle`` or a positive finite number."""
+    if text.strip().lower() in ("auto", "loo-mle"):
+        return text.strip().lower()
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"bandwidth must be 'auto' or a positive number, got {text!r}"
+            f"bandwidth must be 'auto', 'loo-mle' or a positive number, got {text!r}"
         ) from None
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(
-            f"bandwidth must be 'auto' or a positive number, got {text!r}"
+            f"bandwidth must be 'auto', 'loo-mle' or a positive number, got {text!r}"
         )
+    return value
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
     return value
 
 
@@ -133,9 +147,10 @@ def _build_parser() -> argparse.ArgumentParser:
         "--bandwidth",
         type=_bandwidth,
         default="auto",
-        metavar="auto|FLOAT",
-        help="Dirichlet kernel bandwidth, or 'auto' for leave-one-out likelihood selection "
-        "(default: auto)",
+        metavar="auto|loo-mle|FLOAT",
+        help="Dirichlet kernel bandwidth; 'auto': minimise the leave-one-out Brier risk of "
+        "the kernel regression of the labels; 'loo-mle': the papers' leave-one-out "
+        "likelihood of the predictions' density (default: auto)",
     )
     ev.add_argument(
         "--backend",
@@ -152,10 +167,19 @@ def _build_parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--debias",
         choices=("none", "ustat", "ratio"),
-        default="none",
-        help="debiasing of the kernel ratios: Eq. 7 U-statistics or the O(n^-2) "
-        "geometric-series correction (default: none)",
+        default="ustat",
+        help="debiasing of the squared kernel ratios: Eq. 7 U-statistics, none, or the "
+        "O(n^-2) geometric-series correction (default: ustat)",
     )
+    ev.add_argument(
+        "--n-resamples",
+        type=_nonneg_int,
+        default=100,
+        metavar="N",
+        help="bootstrap replicates and resampled label sets for the intervals and the "
+        "calibration test of each notion; 0 skips them (default: 100)",
+    )
+    ev.add_argument("--seed", type=int, default=0, help="seed of the resampling (default: 0)")
     ev.add_argument("--json", action="store_true", help="print the report as JSON")
     ev.add_argument(
         "--plot",
@@ -165,6 +189,33 @@ def _build_parser() -> argparse.ArgumentParser:
         "matplotlib writes, by extension; needs pip install 'kdecal[plot]')",
     )
     ev.add_argument("--quiet", action="store_true", help="do not show a progress bar")
+
+    cp = sub.add_parser(
+        "compare",
+        help="compare several models' calibration on the same labels",
+        description=(
+            "Estimate the calibration errors of several prediction files that share their "
+            "labels, with bootstrap intervals and paired bootstrap differences between "
+            "every pair of models (is the difference significant?)."
+        ),
+    )
+    cp.add_argument("files", nargs="+", metavar="FILE", help="prediction files (see evaluate)")
+    cp.add_argument("--split", choices=("val", "test"), help="split of .npz files (default: test)")
+    ckind = cp.add_mutually_exclusive_group()
+    ckind.add_argument("--logits", dest="logits", action="store_const", const=True, default=None,
+                       help="the scores are logits")
+    ckind.add_argument("--probs", dest="logits", action="store_const", const=False,
+                       help="the scores are probabilities")
+    cp.add_argument("--calibration", choices=("canonical", "classwise", "top_label"),
+                    default="canonical", help="notion of calibration (default: canonical)")
+    cp.add_argument("--bandwidth", type=_bandwidth, default="auto", metavar="auto|loo-mle|FLOAT",
+                    help="bandwidth for every model (default: auto, chosen per model)")
+    cp.add_argument("--n-resamples", type=_nonneg_int, default=200, metavar="N",
+                    help="paired bootstrap samples (default: 200)")
+    cp.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default: 0)")
+    cp.add_argument("--backend", choices=("auto", "cpp", "numba"), default="auto",
+                    help="computation engine (default: auto)")
+    cp.add_argument("--json", action="store_true", help="print the comparison as JSON")
     return parser
 
 
@@ -214,6 +265,8 @@ def _run_evaluate(args: argparse.Namespace) -> int:
             backend=args.backend,
             progress=False if args.quiet else None,  # None: a bar for long work only
             source=f"{prefix}{description}",
+            n_resamples=args.n_resamples,
+            seed=args.seed,
         )
         if args.plot is not None:
             from .plot import evaluation_page
@@ -221,9 +274,46 @@ def _run_evaluate(args: argparse.Namespace) -> int:
             fig = evaluation_page(probs, labels, report=report, backend=args.backend)
             fig.savefig(args.plot)
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
+        print(json.dumps(report.to_dict(), indent=2, allow_nan=False))
     else:
         print(str(report))
+    return 0
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    models: dict[str, np.ndarray] = {}
+    labels = None
+    for path in args.files:
+        scores, y, is_logits, _ = load_predictions(path, split=args.split, logits=args.logits)
+        if labels is None:
+            labels = y
+        elif y.shape != labels.shape or not np.array_equal(y, labels):
+            raise ValueError(
+                f"{path}: its labels differ from those of {args.files[0]}; compare needs "
+                "every model's predictions on the same labels"
+            )
+        name = os.path.basename(path)
+        while name in models:
+            name += "'"
+        models[name] = _to_probs(scores, is_logits)
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        warnings.showwarning = _show_warning
+        from ._compare import compare
+
+        result = compare(
+            models,
+            labels,
+            calibration=args.calibration,
+            bandwidth=args.bandwidth,
+            n_resamples=args.n_resamples,
+            seed=args.seed,
+            backend=args.backend,
+        )
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, allow_nan=False))
+    else:
+        print(str(result))
     return 0
 
 
@@ -259,7 +349,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns
     -------
     int
-        Exit status: 0 on success, 2 for a usage error or bad input (one line
+        Compare two models' calibration on the same labels (paired bootstrap)::
+
+    kdecal compare model_a.npz model_b.npz --json
+
+Exit status: 0 on success, 2 for a usage error or bad input (one line
         ``kdecal: error: <message>`` on stderr), 130 if interrupted. The
         console script ``kdecal`` calls ``sys.exit(main())``.
     """
@@ -272,11 +366,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_usage(sys.stderr)
         print(
-            f"{_PROG}: error: a command is required (available: evaluate)",
+            f"{_PROG}: error: a command is required (available: evaluate, compare)",
             file=sys.stderr,
         )
         return 2
     try:
+        if args.command == "compare":
+            return _run_compare(args)
         return _run_evaluate(args)
     except (
         InputFileError,

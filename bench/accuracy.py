@@ -1,0 +1,156 @@
+"""Accuracy of the default estimates against the ground truth, and the calibration test.
+
+The seeds' synthetic protocol (kdecal.datasets.make_seeds_synthetic: q uniform on the
+simplex, c = T_t1(q), y ~ Categorical(c), f = T_t2(c), so E[y | f] = c), with the truth
+from kdecal.datasets.true_calibration_error (10^6 Monte Carlo samples).
+
+Part 1 (``accuracy``): for K in {2, 4, 10}, n in {1000, 5000, 20000} and (t1, t2) in
+{(0.6, 0.6), (1.0, 0.6), (0.6, 1.5)} plus the calibrated (0.6, 1.0), (1.0, 1.0): the
+mean over ``reps`` samples of
+
+- the DEFAULT call (``kdecal.estimate(probs, labels)``: bandwidth "auto" = leave-one-out
+  Brier risk of the regression, debias "ustat"), and
+- the previous default (``bandwidth="loo-mle", debias="none"``),
+
+for canonical L1 ECE^KDE, KL CE and squared L2 CE, and top-label / class-wise L1, KL and
+squared L2. Prints the relative error (estimate / truth - 1) per cell, or, for the
+calibrated cells (truth 0), the value itself.
+
+Part 2 (``test``): type-I error of kdecal.calibration_test (statistic ce_l2, 100
+resamples) over ``reps`` calibrated samples (n = 1000, K = 4, t1 = t2... = (0.6, 1.0)),
+and its power against t2 = 0.8 and 0.9.
+
+Usage:
+    python bench/accuracy.py accuracy [reps] [K1,K2] [n1,n2]    (~15 min on 2 cores)
+    python bench/accuracy.py test [reps]                       (~3 min for 200)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import warnings
+
+import numpy as np
+
+import kdecal
+from kdecal import datasets
+
+CELLS = [(0.6, 0.6), (1.0, 0.6), (0.6, 1.5), (0.6, 1.0), (1.0, 1.0)]
+QUANT = {  # name -> (notion, kwargs of true_calibration_error, quantity of an estimate)
+    "canonical L1": ("canonical", {"p": 1}, "ece_kde_l1"),
+    "canonical KL": ("canonical", {"divergence": "kl"}, "ce_kl"),
+    "canonical sq L2": ("canonical", {"divergence": "l2"}, "ce_l2"),
+    "top-label L1": ("top_label", {"p": 1}, "ece_kde_l1"),
+    "top-label KL": ("top_label", {"divergence": "kl"}, "ce_kl"),
+    "top-label sq L2": ("top_label", {"divergence": "l2"}, "ce_l2"),
+    "class-wise L1": ("classwise", {"p": 1}, "ece_kde_l1"),
+    "class-wise KL": ("classwise", {"divergence": "kl"}, "ce_kl"),
+    "class-wise sq L2": ("classwise", {"divergence": "l2"}, "ce_l2"),
+}
+NOTIONS = ("canonical", "top_label", "classwise")
+
+
+def truth(K, t1, t2):
+    out = {}
+    for name, (notion, kw, _) in QUANT.items():
+        if t2 == 1.0:
+            out[name] = 0.0
+            continue
+        out[name] = float(
+            datasets.true_calibration_error(
+                K, t1=t1, t2=t2, calibration=notion, n_mc=10**6, seed=0, **kw
+            )
+        )
+    return out
+
+
+def estimates(probs, labels, **kw):
+    vals = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", kdecal.KdecalWarning)
+        for notion in NOTIONS:
+            est = kdecal.estimate(probs, labels, calibration=notion, **kw)
+            for name, (nt, _, q) in QUANT.items():
+                if nt == notion:
+                    vals[name] = est.value(q)
+                    vals[f"h {notion}"] = est.bandwidth
+    return vals
+
+
+def accuracy(reps, Ks, ns):
+    rows = []
+    t0 = time.perf_counter()
+    for K in Ks:
+        for t1, t2 in CELLS:
+            tr = truth(K, t1, t2)
+            for n in ns:
+                r_eff = reps if n < 20000 else max(2, reps // 2)
+                new, old = [], []
+                for r in range(r_eff):
+                    s = datasets.make_seeds_synthetic(n, K, t1=t1, t2=t2, seed=100 * r + K)
+                    new.append(estimates(s.probs, s.labels))
+                    old.append(estimates(s.probs, s.labels, bandwidth="loo-mle", debias="none"))
+                row = {"K": K, "n": n, "t1": t1, "t2": t2, "reps": r_eff, "truth": tr}
+                for tag, vals in (("default", new), ("loo-mle", old)):
+                    row[tag] = {k: float(np.mean([v[k] for v in vals])) for k in vals[0]}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                print(f"# {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    print_tables(rows)
+
+
+def print_tables(rows):
+    print()
+    print("| K | n | (t1, t2) | quantity | truth | default | previous default (LOO-MLE, no debias) |")
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        for name in QUANT:
+            tr = row["truth"][name]
+            a, b = row["default"][name], row["loo-mle"][name]
+            if tr == 0.0:
+                ca, cb = f"{a:.4f}", f"{b:.4f}"
+            else:
+                ca, cb = f"{100 * (a / tr - 1):+.0f} %", f"{100 * (b / tr - 1):+.0f} %"
+            print(
+                f"| {row['K']} | {row['n']} | ({row['t1']}, {row['t2']}) | {name} | "
+                f"{tr:.4f} | {ca} | {cb} |"
+            )
+
+
+def test(reps):
+    out = {}
+    for t2 in (1.0, 0.9, 0.8):
+        pv = []
+        t0 = time.perf_counter()
+        for r in range(reps):
+            s = datasets.make_seeds_synthetic(1000, 4, t1=0.6, t2=t2, seed=7919 * r + 1)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", kdecal.KdecalWarning)
+                res = kdecal.calibration_test(s.probs, s.labels, n_resamples=100, seed=r)
+            pv.append(res.pvalue)
+        pv = np.asarray(pv)
+        out[t2] = {
+            "reps": reps,
+            "rejection rate at 5 %": float(np.mean(pv <= 0.05)),
+            "rejection rate at 1 %": float(np.mean(pv <= 0.01)),
+            "seconds": time.perf_counter() - t0,
+        }
+        print(f"t2 = {t2}: {json.dumps(out[t2])}", flush=True)
+    return out
+
+
+def main():
+    what = sys.argv[1] if len(sys.argv) > 1 else "accuracy"
+    if what == "test":
+        test(int(sys.argv[2]) if len(sys.argv) > 2 else 200)
+        return
+    reps = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    Ks = [int(x) for x in sys.argv[3].split(",")] if len(sys.argv) > 3 else [2, 4, 10]
+    ns = [int(x) for x in sys.argv[4].split(",")] if len(sys.argv) > 4 else [1000, 5000, 20000]
+    accuracy(reps, Ks, ns)
+
+
+if __name__ == "__main__":
+    main()

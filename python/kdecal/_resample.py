@@ -1,0 +1,117 @@
+"""Resampling on top of one estimate: consistency resampling and the bootstrap.
+
+Both reuse the kernel of an existing estimate: the leave-one-out weights
+``w_ij = exp(L_ij - m_j)`` depend on the predictions and the bandwidth only, so one
+multi-label engine pass (:func:`kdecal._backends.loo_reduce_multi`) accumulates the
+class sums of many label vectors (and centre multiplicities) at once.
+
+- Consistency resampling (Bröcker & Smith, "Increasing the reliability of reliability
+  diagrams", Weather and Forecasting 2007; Vaicenavicius et al., "Evaluating model
+  calibration in classification", AISTATS 2019): labels redrawn from the predicted
+  probabilities, ``y*_i ~ Categorical(f_i)``, which makes the model calibrated by
+  construction and keeps the estimator's finite-sample bias in the null distribution.
+- The bootstrap (rows resampled with replacement): centre multiplicities ``v_i`` enter
+  the class sums and the row means; the copies of a query row are left out with it, so
+  each replicate is the same leave-one-out estimator on the resampled rows, ties
+  removed. The bandwidth is kept fixed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+
+import numpy as np
+from scipy.special import gammaln
+
+from . import _backends
+from . import _estimators as _est
+
+#: Memory budget (bytes) of the class sums of one chunk of label sets.
+_CHUNK_BYTES = 64e6
+
+
+def draw_consistency_labels(P: np.ndarray, n_sets: int, rng: np.random.Generator) -> np.ndarray:
+    """``n_sets`` label vectors ``y*_i ~ Categorical(P_i)``, shape (n_sets, n), int64."""
+    cdf = np.cumsum(P, axis=1)
+    cdf[:, -1] = 1.0
+    u = rng.random((n_sets, P.shape[0]))
+    out = np.empty((n_sets, P.shape[0]), dtype=np.int64)
+    for s in range(n_sets):
+        out[s] = (u[s][:, None] > cdf).sum(axis=1)
+    return out
+
+
+def problem_labels(calibration: str, P: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Labels of the kernel problems of a notion for class labels ``y`` (n,): (B, n)."""
+    if calibration == "canonical":
+        return y[None]
+    if calibration == "top_label":
+        return (P.argmax(axis=1) == y).astype(np.int64)[None]
+    return (y[None, :] == np.arange(P.shape[1])[:, None]).astype(np.int64)
+
+
+def replicates(
+    est: _est.Estimate,
+    labels: np.ndarray,
+    weights: np.ndarray | None,
+    backend: str,
+) -> Iterator[_est.Estimate]:
+    """The estimate recomputed for each label set (and centre multiplicities).
+
+    Parameters
+    ----------
+    est : Estimate
+        The base estimate (its ``m`` gives the weights' normalisation).
+    labels : ndarray, shape (R, B, n), int64
+        Problem labels of each of R replicates (B problems of the notion).
+    weights : ndarray, shape (R, n), float64, or None
+        Row multiplicities of each replicate (None: all 1).
+
+    Yields
+    ------
+    Estimate
+        One per replicate, with ``row_weights`` set to its multiplicities.
+    """
+    if est.debias == "ratio":
+        raise ValueError(
+            "resampling supports debias='none' and 'ustat', not 'ratio' (it needs the "
+            "third power sums, which the multi-label pass does not accumulate)"
+        )
+    problem = est.problem
+    if est.m is None:
+        raise ValueError("this estimate holds no engine accumulators to resample")
+    R, B, n = labels.shape
+    C = problem.dim
+    powers = 2 if est.debias == "ustat" else 1
+    h = est.bandwidth
+    chunk = int(max(1, min(R, _CHUNK_BYTES // (8.0 * n * C * powers * B))))
+    logq = [np.ascontiguousarray(np.log(problem.p[b]), dtype=problem.dtype) for b in range(B)]
+    pk = [np.ascontiguousarray(problem.p[b], dtype=problem.dtype) for b in range(B)]
+    bias = [-gammaln(problem.p[b] / h + 1.0).sum(axis=-1) for b in range(B)]
+    for r0 in range(0, R, chunk):
+        r1 = min(R, r0 + chunk)
+        w = None if weights is None else np.ascontiguousarray(weights[r0:r1], dtype=np.float64)
+        parts = [
+            _backends.loo_reduce_multi(
+                logq[b],
+                pk[b],
+                np.ascontiguousarray(est.m[b], dtype=np.float64),
+                np.ascontiguousarray(labels[r0:r1, b]),
+                C,
+                1.0 / h,
+                np.ascontiguousarray(bias[b]),
+                w,
+                powers=powers,
+                backend=backend,
+            )
+            for b in range(B)
+        ]
+        for k in range(r1 - r0):
+            S = np.stack([parts[b][0][k] for b in range(B)])
+            Q = np.stack([parts[b][1][k] for b in range(B)]) if powers == 2 else np.zeros((0, 0, 0))
+            prob = replace(problem, labels=np.ascontiguousarray(labels[r0 + k]))
+            rep = _est.estimate_from(
+                prob, h, est.debias, backend, est.m, S, Q, np.zeros((0, 0, 0)), warn=False
+            )
+            yield replace(rep, row_weights=None if weights is None else weights[r0 + k])

@@ -1,0 +1,355 @@
+"""The estimate object of :func:`kdecal.estimate` and the results derived from it."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import _estimators as _est
+from . import _resample
+from ._validation import check_int, check_p
+from .warnings import KdecalWarning
+
+__all__ = ["CalibrationEstimate", "CalibrationTestResult", "ConfidenceInterval", "QUANTITIES"]
+
+
+def _q(kind: str, arg: object) -> Callable[[_est.Estimate], float]:
+    def value(e: _est.Estimate) -> float:
+        if kind == "ece":
+            return _est.ce_p(e, float(arg))  # type: ignore[arg-type]
+        gen = _est.KLGenerator() if arg == "kl" else _est.L2Generator()
+        if kind == "ce":
+            return _est.calibration_error(e, gen, "direct")
+        if kind == "refinement":
+            return _est.refinement(e, gen)
+        return _est.sharpness(e, gen)
+
+    return value
+
+
+#: Named quantities (the fields of :class:`kdecal.CalibrationReport`) and how each is
+#: computed from an estimate.
+QUANTITIES: dict[str, Callable[[_est.Estimate], float]] = {
+    "ece_kde_l1": _q("ece", 1.0),
+    "ece_kde_l2": _q("ece", 2.0),
+    "ce_kl": _q("ce", "kl"),
+    "ce_l2": _q("ce", "l2"),
+    "refinement_kl": _q("refinement", "kl"),
+    "refinement_l2": _q("refinement", "l2"),
+    "sharpness_kl": _q("sharpness", "kl"),
+    "sharpness_l2": _q("sharpness", "l2"),
+}
+
+
+def _check_quantity(name: object, what: str = "quantity") -> str:
+    if not isinstance(name, str) or name not in QUANTITIES:
+        raise ValueError(f"{what} must be one of {sorted(QUANTITIES)}, got {name!r}")
+    return name
+
+
+def _check_level(level: object) -> float:
+    if isinstance(level, bool) or not isinstance(level, (int, float, np.floating)):
+        raise TypeError(f"level must be a float in (0, 1), got {level!r}")
+    if not 0.0 < float(level) < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level!r}")
+    return float(level)
+
+
+def _quiet(fn: Callable[[_est.Estimate], float], e: _est.Estimate) -> float:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", KdecalWarning)
+        return fn(e)
+
+
+@dataclass(frozen=True)
+class ConfidenceInterval:
+    """A bootstrap percentile interval of one quantity.
+
+    Attributes
+    ----------
+    quantity : str
+        Name of the quantity (a key of ``kdecal.QUANTITIES``).
+    estimate : float
+        The point estimate on the data.
+    low, high : float
+        The ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles of the bootstrap
+        distribution.
+    level : float
+        Confidence level, e.g. 0.95.
+    bootstrap_distribution : ndarray, shape (n_resamples,), float64
+        The quantity on each bootstrap replicate (rows resampled with replacement, the
+        bandwidth fixed, the copies of a query row left out with it).
+    """
+
+    quantity: str
+    estimate: float
+    low: float
+    high: float
+    level: float
+    bootstrap_distribution: np.ndarray = field(repr=False)
+
+    def __iter__(self):  # noqa: D105
+        return iter((self.low, self.high))
+
+
+@dataclass(frozen=True)
+class CalibrationTestResult:
+    """Result of :func:`kdecal.calibration_test`.
+
+    Attributes
+    ----------
+    statistic_name : str
+        The quantity used as the test statistic.
+    statistic : float
+        Its value on the data.
+    pvalue : float
+        ``(1 + #{T*_b >= T}) / (1 + n_resamples)``, the Monte Carlo p-value of the null
+        hypothesis "the model is calibrated" (in the notion of the estimate).
+    null_distribution : ndarray, shape (n_resamples,), float64
+        The statistic on labels redrawn from the predicted probabilities.
+    bandwidth : float
+        The bandwidth used for the data and every resample.
+    """
+
+    statistic_name: str
+    statistic: float
+    pvalue: float
+    null_distribution: np.ndarray = field(repr=False)
+    bandwidth: float
+
+    @property
+    def null_mean(self) -> float:
+        """Mean of the null distribution: what the estimator reports, on average, for a
+        perfectly calibrated model with these predictions (its bias at zero error)."""
+        return float(np.mean(self.null_distribution))
+
+
+def bootstrap_counts(n: int, n_resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """Row multiplicities of ``n_resamples`` bootstrap samples of n rows, (R, n) int64."""
+    return np.stack([np.bincount(rng.integers(0, n, n), minlength=n) for _ in range(n_resamples)])
+
+
+def percentile_interval(dist: np.ndarray, level: float) -> tuple[float, float]:
+    """The ``(1 -+ level) / 2`` quantiles of a bootstrap distribution."""
+    a = (1.0 - level) / 2.0
+    lo, hi = np.quantile(dist, [a, 1.0 - a])
+    return float(lo), float(hi)
+
+
+class CalibrationEstimate:
+    """The leave-one-out kernel estimate of ``E[y | f]`` for one notion and bandwidth.
+
+    Made by :func:`kdecal.estimate`; every quantity is a cheap O(nK) plug-in on it, and
+    intervals and the calibration test reuse its kernel (one multi-label engine pass per
+    chunk of resamples), so nothing recomputes the bandwidth search.
+
+    Attributes
+    ----------
+    bandwidth : float
+        The bandwidth h used.
+    calibration : str
+        The notion: "canonical", "classwise" or "top_label".
+    debias : str
+        The debiasing mode of the squared (L2) quantities.
+    criterion : str or None
+        The bandwidth criterion when the bandwidth was chosen automatically.
+    n, n_classes : int
+        Number of rows and of classes.
+    backend : str
+        Engine backend used.
+    """
+
+    def __init__(
+        self,
+        est: _est.Estimate,
+        probs: np.ndarray,
+        labels: np.ndarray,
+        backend: str,
+        criterion: str | None,
+        search: _est.Search | None,
+    ) -> None:
+        self._est = est
+        self._probs = probs
+        self._labels = labels
+        self.bandwidth = float(est.bandwidth)
+        self.calibration = est.problem.calibration
+        self.debias = est.debias
+        self.criterion = criterion
+        self.search = search
+        self.backend = backend
+        self.n = int(probs.shape[0])
+        self.n_classes = int(probs.shape[1])
+
+    def __repr__(self) -> str:
+        return (
+            f"CalibrationEstimate(calibration={self.calibration!r}, n={self.n}, "
+            f"n_classes={self.n_classes}, bandwidth={self.bandwidth:.4g}, "
+            f"debias={self.debias!r})"
+        )
+
+    # ------------------------------------------------------------------ arrays
+
+    @property
+    def conditional_expectation(self) -> np.ndarray:
+        """Leave-one-out estimate of ``E[y | f_j]``.
+
+        Shape (n, K) for "canonical" (rows on the simplex); (n,) for "top_label"
+        (``P(correct | confidence)``); (n, K) for "classwise" (column c is
+        ``P(y = c | f_c)``). float64.
+        """
+        E = self._est.E
+        if self.calibration == "canonical":
+            return np.asarray(E[0])
+        if self.calibration == "top_label":
+            return np.asarray(E[0, :, 1])
+        return np.ascontiguousarray(E[:, :, 1].T)
+
+    # -------------------------------------------------------------- quantities
+
+    def ece(self, p: float = 1) -> float:
+        """L_p calibration error ECE^KDE (Popordanoska et al. 2022, Eq. 9, p-th root).
+
+        Returns
+        -------
+        float
+            In probability units; p = 2 uses the debiased squares when ``debias`` is
+            "ustat" or "ratio".
+        """
+        return _est.ce_p(self._est, check_p(p))
+
+    def calibration_error(self, divergence: object = "kl", estimator: str = "direct") -> float:
+        """Proper calibration error for a Bregman generator (Popordanoska et al. 2024,
+        Eq. 9-10, 14); see :func:`kdecal.calibration_error` for the arguments."""
+        from .kde import _generator
+        from ._validation import check_choice
+
+        check_choice(estimator, "estimator", ("direct", "refinement"))
+        return _est.calibration_error(self._est, _generator(divergence), estimator)
+
+    def refinement(self, divergence: object = "kl") -> float:
+        """Refinement ``-mean_j F(E_j)`` (Popordanoska et al. 2024, Eq. 15)."""
+        from .kde import _generator
+
+        return _est.refinement(self._est, _generator(divergence))
+
+    def sharpness(self, divergence: object = "kl") -> float:
+        """Sharpness ``mean_j F(E_j) - F(class frequencies)`` (2024, Eq. 4-5)."""
+        from .kde import _generator
+
+        return _est.sharpness(self._est, _generator(divergence))
+
+    def value(self, quantity: str) -> float:
+        """A quantity by name: one of ``kdecal.QUANTITIES`` (the report's field names)."""
+        return QUANTITIES[_check_quantity(quantity)](self._est)
+
+    # -------------------------------------------------------------- resampling
+
+    def confidence_interval(
+        self,
+        quantity: str = "ece_kde_l1",
+        *,
+        level: float = 0.95,
+        n_resamples: int = 200,
+        seed: int | np.random.Generator | None = None,
+    ) -> ConfidenceInterval:
+        """Bootstrap percentile interval of a quantity.
+
+        Rows are resampled with replacement ``n_resamples`` times; each replicate is the
+        same leave-one-out estimator on the resampled rows at the same bandwidth (the
+        copies of a query row are left out with it), computed from the kernel of this
+        estimate in multi-label engine passes.
+
+        Parameters
+        ----------
+        quantity : str, default "ece_kde_l1"
+            One of ``kdecal.QUANTITIES``.
+        level : float, default 0.95
+        n_resamples : int, default 200
+        seed : int or numpy Generator, optional
+
+        Returns
+        -------
+        ConfidenceInterval
+
+        Raises
+        ------
+        TypeError, ValueError
+            Unknown quantity, level outside (0, 1), ``n_resamples < 2``, or
+            ``debias="ratio"``.
+        """
+        name = _check_quantity(quantity)
+        level = _check_level(level)
+        R = check_int(n_resamples, "n_resamples", 2)
+        return self.confidence_intervals([name], level=level, n_resamples=R, seed=seed)[name]
+
+    def confidence_intervals(
+        self,
+        quantities: list[str] | tuple[str, ...] = tuple(QUANTITIES),
+        *,
+        level: float = 0.95,
+        n_resamples: int = 200,
+        seed: int | np.random.Generator | None = None,
+    ) -> dict[str, ConfidenceInterval]:
+        """Bootstrap intervals of several quantities from the same replicates."""
+        names = [_check_quantity(q) for q in quantities]
+        level = _check_level(level)
+        R = check_int(n_resamples, "n_resamples", 2)
+        counts = bootstrap_counts(self.n, R, np.random.default_rng(seed))
+        dist = self._bootstrap(names, counts)
+        out = {}
+        for q in names:
+            lo, hi = percentile_interval(dist[q], level)
+            out[q] = ConfidenceInterval(q, self.value(q), lo, hi, level, dist[q])
+        return out
+
+    def _bootstrap(self, names: list[str], counts: np.ndarray) -> dict[str, np.ndarray]:
+        """The quantities on the bootstrap replicates given by row multiplicities (R, n)."""
+        R = counts.shape[0]
+        labels = np.broadcast_to(self._est.problem.labels, (R, *self._est.problem.labels.shape))
+        dist = {q: np.empty(R) for q in names}
+        reps = _resample.replicates(
+            self._est, np.ascontiguousarray(labels), counts.astype(np.float64), self.backend
+        )
+        for r, rep in enumerate(reps):
+            for q in names:
+                dist[q][r] = _quiet(QUANTITIES[q], rep)
+        return dist
+
+    def calibration_test(
+        self,
+        statistic: str = "ce_l2",
+        *,
+        n_resamples: int = 200,
+        seed: int | np.random.Generator | None = None,
+    ) -> CalibrationTestResult:
+        """Consistency-resampling test of calibration; see :func:`kdecal.calibration_test`."""
+        return self.calibration_tests([statistic], n_resamples=n_resamples, seed=seed)[statistic]
+
+    def calibration_tests(
+        self,
+        statistics: list[str] | tuple[str, ...] = ("ce_l2",),
+        *,
+        n_resamples: int = 200,
+        seed: int | np.random.Generator | None = None,
+    ) -> dict[str, CalibrationTestResult]:
+        """The test for several statistics from the same resampled label sets."""
+        names = [_check_quantity(s, "statistic") for s in statistics]
+        R = check_int(n_resamples, "n_resamples", 1)
+        rng = np.random.default_rng(seed)
+        ystar = _resample.draw_consistency_labels(self._probs, R, rng)
+        labels = np.stack(
+            [_resample.problem_labels(self.calibration, self._probs, ystar[r]) for r in range(R)]
+        )
+        dist = {s: np.empty(R) for s in names}
+        for r, rep in enumerate(_resample.replicates(self._est, labels, None, self.backend)):
+            for s in names:
+                dist[s][r] = _quiet(QUANTITIES[s], rep)
+        out = {}
+        for s in names:
+            t = _quiet(QUANTITIES[s], self._est)
+            pv = (1.0 + np.count_nonzero(dist[s] >= t)) / (1.0 + R)
+            out[s] = CalibrationTestResult(s, t, float(pv), dist[s], self.bandwidth)
+        return out

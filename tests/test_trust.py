@@ -1,0 +1,302 @@
+"""The regression bandwidth, bootstrap intervals, the calibration test and comparisons.
+
+Every number is checked against an independent computation: the bandwidth search
+against the exhaustive grid and a materialised brute-force leave-one-out risk; the
+calibration test's null distribution against separate ordinary estimator calls on the
+resampled labels; the bootstrap replicates against a float64 brute force that
+materialises the n x n kernel of the resampled rows.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+import _reference as ref
+import kdecal
+from kdecal import _estimators as _est
+from kdecal import _resample
+from kdecal._result import bootstrap_counts
+from kdecal._validation import check_probs
+from kdecal.datasets import make_seeds_synthetic
+
+BACKENDS = [b for b in ("cpp", "numba") if b in kdecal.available_backends()]
+
+
+def _data(n=150, K=3, t2=0.6, seed=0):
+    s = make_seeds_synthetic(n, K, t1=0.6, t2=t2, seed=seed)
+    return np.array(s.probs), np.array(s.labels)
+
+
+# ------------------------------------------------------------------ bandwidth search
+
+
+def _brute_cv_risk(points, labels, grid, coords):
+    """mean_j ||y_j - E_-j(f_j)||^2 on ``coords`` from the materialised kernel."""
+    D = points.shape[1]
+    Y = ref.ref_one_hot(labels, D)
+    out = []
+    for h in grid:
+        W = ref.ref_loo_weights(points, h)  # (query, centre), diagonal 0
+        E = W @ Y / W.sum(axis=1, keepdims=True)
+        out.append(np.mean(np.sum((Y - E)[:, coords] ** 2, axis=1)))
+    return np.array(out)
+
+
+@pytest.mark.parametrize("calibration", ["canonical", "top_label", "classwise"])
+def test_exact_grid_mode_matches_brute_force_risk(calibration):
+    P, y = _data(120, 3)
+    grid = np.array([0.01, 0.03, 0.1, 0.3, 1.0])
+    problems = ref.ref_notion_problems(P, y, calibration)
+    coords = slice(None) if calibration == "canonical" else slice(1, 2)
+    risk = sum(_brute_cv_risk(pts, lab, grid, coords) for pts, lab in problems)
+    pr = _est.make_problem(check_probs(P), y, calibration)
+    got = _est.cv_risk_grid(pr, grid, "brier", "cpp")
+    np.testing.assert_allclose(got, risk, rtol=1e-10)
+    h = kdecal.select_bandwidth(P, y, calibration=calibration, grid=grid)
+    assert h == grid[int(np.argmin(risk))]
+
+
+@pytest.mark.parametrize("n,K,t2", [(500, 3, 0.6), (3000, 4, 0.6), (5000, 10, 1.5)])
+def test_search_equals_exhaustive_synthetic(n, K, t2):
+    P, y = _data(n, K, t2, seed=n)
+    exhaustive = kdecal.select_bandwidth(P, y, grid=_est.SEARCH_GRID)
+    fast = kdecal.select_bandwidth(P, y)
+    i, j = (int(np.argmin(np.abs(_est.SEARCH_GRID - v))) for v in (exhaustive, fast))
+    assert abs(i - j) <= 1, (exhaustive, fast)
+
+
+REAL_FILES = [
+    ("cifar10_vgg16_keras_verifiedcal.npz", ""),
+    ("pneumoniamnist_resnet50.npz", ""),
+    ("cifar100_resnet20_chenyaofo.npz", "test_"),
+    ("sst2_gpt2_zeroshot.npz", "test_"),
+]
+
+
+@pytest.mark.parametrize("fname,prefix", REAL_FILES)
+@pytest.mark.parametrize("calibration", ["canonical", "top_label"])
+def test_search_equals_exhaustive_real(fname, prefix, calibration):
+    from conftest import DATA_DIR
+
+    path = DATA_DIR / fname
+    if not path.is_file():
+        pytest.skip(f"real data not available: {path}")
+    with np.load(path) as d:
+        keys = set(d.files)
+        y = d[prefix + "labels"] if prefix + "labels" in keys else d["labels"]
+        if prefix + "probs" in keys:
+            P = d[prefix + "probs"].astype(np.float64)
+        else:
+            z = d[prefix + "logits"].astype(np.float64)
+            P = kdecal.softmax(z) if z.ndim == 2 else np.stack([1 - 1 / (1 + np.exp(z)), 1 / (1 + np.exp(z))], 1)[:, 1]
+    if P.ndim == 2 and P.shape[0] > 6000:
+        P, y = P[:6000], y[:6000]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", kdecal.KdecalWarning)
+        exhaustive = kdecal.select_bandwidth(P, y, calibration=calibration, grid=_est.SEARCH_GRID)
+        fast = kdecal.select_bandwidth(P, y, calibration=calibration)
+    i, j = (int(np.argmin(np.abs(_est.SEARCH_GRID - v))) for v in (exhaustive, fast))
+    assert abs(i - j) <= 1, (exhaustive, fast)
+
+
+def test_auto_is_the_fixed_estimate_at_the_chosen_bandwidth():
+    P, y = _data(2500, 4, seed=3)
+    h = kdecal.select_bandwidth(P, y)
+    for kw in ({"p": 1}, {"p": 2}):
+        a = kdecal.ece_kde(P, y, **kw)
+        b = kdecal.ece_kde(P, y, bandwidth=h, **kw)
+        assert a == pytest.approx(b, rel=1e-12)
+    est = kdecal.estimate(P, y)
+    assert est.bandwidth == h and est.criterion == "brier"
+    assert est.calibration_error("l2") == pytest.approx(
+        kdecal.calibration_error(P, y, divergence="l2", bandwidth=h, debias="ustat"), rel=1e-12
+    )
+
+
+def test_loo_mle_spec_is_the_papers_rule():
+    P, y = _data(300, 3)
+    h = kdecal.select_bandwidth(P)
+    assert h == ref.ref_select_bandwidth(P)
+    est = kdecal.estimate(P, y, bandwidth="loo-mle", debias="none")
+    assert est.bandwidth == h and est.criterion == "loo-mle"
+    assert est.ece(1) == pytest.approx(ref.ref_ece_kde(P, y, p=1, bandwidth=h), rel=1e-9)
+
+
+def test_select_bandwidth_arguments():
+    P, y = _data(100, 3)
+    with pytest.raises(ValueError, match="needs labels"):
+        kdecal.select_bandwidth(P, criterion="brier")
+    with pytest.raises(ValueError, match="criterion"):
+        kdecal.select_bandwidth(P, y, criterion="mse")
+    with pytest.raises(ValueError, match="bandwidth"):
+        kdecal.ece_kde(P, y, bandwidth="silverman")
+
+
+def test_auto_warns_at_the_end_of_the_range():
+    rng = np.random.default_rng(0)
+    P = rng.dirichlet(np.ones(3), size=400)
+    y = rng.integers(0, 3, 400)  # independent of P: the regression is flat
+    with pytest.warns(kdecal.KdecalWarning, match="largest value of the search range"):
+        h = kdecal.select_bandwidth(P, y)
+    assert h == _est.SEARCH_GRID[-1]
+
+
+# ---------------------------------------------------------------- resampling machinery
+
+
+def test_consistency_labels_follow_the_probabilities():
+    P = np.array([[0.7, 0.2, 0.1], [0.05, 0.05, 0.9], [1 / 3, 1 / 3, 1 / 3]])
+    ys = _resample.draw_consistency_labels(P, 40000, np.random.default_rng(1))
+    for i in range(3):
+        freq = np.bincount(ys[:, i], minlength=3) / ys.shape[0]
+        se = np.sqrt(P[i] * (1 - P[i]) / ys.shape[0])
+        assert np.all(np.abs(freq - P[i]) < 5 * se + 1e-12)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("calibration", ["canonical", "top_label", "classwise"])
+def test_null_distribution_equals_separate_calls(backend, calibration):
+    P, y = _data(90, 3, seed=2)
+    h, R, seed = 0.15, 12, 5
+    est = kdecal.estimate(P, y, bandwidth=h, calibration=calibration, backend=backend)
+    res = est.calibration_tests(["ce_l2", "ece_kde_l1", "ce_kl"], n_resamples=R, seed=seed)
+    Pt = check_probs(P).p
+    ys = _resample.draw_consistency_labels(Pt, R, np.random.default_rng(seed))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", kdecal.KdecalWarning)
+        for stat, fn in (
+            ("ce_l2", lambda yy: kdecal.calibration_error(
+                P, yy, divergence="l2", bandwidth=h, calibration=calibration)),
+            ("ece_kde_l1", lambda yy: kdecal.ece_kde(
+                P, yy, p=1, bandwidth=h, calibration=calibration, debias="none")),
+            ("ce_kl", lambda yy: kdecal.calibration_error(
+                P, yy, divergence="kl", bandwidth=h, calibration=calibration)),
+        ):
+            want = np.array([fn(ys[r]) for r in range(R)])
+            np.testing.assert_allclose(res[stat].null_distribution, want, rtol=1e-9, atol=1e-14)
+            t = fn(y)
+            assert res[stat].statistic == pytest.approx(t, rel=1e-12)
+            assert res[stat].pvalue == (1 + np.sum(want >= t)) / (R + 1)
+
+
+def _brute_bootstrap_replicate(points, labels, counts, h):
+    """Plain E and U-statistic squares on a bootstrap sample given by multiplicities,
+    copies of a query left out with it; from the materialised kernel (float64)."""
+    D = points.shape[1]
+    W = ref.ref_loo_weights(points, h)  # (query, centre), W[j, j] = 0
+    Y = ref.ref_one_hot(labels, D)
+    S = (W * counts[None, :]) @ Y
+    Q = (W**2 * counts[None, :]) @ Y
+    S0, Q0 = S.sum(1, keepdims=True), Q.sum(1, keepdims=True)
+    return S / S0, (S * S - Q) / (S0 * S0 - Q0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bootstrap_replicates_equal_brute_force(backend):
+    P, y = _data(70, 3, seed=4)
+    h, R, seed = 0.2, 6, 11
+    est = kdecal.estimate(P, y, bandwidth=h, backend=backend)
+    cis = est.confidence_intervals(["ece_kde_l1", "ce_l2"], n_resamples=R, seed=seed)
+    counts = bootstrap_counts(70, R, np.random.default_rng(seed)).astype(float)
+    pts = check_probs(P).p
+    for r in range(R):
+        E, sq = _brute_bootstrap_replicate(pts, y, counts[r], h)
+        w = counts[r] / counts[r].sum()
+        l1 = np.sum(w * np.sum(np.abs(E - pts), axis=1))
+        l2 = np.sum(w * np.sum(sq - 2 * E * pts + pts * pts, axis=1))
+        assert cis["ece_kde_l1"].bootstrap_distribution[r] == pytest.approx(l1, rel=1e-9)
+        assert cis["ce_l2"].bootstrap_distribution[r] == pytest.approx(l2, rel=1e-9, abs=1e-15)
+    d = cis["ece_kde_l1"].bootstrap_distribution
+    assert cis["ece_kde_l1"].low == pytest.approx(np.quantile(d, 0.025))
+    assert cis["ece_kde_l1"].high == pytest.approx(np.quantile(d, 0.975))
+
+
+def test_resampling_arguments():
+    P, y = _data(60, 3)
+    est = kdecal.estimate(P, y, bandwidth=0.2)
+    with pytest.raises(ValueError, match="quantity"):
+        est.confidence_interval("ece")
+    with pytest.raises(ValueError, match="level"):
+        est.confidence_interval("ce_l2", level=1.5)
+    with pytest.raises(ValueError, match="n_resamples"):
+        est.calibration_test(n_resamples=0)
+    with pytest.raises(ValueError, match="ratio"):
+        kdecal.estimate(P, y, bandwidth=0.2, debias="ratio").calibration_test(n_resamples=3)
+
+
+def test_calibration_test_detects_miscalibration_and_not_calibration():
+    P, y = _data(1500, 3, t2=0.5, seed=8)
+    assert kdecal.calibration_test(P, y, n_resamples=50, seed=0).pvalue <= 1 / 51 + 1e-12
+    Pc, yc = _data(1500, 3, t2=1.0, seed=9)
+    res = kdecal.calibration_test(Pc, yc, n_resamples=50, seed=0)
+    assert res.pvalue > 0.01 and res.null_distribution.shape == (50,)
+
+
+# ---------------------------------------------------------------- reports, comparisons
+
+
+def test_evaluate_reports_every_notion_with_intervals():
+    P, y = _data(600, 3, seed=12)
+    rep = kdecal.evaluate(P, y, n_resamples=20, seed=1)
+    assert set(rep.notions) == {"canonical", "top_label", "classwise"}
+    for name, row in rep.notions.items():
+        est = kdecal.estimate(P, y, calibration=name)
+        assert row["bandwidth"] == est.bandwidth
+        assert row["ece_kde_l1"] == pytest.approx(est.ece(1), rel=1e-12)
+        lo, hi = row["ce_l2_ci"]
+        assert lo <= hi and 0 < row["pvalue"] <= 1
+    assert rep.notions["canonical"]["ece_kde_l1"] == rep.ece_kde_l1
+    d = rep.to_dict()
+    assert json.loads(json.dumps(d, allow_nan=False))["notions"]["classwise"]["pvalue"] > 0
+    assert "p-value" in str(rep)
+    assert rep.calibration_loss is not None and rep.bandwidth_rule == "brier"
+
+
+def test_evaluate_notes_bias_dominated_estimates():
+    P, y = _data(1000, 10, t2=1.0, seed=13)  # calibrated, K = 10
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", kdecal.KdecalWarning)
+        rep = kdecal.evaluate(P, y, n_resamples=20, notions=("canonical",))
+    row = rep.notions["canonical"]
+    assert row["ece_kde_l1_null_mean"] > 0.5 * row["ece_kde_l1"]
+    assert any("dominated by the estimator's bias" in note for note in rep.notes)
+
+
+def test_compare_paired_differences():
+    P, y = _data(400, 3, seed=14)
+    Q = kdecal.datasets.temperature_scale(P, 1.3)
+    res = kdecal.compare({"a": P, "b": Q, "a2": P}, y, n_resamples=30, seed=2)
+    assert res.names == ["a", "b", "a2"]
+    ea = kdecal.estimate(P, y)
+    assert res.estimates["a"]["ce_l2"]["value"] == pytest.approx(ea.value("ce_l2"), rel=1e-12)
+    for d in res.differences:
+        diff = res.bootstrap[d["a"]][d["quantity"]] - res.bootstrap[d["b"]][d["quantity"]]
+        assert d["low"] == pytest.approx(np.quantile(diff, 0.025))
+        if {d["a"], d["b"]} == {"a", "a2"}:
+            assert d["difference"] == 0.0 and not d["significant"] and d["pvalue"] == 1.0
+    json.dumps(res.to_dict(), allow_nan=False)
+    assert "paired differences" in str(res)
+    with pytest.raises(ValueError, match="same shape"):
+        kdecal.compare([P, P[:, :2] / P[:, :2].sum(1, keepdims=True)], y)
+    with pytest.raises(TypeError, match="models"):
+        kdecal.compare(P, y)
+
+
+def test_cli_compare(tmp_path, capsys):
+    from kdecal.cli import main
+
+    P, y = _data(300, 3, seed=15)
+    a, b = tmp_path / "a.npz", tmp_path / "b.npz"
+    np.savez(a, probs=P, labels=y)
+    np.savez(b, probs=kdecal.datasets.temperature_scale(P, 1.5), labels=y)
+    assert main(["compare", str(a), str(b), "--n-resamples", "20", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["names"] == ["a.npz", "b.npz"] and len(out["differences"]) == 2
+    c = tmp_path / "c.npz"
+    np.savez(c, probs=P, labels=(y + 1) % 3)
+    assert main(["compare", str(a), str(c)]) == 2
+    assert "labels differ" in capsys.readouterr().err
