@@ -160,7 +160,7 @@ def _isa_run(isa):
     res = subprocess.run(
         [sys.executable, "-c", _ISA_SCRIPT], env=env, capture_output=True, text=True, check=True
     )
-    return json.loads(res.stdout)
+    return json.loads(res.stdout.splitlines()[-1])
 
 
 def test_every_simd_path_agrees():

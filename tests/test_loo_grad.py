@@ -168,7 +168,7 @@ def test_every_simd_path_agrees():
             [sys.executable, "-c", _ISA_SCRIPT], env=env, capture_output=True, text=True,
             check=True,
         )  # fmt: skip
-        runs[isa] = json.loads(res.stdout)
+        runs[isa] = json.loads(res.stdout.splitlines()[-1])
     base = runs["baseline"]
     assert base["isa"] == "baseline"
     for isa, r in runs.items():

@@ -323,7 +323,7 @@ def _run(script):
         [sys.executable, "-c", script], capture_output=True, text=True, check=False
     )
     assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)
+    return json.loads(res.stdout.splitlines()[-1])
 
 
 def test_importing_kdecal_does_not_import_torch():

@@ -6,4 +6,5 @@ PYBIND11_MODULE(_core, m) {
     bind_loo(m);
     bind_debias(m);
     bind_grad(m);
+    bind_multi(m);
 }

@@ -11,3 +11,4 @@ namespace py = pybind11;
 void bind_loo(py::module_& m);
 void bind_debias(py::module_& m);
 void bind_grad(py::module_& m);
+void bind_multi(py::module_& m);

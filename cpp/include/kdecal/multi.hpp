@@ -1,0 +1,62 @@
+// kdecal: leave-one-out class sums of many label vectors at once, for ONE bandwidth
+// (pure C++17, no Python).
+//
+// The kernel weights of the leave-one-out reduction (loo.hpp) do not depend on the
+// labels, so the class sums of B label vectors (consistency resampling: labels redrawn
+// from the predicted probabilities) and of B centre weightings (the bootstrap:
+// multinomial resampling counts) can share one pass over the n x n kernel.  For query
+// rows j in [row_start, row_stop), centres i != j (by index), b in [0, B), c in [0, C):
+//
+//   L_ij      = bias[i] + scale * sum_k logq[j,k] p[i,k]     (the K-dot in the input
+//                                                           precision, then double)
+//   w_ij      = exp(L_ij - m_j)        m_j GIVEN: the row max over i != j of L_ij, as
+//                                      returned in `m` by loo_reduce at this bandwidth
+//   S[b,j,c]  = sum_{i != j, labels[b,i] = c} weights[b,i] * w_ij
+//   Q[b,j,c]  = sum_{i != j, labels[b,i] = c} weights[b,i] * w_ij^2   (powers == 2)
+//
+// Terms with L_ij - m_j < -kDrop are dropped (exactly zero), i.e. every kept w_ij is in
+// [exp(-kDrop), 1] (up to rounding) and no exp argument is ever clamped.  Relative to
+// the row's largest term a dropped term is < 1.6e-28; but note that with centre weights
+// a (b, j) whose every kept centre has weight 0 gets S[b,j,:] = 0 even when far-away
+// centres carry weight (extreme bandwidths only): the caller must treat a zero row
+// total as undefined.  A row with m_j = -inf (no centre at all, n == 1) gets zeros.
+//
+// Results do not depend on the number of threads, nor on how the rows are split into
+// [row_start, row_stop) ranges: every row is reduced by one thread, over the centres in
+// a fixed order.
+#pragma once
+
+#include <cstdint>
+
+#include "kdecal/loo.hpp"
+
+namespace kdecal {
+
+/// Inputs of one multi-label reduction.  All pointers are row-major, C-contiguous.
+template <class Real>
+struct MultiProblem {
+    const Real* logq = nullptr;            // (n, K)  log of the query probabilities
+    const Real* p = nullptr;               // (n, K)  centre probabilities
+    std::int64_t n = 0;                    // number of points (queries = centres)
+    std::int64_t K = 0;                    // simplex dimension
+    double scale = 1.0;                    // 1 / bandwidth (finite, > 0)
+    const double* bias = nullptr;          // (n,)    -sum_k lgamma(p[i,k] / h + 1)
+    const double* m = nullptr;             // (n,)    row max of L_ij over i != j
+    const std::int64_t* labels = nullptr;  // (B, n)  label sets, values in [0, C)
+    const double* weights = nullptr;       // (B, n)  centre weights (finite, >= 0) or null (all 1)
+    std::int64_t B = 1;                    // number of label sets
+    std::int64_t C = 1;                    // number of label classes
+    int powers = 1;                        // 1: S; 2: S and Q
+    std::int64_t row_start = 0;            // first query row
+    std::int64_t row_stop = 0;             // one past the last query row
+};
+
+/// Run the reduction.  S (and Q when powers == 2; Q may be null otherwise) have shape
+/// (B, R, C) with R = row_stop - row_start.  Throws std::invalid_argument naming the
+/// bad argument (sizes, labels outside [0, C), negative or non-finite weights, m = NaN
+/// or +inf, scale) before any parallel work starts; never throws from inside a
+/// parallel region.  n_threads <= 0 uses the OpenMP default.
+void loo_reduce_multi(const MultiProblem<double>& prob, double* S, double* Q, int n_threads);
+void loo_reduce_multi(const MultiProblem<float>& prob, double* S, double* Q, int n_threads);
+
+}  // namespace kdecal
