@@ -168,25 +168,30 @@ def select_bandwidth(
 #: with the Brier or the log score, or the papers' LOO likelihood of the density of f.
 CRITERIA = ("brier", "log", "loo-mle")
 
-#: Grid of the regression bandwidth search: 61 log-spaced values in [1e-5, 1], a ratio
-#: of 10^(1/12) ~ 1.21 between neighbours.
-SEARCH_GRID = np.logspace(-5.0, 0.0, 61)
+#: Grid of the regression bandwidth search: 73 log-spaced values in [1e-5, 10], a ratio
+#: of 10^(1/12) ~ 1.21 between neighbours. Bandwidths above 1 matter for near one-hot
+#: predictions at large K, where the Dirichlet kernel at h ~ 1-3 weighs a centre by the
+#: query's probability of the centre's top class (a confusion-matrix-like regression).
+SEARCH_GRID = np.logspace(-5.0, 1.0, 73)
 SEARCH_GRID.setflags(write=False)
+
+#: Kernel work (bandwidths x rows / n) the racing stage of the search may add.
+SEARCH_RACE_BUDGET = 4.0
 
 #: Query rows of the subsampled stages of the search: at least this many, else n / 20.
 SEARCH_SUBSET_MIN = 1000
 
 
-def cv_risk(problem: Problem, S: np.ndarray, criterion: str, rows: slice) -> np.ndarray:
-    """Leave-one-out risk of the kernel regression at each bandwidth, shape (H,).
+def cv_risk_rows(problem: Problem, S: np.ndarray, criterion: str, rows: slice) -> np.ndarray:
+    """Per-row leave-one-out risk of the kernel regression, shape (H, R).
 
     ``S`` (B, H, R, C) holds the class sums of the query rows ``rows`` of ``problem``.
-    "brier": ``mean_j ||y_j - E_-j(f_j)||^2`` over the coordinates that enter L2
-    quantities (the positive one of binary problems); "log": ``-mean_j log E_-j(f_j)[y_j]``
-    (floored at 1e-300). Summed over the problems of a batch.
+    "brier": ``||y_j - E_-j(f_j)||^2`` over the coordinates that enter L2 quantities (the
+    positive one of binary problems); "log": ``-log E_-j(f_j)[y_j]`` (floored at 1e-300).
+    Summed over the problems of a batch.
     """
     lab = problem.labels[:, rows]  # (B, R)
-    out = np.zeros(S.shape[1])
+    out = np.zeros(S.shape[1:3])
     for t in range(S.shape[1]):
         St = S[:, t]
         E = St / St.sum(axis=-1, keepdims=True)
@@ -196,8 +201,13 @@ def cv_risk(problem: Problem, S: np.ndarray, criterion: str, rows: slice) -> np.
         else:
             Ey = np.take_along_axis(E, lab[..., None], axis=-1)[..., 0]
             err = -np.log(np.maximum(Ey, 1e-300))
-        out[t] = float(np.sum(np.mean(err, axis=-1)))
+        out[t] = np.sum(err, axis=0)
     return out
+
+
+def cv_risk(problem: Problem, S: np.ndarray, criterion: str, rows: slice) -> np.ndarray:
+    """Mean leave-one-out risk at each bandwidth, shape (H,); see :func:`cv_risk_rows`."""
+    return np.asarray(cv_risk_rows(problem, S, criterion, rows).mean(axis=1))
 
 
 def cv_risk_grid(
@@ -214,8 +224,8 @@ class Search:
 
     criterion: str
     bandwidth: float
-    tried: dict[float, float]  # bandwidth -> risk on the subset rows
-    subset_rows: int
+    tried: dict[float, float]  # bandwidth -> mean risk on the rows it was evaluated on
+    subset_rows: int  # query rows of the last racing stage
     kernel_work: float  # kernel evaluations, in units of n^2 (one bandwidth, all rows)
 
 
@@ -231,7 +241,11 @@ def search_bandwidth(
     1. every 6th grid value (a ratio of 3.16) on a random subset of query rows (against
        all n centres);
     2. the 10 grid values around the best of 1 on the same rows;
-    3. the best of 2 on all rows, with the ``powers`` the estimate needs.
+    3. while the candidates of 2 within 3 grid steps of the best whose paired mean risk
+       difference to it is within 2 standard errors span more than one grid step (a
+       flat risk curve), the survivors on twice as many rows (up to all n, and up to
+       :data:`SEARCH_RACE_BUDGET` bandwidth-passes of extra work);
+    4. the best on all rows, with the ``powers`` the estimate needs.
 
     Returns the search record (``tried``: the subset risks) and the engine accumulators
     ``(m, S, Q, T)`` of the chosen bandwidth on all rows (shapes (B, n), (B, n, C)), so
@@ -239,7 +253,8 @@ def search_bandwidth(
     ``max(SEARCH_SUBSET_MIN, n // 20)`` query rows (all rows when ``n <= 2000``): the
     risks are averages over query rows and the same rows serve every bandwidth, so
     their differences, which decide the argmin, carry far less noise than the risks.
-    The whole search costs about 2-3 single-bandwidth passes at n >= 10,000.
+    The whole search costs about 2-3 single-bandwidth passes at n >= 10,000 (more when
+    a flat risk curve needs stage 3).
     """
     grid = SEARCH_GRID
     G, n = len(grid), problem.n
@@ -248,35 +263,79 @@ def search_bandwidth(
     if m_sub < n:
         perm = np.random.default_rng(0).permutation(n)
         sub = Problem(problem.calibration, problem.p[:, perm], problem.labels[:, perm], problem.dtype)
-    risk_sub: dict[int, float] = {}
+    rows_of: dict[int, list[np.ndarray]] = {}  # grid index -> per-row risks, rows 0, 1, ...
     work = 0.0
 
-    def run_sub(idx: list[int]) -> None:
+    def run(idx: list[int], r0: int, r1: int) -> None:
         nonlocal work
-        idx = [i for i in idx if i not in risk_sub]
-        if not idx:
+        if not idx or r1 <= r0:
             return
         _, S, _, _ = engine(
             sub, grid[idx], labelled=True, powers=1, backend=backend, progress=progress,
-            rows=(0, m_sub),
+            rows=(r0, r1),
         )
-        work += m_sub / n * len(idx)
-        for i, r in zip(idx, cv_risk(sub, S, criterion, slice(0, m_sub))):
-            risk_sub[i] = float(r)
+        work += (r1 - r0) / n * len(idx)
+        for i, r in zip(idx, cv_risk_rows(sub, S, criterion, slice(r0, r1))):
+            rows_of.setdefault(i, []).append(r)
+
+    def risk(i: int) -> float:
+        return float(np.mean(np.concatenate(rows_of[i])))
+
+    def ensure(idx: list[int], upto: int) -> None:
+        """Evaluate the grid indices ``idx`` on rows [0, upto) (only what is missing)."""
+        have: dict[int, list[int]] = {}
+        for i in idx:
+            have.setdefault(sum(r.size for r in rows_of.get(i, [])), []).append(i)
+        for start, group in sorted(have.items()):
+            run(group, start, upto)
 
     coarse = list(range(0, G, 6))
-    run_sub(coarse if coarse[-1] == G - 1 else [*coarse, G - 1])
-    a = min(risk_sub, key=risk_sub.__getitem__)
-    run_sub(list(range(max(0, a - 5), min(G, a + 6))))
-    b = min(risk_sub, key=risk_sub.__getitem__)
+    ensure(coarse if coarse[-1] == G - 1 else [*coarse, G - 1], m_sub)
+    a = min(rows_of, key=risk)
+    cand = list(range(max(0, a - 5), min(G, a + 6)))
+    ensure(cand, m_sub)
+    # Racing on more rows while the subset cannot tell the candidates near the minimum
+    # apart: a candidate stays while its paired mean risk difference to the best is
+    # within 3 standard errors; rows double until one grid step resolves the argmin.
+    # When the best is at an end of the candidates, the window moves outwards.
+    done = m_sub
+    dropped: set[int] = set()
+    budget = work + SEARCH_RACE_BUDGET
+    for _ in range(4 * G):
+        b = min(cand, key=risk)
+        step = -1 if b == min(cand) else 1 if b == max(cand) else 0
+        edge = [b + step * k for k in (1, 2, 3) if step and 0 <= b + step * k < G]
+        edge = [i for i in edge if i not in cand and i not in dropped]
+        if edge:
+            ensure(edge, done)
+            cand = sorted({*cand, *edge})
+            continue
+        rb = np.concatenate(rows_of[b])
+        keep = []
+        for i in cand:
+            d = np.concatenate(rows_of[i]) - rb
+            se = float(np.std(d, ddof=1)) / np.sqrt(d.size) if d.size > 1 else np.inf
+            if i != b and float(np.mean(d)) > 2.0 * se:
+                dropped.add(i)
+            elif abs(i - b) <= 3:
+                keep.append(i)
+        cand = keep
+        if done >= n or all(abs(i - b) <= 1 for i in cand):
+            break
+        nxt = min(n, 2 * done)
+        if work + len(cand) * (nxt - done) / n > budget:
+            break
+        ensure(cand, nxt)
+        done = nxt
+    b = min(cand, key=risk)
 
     m, S, Q, T = engine(
         problem, grid[[b]], labelled=True, powers=powers, backend=backend, progress=progress
     )
     work += 1.0
     record = Search(
-        criterion, float(grid[b]), {float(grid[i]): v for i, v in sorted(risk_sub.items())},
-        m_sub, work,
+        criterion, float(grid[b]), {float(grid[i]): risk(i) for i in sorted(rows_of)},
+        done, work,
     )
     acc = (m[:, 0], S[:, 0], Q[:, 0] if powers >= 2 else Q, T[:, 0] if powers >= 3 else T)
     return record, acc

@@ -153,14 +153,22 @@ def _check_draw(draw: object) -> bool:
     return bool(draw)
 
 
-def _resolve_h(problem: _est.Problem, bandwidth: object, backend: str) -> float:
-    """``bandwidth`` as a float; "auto" maximises the problem batch's LOO likelihood."""
+def _resolve_h(
+    problem: _est.Problem, bandwidth: object, backend: str, labelled: bool = True
+) -> float:
+    """``bandwidth`` as a float: "auto" is the bandwidth of the regression
+    (:func:`kdecal.select_bandwidth` with labels), "loo-mle" the papers' LOO likelihood."""
     if isinstance(bandwidth, str):
-        if bandwidth != "auto":
-            raise ValueError(f"bandwidth must be a float > 0 or 'auto', got {bandwidth!r}")
-        from .kde import DEFAULT_BANDWIDTH_GRID
+        if bandwidth not in ("auto", "loo-mle"):
+            raise ValueError(
+                f"bandwidth must be a float > 0, 'auto' or 'loo-mle', got {bandwidth!r}"
+            )
+        if bandwidth == "loo-mle" or not labelled:
+            from .kde import DEFAULT_BANDWIDTH_GRID
 
-        return _est.select_bandwidth(problem, DEFAULT_BANDWIDTH_GRID, backend, progress=False)
+            return _est.select_bandwidth(problem, DEFAULT_BANDWIDTH_GRID, backend, progress=False)
+        record, _ = _est.search_bandwidth(problem, "brier", 1, backend, progress=False)
+        return record.bandwidth
     return check_bandwidth(bandwidth)
 
 
@@ -1187,7 +1195,7 @@ def _simplex_arrays(
     r = check_int(resolution, "resolution", 2)
     be = _backends.resolve_backend(backend)
     problem = _est.make_problem(P, y, "canonical")
-    h = _resolve_h(problem, bandwidth, be)
+    h = _resolve_h(problem, bandwidth, be, labelled=y is not None)
     raw = _binned._raw_probs(probs)
     if n_bins_per_side is None:
         m = _binned._default_bins_per_side(raw)
