@@ -94,6 +94,7 @@ def _close(got, want, rtol, what=""):
         (300, 10, 10, 4, 0.005),  # most terms dropped, most tiles skipped
         (280, 3, 7, 6, 0.1),
         (600, 2, 2, 3, 0.02),  # several panels of one tile
+        (700, 3, 4, 3, 0.1),  # panels of two tiles, the last one partial
         (260, 10, 40, 3, 0.2),  # panels of 20 tiles, many empty classes
     ],
     ids=lambda v: str(v),

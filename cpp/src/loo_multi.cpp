@@ -5,6 +5,7 @@
 // loo_reduce uses on this CPU.
 #include "kdecal/multi.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -102,8 +103,8 @@ void multi_impl(const MultiProblem<Real>& prob, double* S, double* Q, int n_thre
     check(prob.logq && prob.p && prob.bias && prob.m && (prob.labels || B == 0),
           "null input pointer");
     check(S && (prob.powers < 2 || Q), "null output pointer (S, or Q with powers == 2)");
-    check(B < (i64{1} << 20),
-          "fewer than 2^20 label sets per call, got " + std::to_string(B) + "; split them");
+    check(B * detail::kColBlock <= static_cast<i64>(std::numeric_limits<std::uint32_t>::max()),
+          "too many label sets for one call (" + std::to_string(B) + "); split them");
     for (i64 i = 0; i < n; ++i)
         if (std::isnan(prob.bias[i]) || prob.bias[i] == std::numeric_limits<double>::infinity())
             check(false, "bias[" + std::to_string(i) + "] = " + num(prob.bias[i]) +
@@ -176,9 +177,10 @@ void multi_impl(const MultiProblem<Real>& prob, double* S, double* Q, int n_thre
     // (Measured on Zen 4 with B = 200, n = 5000: T = 1 is best for C = 2, T ~ 8 for
     // C = 10, T = 16..32 for C >= 100; the panel's weights, 16 KiB per tile and power,
     // then live in L2.)
-    const i64 T_max = prob.powers >= 2 ? 16 : 32;
-    i64 T = (C + 1) / 2;
-    T = T < 1 ? 1 : (T > T_max ? T_max : T);
+    // The entries of a panel (at most T kColBlock B) are counted in 32 bits.
+    const i64 T_fit = static_cast<i64>(std::numeric_limits<std::uint32_t>::max()) / (B * BC);
+    const i64 T_max = std::min<i64>(prob.powers >= 2 ? 16 : 32, T_fit);
+    const i64 T = std::max<i64>(1, std::min<i64>((C + 1) / 2, T_max));
     const i64 PC = T * BC;
     const i64 n_panels = (n + PC - 1) / PC;
     const std::int64_t* labels = prob.labels;
