@@ -110,8 +110,18 @@ def replicates(
         for k in range(r1 - r0):
             S = np.stack([parts[b][0][k] for b in range(B)])
             Q = np.stack([parts[b][1][k] for b in range(B)]) if powers == 2 else np.zeros((0, 0, 0))
+            rw = None if weights is None else weights[r0 + k]
+            # A bootstrap sample can hold no centre with a non-negligible weight for some
+            # query row (all its neighbours drawn 0 times): the estimator is undefined
+            # there, so the row leaves that replicate's mean.
+            empty = np.any(S.sum(axis=-1) <= 0.0, axis=0)
+            if np.any(empty):
+                S[:, empty] = est.S[:, empty]  # type: ignore[index]
+                if powers == 2:
+                    Q[:, empty] = est.Q[:, empty]  # type: ignore[index]
+                rw = np.where(empty, 0.0, rw if rw is not None else 1.0)
             prob = replace(problem, labels=np.ascontiguousarray(labels[r0 + k]))
             rep = _est.estimate_from(
                 prob, h, est.debias, backend, est.m, S, Q, np.zeros((0, 0, 0)), warn=False
             )
-            yield replace(rep, row_weights=None if weights is None else weights[r0 + k])
+            yield replace(rep, row_weights=rw)
