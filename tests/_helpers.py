@@ -25,6 +25,9 @@ scalars 3.8e-6).  float32 is only checked for h >= 1e-2.
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+
 import numpy as np
 
 # absolute floor for scalar estimators: they are sums of O(1) terms that can
@@ -83,9 +86,67 @@ def assert_simplex_rows(E, *, atol=1e-12, what="E"):
 
 
 def resolve_bw(dataset, bandwidth):
-    """Return the bandwidth the reference should use for `bandwidth` ("auto" or float)."""
-    return dataset.ref_bandwidth if bandwidth == "auto" else float(bandwidth)
+    """Return the bandwidth the reference should use for `bandwidth` ("loo-mle" or float).
+
+    "loo-mle" is kdecal's LOO-likelihood rule, i.e. the reference's
+    ref_select_bandwidth.  "auto" (the LOO Brier risk of the label regression) has
+    no counterpart in the reference: tests resolve it with kdecal.select_bandwidth.
+    """
+    if isinstance(bandwidth, str):
+        if bandwidth != "loo-mle":
+            raise ValueError(f"resolve_bw: the reference has no bandwidth rule {bandwidth!r}")
+        return dataset.ref_bandwidth
+    return float(bandwidth)
 
 
 def bw_id(bandwidth):
     return bandwidth if isinstance(bandwidth, str) else f"h={bandwidth:g}"
+
+
+def record_warnings(fn, *args, **kwargs):
+    """Call fn(*args, **kwargs) recording every warning: (result, [message strings])."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fn(*args, **kwargs)
+    return result, [str(w.message) for w in caught]
+
+
+def auto_bandwidth(kd, probs, labels, **kwargs):
+    """kdecal's bandwidth="auto" for (probs, labels): (h, expect_warning).
+
+    Returns the bandwidth kd.select_bandwidth(probs, labels, **kwargs) chooses, and
+    ``expect_warning(*others)``, a context manager for a call with bandwidth="auto"
+    on the same data.  It asserts that the call warns (KdecalWarning) that h is at
+    an end of the search range (kdecal._estimators.SEARCH_GRID) exactly when it is,
+    and that its other warnings are exactly the messages ``others`` (e.g. those of
+    the same call at the explicit bandwidth h: debias="ustat" warns about degenerate
+    rows at tiny h).  Also checks that select_bandwidth itself warns exactly when h
+    is at an end.
+    """
+    from kdecal._estimators import SEARCH_GRID  # kdecal is imported by the tests only
+
+    h, caught = record_warnings(kd.select_bandwidth, probs, labels, **kwargs)
+    h = float(h)
+    at_end = h <= SEARCH_GRID[0] or h >= SEARCH_GRID[-1]
+    assert len(caught) == int(at_end) and all("search range" in m for m in caught), (
+        f"select_bandwidth chose h={h:g} (at an end of the range: {at_end}) but warned {caught}"
+    )
+
+    @contextlib.contextmanager
+    def expect_warning(*others):
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            yield
+        ranged = [
+            str(w.message)
+            for w in got
+            if issubclass(w.category, kd.KdecalWarning) and "search range" in str(w.message)
+        ]
+        rest = [str(w.message) for w in got if str(w.message) not in ranged]
+        assert len(ranged) == int(at_end), (
+            f'bandwidth="auto" chose h={h:g} (at an end of the range: {at_end}); '
+            f"range warnings: {ranged}"
+        )
+        assert sorted(rest) == sorted(others), f"unexpected warnings {rest}, expected {others}"
+
+    return h, expect_warning

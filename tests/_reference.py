@@ -112,8 +112,10 @@ def ref_select_bandwidth(probs, grid=None):
 
 
 def _resolve_bandwidth(probs, bandwidth):
+    # "loo-mle": the LOO-likelihood rule (kdecal's bandwidth="loo-mle"; kdecal's "auto"
+    # is a different rule that the reference does not implement)
     if isinstance(bandwidth, str):
-        assert bandwidth == "auto"
+        assert bandwidth == "loo-mle", f"reference bandwidth rule {bandwidth!r}"
         return ref_select_bandwidth(probs)
     return float(bandwidth)
 
@@ -205,13 +207,13 @@ def _as_divergence(divergence):
 
 
 # ------------------------------------------------------------------------ estimators
-def ref_ece_kde(probs, labels, p=1, bandwidth="auto"):
+def ref_ece_kde(probs, labels, p=1, bandwidth="loo-mle"):
     P = ref_clip(probs)
     E = ref_conditional_expectation(probs, labels, bandwidth)
     return float(np.mean(np.sum(np.abs(E - P) ** p, axis=1)) ** (1.0 / p))
 
 
-def ref_calibration_error(probs, labels, divergence="kl", bandwidth="auto", estimator="direct"):
+def ref_calibration_error(probs, labels, divergence="kl", bandwidth="loo-mle", estimator="direct"):
     divergence = _as_divergence(divergence)
     P = ref_clip(probs)
     K = P.shape[1]
@@ -232,13 +234,13 @@ def ref_calibration_error(probs, labels, divergence="kl", bandwidth="auto", esti
     raise ValueError(estimator)
 
 
-def ref_refinement(probs, labels, divergence="kl", bandwidth="auto"):
+def ref_refinement(probs, labels, divergence="kl", bandwidth="loo-mle"):
     divergence = _as_divergence(divergence)
     E = ref_conditional_expectation(probs, labels, bandwidth)
     return float(-np.mean(_F(divergence, E)))
 
 
-def ref_sharpness(probs, labels, divergence="kl", bandwidth="auto"):
+def ref_sharpness(probs, labels, divergence="kl", bandwidth="loo-mle"):
     divergence = _as_divergence(divergence)
     P = ref_clip(probs)
     n, K = P.shape
@@ -280,7 +282,7 @@ def ref_ece_binned(probs, labels, n_bins=N_BINS):
     return float(ece)
 
 
-def ref_evaluate(probs, labels, bandwidth="auto"):
+def ref_evaluate(probs, labels, bandwidth="loo-mle"):
     """Return the expected CalibrationReport numeric fields (ce_* use the direct estimator)."""
     P = ref_clip(probs)
     h = _resolve_bandwidth(probs, bandwidth)
@@ -341,11 +343,11 @@ def ref_notion_problems(probs, labels, calibration):
     raise ValueError(calibration)
 
 
-def ref_notion_bandwidth(probs, labels, calibration, bandwidth="auto"):
-    """Bandwidth of a notion: "auto" maximises the SUM over its problems of the mean LOO LL."""
+def ref_notion_bandwidth(probs, labels, calibration, bandwidth="loo-mle"):
+    """Bandwidth of a notion: "loo-mle" maximises the SUM over its problems of the mean LOO LL."""
     if not isinstance(bandwidth, str):
         return float(bandwidth)
-    assert bandwidth == "auto"
+    assert bandwidth == "loo-mle", f"reference bandwidth rule {bandwidth!r}"
     problems = ref_notion_problems(probs, labels, calibration)
     key = (_bytes_key(np.asarray(probs, dtype=np.float64), np.asarray(labels)), calibration)
     if key not in _NOTION_BW_CACHE:

@@ -53,7 +53,7 @@ CALLS = {
     "sharpness": lambda kd, P, y, b: kd.sharpness(P, y, bandwidth=H, backend=b),
     "loo_log_likelihood": lambda kd, P, y, b: kd.loo_log_likelihood(P, [H], backend=b),
     "select_bandwidth": lambda kd, P, y, b: kd.select_bandwidth(P, grid=[H, 0.5], backend=b),
-    "evaluate": lambda kd, P, y, b: kd.evaluate(P, y, bandwidth=H, backend=b),
+    "evaluate": lambda kd, P, y, b: kd.evaluate(P, y, bandwidth=H, backend=b, n_resamples=0),
 }
 
 
@@ -105,7 +105,7 @@ def test_auto_backend_matches_explicit(kd, fn):
 def test_report_backend_name(kd, backend):
     """The report records the backend that ran, and the right CE."""
     P, y = _data()
-    rep = kd.evaluate(P, y, bandwidth=H, backend=backend)
+    rep = kd.evaluate(P, y, bandwidth=H, debias="none", backend=backend, n_resamples=0)
     assert rep.backend == backend
     assert_scalar(rep.ce_l2, ref.ref_calibration_error(P, y, "l2", H), rtol=1e-9)
 
@@ -125,7 +125,9 @@ def test_backends_agree_real_data(kd, both_backends, real_dataset):
             },
             "ll": kd.loo_log_likelihood(P, grid, backend=b),
             "bw": kd.select_bandwidth(P, backend=b),
-            "rep": kd.evaluate(P, y, bandwidth="auto", backend=b),
+            "rep": kd.evaluate(
+                P, y, bandwidth="loo-mle", debias="none", backend=b, n_resamples=0, notions=()
+            ),
         }
     a, c = (res[b] for b in both_backends)
     assert_close(a["E"], c["E"], rtol=BACKEND_RTOL, atol=E_ATOL, what="E")
@@ -159,7 +161,7 @@ def test_backends_agree_real_data(kd, both_backends, real_dataset):
             atol=1e-14,
             what=f,
         )
-    want = ref.ref_evaluate(P, y, "auto")
+    want = ref.ref_evaluate(P, y, "loo-mle")
     assert_scalar(a["rep"].ce_kl, want["ce_kl"], rtol=rtol64(ds.ref_bandwidth))
 
 
@@ -189,13 +191,14 @@ def test_thread_count_independence(kd, cpp_threads, name):
         out[k] = {
             "E": kd.conditional_expectation(P, y, bandwidth=0.01, backend="cpp"),
             "ll": kd.loo_log_likelihood(P, grid, backend="cpp"),
-            "ece": kd.ece_kde(P, y, bandwidth="auto", backend="cpp"),
+            "ece": kd.ece_kde(P, y, bandwidth="loo-mle", debias="none", backend="cpp"),
             "ce": kd.calibration_error(
                 P,
                 y,
                 divergence="l2",
                 bandwidth=0.3,
                 estimator="refinement",
+                debias="none",
                 backend="cpp",
             ),
         }

@@ -17,6 +17,8 @@ from kdecal.cli import main
 
 N, K = 200, 3
 BW = "0.05"  # a fixed bandwidth keeps the tests fast (no bandwidth search)
+# no bootstrap intervals / calibration tests: these tests are about reading files
+NO_RESAMPLING = ("--n-resamples", "0")
 
 
 # --------------------------------------------------------------------------- #
@@ -41,7 +43,7 @@ def _accuracy(scores: np.ndarray, labels: np.ndarray) -> float:
 
 
 def _run_json(capsys, *argv: str) -> dict:
-    code = main(["evaluate", *argv, "--json", "--quiet", "--bandwidth", BW])
+    code = main(["evaluate", *argv, "--json", "--quiet", "--bandwidth", BW, *NO_RESAMPLING])
     out, err = capsys.readouterr()
     assert code == 0, err
     return json.loads(out)
@@ -88,8 +90,11 @@ def test_npz_logits_key_applies_softmax(tmp_path, capsys):
     logits, probs, labels = _synthetic(1)
     f = tmp_path / "logits.npz"
     np.savez(f, logits=logits, labels=labels)
-    d = _run_json(capsys, str(f))
-    direct = kdecal.evaluate(probs, labels, bandwidth=float(BW), backend="auto")
+    # debias "none" on both sides: "ustat" warns (negative CE_2^2) on calibrated data
+    d = _run_json(capsys, str(f), "--debias", "none")
+    direct = kdecal.evaluate(
+        probs, labels, bandwidth=float(BW), debias="none", backend="auto", n_resamples=0
+    )
     assert d["n"] == N and d["n_classes"] == K
     assert d["accuracy"] == pytest.approx(_accuracy(logits, labels), abs=1e-12)
     assert d["log_loss"] == pytest.approx(direct.log_loss, rel=1e-9)
@@ -177,13 +182,15 @@ def test_parquet_list_column(tmp_path):
 
 
 def test_default_bandwidth_is_auto(tmp_path, capsys):
-    """Without --bandwidth the bandwidth is selected (and reported)."""
+    """Without --bandwidth the bandwidth is selected (and reported); --debias is ustat."""
     _, probs, labels = _synthetic(9)
     f = tmp_path / "auto.npz"
     np.savez(f, probs=probs, labels=labels)
-    assert main(["evaluate", str(f), "--json", "--quiet"]) == 0
+    assert main(["evaluate", str(f), "--json", "--quiet", *NO_RESAMPLING]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["bandwidth"] == pytest.approx(kdecal.select_bandwidth(probs))
+    assert d["bandwidth"] == pytest.approx(kdecal.select_bandwidth(probs, labels))
+    assert d["bandwidth_rule"] == "brier"
+    assert d["debias"] == "ustat"
     assert d["n"] == N
 
 
@@ -192,7 +199,7 @@ def test_text_output_is_a_table(tmp_path, capsys):
     _, probs, labels = _synthetic(8)
     f = tmp_path / "preds.npz"
     np.savez(f, probs=probs, labels=labels)
-    assert main(["evaluate", str(f), "--quiet", "--bandwidth", BW]) == 0
+    assert main(["evaluate", str(f), "--quiet", "--bandwidth", BW, *NO_RESAMPLING]) == 0
     out = capsys.readouterr().out
     assert "preds.npz" in out
     assert f"n = {N}, K = {K}" in out
@@ -268,7 +275,7 @@ def test_logits_inferred_from_values(tmp_path, capsys):
     _, _, is_logits, desc = load_predictions(tmp_path / "raw.npy")
     assert is_logits and "logits" in desc
     d = _run_json(capsys, str(tmp_path / "raw.npy"))
-    direct = kdecal.evaluate(probs, labels, bandwidth=float(BW), backend="auto")
+    direct = kdecal.evaluate(probs, labels, bandwidth=float(BW), backend="auto", n_resamples=0)
     assert d["accuracy"] == pytest.approx(_accuracy(logits, labels), abs=1e-12)
     assert d["log_loss"] == pytest.approx(direct.log_loss, rel=1e-9)
 
@@ -311,7 +318,7 @@ def test_probs_flag_overrides_logits_key(tmp_path, capsys):
     f = tmp_path / "mislabelled.npz"
     np.savez(f, logits=probs, labels=labels)  # probabilities stored under "logits"
     d = _run_json(capsys, str(f), "--probs")
-    direct = kdecal.evaluate(probs, labels, bandwidth=float(BW), backend="auto")
+    direct = kdecal.evaluate(probs, labels, bandwidth=float(BW), backend="auto", n_resamples=0)
     assert d["log_loss"] == pytest.approx(direct.log_loss, rel=1e-9)
 
 
@@ -492,7 +499,7 @@ def test_bundled_example_file():
 def test_bundled_example_runs(capsys):
     """Kdecal evaluate without FILE evaluates the bundled example."""
     # A fixed bandwidth keeps this quick; test_default_bandwidth_is_auto covers auto.
-    code = main(["evaluate", "--json", "--quiet", "--bandwidth", "0.01"])
+    code = main(["evaluate", "--json", "--quiet", "--bandwidth", "0.01", *NO_RESAMPLING])
     out, err = capsys.readouterr()
     assert code == 0, err
     d = json.loads(out)

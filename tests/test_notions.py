@@ -10,8 +10,11 @@ notion itself (Popordanoska et al. 2024, Eq. 24-25 and App. D):
 materialises each n x n log kernel in float64 (gammaln, -inf diagonal, per-class
 logsumexp) and applies the conventions of kdecal._estimators: L_p errors use the positive
 coordinate only, "l2" is ``F(q) = q^2`` and "kl" is ``q log q + (1 - q) log(1 - q)`` for
-binary problems; "auto" maximises the sum over the problems of a notion of their mean
-leave-one-out log likelihoods over the default grid.
+binary problems; "loo-mle" maximises the sum over the problems of a notion of their mean
+leave-one-out log likelihoods over the default grid (kdecal's bandwidth="loo-mle"; its
+"auto", the LOO Brier risk of the label regression, is not in the reference and is
+resolved with kdecal.select_bandwidth where a test needs it).  kdecal calls that are
+compared with the reference's plain plug-in pass debias="none" explicitly.
 
 The grid test here uses ``debias="none"`` (debiasing: test_debias.py, which reuses the
 helpers of this module); the identity and evaluate() tests run every debias mode.
@@ -30,16 +33,16 @@ import numpy as np
 import pytest
 
 import _reference as ref
-from _helpers import SCALAR_ATOL, assert_scalar, bw_id
+from _helpers import SCALAR_ATOL, assert_scalar, auto_bandwidth, bw_id
 from conftest import SYNTHETIC, SYNTHETIC_NAMES, real_data_available
 from conftest import dataset_or_skip as _get
 
 RTOL = 1e-9
-BANDWIDTHS = [0.05, 0.5, "auto"]
+BANDWIDTHS = [0.05, 0.5, "loo-mle"]
 BW_IDS = [bw_id(b) for b in BANDWIDTHS]
 NOTIONS = list(ref.NOTIONS)
 DATASETS = [*SYNTHETIC_NAMES, "real-pneumonia-K2", "real-vgg16-K10"]
-# the reference materialises K n x n kernels for each of the 55 grid bandwidths ("auto");
+# the reference materialises K n x n kernels for each of the 55 grid bandwidths ("loo-mle");
 # larger datasets are cut to their first N_MAX rows to keep the suite fast
 N_MAX = 100
 DATASET_IDS = [
@@ -189,12 +192,41 @@ def test_quantities_match_reference(kd, ds, calibration, bandwidth):
 
 @pytest.mark.parametrize("calibration", NOTIONS)
 def test_auto_bandwidth_rule(kd, ds, calibration):
-    """'auto' picks the grid value maximising the summed LOO likelihood of the problems."""
-    h = ref.ref_notion_bandwidth(ds.probs, ds.labels, calibration)
-    report = kd.evaluate(ds.probs, ds.labels, bandwidth="auto", calibration=calibration)
+    """'loo-mle' picks the grid value maximising the summed LOO likelihood of the problems.
+
+    ('auto', the LOO Brier risk of the notion's label regression, is the bandwidth
+    select_bandwidth(probs, labels, calibration=...) chooses.)
+    """
+    h = ref.ref_notion_bandwidth(ds.probs, ds.labels, calibration, "loo-mle")
+    report = kd.evaluate(
+        ds.probs,
+        ds.labels,
+        bandwidth="loo-mle",
+        calibration=calibration,
+        debias="none",
+        n_resamples=0,
+        notions=(),
+    )
     assert report.bandwidth == h, (calibration, report.bandwidth, h)
+    assert report.bandwidth_rule == "loo-mle"
+    assert h == kd.select_bandwidth(
+        ds.probs, ds.labels, calibration=calibration, criterion="loo-mle"
+    )
     if calibration == "canonical":
         assert h == kd.select_bandwidth(ds.probs)
+    h_auto, expect_warning = auto_bandwidth(kd, ds.probs, ds.labels, calibration=calibration)
+    with expect_warning():
+        report = kd.evaluate(
+            ds.probs,
+            ds.labels,
+            bandwidth="auto",
+            calibration=calibration,
+            debias="none",
+            n_resamples=0,
+            notions=(),
+        )
+    assert report.bandwidth == h_auto, (calibration, report.bandwidth, h_auto)
+    assert report.bandwidth_rule == "brier"
 
 
 def test_notions_differ(kd):
@@ -249,8 +281,8 @@ def test_classwise_equals_k_binary_problems(kd, name, bandwidth):
     """Class-wise = mean over c of the canonical K = 2 problem (f~_c as (n,), 1[y = c]).
 
     canonical K = 2 L_p^p (and "l2") = 2 x the positive-coordinate value; kl is identical
-    (quantities in BINARY_FACTOR).  'auto' is resolved once by the class-wise rule (a
-    separate 'auto' per class would select other bandwidths).
+    (quantities in BINARY_FACTOR).  'loo-mle' is resolved once by the class-wise rule (a
+    separate 'loo-mle' per class would select other bandwidths).
     """
     ds = get_data(name)
     h = ref.ref_notion_bandwidth(ds.probs, ds.labels, "classwise", bandwidth)
@@ -261,13 +293,24 @@ def test_classwise_equals_k_binary_problems(kd, name, bandwidth):
             _power(
                 quantity,
                 ref.call_quantity(
-                    kd, quantity, P[:, c].copy(), (ds.labels == c).astype(int), bandwidth=h
+                    kd,
+                    quantity,
+                    P[:, c].copy(),
+                    (ds.labels == c).astype(int),
+                    bandwidth=h,
+                    debias="none",
                 ),
             )
             for c in range(ds.K)
         ]
         got = ref.call_quantity(
-            kd, quantity, ds.probs, ds.labels, bandwidth=bandwidth, calibration="classwise"
+            kd,
+            quantity,
+            ds.probs,
+            ds.labels,
+            bandwidth=bandwidth,
+            calibration="classwise",
+            debias="none",
         )
         want = ref.ref_notion_quantity(quantity, problems, "classwise", "none")[0]
         assert_scalar(got, want, rtol=RTOL, what=f"{quantity}: classwise vs reference")
@@ -289,9 +332,18 @@ def test_top_label_equals_binary_problem(kd, name, bandwidth):
     conf = P.max(axis=1)
     correct = (P.argmax(axis=1) == ds.labels).astype(int)
     for quantity, factor in BINARY_FACTOR.items():
-        binary = _power(quantity, ref.call_quantity(kd, quantity, conf, correct, bandwidth=h))
+        binary = _power(
+            quantity,
+            ref.call_quantity(kd, quantity, conf, correct, bandwidth=h, debias="none"),
+        )
         got = ref.call_quantity(
-            kd, quantity, ds.probs, ds.labels, bandwidth=bandwidth, calibration="top_label"
+            kd,
+            quantity,
+            ds.probs,
+            ds.labels,
+            bandwidth=bandwidth,
+            calibration="top_label",
+            debias="none",
         )
         assert_scalar(_power(quantity, got), binary / factor, rtol=RTOL, what=quantity)
 
@@ -310,8 +362,9 @@ def test_binary_input_canonical_is_twice_classwise(kd, name, bandwidth, p):
     """(n,) input: canonical K = 2 CE_p^p = 2 x class-wise CE_p^p (the docstring relation)."""
     d = get_data(name)
     q = d.probs if d.probs.ndim == 1 else d.probs[:, 1].copy()
-    can = kd.ece_kde(q, d.labels, p=p, bandwidth=bandwidth, calibration="canonical")
-    cw = kd.ece_kde(q, d.labels, p=p, bandwidth=bandwidth, calibration="classwise")
+    kw = {"p": p, "bandwidth": bandwidth, "debias": "none"}
+    can = kd.ece_kde(q, d.labels, calibration="canonical", **kw)
+    cw = kd.ece_kde(q, d.labels, calibration="classwise", **kw)
     assert_scalar(can**p, 2.0 * cw**p, rtol=MIRROR_RTOL, what="canonical^p vs 2 classwise^p")
     _, problems = ref.ref_notion_estimates(q, d.labels, "classwise", bandwidth)
     want = ref.ref_notion_quantity(f"ece_p{p}", problems, "classwise", "none")[0]
@@ -341,9 +394,12 @@ def test_evaluate_fields(kd, calibration, bandwidth, debias):
     n_deg = int(sum(p["degenerate"].sum() for p in problems))
     n_rows = sum(p["degenerate"].size for p in problems)
     with expect_warnings(n_deg, n_rows, neg):
-        report = kd.evaluate(ds.probs, ds.labels, **kw)
+        report = kd.evaluate(ds.probs, ds.labels, n_resamples=0, notions=(), **kw)
     assert report.calibration == calibration and report.debias == debias
     assert report.bandwidth == h
+    assert report.bandwidth_rule == ("fixed" if isinstance(bandwidth, float) else bandwidth)
+    assert report.notions == {} and report.notes == []
+    assert isinstance(report.calibration_loss, float) and np.isfinite(report.calibration_loss)
     assert report.n == ds.n and report.n_classes == ds.K
     atol = SCALAR_ATOL + ref.ref_debias_atol(problems)
     for field, quantity in ref.REPORT_FIELDS.items():
@@ -364,7 +420,8 @@ def test_default_calibration_is_canonical(kd, syn_k3):
     """calibration defaults to "canonical" (the existing reference of test_reference.py)."""
     got = kd.ece_kde(syn_k3.probs, syn_k3.labels, bandwidth=0.05)
     assert_scalar(got, ref.ref_ece_kde(syn_k3.probs, syn_k3.labels, 1, 0.05), rtol=RTOL)
-    assert kd.evaluate(syn_k3.probs, syn_k3.labels, bandwidth=0.05).calibration == "canonical"
+    report = kd.evaluate(syn_k3.probs, syn_k3.labels, bandwidth=0.05, n_resamples=0)
+    assert report.calibration == "canonical"
 
 
 def test_absent_class_classwise_sharpness_kl(kd):

@@ -69,13 +69,13 @@ def test_permutation_invariance(kd, backend, prob, perm_seed):
     P, y, h = prob
     perm = np.random.default_rng(perm_seed).permutation(len(y))
     r = rtol64(h)
-    e0 = kd.ece_kde(P, y, p=1, bandwidth=h, backend=backend)
-    e1 = kd.ece_kde(P[perm], y[perm], p=1, bandwidth=h, backend=backend)
+    e0 = kd.ece_kde(P, y, p=1, bandwidth=h, debias="none", backend=backend)
+    e1 = kd.ece_kde(P[perm], y[perm], p=1, bandwidth=h, debias="none", backend=backend)
     assert_scalar(e1, e0, rtol=1e-10, what="ece_kde permuted")
     assert_scalar(e0, ref.ref_ece_kde(P, y, 1, h), rtol=r, what="ece_kde vs ref")
     for div, est in (("kl", "direct"), ("l2", "refinement")):
         c0 = kd.calibration_error(
-            P, y, divergence=div, estimator=est, bandwidth=h, backend=backend
+            P, y, divergence=div, estimator=est, bandwidth=h, debias="none", backend=backend
         )
         c1 = kd.calibration_error(
             P[perm],
@@ -83,6 +83,7 @@ def test_permutation_invariance(kd, backend, prob, perm_seed):
             divergence=div,
             estimator=est,
             bandwidth=h,
+            debias="none",
             backend=backend,
         )
         assert_scalar(c1, c0, rtol=1e-10, what=f"CE {div}/{est} permuted")
@@ -127,7 +128,7 @@ def test_calibration_error_nonnegative(kd, backend, prob):
     P, y, h = prob
     for div in ("kl", "l2"):
         ce = kd.calibration_error(
-            P, y, divergence=div, estimator="direct", bandwidth=h, backend=backend
+            P, y, divergence=div, estimator="direct", bandwidth=h, debias="none", backend=backend
         )
         assert ce >= -1e-12, f"CE {div} = {ce} < 0"
         assert_scalar(
@@ -136,7 +137,7 @@ def test_calibration_error_nonnegative(kd, backend, prob):
             rtol=rtol64(h),
             what=div,
         )
-    e = kd.ece_kde(P, y, p=2, bandwidth=h, backend=backend)
+    e = kd.ece_kde(P, y, p=2, bandwidth=h, debias="none", backend=backend)
     assert e >= 0.0
     assert_scalar(e, ref.ref_ece_kde(P, y, 2, h), rtol=rtol64(h), what="ece p=2")
 
@@ -152,8 +153,8 @@ def test_sharpness_refinement_decomposition(kd, backend, prob):
         ("l2", np.sum(freq**2)),
         ("kl", np.sum(freq[freq > 0] * np.log(freq[freq > 0]))),
     ):
-        r = kd.refinement(P, y, divergence=div, bandwidth=h, backend=backend)
-        s = kd.sharpness(P, y, divergence=div, bandwidth=h, backend=backend)
+        r = kd.refinement(P, y, divergence=div, bandwidth=h, debias="none", backend=backend)
+        s = kd.sharpness(P, y, divergence=div, bandwidth=h, debias="none", backend=backend)
         assert_scalar(r + s, -Ffreq, rtol=1e-12, atol=1e-13, what=f"{div}: refinement + sharpness")
         assert_scalar(
             r,
@@ -172,8 +173,10 @@ def test_backend_agreement(kd, both_backends, prob):
     for b in both_backends:
         out[b] = {
             "E": kd.conditional_expectation(P, y, bandwidth=h, backend=b),
-            "ece": kd.ece_kde(P, y, p=1, bandwidth=h, backend=b),
-            "ce": kd.calibration_error(P, y, divergence="kl", bandwidth=h, backend=b),
+            "ece": kd.ece_kde(P, y, p=1, bandwidth=h, debias="none", backend=b),
+            "ce": kd.calibration_error(
+                P, y, divergence="kl", bandwidth=h, debias="none", backend=b
+            ),
             "ll": kd.loo_log_likelihood(P, [h, 0.5], backend=b),
         }
     a, b = (out[k] for k in both_backends)
@@ -213,7 +216,8 @@ def test_binary_vector_convention(kd, backend, prob):
     """(n,) binary probs equal the (1 - p, p) two-column form."""
     P, y, h = prob
     p = P[:, 1].copy()
-    a = kd.ece_kde(p, y, p=1, bandwidth=h, backend=backend)
-    b = kd.ece_kde(np.stack([1 - p, p], axis=1), y, p=1, bandwidth=h, backend=backend)
+    a = kd.ece_kde(p, y, p=1, bandwidth=h, debias="none", backend=backend)
+    P2 = np.stack([1 - p, p], axis=1)
+    b = kd.ece_kde(P2, y, p=1, bandwidth=h, debias="none", backend=backend)
     assert_scalar(a, b, rtol=1e-12, what="(n,) vs (n,2)")
     assert_scalar(a, ref.ref_ece_kde(p, y, 1, h), rtol=rtol64(h), what="vs ref")

@@ -24,14 +24,18 @@ from _helpers import (
     assert_close,
     assert_scalar,
     assert_simplex_rows,
+    auto_bandwidth,
     bw_id,
+    record_warnings,
     resolve_bw,
     rtol64,
 )
 from conftest import dataset_or_skip as _get
 from conftest import load_real_file
 
-BANDWIDTHS = [1e-3, 0.05, 0.5, "auto"]
+# "loo-mle" is kdecal's LOO-likelihood rule = the reference's ref_select_bandwidth
+# (resolve_bw); kdecal calls pass debias="none", the reference's plain plug-in.
+BANDWIDTHS = [1e-3, 0.05, 0.5, "loo-mle"]
 BW_IDS = [bw_id(b) for b in BANDWIDTHS]
 
 
@@ -102,7 +106,9 @@ def test_conditional_expectation(kd, dataset, bandwidth, backend):
 def test_ece_kde(kd, dataset, bandwidth, p, backend):
     """ece_kde (p = 1, 2) matches the reference."""
     h = resolve_bw(dataset, bandwidth)
-    got = kd.ece_kde(dataset.probs, dataset.labels, p=p, bandwidth=bandwidth, backend=backend)
+    got = kd.ece_kde(
+        dataset.probs, dataset.labels, p=p, bandwidth=bandwidth, debias="none", backend=backend
+    )
     want = ref.ref_ece_kde(dataset.probs, dataset.labels, p=p, bandwidth=h)
     assert want > 0
     assert_scalar(got, want, rtol=rtol64(h), what=f"ece_kde p={p} {dataset.name} h={h}")
@@ -112,19 +118,36 @@ def test_ece_kde(kd, dataset, bandwidth, p, backend):
 def test_ece_kde_other_p(kd, dataset, p, backend):
     """ece_kde with non-integer / larger p matches the reference."""
     h = 0.05
-    got = kd.ece_kde(dataset.probs, dataset.labels, p=p, bandwidth=h, backend=backend)
+    got = kd.ece_kde(
+        dataset.probs, dataset.labels, p=p, bandwidth=h, debias="none", backend=backend
+    )
     assert_scalar(got, ref.ref_ece_kde(dataset.probs, dataset.labels, p=p, bandwidth=h), rtol=1e-9)
 
 
 def test_ece_kde_default_bandwidth_is_auto(kd, dataset):
-    """ece_kde defaults: p = 1, bandwidth = 'auto'."""
-    got = kd.ece_kde(dataset.probs, dataset.labels)  # p=1, bandwidth="auto", backend="auto"
-    h = dataset.ref_bandwidth
+    """ece_kde defaults: p = 1, bandwidth = 'auto' (select_bandwidth with labels), ustat."""
+    # on some real datasets (n = 300) "auto" picks an end of its range (h = 1, or
+    # h = 1e-5 where "ustat" also warns about degenerate rows) and warns
+    h, expect_warning = auto_bandwidth(kd, dataset.probs, dataset.labels)
+    explicit, warned = record_warnings(
+        kd.ece_kde, dataset.probs, dataset.labels, p=1, bandwidth=h, debias="ustat"
+    )
+    with expect_warning(*warned):
+        got = kd.ece_kde(dataset.probs, dataset.labels)  # p=1, bandwidth="auto", backend="auto"
+    assert_scalar(got, explicit, rtol=1e-12, what="ece_kde defaults vs explicit")
+    # "ustat" only changes p = 2 quantities: p = 1 is the plain plug-in at h
     assert_scalar(
         got,
         ref.ref_ece_kde(dataset.probs, dataset.labels, p=1, bandwidth=h),
         rtol=rtol64(h),
     )
+    # the default debias ("ustat") shows at p = 2
+    explicit2, warned2 = record_warnings(
+        kd.ece_kde, dataset.probs, dataset.labels, p=2, bandwidth=h, debias="ustat"
+    )
+    with expect_warning(*warned2):
+        got2 = kd.ece_kde(dataset.probs, dataset.labels, p=2)
+    assert_scalar(got2, explicit2, rtol=1e-12, what="ece_kde p=2 defaults vs explicit")
 
 
 # ------------------------------------------------------------ calibration_error
@@ -140,6 +163,7 @@ def test_calibration_error(kd, dataset, bandwidth, divergence, estimator, backen
         divergence=divergence,
         bandwidth=bandwidth,
         estimator=estimator,
+        debias="none",
         backend=backend,
     )
     want = ref.ref_calibration_error(dataset.probs, dataset.labels, divergence, h, estimator)
@@ -152,9 +176,21 @@ def test_calibration_error(kd, dataset, bandwidth, divergence, estimator, backen
 
 
 def test_calibration_error_defaults_kl_direct_auto(kd, dataset):
-    """calibration_error defaults: kl, direct, 'auto'."""
-    got = kd.calibration_error(dataset.probs, dataset.labels)
-    h = dataset.ref_bandwidth
+    """calibration_error defaults: kl, direct, 'auto' (select_bandwidth with labels), ustat."""
+    h, expect_warning = auto_bandwidth(kd, dataset.probs, dataset.labels)
+    explicit, warned = record_warnings(
+        kd.calibration_error,
+        dataset.probs,
+        dataset.labels,
+        divergence="kl",
+        bandwidth=h,
+        estimator="direct",
+        debias="ustat",
+    )
+    with expect_warning(*warned):
+        got = kd.calibration_error(dataset.probs, dataset.labels)
+    assert_scalar(got, explicit, rtol=1e-12, what="calibration_error defaults vs explicit")
+    # "ustat" leaves the KL quantities unchanged: the plain plug-in at h
     want = ref.ref_calibration_error(dataset.probs, dataset.labels, "kl", h, "direct")
     assert_scalar(got, want, rtol=rtol64(h))
 
@@ -233,6 +269,7 @@ def test_refinement(kd, dataset, bandwidth, divergence, backend):
         dataset.labels,
         divergence=divergence,
         bandwidth=bandwidth,
+        debias="none",
         backend=backend,
     )
     want = ref.ref_refinement(dataset.probs, dataset.labels, divergence, h)
@@ -249,6 +286,7 @@ def test_sharpness(kd, dataset, bandwidth, divergence, backend):
         dataset.labels,
         divergence=divergence,
         bandwidth=bandwidth,
+        debias="none",
         backend=backend,
     )
     want = ref.ref_sharpness(dataset.probs, dataset.labels, divergence, h)
@@ -332,14 +370,23 @@ REPORT_FLOAT_FIELDS = [
 ]
 
 
-@pytest.mark.parametrize("bandwidth", [0.05, "auto"], ids=["h=0.05", "auto"])
+@pytest.mark.parametrize("bandwidth", [0.05, "loo-mle"], ids=["h=0.05", "loo-mle"])
 def test_evaluate(kd, dataset, bandwidth, backend):
     """Every CalibrationReport field matches the reference."""
     h = resolve_bw(dataset, bandwidth)
-    rep = kd.evaluate(dataset.probs, dataset.labels, bandwidth=bandwidth, backend=backend)
+    rep = kd.evaluate(
+        dataset.probs,
+        dataset.labels,
+        bandwidth=bandwidth,
+        debias="none",
+        backend=backend,
+        n_resamples=0,
+    )
     want = ref.ref_evaluate(dataset.probs, dataset.labels, h)
     assert rep.n == want["n"] and rep.n_classes == want["n_classes"]
     assert float(rep.bandwidth) == h
+    assert rep.bandwidth_rule == ("fixed" if bandwidth == 0.05 else "loo-mle")
+    assert rep.debias == "none"
     assert rep.backend == backend
     assert isinstance(rep.wall_time_s, float) and rep.wall_time_s >= 0.0
     for f in REPORT_FLOAT_FIELDS:
@@ -401,7 +448,7 @@ def test_evaluate_binned_ece_bin_edges(kd, backend):
         if np.any(bins_floor == b)
     )
     assert abs(floor_val - want) > 1e-3
-    rep = kd.evaluate(P, y, bandwidth=0.1, backend=backend)
+    rep = kd.evaluate(P, y, bandwidth=0.1, backend=backend, n_resamples=0)
     assert_scalar(rep.ece_binned, want, rtol=1e-12, what="ece_binned on bin edges")
     assert_scalar(rep.accuracy, ref.ref_accuracy(P, y), rtol=0, atol=1e-15)
 
@@ -414,7 +461,7 @@ def test_evaluate_full_vgg16_binned_ece(kd, data_dir):
     test_reference_selfcheck.
     """
     P64, _, y = load_real_file("cifar10_vgg16_keras_verifiedcal.npz", "", "probs")
-    rep = kd.evaluate(P64, y, bandwidth=0.1)
+    rep = kd.evaluate(P64, y, bandwidth=0.1, n_resamples=0, notions=())
     assert rep.n == 10000 and rep.n_classes == 10
     assert_scalar(rep.ece_binned, ref.ref_ece_binned(P64, y), rtol=1e-9, atol=1e-12)
     assert round(100 * rep.ece_binned, 2) == 3.98  # fraction, README gives %
@@ -474,7 +521,7 @@ def test_float32_input(kd, dataset, bandwidth, backend):
     assert_simplex_rows(E, atol=1e-6)
     for p in (1, 2):
         assert_scalar(
-            kd.ece_kde(P32, y, p=p, bandwidth=h, backend=backend),
+            kd.ece_kde(P32, y, p=p, bandwidth=h, debias="none", backend=backend),
             ref.ref_ece_kde(P, y, p=p, bandwidth=h),
             rtol=F32_RTOL,
             atol=1e-7,
@@ -484,7 +531,13 @@ def test_float32_input(kd, dataset, bandwidth, backend):
         for est in ("direct", "refinement"):
             assert_scalar(
                 kd.calibration_error(
-                    P32, y, divergence=div, bandwidth=h, estimator=est, backend=backend
+                    P32,
+                    y,
+                    divergence=div,
+                    bandwidth=h,
+                    estimator=est,
+                    debias="none",
+                    backend=backend,
                 ),
                 ref.ref_calibration_error(P, y, div, h, est),
                 rtol=F32_RTOL,
@@ -492,14 +545,14 @@ def test_float32_input(kd, dataset, bandwidth, backend):
                 what=f"CE {div}/{est} f32",
             )
         assert_scalar(
-            kd.refinement(P32, y, divergence=div, bandwidth=h, backend=backend),
+            kd.refinement(P32, y, divergence=div, bandwidth=h, debias="none", backend=backend),
             ref.ref_refinement(P, y, div, h),
             rtol=F32_RTOL,
             atol=1e-7,
             what=f"refinement {div} f32",
         )
         assert_scalar(
-            kd.sharpness(P32, y, divergence=div, bandwidth=h, backend=backend),
+            kd.sharpness(P32, y, divergence=div, bandwidth=h, debias="none", backend=backend),
             ref.ref_sharpness(P, y, div, h),
             rtol=F32_RTOL,
             atol=1e-7,
