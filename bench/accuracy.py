@@ -107,7 +107,9 @@ def accuracy(reps, Ks, ns):
 
 def print_tables(rows):
     print()
-    print("| K | n | (t1, t2) | quantity | truth | default | previous default (LOO-MLE, no debias) |")
+    print(
+        "| K | n | (t1, t2) | quantity | truth | default | previous default (LOO-MLE, no debias) |"
+    )
     print("|---|---|---|---|---|---|---|")
     for row in rows:
         for name in QUANT:
@@ -174,12 +176,14 @@ def corrections(reps, Ks, ns):
                     E = S / S0
                     V = (Q * (1 - 2 * E) + E**2 * Q0) / S0**2
                     kl = np.mean(np.sum(xlogy(E, E) - xlogy(E, f), -1))
-                    klc = kl - np.mean(0.5 * np.sum(np.where(E > 0, V / np.maximum(E, 1e-300), 0), -1))
+                    klc = kl - np.mean(
+                        0.5 * np.sum(np.where(E > 0, V / np.maximum(E, 1e-300), 0), -1)
+                    )
                     l1 = np.mean(np.sum(np.abs(E - f), -1))
                     l1c = np.mean(np.sum(np.sqrt(np.maximum((E - f) ** 2 - V, 0)), -1))
                     acc.append((kl, klc, l1, l1c, np.mean(S0[:, 0] ** 2 / Q0[:, 0])))
                 a = np.mean(acc, axis=0)
-                rel = lambda v, t: f"{100 * (v / t - 1):+.0f} %"  # noqa: E731
+                rel = lambda v, t: f"{100 * (v / t - 1):+.0f} %"
                 print(
                     f"| {K} | {n} | ({t1}, {t2}) | {rel(a[0], tr['canonical KL'])} | "
                     f"{rel(a[1], tr['canonical KL'])} | {rel(a[2], tr['canonical L1'])} | "

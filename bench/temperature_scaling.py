@@ -37,8 +37,13 @@ def row(P, y):
         for tag, kw in (("new", {}), ("old", {"bandwidth": "loo-mle", "debias": "none"})):
             est = kdecal.estimate(P, y, **kw)
             top = kdecal.estimate(P, y, calibration="top_label", **kw)
-            out[tag] = (est.ece(1), est.calibration_error("kl"), est.calibration_error("l2"),
-                        top.ece(1), est.bandwidth)
+            out[tag] = (
+                est.ece(1),
+                est.calibration_error("kl"),
+                est.calibration_error("l2"),
+                top.ece(1),
+                est.bandwidth,
+            )
             if tag == "new":
                 out["p"] = est.calibration_test("ce_l2", n_resamples=100, seed=0).pvalue
     return out
@@ -46,8 +51,10 @@ def row(P, y):
 
 def main():
     files = sys.argv[1:] or FILES
-    print("| file | system | test NLL | default: L1 / KL / sq L2 / top-label L1 (h) | p-value "
-          "| previous default: L1 / KL / sq L2 / top-label L1 (h) |")
+    print(
+        "| file | system | test NLL | default: L1 / KL / sq L2 / top-label L1 (h) | p-value "
+        "| previous default: L1 / KL / sq L2 / top-label L1 (h) |"
+    )
     print("|---|---|---|---|---|---|")
     for f in files:
         with np.load(DATA / f) as d:
@@ -56,8 +63,10 @@ def main():
         idx = np.random.default_rng(0).permutation(len(y))
         fit, ev = idx[: len(y) // 2], idx[len(y) // 2 :]
         ts = TemperatureScaling().fit(z[fit], y[fit])
-        for name, P in (("raw", kdecal.softmax(z[ev])), (f"TS (T = {ts.temperature_:.2f})",
-                                                         ts.transform(z[ev]))):
+        for name, P in (
+            ("raw", kdecal.softmax(z[ev])),
+            (f"TS (T = {ts.temperature_:.2f})", ts.transform(z[ev])),
+        ):
             nll = float(-np.mean(np.log(np.maximum(P[np.arange(len(ev)), y[ev]], 1e-300))))
             r = row(P, y[ev])
             a, b = r["new"], r["old"]

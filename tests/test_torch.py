@@ -110,9 +110,7 @@ def numpy_value(loss, probs, y, h, calibration):
     """The NumPy API's value of a loss: the plain plug-in (the losses do not debias)."""
     kind, arg = loss
     if kind == "ece":
-        return kdecal.ece_kde(
-            probs, y, p=arg, bandwidth=h, calibration=calibration, debias="none"
-        )
+        return kdecal.ece_kde(probs, y, p=arg, bandwidth=h, calibration=calibration, debias="none")
     return kdecal.calibration_error(
         probs,
         y,

@@ -93,7 +93,11 @@ def test_search_equals_exhaustive_real(fname, prefix, calibration):
             P = d[prefix + "probs"].astype(np.float64)
         else:
             z = d[prefix + "logits"].astype(np.float64)
-            P = kdecal.softmax(z) if z.ndim == 2 else np.stack([1 - 1 / (1 + np.exp(z)), 1 / (1 + np.exp(z))], 1)[:, 1]
+            P = (
+                kdecal.softmax(z)
+                if z.ndim == 2
+                else np.stack([1 - 1 / (1 + np.exp(z)), 1 / (1 + np.exp(z))], 1)[:, 1]
+            )
     if P.ndim == 2 and P.shape[0] > 6000:
         P, y = P[:6000], y[:6000]
     with warnings.catch_warnings():
@@ -176,12 +180,24 @@ def test_null_distribution_equals_separate_calls(backend, calibration):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", kdecal.KdecalWarning)
         for stat, fn in (
-            ("ce_l2", lambda yy: kdecal.calibration_error(
-                P, yy, divergence="l2", bandwidth=h, calibration=calibration)),
-            ("ece_kde_l1", lambda yy: kdecal.ece_kde(
-                P, yy, p=1, bandwidth=h, calibration=calibration, debias="none")),
-            ("ce_kl", lambda yy: kdecal.calibration_error(
-                P, yy, divergence="kl", bandwidth=h, calibration=calibration)),
+            (
+                "ce_l2",
+                lambda yy: kdecal.calibration_error(
+                    P, yy, divergence="l2", bandwidth=h, calibration=calibration
+                ),
+            ),
+            (
+                "ece_kde_l1",
+                lambda yy: kdecal.ece_kde(
+                    P, yy, p=1, bandwidth=h, calibration=calibration, debias="none"
+                ),
+            ),
+            (
+                "ce_kl",
+                lambda yy: kdecal.calibration_error(
+                    P, yy, divergence="kl", bandwidth=h, calibration=calibration
+                ),
+            ),
         ):
             want = np.array([fn(ys[r]) for r in range(R)])
             np.testing.assert_allclose(res[stat].null_distribution, want, rtol=1e-9, atol=1e-14)

@@ -10,8 +10,8 @@ differentiable training losses.
 from __future__ import annotations
 
 from . import binned, datasets, plot, recalibration, scores
-from ._compare import Comparison, compare
 from ._backends import available_backends, get_num_threads, set_num_threads
+from ._compare import Comparison, compare
 from ._report import CalibrationReport
 from ._result import QUANTITIES, CalibrationEstimate, CalibrationTestResult, ConfidenceInterval
 from ._validation import PROB_EPS, ROW_SUM_ATOL

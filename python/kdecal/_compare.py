@@ -70,8 +70,13 @@ class Comparison:
     def __str__(self) -> str:
         pct = f"{100 * self.level:g} %"
         w = max(5, *(len(n) for n in self.names))
-        lines = [f"kdecal model comparison ({self.calibration}; {pct} bootstrap intervals, "
-                 f"{self.n_resamples} paired resamples)", ""]
+        lines = [
+            (
+                f"kdecal model comparison ({self.calibration}; {pct} bootstrap intervals, "
+                f"{self.n_resamples} paired resamples)"
+            ),
+            "",
+        ]
         head = f"{'model':<{w}}  {'bandwidth':>9}"
         for q in self.quantities:
             head += f"  {q + ' [CI]':<32}"
@@ -171,8 +176,9 @@ def compare(
     if len(set(shapes.values())) != 1:
         raise ValueError(f"every model must have predictions of the same shape, got {shapes}")
     ests = {
-        k: estimate(v, labels, bandwidth=bandwidth, calibration=calibration, debias=debias,
-                    backend=backend)
+        k: estimate(
+            v, labels, bandwidth=bandwidth, calibration=calibration, debias=debias, backend=backend
+        )
         for k, v in items
     }
     n = next(iter(ests.values())).n

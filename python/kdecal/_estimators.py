@@ -265,7 +265,9 @@ def search_bandwidth(
     sub = problem
     if m_sub < n:
         perm = np.random.default_rng(0).permutation(n)
-        sub = Problem(problem.calibration, problem.p[:, perm], problem.labels[:, perm], problem.dtype)
+        sub = Problem(
+            problem.calibration, problem.p[:, perm], problem.labels[:, perm], problem.dtype
+        )
     rows_of: dict[int, list[np.ndarray]] = {}  # grid index -> per-row risks, rows 0, 1, ...
     work = 0.0
 
@@ -274,7 +276,12 @@ def search_bandwidth(
         if not idx or r1 <= r0:
             return
         _, S, _, _ = engine(
-            sub, grid[idx], labelled=True, powers=1, backend=backend, progress=progress,
+            sub,
+            grid[idx],
+            labelled=True,
+            powers=1,
+            backend=backend,
+            progress=progress,
             rows=(r0, r1),
         )
         work += (r1 - r0) / n * len(idx)
@@ -361,8 +368,11 @@ def search_bandwidth(
     )
     work += 1.0
     record = Search(
-        criterion, float(grid[b]), {float(grid[i]): risk(i) for i in sorted(rows_of)},
-        done, work,
+        criterion,
+        float(grid[b]),
+        {float(grid[i]): risk(i) for i in sorted(rows_of)},
+        done,
+        work,
     )
     acc = (m[:, 0], S[:, 0], Q[:, 0] if powers >= 2 else Q, T[:, 0] if powers >= 3 else T)
     return record, acc
@@ -400,8 +410,10 @@ class Estimate:
     row_weights: np.ndarray | None = None
 
     def mean(self, x: np.ndarray) -> float:
-        """Mean of per-row terms ``x`` (B, n) over rows (weighted by ``row_weights``, the
-        bootstrap multiplicities, when set) and over the problems of the batch."""
+        """Mean of per-row terms ``x`` (B, n) over rows and over the batch's problems.
+
+        Rows are weighted by ``row_weights`` (the bootstrap multiplicities) when set.
+        """
         if self.row_weights is None:
             return float(np.mean(x))
         w = self.row_weights
@@ -444,8 +456,14 @@ def estimate(
         progress=progress,
     )
     return estimate_from(
-        problem, bandwidth, debias, backend, m[:, 0], S[:, 0],
-        Q[:, 0] if debias != "none" else Q, T[:, 0] if debias == "ratio" else T,
+        problem,
+        bandwidth,
+        debias,
+        backend,
+        m[:, 0],
+        S[:, 0],
+        Q[:, 0] if debias != "none" else Q,
+        T[:, 0] if debias == "ratio" else T,
     )
 
 
@@ -499,7 +517,7 @@ def fit(
     progress: bool | None = None,
     criterion: str = "brier",
 ) -> tuple[Estimate, Search | None]:
-    """The estimate of one notion at a fixed bandwidth or at the automatic one.
+    """Estimate one notion at a fixed bandwidth or at the automatic one.
 
     ``bandwidth="auto"`` minimises the leave-one-out risk ``criterion`` ("brier" or
     "log") with :func:`search_bandwidth`, whose last stage already holds the estimate's

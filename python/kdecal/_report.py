@@ -47,6 +47,7 @@ def _notion_line(name: str, row: dict[str, Any]) -> str:
         f"{cell('ce_l2'):<44} {_format_value(pv) if pv is not None else 'n/a'}"
     )
 
+
 # (field name, description) for each metric row of the table, in display order.
 _METRICS: tuple[tuple[str, str], ...] = (
     ("ece_kde_l1", "ECE^KDE (L1, {calibration}) [P22]"),

@@ -57,7 +57,7 @@ def replicates(
     weights: np.ndarray | None,
     backend: str,
 ) -> Iterator[_est.Estimate]:
-    """The estimate recomputed for each label set (and centre multiplicities).
+    """Recompute the estimate for each label set (and centre multiplicities).
 
     Parameters
     ----------
@@ -109,7 +109,11 @@ def replicates(
         ]
         for k in range(r1 - r0):
             S = np.stack([parts[b][0][k] for b in range(B)])
-            Q = np.stack([parts[b][1][k] for b in range(B)]) if powers == 2 else np.zeros((0, 0, 0))
+            Q = (
+                np.stack([parts[b][1][k] for b in range(B)])
+                if powers == 2
+                else np.zeros((0, 0, 0))
+            )
             rw = None if weights is None else weights[r0 + k]
             # A bootstrap sample can hold no centre with a non-negligible weight for some
             # query row (all its neighbours drawn 0 times): the estimator is undefined

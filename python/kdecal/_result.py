@@ -13,7 +13,7 @@ from . import _resample
 from ._validation import check_int, check_p
 from .warnings import KdecalWarning
 
-__all__ = ["CalibrationEstimate", "CalibrationTestResult", "ConfidenceInterval", "QUANTITIES"]
+__all__ = ["QUANTITIES", "CalibrationEstimate", "CalibrationTestResult", "ConfidenceInterval"]
 
 
 def _q(kind: str, arg: object) -> Callable[[_est.Estimate], float]:
@@ -91,7 +91,7 @@ class ConfidenceInterval:
     level: float
     bootstrap_distribution: np.ndarray = field(repr=False)
 
-    def __iter__(self):  # noqa: D105
+    def __iter__(self):
         return iter((self.low, self.high))
 
 
@@ -122,8 +122,11 @@ class CalibrationTestResult:
 
     @property
     def null_mean(self) -> float:
-        """Mean of the null distribution: what the estimator reports, on average, for a
-        perfectly calibrated model with these predictions (its bias at zero error)."""
+        """Mean of the null distribution.
+
+        What the estimator reports, on average, for a perfectly calibrated model with
+        these predictions (its bias at zero error).
+        """
         return float(np.mean(self.null_distribution))
 
 
@@ -133,7 +136,7 @@ def bootstrap_counts(n: int, n_resamples: int, rng: np.random.Generator) -> np.n
 
 
 def percentile_interval(dist: np.ndarray, level: float) -> tuple[float, float]:
-    """The ``(1 -+ level) / 2`` quantiles of a bootstrap distribution."""
+    """Return the ``(1 -+ level) / 2`` quantiles of a bootstrap distribution."""
     a = (1.0 - level) / 2.0
     lo, hi = np.quantile(dist, [a, 1.0 - a])
     return float(lo), float(hi)
@@ -221,10 +224,13 @@ class CalibrationEstimate:
         return _est.ce_p(self._est, check_p(p))
 
     def calibration_error(self, divergence: object = "kl", estimator: str = "direct") -> float:
-        """Proper calibration error for a Bregman generator (Popordanoska et al. 2024,
-        Eq. 9-10, 14); see :func:`kdecal.calibration_error` for the arguments."""
-        from .kde import _generator
+        """Proper calibration error for a Bregman generator.
+
+        Popordanoska et al. 2024, Eq. 9-10, 14; see :func:`kdecal.calibration_error`
+        for the arguments.
+        """
         from ._validation import check_choice
+        from .kde import _generator
 
         check_choice(estimator, "estimator", ("direct", "refinement"))
         return _est.calibration_error(self._est, _generator(divergence), estimator)
@@ -242,7 +248,7 @@ class CalibrationEstimate:
         return _est.sharpness(self._est, _generator(divergence))
 
     def value(self, quantity: str) -> float:
-        """A quantity by name: one of ``kdecal.QUANTITIES`` (the report's field names)."""
+        """Return a quantity by name: one of ``kdecal.QUANTITIES`` (the report's fields)."""
         return QUANTITIES[_check_quantity(quantity)](self._est)
 
     # -------------------------------------------------------------- resampling
@@ -306,7 +312,7 @@ class CalibrationEstimate:
         return out
 
     def _bootstrap(self, names: list[str], counts: np.ndarray) -> dict[str, np.ndarray]:
-        """The quantities on the bootstrap replicates given by row multiplicities (R, n)."""
+        """Compute the quantities on bootstrap replicates given by row multiplicities (R, n)."""
         R = counts.shape[0]
         labels = np.broadcast_to(self._est.problem.labels, (R, *self._est.problem.labels.shape))
         dist = {q: np.empty(R) for q in names}
@@ -335,7 +341,7 @@ class CalibrationEstimate:
         n_resamples: int = 200,
         seed: int | np.random.Generator | None = None,
     ) -> dict[str, CalibrationTestResult]:
-        """The test for several statistics from the same resampled label sets."""
+        """Run the test for several statistics on the same resampled label sets."""
         names = [_check_quantity(s, "statistic") for s in statistics]
         R = check_int(n_resamples, "n_resamples", 1)
         rng = np.random.default_rng(seed)

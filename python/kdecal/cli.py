@@ -72,7 +72,9 @@ def _nonneg_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected a non-negative integer, got {text!r}"
+        ) from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
     return value
@@ -202,19 +204,48 @@ def _build_parser() -> argparse.ArgumentParser:
     cp.add_argument("files", nargs="+", metavar="FILE", help="prediction files (see evaluate)")
     cp.add_argument("--split", choices=("val", "test"), help="split of .npz files (default: test)")
     ckind = cp.add_mutually_exclusive_group()
-    ckind.add_argument("--logits", dest="logits", action="store_const", const=True, default=None,
-                       help="the scores are logits")
-    ckind.add_argument("--probs", dest="logits", action="store_const", const=False,
-                       help="the scores are probabilities")
-    cp.add_argument("--calibration", choices=("canonical", "classwise", "top_label"),
-                    default="canonical", help="notion of calibration (default: canonical)")
-    cp.add_argument("--bandwidth", type=_bandwidth, default="auto", metavar="auto|loo-mle|FLOAT",
-                    help="bandwidth for every model (default: auto, chosen per model)")
-    cp.add_argument("--n-resamples", type=_nonneg_int, default=200, metavar="N",
-                    help="paired bootstrap samples (default: 200)")
+    ckind.add_argument(
+        "--logits",
+        dest="logits",
+        action="store_const",
+        const=True,
+        default=None,
+        help="the scores are logits",
+    )
+    ckind.add_argument(
+        "--probs",
+        dest="logits",
+        action="store_const",
+        const=False,
+        help="the scores are probabilities",
+    )
+    cp.add_argument(
+        "--calibration",
+        choices=("canonical", "classwise", "top_label"),
+        default="canonical",
+        help="notion of calibration (default: canonical)",
+    )
+    cp.add_argument(
+        "--bandwidth",
+        type=_bandwidth,
+        default="auto",
+        metavar="auto|loo-mle|FLOAT",
+        help="bandwidth for every model (default: auto, chosen per model)",
+    )
+    cp.add_argument(
+        "--n-resamples",
+        type=_nonneg_int,
+        default=200,
+        metavar="N",
+        help="paired bootstrap samples (default: 200)",
+    )
     cp.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default: 0)")
-    cp.add_argument("--backend", choices=("auto", "cpp", "numba"), default="auto",
-                    help="computation engine (default: auto)")
+    cp.add_argument(
+        "--backend",
+        choices=("auto", "cpp", "numba"),
+        default="auto",
+        help="computation engine (default: auto)",
+    )
     cp.add_argument("--json", action="store_true", help="print the comparison as JSON")
     return parser
 
@@ -353,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     kdecal compare model_a.npz model_b.npz --json
 
-Exit status: 0 on success, 2 for a usage error or bad input (one line
+    Exit status: 0 on success, 2 for a usage error or bad input (one line
         ``kdecal: error: <message>`` on stderr), 130 if interrupted. The
         console script ``kdecal`` calls ``sys.exit(main())``.
     """

@@ -28,7 +28,6 @@ from . import _backends
 from . import _estimators as _est
 from ._report import CalibrationReport
 from ._result import CalibrationEstimate, CalibrationTestResult
-from .warnings import KdecalWarning
 from ._validation import (
     Probs,
     _numeric_array,
@@ -39,15 +38,16 @@ from ._validation import (
     check_p,
     check_probs,
 )
+from .warnings import KdecalWarning
 
 __all__ = [
     "DEFAULT_BANDWIDTH_GRID",
     "Bregman",
     "calibration_error",
     "calibration_test",
-    "estimate",
     "conditional_expectation",
     "ece_kde",
+    "estimate",
     "evaluate",
     "loo_log_likelihood",
     "refinement",
@@ -195,15 +195,19 @@ def _resolve_bandwidth(
     backend: str,
     progress: bool | None,
 ) -> float:
-    """A bandwidth spec as a float: "auto" is the regression search (LOO-MLE without
-    labels), "loo-mle" the papers' rule; for callers that need h alone (kdecal.torch,
-    kdecal.plot)."""
+    """Turn a bandwidth spec into a float, for callers that need h alone.
+
+    "auto" is the regression search (LOO-MLE without labels), "loo-mle" the papers'
+    rule. Used by kdecal.torch.
+    """
     spec = _check_bandwidth_spec(bandwidth)
     if not isinstance(spec, str):
         return spec
     problem = _est.make_problem(probs, labels, calibration)
     if spec == "loo-mle" or labels is None:
-        return _est.select_bandwidth(problem, np.asarray(DEFAULT_BANDWIDTH_GRID), backend, progress)
+        return _est.select_bandwidth(
+            problem, np.asarray(DEFAULT_BANDWIDTH_GRID), backend, progress
+        )
     record, _ = _est.search_bandwidth(problem, "brier", 1, backend, progress)
     _warn_at_grid_end(record.bandwidth, _est.SEARCH_GRID, record.criterion)
     return record.bandwidth
@@ -305,7 +309,13 @@ def estimate(
     est, P, y, be, search = _run(
         probs, labels, bandwidth, calibration, debias, backend, progress, criterion
     )
-    used = None if not isinstance(bandwidth, str) else "loo-mle" if search is None else search.criterion
+    used = (
+        None
+        if not isinstance(bandwidth, str)
+        else "loo-mle"
+        if search is None
+        else search.criterion
+    )
     return CalibrationEstimate(est, P.p, y, be, used, search)
 
 
@@ -360,7 +370,11 @@ def calibration_test(
         Invalid input, an unknown statistic, ``n_resamples < 1``, or ``debias="ratio"``.
     """
     est = estimate(
-        probs, labels, bandwidth=bandwidth, calibration=calibration, debias=debias,
+        probs,
+        labels,
+        bandwidth=bandwidth,
+        calibration=calibration,
+        debias=debias,
         backend=backend,
     )
     return est.calibration_test(statistic, n_resamples=n_resamples, seed=seed)
@@ -639,7 +653,7 @@ def select_bandwidth(
     backend: str = "auto",
     progress: bool | None = None,
 ) -> float:
-    """The one place the automatic bandwidth is decided.
+    """Choose the bandwidth: the one place the automatic bandwidth is decided.
 
     With ``labels`` (what ``bandwidth="auto"`` uses): the bandwidth of the kernel
     regression of the labels on the predictions of the given notion, minimising the
@@ -828,8 +842,13 @@ def evaluate(
     for name in resampled:
         check_choice(name, "resample_notions", _est.CALIBRATIONS)
     main = estimate(
-        probs, labels, bandwidth=bandwidth, calibration=calibration, debias=debias,
-        backend=backend, progress=progress,
+        probs,
+        labels,
+        bandwidth=bandwidth,
+        calibration=calibration,
+        debias=debias,
+        backend=backend,
+        progress=progress,
     )
     est = main._est
     P, y = main._probs, main._labels
@@ -838,9 +857,18 @@ def evaluate(
     kl, l2 = _est.KLGenerator(), _est.L2Generator()
     summaries: dict[str, dict[str, object]] = {}
     for name in wanted:
-        e = main if name == calibration else estimate(
-            P, y, bandwidth=bandwidth, calibration=name, debias=debias, backend=main.backend,
-            progress=progress,
+        e = (
+            main
+            if name == calibration
+            else estimate(
+                P,
+                y,
+                bandwidth=bandwidth,
+                calibration=name,
+                debias=debias,
+                backend=main.backend,
+                progress=progress,
+            )
         )
         # resampling has no third power sums: debias="ratio" gets estimates only
         resample = name in resampled and str(debias) != "ratio"
@@ -851,9 +879,7 @@ def evaluate(
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            cal_loss = float(
-                scores.calibration_loss(P, y, input="probs", relative=False, seed=0)
-            )
+            cal_loss = float(scores.calibration_loss(P, y, input="probs", relative=False, seed=0))
     log_loss = float(-np.mean(np.log(P[rows, y])))
     report = CalibrationReport(
         n=n,

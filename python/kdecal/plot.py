@@ -156,8 +156,11 @@ def _check_draw(draw: object) -> bool:
 def _resolve_h(
     problem: _est.Problem, bandwidth: object, backend: str, labelled: bool = True
 ) -> float:
-    """``bandwidth`` as a float: "auto" is the bandwidth of the regression
-    (:func:`kdecal.select_bandwidth` with labels), "loo-mle" the papers' LOO likelihood."""
+    """Return ``bandwidth`` as a float.
+
+    "auto" is the bandwidth of the regression (:func:`kdecal.select_bandwidth` with
+    labels; the LOO likelihood without), "loo-mle" the papers' LOO likelihood.
+    """
     if isinstance(bandwidth, str):
         if bandwidth not in ("auto", "loo-mle"):
             raise ValueError(
