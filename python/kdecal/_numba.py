@@ -2,8 +2,8 @@
 
 This module is imported lazily, only when the numba backend is used; it imports
 numba at module level.  It computes exactly what the C++ engine
-(``kdecal._core.loo_reduce``) computes, see :func:`loo_reduce` and kdecal
-DESIGN section 2: the per-class leave-one-out sums of Dirichlet-kernel values
+(``kdecal._core.loo_reduce``) computes, see :func:`loo_reduce`:
+the per-class leave-one-out sums of Dirichlet-kernel values
 (Popordanoska et al. 2022, Eq. 10) on which the KDE estimator of
 ``E[y | f(x)]`` (Popordanoska et al. 2022, Eq. 3) and the leave-one-out
 density used for bandwidth selection are built.  The derived quantities are
@@ -449,7 +449,7 @@ def loo_reduce(logq, p, labels, n_classes, scale, bias, powers, row_start, row_s
     ``L_ij`` is the Dirichlet kernel ``log k_h(f_j; f_i)`` of Popordanoska et
     al. (2022), Eq. 10, less the constant ``lgamma(1/h + K)``; ``S_c / sum_c
     S_c`` is their leave-one-out estimator of ``E[y_c | f_j]`` (Eq. 3); see
-    kdecal DESIGN section 2.  Terms with ``L_ij - m_c(j) < -230`` are
+    the C++ engine.  Terms with ``L_ij - m_c(j) < -230`` are
     clamped to ``exp(-230)`` (relative to their class maximum); there is no
     other approximation.
 

@@ -2,7 +2,7 @@
 
 Every estimator here is a cheap O(nK) plug-in on top of one leave-one-out pass of the
 compiled engine (:func:`kdecal._backends.loo_reduce`), which returns, per query row,
-the running max and class-wise sums of the Dirichlet kernel (DESIGN.md section 2).
+the running max and class-wise sums of the Dirichlet kernel.
 
 References
 ----------
