@@ -498,7 +498,8 @@ def estimate_from(
 
         E, sq, degenerate = np_debias(S, Qh, Th, float(problem.n - 1), mode)
     n_deg = int(np.count_nonzero(degenerate))
-    if n_deg and warn:
+    # one such row in a thousand moves no estimate visibly; more is worth a warning
+    if n_deg and warn and n_deg > 1e-3 * degenerate.size:
         warnings.warn(
             f"debias={debias!r}: {n_deg} of {degenerate.size} query rows have a single "
             f"effective neighbour at bandwidth {bandwidth:g}; their plain (biased) ratio "

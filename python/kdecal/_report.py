@@ -254,7 +254,7 @@ class CalibrationReport:
             (name, _format_value(getattr(self, name)), desc.format(calibration=notion))
             for name, desc in _METRICS
         ]
-        w_name = max(len("metric"), *(len(r[0]) for r in rows))
+        w_name = max(len("metric"), len("calibration_loss"), *(len(r[0]) for r in rows))
         w_val = max(len("value"), *(len(r[1]) for r in rows))
         w_desc = max(len("description"), *(len(r[2]) for r in rows))
         lines.append(f"{'metric':<{w_name}}  {'value':>{w_val}}  description")
@@ -270,14 +270,14 @@ class CalibrationReport:
         if self.notions:
             lines.append("")
             lines.append(
-                "notion      bandwidth  ECE^KDE L1 [95% CI]          (calibrated: null)"
-                "  squared L2 CE [95% CI]           (null)      p-value"
+                f"{'notion':<11} {'bandwidth':>9}  {'ECE^KDE L1 [95% CI] (null)':<44} "
+                f"{'squared L2 CE [95% CI] (null)':<44} p-value"
             )
             for name, row in self.notions.items():
                 lines.append(_notion_line(name, row))
             lines.append(
                 "p-value: consistency-resampling test of calibration (squared L2 statistic); "
-                "null: the mean a perfectly calibrated model with these predictions scores."
+                "(null): the mean score of a perfectly calibrated model with these predictions."
             )
         for note in self.notes:
             lines.append("")
