@@ -27,6 +27,7 @@ Usage:
     python bench/accuracy.py accuracy [reps] [K1,K2] [n1,n2]
     python bench/accuracy.py test [reps]
     python bench/accuracy.py corrections [reps] [K1,K2] [n1,n2]
+    python bench/accuracy.py summarize OUT1 [OUT2 ...]    (tables from saved output)
 """
 
 from __future__ import annotations
@@ -192,8 +193,71 @@ def corrections(reps, Ks, ns):
                 )
 
 
+def summarize(paths):
+    """Compact tables from the JSON lines printed by ``accuracy``.
+
+    Per quantity, K and n: the range (min ... max) of the relative error over the three
+    miscalibrated cells, default vs previous default, and the targets at n >= 5000; then
+    the values reported for the two calibrated cells (truth 0).
+    """
+    rows = [json.loads(line) for p in paths for line in open(p) if line.startswith("{")]
+    Ks = sorted({r["K"] for r in rows})
+    ns = sorted({r["n"] for r in rows})
+    target = {"canonical L1": 50, "canonical KL": 50}
+    print("Relative error (estimate / truth - 1), range over (t1, t2) = (0.6, 0.6), "
+          "(1.0, 0.6), (0.6, 1.5); default | previous default (LOO-MLE, no debias):")
+    print()
+    head = " | ".join(f"K = {K}, n = {n}" for K in Ks for n in ns)
+    print(f"| quantity (target at n >= 5000) | {head} |")
+    print("|---" * (1 + len(Ks) * len(ns)) + "|")
+    worse = []
+    for q in QUANT:
+        cells = []
+        for K in Ks:
+            for n in ns:
+                sel = [r for r in rows if r["K"] == K and r["n"] == n and r["t2"] != 1.0]
+                if not sel:
+                    cells.append("")
+                    continue
+                e_new = [100 * (r["default"][q] / r["truth"][q] - 1) for r in sel]
+                e_old = [100 * (r["loo-mle"][q] / r["truth"][q] - 1) for r in sel]
+                for r, a, b in zip(sel, e_new, e_old):
+                    if abs(a) > abs(b) + 1:
+                        worse.append(f"{q}, K = {K}, n = {n}, ({r['t1']}, {r['t2']}): "
+                                     f"{a:+.0f} % vs {b:+.0f} %")
+                cells.append(f"{min(e_new):+.0f}…{max(e_new):+.0f} \\| "
+                             f"{min(e_old):+.0f}…{max(e_old):+.0f}")
+        print(f"| {q} (±{target.get(q, 25)} %) | " + " | ".join(cells) + " |")
+    print()
+    print("Calibrated models (truth 0): value reported, default | previous default, mean "
+          "over the two cells (0.6, 1.0) and (1.0, 1.0):")
+    print()
+    print(f"| quantity | {head} |")
+    print("|---" * (1 + len(Ks) * len(ns)) + "|")
+    for q in QUANT:
+        cells = []
+        for K in Ks:
+            for n in ns:
+                sel = [r for r in rows if r["K"] == K and r["n"] == n and r["t2"] == 1.0]
+                if not sel:
+                    cells.append("")
+                    continue
+                a = np.mean([r["default"][q] for r in sel])
+                b = np.mean([r["loo-mle"][q] for r in sel])
+                cells.append(f"{a:.4f} \\| {b:.4f}")
+        print(f"| {q} | " + " | ".join(cells) + " |")
+    print()
+    print("Cells where the default is further from the truth than the previous default "
+          "(by more than 1 point):")
+    for w in worse:
+        print(f"- {w}")
+
+
 def main():
     what = sys.argv[1] if len(sys.argv) > 1 else "accuracy"
+    if what == "summarize":
+        summarize(sys.argv[2:])
+        return
     if what == "corrections":
         reps = int(sys.argv[2]) if len(sys.argv) > 2 else 3
         Ks = [int(x) for x in sys.argv[3].split(",")] if len(sys.argv) > 3 else [4, 10]

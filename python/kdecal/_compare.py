@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ._result import QUANTITIES, _check_level, _check_quantity, bootstrap_counts
+from ._result import _check_level, _check_quantity, bootstrap_counts
 from ._result import percentile_interval as _interval
 from ._validation import check_choice, check_int, check_probs
 from .warnings import KdecalWarning
@@ -216,7 +216,7 @@ def compare(
 def _quiet_value(est: Any, q: str) -> float:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", KdecalWarning)
-        v = float(QUANTITIES[q](est._est))
+        v = float(est.value(q))
     if not math.isfinite(v):  # pragma: no cover - estimates are finite
         raise ValueError(f"{q} is not finite ({v})")
     return v

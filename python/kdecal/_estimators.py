@@ -236,7 +236,22 @@ def search_bandwidth(
     backend: str,
     progress: bool | None = None,
 ) -> tuple[Search, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    """Coarse-to-fine minimisation of the leave-one-out risk over :data:`SEARCH_GRID`.
+    """Search one criterion; see :func:`search_bandwidths`."""
+    return search_bandwidths(problem, (criterion,), powers, backend, progress)[criterion]
+
+
+def search_bandwidths(
+    problem: Problem,
+    criteria: tuple[str, ...],
+    powers: int,
+    backend: str,
+    progress: bool | None = None,
+) -> dict[str, tuple[Search, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]]:
+    """Coarse-to-fine minimisation of leave-one-out risks over :data:`SEARCH_GRID`.
+
+    Several criteria (e.g. "brier" for the L1 / L2 quantities and "log" for the KL ones)
+    share every engine pass: the class sums of a bandwidth give every criterion's risk.
+    For each criterion:
 
     1. every 6th grid value (a ratio of 3.16) on a random subset of query rows (against
        all n centres);
@@ -250,7 +265,8 @@ def search_bandwidth(
        towards any unevaluated neighbour of the best;
     4. the best on all rows, with the ``powers`` the estimate needs.
 
-    Returns the search record (``tried``: the subset risks) and the engine accumulators
+    Returns, per criterion, the search record (``tried``: the risks on the rows each
+    bandwidth was evaluated on) and the engine accumulators
     ``(m, S, Q, T)`` of the chosen bandwidth on all rows (shapes (B, n), (B, n, C)), so
     that the estimate needs no further pass. Stages 1-2 use
     ``max(SEARCH_SUBSET_MIN, n // 20)`` query rows (all rows when ``n <= 2000``): the
@@ -268,7 +284,8 @@ def search_bandwidth(
         sub = Problem(
             problem.calibration, problem.p[:, perm], problem.labels[:, perm], problem.dtype
         )
-    rows_of: dict[int, list[np.ndarray]] = {}  # grid index -> per-row risks, rows 0, 1, ...
+    # criterion -> grid index -> per-row risks of consecutive row ranges 0, 1, ...
+    rows_of: dict[str, dict[int, list[np.ndarray]]] = {c: {} for c in criteria}
     work = 0.0
 
     def run(idx: list[int], r0: int, r1: int) -> None:
@@ -285,97 +302,116 @@ def search_bandwidth(
             rows=(r0, r1),
         )
         work += (r1 - r0) / n * len(idx)
-        for i, r in zip(idx, cv_risk_rows(sub, S, criterion, slice(r0, r1))):
-            rows_of.setdefault(i, []).append(r)
-
-    def risk(i: int) -> float:
-        return float(np.mean(np.concatenate(rows_of[i])))
+        for c in criteria:
+            for i, r in zip(idx, cv_risk_rows(sub, S, c, slice(r0, r1))):
+                rows_of[c].setdefault(i, []).append(r)
 
     def ensure(idx: list[int], upto: int) -> None:
         """Evaluate the grid indices ``idx`` on rows [0, upto) (only what is missing)."""
         have: dict[int, list[int]] = {}
+        first = rows_of[criteria[0]]
         for i in idx:
-            have.setdefault(sum(r.size for r in rows_of.get(i, [])), []).append(i)
+            have.setdefault(sum(r.size for r in first.get(i, [])), []).append(i)
         for start, group in sorted(have.items()):
             run(group, start, upto)
 
-    def close(i: int, b: int, z: float) -> bool:
-        """Whether i's paired mean risk excess over b is within z standard errors."""
-        d = np.concatenate(rows_of[i]) - np.concatenate(rows_of[b])
-        se = float(np.std(d, ddof=1)) / np.sqrt(d.size) if d.size > 1 else np.inf
-        return float(np.mean(d)) <= z * se
+    def choose(c: str) -> tuple[int, int]:
+        rows_c = rows_of[c]
+        done = m_sub  # every comparison uses the query rows [0, done)
 
-    coarse = list(range(0, G, 6))
-    if coarse[-1] != G - 1:
-        coarse.append(G - 1)
-    ensure(coarse, m_sub)
-    # stage 2 around every local minimum of the coarse curve that the subset cannot tell
-    # from the best one (risk curves can have two modes, e.g. a small-h and a large-h
-    # regression of nearly equal risk)
-    cr = [risk(i) for i in coarse]
-    a = coarse[int(np.argmin(cr))]
-    modes = [
-        coarse[k]
-        for k in range(len(coarse))
-        if (k == 0 or cr[k] <= cr[k - 1]) and (k == len(coarse) - 1 or cr[k] <= cr[k + 1])
-    ]
-    modes = [i for i in modes if i == a or close(i, a, 3.0)]
-    cand = sorted({j for i in modes for j in range(max(0, i - 5), min(G, i + 6))})
-    ensure(cand, m_sub)
-    # Racing on more rows while the subset cannot tell the candidates near the minimum
-    # apart: a candidate stays while its paired mean risk difference to the best is
-    # within 2 standard errors; rows double until one grid step resolves the argmin.
-    # When the best has an unevaluated neighbour, the window grows towards it.
-    done = m_sub
-    dropped: set[int] = set()
-    budget = work + SEARCH_RACE_BUDGET
-    for _ in range(4 * G):
-        b = min(cand, key=risk)
-        edge = [
-            b + step * k
-            for step in (-1, 1)
-            if 0 <= b + step < G and b + step not in cand
-            for k in (1, 2, 3)
-            if 0 <= b + step * k < G
+        def risk(i: int) -> float:
+            return float(np.mean(np.concatenate(rows_c[i])[:done]))
+
+        def close(i: int, b: int, z: float) -> bool:
+            """Whether i's paired mean risk excess over b is within z standard errors."""
+            d = np.concatenate(rows_c[i])[:done] - np.concatenate(rows_c[b])[:done]
+            se = float(np.std(d, ddof=1)) / np.sqrt(d.size) if d.size > 1 else np.inf
+            return float(np.mean(d)) <= z * se
+
+        coarse = list(range(0, G, 6))
+        if coarse[-1] != G - 1:
+            coarse.append(G - 1)
+        ensure(coarse, m_sub)
+        # stage 2 around every local minimum of the coarse curve that the subset cannot
+        # tell from the best one (risk curves can have two modes, e.g. a small-h and a
+        # large-h regression of nearly equal risk)
+        cr = [risk(i) for i in coarse]
+        a = coarse[int(np.argmin(cr))]
+        modes = [
+            coarse[k]
+            for k in range(len(coarse))
+            if (k == 0 or cr[k] <= cr[k - 1]) and (k == len(coarse) - 1 or cr[k] <= cr[k + 1])
         ]
-        edge = [i for i in edge if i not in cand and i not in dropped]
-        if edge:
-            ensure(edge, done)
-            cand = sorted({*cand, *edge})
-            continue
-        keep = []
-        for i in cand:
-            if i == b or close(i, b, 2.0):
-                keep.append(i)
-            else:
-                dropped.add(i)
-        # at most the 4 best survivors race on (the cost of a doubling is proportional
-        # to their number)
-        keep.sort(key=risk)
-        dropped.update(keep[4:])
-        cand = sorted(keep[:4])
-        if done >= n or all(abs(i - b) <= 1 for i in cand):
-            break
-        nxt = min(n, 2 * done)
-        if work + len(cand) * (nxt - done) / n > budget:
-            break
-        ensure(cand, nxt)
-        done = nxt
-    b = min(cand, key=risk)
+        modes = [i for i in modes if i == a or close(i, a, 3.0)]
+        cand = sorted({j for i in modes for j in range(max(0, i - 5), min(G, i + 6))})
+        ensure(cand, m_sub)
+        # Racing on more rows while the subset cannot tell the candidates near the
+        # minimum apart: a candidate stays while its paired mean risk excess over the
+        # best is within 2 standard errors; rows double until one grid step resolves the
+        # argmin. When the best has an unevaluated neighbour, the window grows towards it.
+        dropped: dict[int, int] = {}  # grid index -> rows it was dropped at
+        budget = work + SEARCH_RACE_BUDGET
+        for _ in range(4 * G):
+            b = min(cand, key=risk)
+            edge = [
+                b + step * k
+                for step in (-1, 1)
+                if 0 <= b + step < G and b + step not in cand
+                for k in (1, 2, 3)
+                if 0 <= b + step * k < G
+            ]
+            # a neighbour dropped on fewer rows may come back: the best has moved
+            edge = [i for i in edge if i not in cand and dropped.get(i, -1) < done]
+            if edge:
+                ensure(edge, done)
+                cand = sorted({*cand, *edge})
+                continue
+            keep = []
+            for i in cand:
+                if i == b or close(i, b, 2.0):
+                    keep.append(i)
+                else:
+                    dropped[i] = done
+            # at most the 4 best survivors race on (a doubling costs their number)
+            keep.sort(key=risk)
+            dropped.update({i: done for i in keep[4:]})
+            cand = sorted(keep[:4])
+            if done >= n or all(abs(i - b) <= 1 for i in cand):
+                break
+            nxt = min(n, 2 * done)
+            if work + len(cand) * (nxt - done) / n > budget:
+                break
+            ensure(cand, nxt)
+            done = nxt
+        return min(cand, key=risk), done
 
-    m, S, Q, T = engine(
-        problem, grid[[b]], labelled=True, powers=powers, backend=backend, progress=progress
-    )
-    work += 1.0
-    record = Search(
-        criterion,
-        float(grid[b]),
-        {float(grid[i]): risk(i) for i in sorted(rows_of)},
-        done,
-        work,
-    )
-    acc = (m[:, 0], S[:, 0], Q[:, 0] if powers >= 2 else Q, T[:, 0] if powers >= 3 else T)
-    return record, acc
+    chosen = {c: choose(c) for c in criteria}
+    acc: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+    for b, _ in chosen.values():
+        if b not in acc:
+            m, S, Q, T = engine(
+                problem,
+                grid[[b]],
+                labelled=True,
+                powers=powers,
+                backend=backend,
+                progress=progress,
+            )
+            work += 1.0
+            acc[b] = (
+                m[:, 0],
+                S[:, 0],
+                Q[:, 0] if powers >= 2 else Q,
+                T[:, 0] if powers >= 3 else T,
+            )
+    out = {}
+    for c, (b, done) in chosen.items():
+        tried = {
+            float(grid[i]): float(np.mean(np.concatenate(rows_of[c][i])))
+            for i in sorted(rows_of[c])
+        }
+        out[c] = (Search(c, float(grid[b]), tried, done, work), acc[b])
+    return out
 
 
 @dataclass(frozen=True)
@@ -518,24 +554,46 @@ def fit(
     progress: bool | None = None,
     criterion: str = "brier",
 ) -> tuple[Estimate, Search | None]:
-    """Estimate one notion at a fixed bandwidth or at the automatic one.
+    """Estimate one notion at a fixed bandwidth or at the automatic one (one criterion)."""
+    return fit_criteria(problem, bandwidth, debias, backend, progress, (criterion,))[criterion]
 
-    ``bandwidth="auto"`` minimises the leave-one-out risk ``criterion`` ("brier" or
-    "log") with :func:`search_bandwidth`, whose last stage already holds the estimate's
-    accumulators; ``"loo-mle"`` (or ``criterion="loo-mle"``) maximises the LOO
-    likelihood over :data:`kdecal.DEFAULT_BANDWIDTH_GRID` and then runs one more pass.
+
+def fit_criteria(
+    problem: Problem,
+    bandwidth: float | str,
+    debias: str,
+    backend: str,
+    progress: bool | None,
+    criteria: tuple[str, ...],
+) -> dict[str, tuple[Estimate, Search | None]]:
+    """Estimate one notion at the bandwidth of each criterion, sharing every pass.
+
+    ``bandwidth="auto"`` minimises each leave-one-out risk of ``criteria`` ("brier",
+    "log") with :func:`search_bandwidths`, whose last stage already holds the
+    estimates' accumulators (one pass per distinct bandwidth); ``"loo-mle"`` (or the
+    criterion "loo-mle") maximises the LOO likelihood over
+    :data:`kdecal.DEFAULT_BANDWIDTH_GRID` and runs one more pass; a float runs one pass.
+    Every criterion maps to its estimate and search record (None when not searched).
     """
+    if isinstance(bandwidth, str) and bandwidth != "loo-mle" and "loo-mle" not in criteria:
+        found = search_bandwidths(problem, criteria, _POWERS[debias], backend, progress)
+        out: dict[str, tuple[Estimate, Search | None]] = {}
+        made: dict[float, Estimate] = {}
+        for c, (record, (m, S, Q, T)) in found.items():
+            if record.bandwidth not in made:
+                made[record.bandwidth] = estimate_from(
+                    problem, record.bandwidth, debias, backend, m, S, Q, T
+                )
+            out[c] = (made[record.bandwidth], record)
+        return out
     if isinstance(bandwidth, str):
-        if bandwidth == "loo-mle" or criterion == "loo-mle":
-            from .kde import DEFAULT_BANDWIDTH_GRID
+        from .kde import DEFAULT_BANDWIDTH_GRID
 
-            h = select_bandwidth(problem, np.asarray(DEFAULT_BANDWIDTH_GRID), backend, progress)
-            return estimate(problem, h, debias, backend, progress), None
-        record, (m, S, Q, T) = search_bandwidth(
-            problem, criterion, _POWERS[debias], backend, progress
-        )
-        return estimate_from(problem, record.bandwidth, debias, backend, m, S, Q, T), record
-    return estimate(problem, float(bandwidth), debias, backend, progress), None
+        h = select_bandwidth(problem, np.asarray(DEFAULT_BANDWIDTH_GRID), backend, progress)
+    else:
+        h = float(bandwidth)
+    est = estimate(problem, h, debias, backend, progress)
+    return {c: (est, None) for c in criteria}
 
 
 # ----------------------------------------------------------------------------- generators

@@ -168,8 +168,12 @@ class CalibrationReport:
         Debiasing of the kernel ratios: ``"none"``, ``"ustat"`` (Eq. 7 of [1]) or
         ``"ratio"`` (App. C-D of [1]).
     bandwidth_rule : str
-        How the bandwidth was chosen: ``"brier"`` / ``"log"`` (leave-one-out risk of the
-        kernel regression), ``"loo-mle"`` (the papers' density likelihood) or ``"fixed"``.
+        How the bandwidth was chosen: ``"brier (KL: log)"`` (leave-one-out Brier risk of
+        the kernel regression, and its log risk for the KL quantities), ``"loo-mle"``
+        (the papers' density likelihood) or ``"fixed"``.
+    bandwidth_kl : float or None
+        Bandwidth of the KL quantities (``ce_kl``, ``refinement_kl``, ``sharpness_kl``);
+        equal to ``bandwidth`` unless the log risk chose another one.
     calibration_loss : float or None
         Calibration loss of [4]: the log loss minus the log loss after affine
         calibration trained by 5-fold cross-validation on the same data, in nats
@@ -217,6 +221,7 @@ class CalibrationReport:
     calibration: str = "canonical"
     debias: str = "ustat"
     bandwidth_rule: str = "fixed"
+    bandwidth_kl: float | None = None
     calibration_loss: float | None = None
     notions: dict[str, dict[str, Any]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -266,7 +271,10 @@ class CalibrationReport:
                 f"{'calibration_loss':<{w_name}}  {_format_value(self.calibration_loss):>{w_val}}"
                 "  log loss minus log loss after cross-validated affine calibration [FR25]"
             )
-        lines.append(f"bandwidth rule: {self.bandwidth_rule}")
+        kl_h = (
+            "" if self.bandwidth_kl is None else f", KL quantities at h = {self.bandwidth_kl:.6g}"
+        )
+        lines.append(f"bandwidth rule: {self.bandwidth_rule}{kl_h}")
         if self.notions:
             lines.append("")
             lines.append(

@@ -152,13 +152,18 @@ class CalibrationEstimate:
     Attributes
     ----------
     bandwidth : float
-        The bandwidth h used.
+        The bandwidth h of the L1, L2 and custom-Bregman quantities (with
+        ``bandwidth="auto"``: the minimiser of the leave-one-out Brier risk).
+    bandwidth_kl : float
+        The bandwidth of the KL quantities (with ``bandwidth="auto"`` and the default
+        criterion: the minimiser of the leave-one-out log risk; else ``bandwidth``).
     calibration : str
         The notion: "canonical", "classwise" or "top_label".
     debias : str
         The debiasing mode of the squared (L2) quantities.
     criterion : str or None
-        The bandwidth criterion when the bandwidth was chosen automatically.
+        The criterion of ``bandwidth``: "brier" or "log" when it was searched,
+        "loo-mle" for the papers' rule, None for a fixed bandwidth.
     n, n_classes : int
         Number of rows and of classes.
     backend : str
@@ -171,25 +176,35 @@ class CalibrationEstimate:
         probs: np.ndarray,
         labels: np.ndarray,
         backend: str,
-        criterion: str | None,
         search: _est.Search | None,
+        *,
+        est_kl: _est.Estimate | None = None,
+        search_kl: _est.Search | None = None,
     ) -> None:
         self._est = est
+        self._est_kl = est if est_kl is None else est_kl
         self._probs = probs
         self._labels = labels
         self.bandwidth = float(est.bandwidth)
+        self.bandwidth_kl = float(self._est_kl.bandwidth)
         self.calibration = est.problem.calibration
         self.debias = est.debias
-        self.criterion = criterion
         self.search = search
+        self.search_kl = search_kl
+        self.criterion = None if search is None else search.criterion
         self.backend = backend
         self.n = int(probs.shape[0])
         self.n_classes = int(probs.shape[1])
+
+    def _for(self, quantity: str) -> _est.Estimate:
+        """Return the estimate a named quantity is computed on (KL: the log-risk one)."""
+        return self._est_kl if quantity.endswith("_kl") else self._est
 
     def __repr__(self) -> str:
         return (
             f"CalibrationEstimate(calibration={self.calibration!r}, n={self.n}, "
             f"n_classes={self.n_classes}, bandwidth={self.bandwidth:.4g}, "
+            f"bandwidth_kl={self.bandwidth_kl:.4g}, "
             f"debias={self.debias!r})"
         )
 
@@ -233,23 +248,29 @@ class CalibrationEstimate:
         from .kde import _generator
 
         check_choice(estimator, "estimator", ("direct", "refinement"))
-        return _est.calibration_error(self._est, _generator(divergence), estimator)
+        return _est.calibration_error(self._div_est(divergence), _generator(divergence), estimator)
 
     def refinement(self, divergence: object = "kl") -> float:
         """Refinement ``-mean_j F(E_j)`` (Popordanoska et al. 2024, Eq. 15)."""
         from .kde import _generator
 
-        return _est.refinement(self._est, _generator(divergence))
+        return _est.refinement(self._div_est(divergence), _generator(divergence))
 
     def sharpness(self, divergence: object = "kl") -> float:
         """Sharpness ``mean_j F(E_j) - F(class frequencies)`` (2024, Eq. 4-5)."""
         from .kde import _generator
 
-        return _est.sharpness(self._est, _generator(divergence))
+        return _est.sharpness(self._div_est(divergence), _generator(divergence))
+
+    def _div_est(self, divergence: object) -> _est.Estimate:
+        from .kde import KL
+
+        return self._est_kl if divergence == "kl" or divergence is KL else self._est
 
     def value(self, quantity: str) -> float:
         """Return a quantity by name: one of ``kdecal.QUANTITIES`` (the report's fields)."""
-        return QUANTITIES[_check_quantity(quantity)](self._est)
+        q = _check_quantity(quantity)
+        return QUANTITIES[q](self._for(q))
 
     # -------------------------------------------------------------- resampling
 
@@ -314,15 +335,29 @@ class CalibrationEstimate:
     def _bootstrap(self, names: list[str], counts: np.ndarray) -> dict[str, np.ndarray]:
         """Compute the quantities on bootstrap replicates given by row multiplicities (R, n)."""
         R = counts.shape[0]
-        labels = np.broadcast_to(self._est.problem.labels, (R, *self._est.problem.labels.shape))
         dist = {q: np.empty(R) for q in names}
-        reps = _resample.replicates(
-            self._est, np.ascontiguousarray(labels), counts.astype(np.float64), self.backend
-        )
-        for r, rep in enumerate(reps):
-            for q in names:
-                dist[q][r] = _quiet(QUANTITIES[q], rep)
+        for base, group in self._groups(names):
+            labels = np.broadcast_to(base.problem.labels, (R, *base.problem.labels.shape))
+            reps = _resample.replicates(
+                base, np.ascontiguousarray(labels), counts.astype(np.float64), self.backend
+            )
+            for r, rep in enumerate(reps):
+                for q in group:
+                    dist[q][r] = _quiet(QUANTITIES[q], rep)
         return dist
+
+    def _groups(self, names: list[str]) -> list[tuple[_est.Estimate, list[str]]]:
+        """Group the quantities by the estimate they are computed on."""
+        out: list[tuple[_est.Estimate, list[str]]] = []
+        for q in names:
+            base = self._for(q)
+            for b, group in out:
+                if b is base:
+                    group.append(q)
+                    break
+            else:
+                out.append((base, [q]))
+        return out
 
     def calibration_test(
         self,
@@ -350,12 +385,14 @@ class CalibrationEstimate:
             [_resample.problem_labels(self.calibration, self._probs, ystar[r]) for r in range(R)]
         )
         dist = {s: np.empty(R) for s in names}
-        for r, rep in enumerate(_resample.replicates(self._est, labels, None, self.backend)):
-            for s in names:
-                dist[s][r] = _quiet(QUANTITIES[s], rep)
+        for base, group in self._groups(names):
+            for r, rep in enumerate(_resample.replicates(base, labels, None, self.backend)):
+                for s in group:
+                    dist[s][r] = _quiet(QUANTITIES[s], rep)
         out = {}
         for s in names:
-            t = _quiet(QUANTITIES[s], self._est)
+            t = _quiet(QUANTITIES[s], self._for(s))
             pv = (1.0 + np.count_nonzero(dist[s] >= t)) / (1.0 + R)
-            out[s] = CalibrationTestResult(s, t, float(pv), dist[s], self.bandwidth)
+            h = self._for(s).bandwidth
+            out[s] = CalibrationTestResult(s, t, float(pv), dist[s], float(h))
         return out

@@ -85,13 +85,15 @@ _NOTION_PARAMS = """calibration : {"canonical", "classwise", "top_label"}, defau
 
 
 _BANDWIDTH_DOC = """Kernel bandwidth h > 0 (dimensionless, on the simplex); "auto" minimises the
-        leave-one-out Brier risk of the kernel regression of the labels on the
-        predictions, ``mean_j ||y_j - E_-j[y | f_j]||^2`` (a bandwidth for estimating
-        ``E[y | f]``, chosen by :func:`select_bandwidth` with ``labels`` and the notion,
-        about 2-3 passes of the engine); "loo-mle" maximises the leave-one-out
-        likelihood of the density of the predictions, the rule of Popordanoska et al.
-        2022 / 2024, kept for reproductions (it tunes h to the density of f, not to
-        ``E[y | f]``, and overstates calibration errors; see bench/README.md)."""
+        leave-one-out risk of the kernel regression of the labels on the predictions
+        (a bandwidth for estimating ``E[y | f]``, chosen by :func:`select_bandwidth`
+        with ``labels`` and the notion): the Brier risk
+        ``mean_j ||y_j - E_-j[y | f_j]||^2`` for the L1, L2 and custom-Bregman
+        quantities, the log risk ``-mean_j log E_-j[y | f_j]_{y_j}`` for the KL ones;
+        "loo-mle" maximises the leave-one-out likelihood of the density of the
+        predictions, the rule of Popordanoska et al. 2022 / 2024, kept for
+        reproductions (it tunes h to the density of f, not to ``E[y | f]``, and
+        overstates calibration errors; see bench/README.md)."""
 
 
 def _doc(func: Callable[..., object]) -> Callable[..., object]:
@@ -224,18 +226,42 @@ def _run(
     criterion: object = "brier",
 ) -> tuple[_est.Estimate, Probs, np.ndarray, str, _est.Search | None]:
     """Validate, resolve the bandwidth, and run the engine once for one notion."""
+    check_choice(criterion, "criterion", _est.CRITERIA)
+    fits, P, y, be = _run_criteria(
+        probs, labels, bandwidth, calibration, debias, backend, progress, (str(criterion),)
+    )
+    est, search = fits[str(criterion)]
+    return est, P, y, be, search
+
+
+def _run_criteria(
+    probs: object,
+    labels: object,
+    bandwidth: object,
+    calibration: object,
+    debias: object,
+    backend: object,
+    progress: bool | None,
+    criteria: tuple[str, ...],
+) -> tuple[dict[str, tuple[_est.Estimate, _est.Search | None]], Probs, np.ndarray, str]:
+    """Validate and estimate one notion at the bandwidth of each criterion."""
     check_choice(calibration, "calibration", _est.CALIBRATIONS)
     check_choice(debias, "debias", _est.DEBIAS_MODES)
-    check_choice(criterion, "criterion", _est.CRITERIA)
     P = check_probs(probs)
     y = check_labels(labels, P.n, P.n_classes)
     be = _backends.resolve_backend(backend)
     h = _check_bandwidth_spec(bandwidth)
     problem = _est.make_problem(P, y, str(calibration))
-    est, search = _est.fit(problem, h, str(debias), be, progress, str(criterion))
-    if search is not None:
-        _warn_at_grid_end(search.bandwidth, _est.SEARCH_GRID, search.criterion)
-    return est, P, y, be, search
+    fits = _est.fit_criteria(problem, h, str(debias), be, progress, criteria)
+    for _, search in fits.values():
+        if search is not None:
+            _warn_at_grid_end(search.bandwidth, _est.SEARCH_GRID, search.criterion)
+    return fits, P, y, be
+
+
+def _criterion_for(divergence: object) -> str:
+    """Return the "auto" bandwidth criterion of a divergence: log risk for KL, else Brier."""
+    return "log" if divergence == "kl" or divergence is KL else "brier"
 
 
 def _warn_at_grid_end(h: float, grid: np.ndarray, criterion: str) -> None:
@@ -261,7 +287,7 @@ def estimate(
     bandwidth: float | str = "auto",
     calibration: str = "canonical",
     debias: str = "ustat",
-    criterion: str = "brier",
+    criterion: str = "auto",
     backend: str = "auto",
     progress: bool | None = None,
 ) -> CalibrationEstimate:
@@ -282,8 +308,11 @@ def estimate(
     bandwidth : float, "auto" or "loo-mle", default "auto"
         {bandwidth_doc}
     {notion_params}
-    criterion : {"brier", "log"}, default "brier"
-        Leave-one-out risk minimised by ``bandwidth="auto"``.
+    criterion : {"auto", "brier", "log"}, default "auto"
+        Leave-one-out risk minimised by ``bandwidth="auto"``: "auto" uses the Brier
+        risk for the L1 / L2 / custom-Bregman quantities and the log risk for the KL
+        ones (the criterion that matches the quantity; both searches share their engine
+        passes, and a second pass runs only when the two bandwidths differ).
     backend : {"auto", "cpp", "numba"}, default "auto"
     progress : bool or None, default None
         Progress bar; None shows one only for long work.
@@ -306,17 +335,17 @@ def estimate(
     >>> est = kdecal.estimate(s.probs, s.labels)
     >>> round(est.ece(1), 2), round(est.calibration_error("l2"), 3)  # doctest: +SKIP
     """
-    est, P, y, be, search = _run(
-        probs, labels, bandwidth, calibration, debias, backend, progress, criterion
+    check_choice(criterion, "criterion", ("auto", *_est.CRITERIA))
+    criteria = ("brier", "log") if criterion == "auto" else (str(criterion),)
+    fits, P, y, be = _run_criteria(
+        probs, labels, bandwidth, calibration, debias, backend, progress, criteria
     )
-    used = (
-        None
-        if not isinstance(bandwidth, str)
-        else "loo-mle"
-        if search is None
-        else search.criterion
-    )
-    return CalibrationEstimate(est, P.p, y, be, used, search)
+    est, search = fits[criteria[0]]
+    est_kl, search_kl = fits[criteria[-1]]
+    out = CalibrationEstimate(est, P.p, y, be, search, est_kl=est_kl, search_kl=search_kl)
+    if bandwidth == "loo-mle" or criterion == "loo-mle":
+        out.criterion = "loo-mle"
+    return out
 
 
 @_doc
@@ -547,7 +576,8 @@ def calibration_error(
     """
     gen = _generator(divergence)
     check_choice(estimator, "estimator", ("direct", "refinement"))
-    est = _run(probs, labels, bandwidth, calibration, debias, backend)[0]
+    crit = _criterion_for(divergence)
+    est = _run(probs, labels, bandwidth, calibration, debias, backend, None, crit)[0]
     return _est.calibration_error(est, gen, estimator)
 
 
@@ -577,7 +607,8 @@ def refinement(
         As :func:`calibration_error`.
     """
     gen = _generator(divergence)
-    est = _run(probs, labels, bandwidth, calibration, debias, backend)[0]
+    crit = _criterion_for(divergence)
+    est = _run(probs, labels, bandwidth, calibration, debias, backend, None, crit)[0]
     return _est.refinement(est, gen)
 
 
@@ -607,7 +638,8 @@ def sharpness(
         As :func:`calibration_error`.
     """
     gen = _generator(divergence)
-    est = _run(probs, labels, bandwidth, calibration, debias, backend)[0]
+    crit = _criterion_for(divergence)
+    est = _run(probs, labels, bandwidth, calibration, debias, backend, None, crit)[0]
     return _est.sharpness(est, gen)
 
 
@@ -745,6 +777,12 @@ def _notion_summary(
             row[f"{q}_null_mean"] = tests[q].null_mean
         row["pvalue"] = tests["ce_l2"].pvalue
     return row
+
+
+def _rule(bandwidth: object) -> str:
+    if not isinstance(bandwidth, str):
+        return "fixed"
+    return "loo-mle" if bandwidth == "loo-mle" else "brier (KL: log)"
 
 
 def _bias_notes(notions: dict[str, dict[str, object]]) -> list[str]:
@@ -887,11 +925,11 @@ def evaluate(
         bandwidth=est.bandwidth,
         ece_kde_l1=_est.ce_p(est, 1.0),
         ece_kde_l2=_est.ce_p(est, 2.0),
-        ce_kl=_est.calibration_error(est, kl, "direct"),
+        ce_kl=_est.calibration_error(main._est_kl, kl, "direct"),
         ce_l2=_est.calibration_error(est, l2, "direct"),
-        refinement_kl=_est.refinement(est, kl),
+        refinement_kl=_est.refinement(main._est_kl, kl),
         refinement_l2=_est.refinement(est, l2),
-        sharpness_kl=_est.sharpness(est, kl),
+        sharpness_kl=_est.sharpness(main._est_kl, kl),
         sharpness_l2=_est.sharpness(est, l2),
         accuracy=float(np.mean(P.argmax(axis=1) == y)),
         log_loss=log_loss,
@@ -902,7 +940,8 @@ def evaluate(
         source=source,
         calibration=str(calibration),
         debias=str(debias),
-        bandwidth_rule=main.criterion or "fixed",
+        bandwidth_rule=_rule(bandwidth),
+        bandwidth_kl=main.bandwidth_kl,
         calibration_loss=cal_loss,
         notions=summaries,
         notes=_bias_notes(summaries),
