@@ -39,6 +39,11 @@ def _problem(n, K, H, seed=0, dtype=np.float64):
     return logq, p, labels, np.ascontiguousarray(1.0 / hs), bias
 
 
+def _watched(work):
+    """Whether the core runs a call of this work on a worker thread (else inline)."""
+    return _backends._core is not None and work >= _backends._core.WATCH_MIN_WORK
+
+
 def _same(a, b):
     assert len(a) == len(b)
     for x, y in zip(a, b):
@@ -50,11 +55,12 @@ def _same(a, b):
 
 
 @pytest.mark.parametrize("backend", ["cpp", "numba"])
-@pytest.mark.parametrize("n", [300, 2500])  # inline (small) and watched calls
+@pytest.mark.parametrize("n", [300, 4500])  # inline (small) and watched calls
 def test_bar_on_and_off_give_the_same_bits(backend, n, monkeypatch):
     if backend not in kdecal.available_backends():
         pytest.skip(f"{backend} not available")
     monkeypatch.delenv("KDECAL_PROGRESS", raising=False)
+    assert backend == "numba" or _watched(n * n * (2 + 5)) == (n > 300)
     logq, p, labels, scale, bias = _problem(n, 5, 2)
     kw = {"powers": 3, "backend": backend}
     off = _backends.loo_reduce(logq, p, labels, 5, scale, bias, progress=False, **kw)
@@ -85,7 +91,8 @@ def test_multi_bar_on_and_off_give_the_same_bits(backend, monkeypatch):
     if backend not in kdecal.available_backends():
         pytest.skip(f"{backend} not available")
     monkeypatch.delenv("KDECAL_PROGRESS", raising=False)
-    n, K, B = 2000, 4, 24
+    n, K, B = 5000, 4, 24
+    assert backend == "numba" or _watched(n * n * (K + B / 8))
     logq, p, labels, scale, bias = _problem(n, K, 1, seed=1)
     m = _backends.loo_reduce(logq, p, labels, K, scale, bias, backend="cpp", progress=False)[0][0]
     rng = np.random.default_rng(2)
@@ -100,7 +107,8 @@ def test_multi_bar_on_and_off_give_the_same_bits(backend, monkeypatch):
 @needs_cpp
 def test_grad_bar_on_and_off_give_the_same_bits(monkeypatch):
     monkeypatch.delenv("KDECAL_PROGRESS", raising=False)
-    n, K = 1500, 4
+    n, K = 3000, 4
+    assert _watched(2 * n * n * (2 * K + 2))
     logq, p, labels, scale, bias = _problem(n, K, 1, seed=4)
     rng = np.random.default_rng(5)
     lse = rng.normal(size=n)
@@ -119,6 +127,7 @@ def test_grad_bar_on_and_off_give_the_same_bits(monkeypatch):
 @pytest.mark.parametrize("n", [200, 6000])
 def test_progress_counts_increase_to_the_total(n):
     core = _backends._core
+    assert _watched(n * n * (3 + 8)) == (n > 200)
     logq, p, labels, scale, bias = _problem(n, 8, 3)
     seen = []
     out = core.loo_reduce(logq, p, labels, 8, scale, bias, 1, 0, n, 0, progress=seen.append)
@@ -136,6 +145,7 @@ def test_progress_counts_increase_to_the_total(n):
 def test_progress_of_grad_and_multi():
     core = _backends._core
     n, K = 5000, 6
+    assert _watched(2 * n * n * (2 * K + 2)) and _watched((n - 100) * n * (K + 16 / 8))
     logq, p, labels, scale, bias = _problem(n, K, 1, seed=6)
     b0 = np.ascontiguousarray(bias[0])
     seen = []
@@ -208,7 +218,8 @@ def test_callback_exception_propagates_and_stops_the_engine(which):
 @needs_cpp
 def test_engine_errors_still_raise_valueerror_from_the_worker():
     core = _backends._core
-    n = 3000  # large enough to run on the worker thread
+    n = 4000
+    assert _watched(n * n * (4 + 4))  # the error is raised on the worker thread
     logq, p, labels, scale, bias = _problem(n, 4, 4)
     labels[17] = 9
     with pytest.raises(ValueError, match="label 9 at index 17"):

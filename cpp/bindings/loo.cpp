@@ -129,4 +129,6 @@ computation within about one block of rows per thread and propagates.
     m.def("simd_path", &kdecal::simd_path, "SIMD code path chosen for this CPU.");
     m.def("has_openmp", &kdecal::has_openmp, "Whether the engine was built with OpenMP.");
     m.def("max_threads", &kdecal::max_threads, "OpenMP's default number of threads.");
+    // calls whose work (the binding's estimate) is below this run unwatched (watch.hpp)
+    m.attr("WATCH_MIN_WORK") = kdecal_bind::kWatchMinWork;
 }

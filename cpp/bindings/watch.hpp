@@ -28,9 +28,10 @@
 namespace kdecal_bind {
 
 /// Work (about the number of kernel evaluations, see each binding) below which a call
-/// runs on the calling thread, unwatched: it ends within tens of milliseconds, and a
-/// thread (with its own OpenMP team) per call would cost more than it saves.
-constexpr double kWatchMinWork = 2e7;
+/// runs on the calling thread, unwatched: it ends within about 0.1 s even on one thread,
+/// and a new thread (with its own OpenMP team) per call would cost a noticeable part of
+/// a short call on many cores.  Exposed to Python as _core.WATCH_MIN_WORK.
+constexpr double kWatchMinWork = 1e8;
 
 /// Time between two looks at signals and progress.
 constexpr std::chrono::milliseconds kPollInterval{50};
