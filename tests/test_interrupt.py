@@ -247,6 +247,10 @@ _CHILD = textwrap.dedent(
     # warm up (numba: compile or load the cache) before the clock starts
     _backends.loo_reduce(logq[:50], P[:50], y[:50], K, 1 / hs, bias[:, :50].copy(),
                          backend=backend, progress=False)
+    # 8 label sets: outputs of (8, n, K) as in kdecal's resampling, whose chunks of label
+    # sets hold 64 MB of sums (far more would make the first touch of the output pages
+    # the longest step)
+    sets = rng.integers(0, K, (8, n)).astype(np.int64)
     print("started", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     try:
@@ -256,8 +260,6 @@ _CHILD = textwrap.dedent(
             _backends.loo_grad(logq, P, y, K, 1 / hs[0], bias[0], np.zeros(n),
                                np.ones((n, K)), progress=False)
         else:
-            B = 200
-            sets = rng.integers(0, K, (B, n)).astype(np.int64)
             _backends.loo_reduce_multi(logq, P, np.zeros(n), sets, K, 1 / hs[-1], bias[-1],
                                        None, powers=2, backend=backend, progress=False)
     finally:
