@@ -56,12 +56,13 @@ def _same(a, b):
 
 @pytest.mark.parametrize("backend", ["cpp", "numba"])
 @pytest.mark.parametrize("n", [300, 4500])  # inline (small) and watched calls
-def test_bar_on_and_off_give_the_same_bits(backend, n, monkeypatch):
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_bar_on_and_off_give_the_same_bits(backend, n, dtype, monkeypatch):
     if backend not in kdecal.available_backends():
         pytest.skip(f"{backend} not available")
     monkeypatch.delenv("KDECAL_PROGRESS", raising=False)
     assert backend == "numba" or _watched(n * n * (2 + 5)) == (n > 300)
-    logq, p, labels, scale, bias = _problem(n, 5, 2)
+    logq, p, labels, scale, bias = _problem(n, 5, 2, dtype=dtype)
     kw = {"powers": 3, "backend": backend}
     off = _backends.loo_reduce(logq, p, labels, 5, scale, bias, progress=False, **kw)
     on = _backends.loo_reduce(logq, p, labels, 5, scale, bias, progress=True, **kw)
