@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kdecal/loo_grad.hpp"
+#include "watch.hpp"
 
 namespace {
 
@@ -18,7 +19,7 @@ template <class Real>
 py::tuple loo_grad_py(const carray<Real>& logq, const carray<Real>& p,
                       const carray<std::int64_t>& labels, std::int64_t n_classes, double scale,
                       const carray<double>& bias, const carray<double>& lse,
-                      const carray<double>& coef, int n_threads) {
+                      const carray<double>& coef, int n_threads, const py::object& progress) {
     // One problem (n, K) or a batch of B independent problems (B, n, K) sharing n, K, C
     // and the bandwidth, as in loo_reduce.
     const bool batched = p.ndim() == 3;
@@ -64,8 +65,7 @@ py::tuple loo_grad_py(const carray<Real>& logq, const carray<Real>& p,
     const double* pb = bias.data();
     const double* pls = lse.data();
     const double* pc = coef.data();
-    {
-        py::gil_scoped_release release;
+    auto work = [&](kdecal::Control* control) {
         for (std::int64_t b = 0; b < B; ++b) {
             kdecal::LooGradProblem<Real> prob;
             prob.logq = plq + b * n * K;
@@ -83,9 +83,13 @@ py::tuple loo_grad_py(const carray<Real>& logq, const carray<Real>& p,
             out.grad_p = pgp + b * n * K;
             out.grad_bias = pgb + b * n;
             out.row_sum = prs + b * n;
-            kdecal::loo_grad(prob, out, n_threads);
+            if (!kdecal::loo_grad(prob, out, n_threads, control)) return;  // cancelled
         }
-    }
+    };
+    // work: two passes of pairs, each with a K-dot and K weighted sums
+    kdecal_bind::run_watched(work, progress,
+                             2.0 * static_cast<double>(B) * static_cast<double>(n) *
+                                 static_cast<double>(n) * static_cast<double>(2 * K + 2));
     return py::make_tuple(grad_logq, grad_p, grad_bias, row_sum);
 }
 
@@ -106,14 +110,19 @@ row_sum[j] = sum_{i != j} w_ij coef[j, labels_i].
 Shapes: logq, p (n, K) or (B, n, K) float32/float64 (same dtype); labels (n,) / (B, n)
 int64; bias, lse (n,) / (B, n) float64; coef (n, C) / (B, n, C) float64; outputs float64
 with the matching leading axis. Arrays must be C-contiguous with these exact dtypes.
-Releases the GIL.
+Releases the GIL. progress: None or a callable, called from the calling thread (about
+every 50 ms, and once at the end) with the number of rows done so far, counted over both
+passes and the batch (2 B n in all). Ctrl-C (or an exception from progress) stops the
+computation within about one block of rows per thread and propagates.
 )doc";
     m.def("loo_grad", &loo_grad_py<double>, py::arg("logq").noconvert(),
           py::arg("p").noconvert(), py::arg("labels").noconvert(), py::arg("n_classes"),
           py::arg("scale"), py::arg("bias").noconvert(), py::arg("lse").noconvert(),
-          py::arg("coef").noconvert(), py::arg("n_threads") = 0, doc);
+          py::arg("coef").noconvert(), py::arg("n_threads") = 0,
+          py::arg("progress") = py::none(), doc);
     m.def("loo_grad", &loo_grad_py<float>, py::arg("logq").noconvert(),
           py::arg("p").noconvert(), py::arg("labels").noconvert(), py::arg("n_classes"),
           py::arg("scale"), py::arg("bias").noconvert(), py::arg("lse").noconvert(),
-          py::arg("coef").noconvert(), py::arg("n_threads") = 0, doc);
+          py::arg("coef").noconvert(), py::arg("n_threads") = 0,
+          py::arg("progress") = py::none(), doc);
 }

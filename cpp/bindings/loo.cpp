@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kdecal/loo.hpp"
+#include "watch.hpp"
 
 namespace {
 
@@ -18,7 +19,8 @@ template <class Real>
 py::tuple loo_reduce_py(const carray<Real>& logq, const carray<Real>& p,
                         const carray<std::int64_t>& labels, std::int64_t n_classes,
                         const carray<double>& scale, const carray<double>& bias, int powers,
-                        std::int64_t row_start, std::int64_t row_stop, int n_threads) {
+                        std::int64_t row_start, std::int64_t row_stop, int n_threads,
+                        const py::object& progress) {
     // A 2-D problem (n, K) or a batch of B independent problems (B, n, K) sharing n, K,
     // the bandwidths and C (e.g. the K one-vs-rest problems of class-wise calibration).
     const bool batched = p.ndim() == 3;
@@ -61,18 +63,22 @@ py::tuple loo_reduce_py(const carray<Real>& logq, const carray<Real>& p,
     double* pS = S.mutable_data();
     double* pQ = powers >= 2 ? Q.mutable_data() : nullptr;
     double* pT = powers >= 3 ? T.mutable_data() : nullptr;
-    {
-        py::gil_scoped_release release;
+    const Real* plq = logq.data();
+    const Real* pp = p.data();
+    const std::int64_t* pl = labels.data();
+    const double* psc = scale.data();
+    const double* pb = bias.data();
+    auto work = [&](kdecal::Control* control) {
         for (std::int64_t b = 0; b < B; ++b) {
             kdecal::LooProblem<Real> prob;
-            prob.logq = logq.data() + b * in_stride;
-            prob.p = p.data() + b * in_stride;
-            prob.labels = labels.data() + b * n;
+            prob.logq = plq + b * in_stride;
+            prob.p = pp + b * in_stride;
+            prob.labels = pl + b * n;
             prob.n = n;
             prob.K = K;
             prob.C = n_classes;
-            prob.scale = scale.data();
-            prob.bias = bias.data() + b * H * n;
+            prob.scale = psc;
+            prob.bias = pb + b * H * n;
             prob.H = H;
             prob.powers = powers;
             prob.row_start = row_start;
@@ -82,9 +88,13 @@ py::tuple loo_reduce_py(const carray<Real>& logq, const carray<Real>& p,
             out.S = pS + b * out_s;
             out.Q = pQ ? pQ + b * out_s : nullptr;
             out.T = pT ? pT + b * out_s : nullptr;
-            kdecal::loo_reduce(prob, out, n_threads);
+            if (!kdecal::loo_reduce(prob, out, n_threads, control)) return;  // cancelled
         }
-    }
+    };
+    // work: kernel evaluations (pairs x bandwidths) plus the K-dots
+    kdecal_bind::run_watched(work, progress,
+                             static_cast<double>(B) * static_cast<double>(R) *
+                                 static_cast<double>(n) * static_cast<double>(H + K));
     return py::make_tuple(m, S, Q, T);
 }
 
@@ -101,16 +111,24 @@ m[t, j] = max_i L_ij and S[t, j, c] = sum_{i != j, labels_i = c} exp(L_ij - m[t,
 (Q, T: the same with exp(2 (.)), exp(3 (.)); empty arrays unless powers >= 2, 3).
 Arrays must already have the exact dtype (float64 or float32 for logq and p, int64
 labels, float64 scale and bias) and be C-contiguous. Releases the GIL.
+progress: None or a callable, called from the calling thread (about every 50 ms, and
+once at the end) with the number of query rows done so far, counted over the batch
+(B (row_stop - row_start) in all). Ctrl-C (or an exception from progress) stops the
+computation within about one block of rows per thread and propagates.
 )doc";
     m.def("loo_reduce", &loo_reduce_py<double>, py::arg("logq").noconvert(),
           py::arg("p").noconvert(), py::arg("labels").noconvert(), py::arg("n_classes"),
           py::arg("scale").noconvert(), py::arg("bias").noconvert(), py::arg("powers") = 1,
-          py::arg("row_start") = 0, py::arg("row_stop") = 0, py::arg("n_threads") = 0, doc);
+          py::arg("row_start") = 0, py::arg("row_stop") = 0, py::arg("n_threads") = 0,
+          py::arg("progress") = py::none(), doc);
     m.def("loo_reduce", &loo_reduce_py<float>, py::arg("logq").noconvert(),
           py::arg("p").noconvert(), py::arg("labels").noconvert(), py::arg("n_classes"),
           py::arg("scale").noconvert(), py::arg("bias").noconvert(), py::arg("powers") = 1,
-          py::arg("row_start") = 0, py::arg("row_stop") = 0, py::arg("n_threads") = 0, doc);
+          py::arg("row_start") = 0, py::arg("row_stop") = 0, py::arg("n_threads") = 0,
+          py::arg("progress") = py::none(), doc);
     m.def("simd_path", &kdecal::simd_path, "SIMD code path chosen for this CPU.");
     m.def("has_openmp", &kdecal::has_openmp, "Whether the engine was built with OpenMP.");
     m.def("max_threads", &kdecal::max_threads, "OpenMP's default number of threads.");
+    // calls whose work (the binding's estimate) is below this run unwatched (watch.hpp)
+    m.attr("WATCH_MIN_WORK") = kdecal_bind::kWatchMinWork;
 }

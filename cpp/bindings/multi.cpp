@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kdecal/multi.hpp"
+#include "watch.hpp"
 
 namespace {
 
@@ -30,7 +31,8 @@ py::tuple loo_reduce_multi_py(const carray<Real>& logq, const carray<Real>& p,
                               const carray<double>& m, const carray<std::int64_t>& labels,
                               std::int64_t n_classes, double scale, const carray<double>& bias,
                               const std::optional<carray<double>>& weights, int powers,
-                              std::int64_t row_start, std::int64_t row_stop, int n_threads) {
+                              std::int64_t row_start, std::int64_t row_stop, int n_threads,
+                              const py::object& progress) {
     if (p.ndim() != 2) throw std::invalid_argument("p must have shape (n, K), got " + shape_str(p));
     const std::int64_t n = p.shape(0), K = p.shape(1);
     if (logq.ndim() != 2 || logq.shape(0) != n || logq.shape(1) != K)
@@ -83,10 +85,14 @@ py::tuple loo_reduce_multi_py(const carray<Real>& logq, const carray<Real>& p,
     prob.row_stop = row_stop;
     double* pS = S.mutable_data();
     double* pQ = powers >= 2 ? Q.mutable_data() : nullptr;
-    {
-        py::gil_scoped_release release;
-        kdecal::loo_reduce_multi(prob, pS, pQ, n_threads);
-    }
+    auto work = [&](kdecal::Control* control) {
+        kdecal::loo_reduce_multi(prob, pS, pQ, n_threads, control);
+    };
+    // work: pairs, each with a K-dot and B / 8 vector additions (more than the label
+    // sets' layout, O(n B))
+    kdecal_bind::run_watched(work, progress,
+                             static_cast<double>(row_stop - row_start) * static_cast<double>(n) *
+                                 (static_cast<double>(K) + static_cast<double>(B) / 8.0));
     return py::make_tuple(S, Q);
 }
 
@@ -103,16 +109,21 @@ S[b, j, c] = sum_{i != j, labels[b, i] = c} weights[b, i] * w_ij and Q the same 
 w_ij^2 (shape (0, 0, 0) unless powers == 2); S and Q have shape (B, R, n_classes).
 Terms with L_ij - m[j] < -64 are dropped.  weights None means all 1.
 Arrays must have the exact dtype (float64 or float32 for logq and p, float64 m, bias
-and weights, int64 labels) and be C-contiguous. Releases the GIL.
+and weights, int64 labels) and be C-contiguous. Releases the GIL. progress: None or a
+callable, called from the calling thread (about every 50 ms, and once at the end) with
+the number of query rows done so far (R in all). Ctrl-C (or an exception from progress)
+stops the computation within about one group of rows per thread and propagates.
 )doc";
     m.def("loo_reduce_multi", &loo_reduce_multi_py<double>, py::arg("logq").noconvert(),
           py::arg("p").noconvert(), py::arg("m").noconvert(), py::arg("labels").noconvert(),
           py::arg("n_classes"), py::arg("scale"), py::arg("bias").noconvert(),
           py::arg("weights").noconvert().none(true), py::arg("powers") = 1,
-          py::arg("row_start") = 0, py::arg("row_stop") = 0, py::arg("n_threads") = 0, doc);
+          py::arg("row_start") = 0, py::arg("row_stop") = 0, py::arg("n_threads") = 0,
+          py::arg("progress") = py::none(), doc);
     m.def("loo_reduce_multi", &loo_reduce_multi_py<float>, py::arg("logq").noconvert(),
           py::arg("p").noconvert(), py::arg("m").noconvert(), py::arg("labels").noconvert(),
           py::arg("n_classes"), py::arg("scale"), py::arg("bias").noconvert(),
           py::arg("weights").noconvert().none(true), py::arg("powers") = 1,
-          py::arg("row_start") = 0, py::arg("row_stop") = 0, py::arg("n_threads") = 0, doc);
+          py::arg("row_start") = 0, py::arg("row_stop") = 0, py::arg("n_threads") = 0,
+          py::arg("progress") = py::none(), doc);
 }

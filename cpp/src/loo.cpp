@@ -67,7 +67,32 @@ void check(bool ok, const std::string& what) {
 }
 
 template <class Real>
-void loo_reduce_impl(const LooProblem<Real>& prob, const LooResult& out, int n_threads) {
+void dispatch(const detail::Prepared<Real>& pr, const LooResult& out, double* scratch,
+              std::int64_t per_thread, int nt) {
+    const Isa isa = cpu_isa();
+    if constexpr (std::is_same_v<Real, double>) {
+#if defined(KDECAL_HAVE_AVX512)
+        if (isa == Isa::avx512) return avx512::run_f64(pr, out, scratch, per_thread, nt);
+#endif
+#if defined(KDECAL_HAVE_AVX2)
+        if (isa == Isa::avx2) return avx2::run_f64(pr, out, scratch, per_thread, nt);
+#endif
+        baseline::run_f64(pr, out, scratch, per_thread, nt);
+    } else {
+#if defined(KDECAL_HAVE_AVX512)
+        if (isa == Isa::avx512) return avx512::run_f32(pr, out, scratch, per_thread, nt);
+#endif
+#if defined(KDECAL_HAVE_AVX2)
+        if (isa == Isa::avx2) return avx2::run_f32(pr, out, scratch, per_thread, nt);
+#endif
+        baseline::run_f32(pr, out, scratch, per_thread, nt);
+    }
+    (void)isa;
+}
+
+template <class Real>
+bool loo_reduce_impl(const LooProblem<Real>& prob, const LooResult& out, int n_threads,
+                     Control* control) {
     const std::int64_t n = prob.n, K = prob.K, C = prob.C, H = prob.H;
     check(n >= 1, "n must be >= 1, got " + std::to_string(n));
     check(K >= 1, "K must be >= 1, got " + std::to_string(K));
@@ -81,7 +106,8 @@ void loo_reduce_impl(const LooProblem<Real>& prob, const LooResult& out, int n_t
     check(out.m && out.S, "null output pointer");
     check(prob.powers < 2 || out.Q, "powers >= 2 needs a Q output");
     check(prob.powers < 3 || out.T, "powers == 3 needs a T output");
-    if (prob.row_stop == prob.row_start) return;
+    if (prob.row_stop == prob.row_start) return !detail::cancelled(control);
+    if (detail::cancelled(control)) return false;
 
     // counting sort of the centres by label
     std::vector<std::int64_t> seg(static_cast<std::size_t>(C + 1), 0);
@@ -127,38 +153,31 @@ void loo_reduce_impl(const LooProblem<Real>& prob, const LooResult& out, int n_t
 
     detail::Prepared<Real> pr{prob.logq, pt.data(), bias.data(), prob.scale, inv.data(),
                               seg.data(), n, n_pad, K, C, H, prob.powers,
-                              prob.row_start, prob.row_stop};
-    const Isa isa = cpu_isa();
-    if constexpr (std::is_same_v<Real, double>) {
-#if defined(KDECAL_HAVE_AVX512)
-        if (isa == Isa::avx512) return avx512::run_f64(pr, out, scratch.data(), per_thread, nt);
-#endif
-#if defined(KDECAL_HAVE_AVX2)
-        if (isa == Isa::avx2) return avx2::run_f64(pr, out, scratch.data(), per_thread, nt);
-#endif
-        baseline::run_f64(pr, out, scratch.data(), per_thread, nt);
-    } else {
-#if defined(KDECAL_HAVE_AVX512)
-        if (isa == Isa::avx512) return avx512::run_f32(pr, out, scratch.data(), per_thread, nt);
-#endif
-#if defined(KDECAL_HAVE_AVX2)
-        if (isa == Isa::avx2) return avx2::run_f32(pr, out, scratch.data(), per_thread, nt);
-#endif
-        baseline::run_f32(pr, out, scratch.data(), per_thread, nt);
-    }
-    (void)isa;
+                              prob.row_start, prob.row_stop, control};
+    dispatch(pr, out, scratch.data(), per_thread, nt);
+    return !detail::cancelled(control);
 }
 
 }  // namespace
 
 int detail::isa_level() { return static_cast<int>(cpu_isa()); }
 
-void loo_reduce(const LooProblem<double>& prob, const LooResult& out, int n_threads) {
-    loo_reduce_impl(prob, out, n_threads);
+bool detail::cancelled(const Control* control) {
+    return control != nullptr && control->cancel.load(std::memory_order_relaxed);
 }
 
-void loo_reduce(const LooProblem<float>& prob, const LooResult& out, int n_threads) {
-    loo_reduce_impl(prob, out, n_threads);
+void detail::add_rows(Control* control, std::int64_t rows) {
+    if (control != nullptr) control->rows_done.fetch_add(rows, std::memory_order_relaxed);
+}
+
+bool loo_reduce(const LooProblem<double>& prob, const LooResult& out, int n_threads,
+                Control* control) {
+    return loo_reduce_impl(prob, out, n_threads, control);
+}
+
+bool loo_reduce(const LooProblem<float>& prob, const LooResult& out, int n_threads,
+                Control* control) {
+    return loo_reduce_impl(prob, out, n_threads, control);
 }
 
 const char* simd_path() { return isa_name(cpu_isa()); }

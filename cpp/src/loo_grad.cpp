@@ -97,7 +97,8 @@ void dispatch(const detail::GradPass<Real>& gp, double* scratch, i64 per_thread,
 }
 
 template <class Real>
-void loo_grad_impl(const LooGradProblem<Real>& prob, const LooGradResult& out, int n_threads) {
+bool loo_grad_impl(const LooGradProblem<Real>& prob, const LooGradResult& out, int n_threads,
+                   Control* control) {
     const i64 n = prob.n, K = prob.K, C = prob.C;
     check(n >= 1, "n must be >= 1, got " + std::to_string(n));
     check(K >= 1, "K must be >= 1, got " + std::to_string(K));
@@ -107,7 +108,8 @@ void loo_grad_impl(const LooGradProblem<Real>& prob, const LooGradResult& out, i
     check(prob.logq && prob.p && prob.labels && prob.bias && prob.lse && prob.coef,
           "null input pointer");
     const bool query = out.grad_logq != nullptr, centre = out.grad_p != nullptr;
-    if (!query && !centre) return;
+    if (!query && !centre) return !detail::cancelled(control);
+    if (detail::cancelled(control)) return false;
 
     // Column orders.  Query pass: centres sorted by label (the class segments), and
     // within a label by the arg max of p; centre pass: queries sorted by the arg max of
@@ -154,10 +156,10 @@ void loo_grad_impl(const LooGradProblem<Real>& prob, const LooGradResult& out, i
         const detail::GradPass<Real> gp{prob.logq, neg_lse.data(), pt.data(), bias_sorted.data(),
                                         prob.coef, seg.data(), nullptr, inv.data(),
                                         n, n_pad, K, C, prob.scale, 0,
-                                        out.grad_logq, out.row_sum};
+                                        out.grad_logq, out.row_sum, control};
         dispatch(gp, scratch.data(), per_thread, nt);
     }
-    if (centre) {
+    if (centre && !detail::cancelled(control)) {
         // columns: the queries in the order perm_q
         const std::vector<Real> qt = transposed_tiles(prob.logq, perm_q.data(), n, K, n_pad);
         std::vector<double> col_off(static_cast<std::size_t>(n));
@@ -169,19 +171,22 @@ void loo_grad_impl(const LooGradProblem<Real>& prob, const LooGradResult& out, i
         const detail::GradPass<Real> gp{prob.p, prob.bias, qt.data(), col_off.data(),
                                         coef_t.data(), nullptr, prob.labels, inv_q.data(),
                                         n, n_pad, K, C, prob.scale, 1,
-                                        out.grad_p, out.grad_bias};
+                                        out.grad_p, out.grad_bias, control};
         dispatch(gp, scratch.data(), per_thread, nt);
     }
+    return !detail::cancelled(control);
 }
 
 }  // namespace
 
-void loo_grad(const LooGradProblem<double>& prob, const LooGradResult& out, int n_threads) {
-    loo_grad_impl(prob, out, n_threads);
+bool loo_grad(const LooGradProblem<double>& prob, const LooGradResult& out, int n_threads,
+              Control* control) {
+    return loo_grad_impl(prob, out, n_threads, control);
 }
 
-void loo_grad(const LooGradProblem<float>& prob, const LooGradResult& out, int n_threads) {
-    loo_grad_impl(prob, out, n_threads);
+bool loo_grad(const LooGradProblem<float>& prob, const LooGradResult& out, int n_threads,
+              Control* control) {
+    return loo_grad_impl(prob, out, n_threads, control);
 }
 
 }  // namespace kdecal

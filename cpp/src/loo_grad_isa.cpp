@@ -153,7 +153,10 @@ void run_mode(const GradPass<Real>& gp, double* scratch, i64 per_thread, int n_t
 #else
         const int tid = 0;
 #endif
-        grad_block<MODE>(gp, b * kRowBlock, scratch + tid * per_thread);
+        if (detail::cancelled(gp.control)) continue;  // skip the remaining blocks
+        const i64 r0 = b * kRowBlock;
+        grad_block<MODE>(gp, r0, scratch + tid * per_thread);
+        detail::add_rows(gp.control, (gp.n - r0) < kRowBlock ? (gp.n - r0) : kRowBlock);
     }
     (void)n_threads;
 }

@@ -41,6 +41,7 @@ struct GradPass {
     int mode;
     double* out;      // (n, K), scaled by `scale`
     double* out_sum;  // (n,) or null
+    Control* control;  // progress and cancellation, or null
 };
 
 /// Doubles of scratch one thread needs for a backward pass.

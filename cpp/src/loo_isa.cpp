@@ -202,7 +202,10 @@ void run_pow(const Prepared<Real>& pr, const LooResult& out, double* scratch, i6
 #else
         const int tid = 0;
 #endif
-        run_block<POW>(pr, out, pr.row_start + b * kRowBlock, scratch + tid * per_thread);
+        if (detail::cancelled(pr.control)) continue;  // skip the remaining blocks
+        const i64 j0 = pr.row_start + b * kRowBlock;
+        run_block<POW>(pr, out, j0, scratch + tid * per_thread);
+        detail::add_rows(pr.control, (pr.row_stop - j0) < kRowBlock ? (pr.row_stop - j0) : kRowBlock);
     }
     (void)n_threads;
 }

@@ -86,7 +86,8 @@ void dispatch(const detail::MultiPrepared<Real>& mp, double* scratch, i64 per_th
 }
 
 template <class Real>
-void multi_impl(const MultiProblem<Real>& prob, double* S, double* Q, int n_threads) {
+bool multi_impl(const MultiProblem<Real>& prob, double* S, double* Q, int n_threads,
+                Control* control) {
     const i64 n = prob.n, K = prob.K, B = prob.B, C = prob.C;
     check(n >= 1, "n must be >= 1, got " + std::to_string(n));
     check(K >= 1, "K must be >= 1, got " + std::to_string(K));
@@ -130,7 +131,11 @@ void multi_impl(const MultiProblem<Real>& prob, double* S, double* Q, int n_thre
                                      "] = " + num(w) + " must be finite and >= 0");
             }
     const i64 R = prob.row_stop - prob.row_start;
-    if (R == 0 || B == 0) return;
+    if (R == 0 || B == 0) {
+        detail::add_rows(control, R);  // nothing to compute
+        return !detail::cancelled(control);
+    }
+    if (detail::cancelled(control)) return false;
 
     // centres sorted by the arg max of p; query rows of the range by that of logq
     std::vector<i64> key(static_cast<std::size_t>(n)), ident(static_cast<std::size_t>(n));
@@ -250,18 +255,23 @@ void multi_impl(const MultiProblem<Real>& prob, double* S, double* Q, int n_thre
                                          ptr.data(), idx.data(),
                                          weights ? val.data() : nullptr,
                                          n, n_pad, K, B, C, T, prob.scale, prob.powers,
-                                         prob.row_start, R, S, prob.powers >= 2 ? Q : nullptr};
+                                         prob.row_start, R, S, prob.powers >= 2 ? Q : nullptr,
+                                         control};
+    if (detail::cancelled(control)) return false;  // (laying out the labels takes a while)
     dispatch(mp, scratch, per_thread, nt);
+    return !detail::cancelled(control);
 }
 
 }  // namespace
 
-void loo_reduce_multi(const MultiProblem<double>& prob, double* S, double* Q, int n_threads) {
-    multi_impl(prob, S, Q, n_threads);
+bool loo_reduce_multi(const MultiProblem<double>& prob, double* S, double* Q, int n_threads,
+                      Control* control) {
+    return multi_impl(prob, S, Q, n_threads, control);
 }
 
-void loo_reduce_multi(const MultiProblem<float>& prob, double* S, double* Q, int n_threads) {
-    multi_impl(prob, S, Q, n_threads);
+bool loo_reduce_multi(const MultiProblem<float>& prob, double* S, double* Q, int n_threads,
+                      Control* control) {
+    return multi_impl(prob, S, Q, n_threads, control);
 }
 
 }  // namespace kdecal

@@ -261,7 +261,9 @@ void run_all(const MultiPrepared<Real>& mp, double* scratch, i64 per_thread, int
 #else
         const int tid = 0;
 #endif
+        if (detail::cancelled(mp.control)) continue;  // skip the remaining groups
         run_group<POW, W>(mp, q * RB, scratch + tid * per_thread);
+        detail::add_rows(mp.control, (mp.R - q * RB) < RB ? (mp.R - q * RB) : RB);
     }
     (void)n_threads;
 }

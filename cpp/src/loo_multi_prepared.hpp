@@ -49,6 +49,7 @@ struct MultiPrepared {
     std::int64_t row_start, R;
     double* S;                    // (B, R, C)
     double* Q;                    // (B, R, C) or null
+    Control* control;             // progress and cancellation, or null
 };
 
 /// Doubles of scratch one thread needs (without the 64-byte alignment slack).

@@ -29,7 +29,15 @@ struct Prepared {
     std::int64_t n, n_pad, K, C, H;
     int powers;
     std::int64_t row_start, row_stop;
+    Control* control;          // progress and cancellation, or null
 };
+
+/// Progress and cancellation, for the kernels: whether the call was cancelled, and
+/// count finished rows.  Both accept a null control.  Defined out of line in loo.cpp
+/// (baseline ISA) so that no std::atomic member is instantiated in an ISA translation
+/// unit; one call per row block costs nothing next to the block's work.
+bool cancelled(const Control* control);
+void add_rows(Control* control, std::int64_t rows);
 
 /// SIMD path the dispatchers use on this CPU: 0 baseline, 1 avx2, 2 avx512 (after
 /// the KDECAL_ISA override; defined in loo.cpp).

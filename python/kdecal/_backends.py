@@ -13,7 +13,8 @@ import importlib.util
 import math
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import numpy as np
@@ -129,18 +130,30 @@ def get_num_threads() -> int:
 
 
 def _call(backend: str) -> Callable[..., tuple[np.ndarray, ...]]:
+    """Return the engine's ``loo_reduce`` of a resolved backend.
+
+    The returned function takes ``(logq, p, labels, n_classes, scale, bias, powers,
+    row_start, row_stop)`` and an optional ``progress`` callback, called with the number
+    of query rows done so far, counted over the batch (``B (row_stop - row_start)`` in
+    all).  Either backend stops on Ctrl-C (``KeyboardInterrupt``) within about a second.
+    """
     if backend == "cpp":
         nt = _num_threads
 
-        def run(*args: Any) -> tuple[np.ndarray, ...]:
-            return _core.loo_reduce(*args, nt)  # type: ignore[no-any-return]
+        def run(
+            *args: Any, progress: Callable[[int], object] | None = None
+        ) -> tuple[np.ndarray, ...]:
+            # one engine call: the core polls for Ctrl-C and reports progress itself
+            return _core.loo_reduce(*args, nt, progress=progress)  # type: ignore[no-any-return]
 
         return run
     mod = _load_numba()
     if mod is None:  # pragma: no cover
         raise ValueError(f"the numba backend failed to import: {_numba_error}")
 
-    def run_numba(*args: Any) -> tuple[np.ndarray, ...]:
+    def run_numba(
+        *args: Any, progress: Callable[[int], object] | None = None
+    ) -> tuple[np.ndarray, ...]:
         import numba
 
         old = numba.get_num_threads()
@@ -149,12 +162,22 @@ def _call(backend: str) -> Callable[..., tuple[np.ndarray, ...]]:
                 numba.set_num_threads(min(_num_threads, numba.config.NUMBA_NUM_THREADS))
             logq, p, labels, n_classes, scale, bias = args[:6]
             if p.ndim == 2:
-                return mod.loo_reduce(*args)  # type: ignore[no-any-return]
+                return mod.loo_reduce(*args, progress=progress)  # type: ignore[no-any-return]
             # a batch of independent problems: one numba call per problem
-            parts = [
-                mod.loo_reduce(logq[b], p[b], labels[b], n_classes, scale, bias[b], *args[6:])
-                for b in range(p.shape[0])
-            ]
+            rows = int(args[8]) - int(args[7])
+            parts = []
+            for b in range(p.shape[0]):
+                cb = None
+                if progress is not None:
+
+                    def cb(done: int, off: int = b * rows) -> None:
+                        progress(off + done)
+
+                parts.append(
+                    mod.loo_reduce(
+                        logq[b], p[b], labels[b], n_classes, scale, bias[b], *args[6:], progress=cb
+                    )
+                )
             return tuple(
                 np.stack([x[k] for x in parts]) if parts[0][k].size else parts[0][k]
                 for k in range(4)
@@ -167,6 +190,37 @@ def _call(backend: str) -> Callable[..., tuple[np.ndarray, ...]]:
 
 # Work above this many kernel evaluations (pairs x bandwidths) gets a progress bar.
 PROGRESS_MIN_WORK = 2e9
+
+
+def _show_bar(work: float, progress: bool | None) -> bool:
+    """Decide whether to show a bar.
+
+    ``progress``, or for ``None`` long work only; never when the environment variable
+    ``KDECAL_PROGRESS`` is ``0``.
+    """
+    if os.environ.get("KDECAL_PROGRESS", "1") == "0":
+        return False
+    return (work >= PROGRESS_MIN_WORK) if progress is None else bool(progress)
+
+
+@contextmanager
+def _bar(show: bool, total: int, desc: str) -> Iterator[Callable[[int], None] | None]:
+    """Show a tqdm bar of ``total`` rows while the block runs.
+
+    Yields the callback that the engine calls with the rows done so far (``None`` when
+    no bar is shown).
+    """
+    if not show:
+        yield None
+        return
+    from tqdm.auto import tqdm
+
+    with tqdm(total=total, unit="row", desc=desc, leave=False) as bar:
+
+        def update(done: int) -> None:
+            bar.update(int(done) - bar.n)
+
+        yield update
 
 
 def loo_reduce(
@@ -214,31 +268,60 @@ def loo_reduce(
     S, Q, T : ndarray, shape ([B,] H, n, C), float64
         ``sum_{i != j, labels_i = c} exp(q (L_ij - m_j))`` for q = 1, 2, 3 (Q and T have
         shape (0, 0, 0) unless requested).
+
+    Notes
+    -----
+    The bar follows one engine call (the compiled core reports its rows as it goes);
+    with or without it, Ctrl-C stops the call within about a second and raises
+    ``KeyboardInterrupt``.
     """
     n = p.shape[-2]
     r0, r1 = (0, n) if rows is None else (int(rows[0]), int(rows[1]))
-    run = _call(backend)
-    work = float(r1 - r0) * n * len(scale) * (p.shape[0] if p.ndim == 3 else 1)
-    show = (work >= PROGRESS_MIN_WORK) if progress is None else bool(progress)
-    if os.environ.get("KDECAL_PROGRESS", "1") == "0":
-        show = False
-    if not show:
-        return run(logq, p, labels, n_classes, scale, bias, powers, r0, r1)  # type: ignore[return-value]
+    n_problems = p.shape[0] if p.ndim == 3 else 1
+    work = float(r1 - r0) * n * len(scale) * n_problems
+    total = (r1 - r0) * n_problems
+    with _bar(_show_bar(work, progress), total, "kdecal LOO kernel") as cb:
+        out = _call(backend)(logq, p, labels, n_classes, scale, bias, powers, r0, r1, progress=cb)
+    return out  # type: ignore[return-value]
 
-    from tqdm.auto import tqdm
 
-    n_chunks = int(min(r1 - r0, max(20, math.ceil(work / 2e8))))
-    edges = np.linspace(r0, r1, n_chunks + 1).astype(np.int64)
-    parts: list[tuple[np.ndarray, ...]] = []
-    with tqdm(total=r1 - r0, unit="row", desc="kdecal LOO kernel", leave=False) as bar:
-        for a, b in zip(edges[:-1], edges[1:]):
-            parts.append(run(logq, p, labels, n_classes, scale, bias, powers, int(a), int(b)))
-            bar.update(int(b - a))
-    m = np.concatenate([x[0] for x in parts], axis=-1)
-    S = np.concatenate([x[1] for x in parts], axis=-2)
-    Q = np.concatenate([x[2] for x in parts], axis=-2) if powers >= 2 else parts[0][2]
-    T = np.concatenate([x[3] for x in parts], axis=-2) if powers >= 3 else parts[0][3]
-    return m, S, Q, T
+def loo_grad(
+    logq: np.ndarray,
+    p: np.ndarray,
+    labels: np.ndarray,
+    n_classes: int,
+    scale: float,
+    bias: np.ndarray,
+    lse: np.ndarray,
+    coef: np.ndarray,
+    *,
+    progress: bool | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Streaming backward pass of the leave-one-out conditional expectation (C++ only).
+
+    ``kdecal._core.loo_grad`` (see its docstring for the arguments and the returned
+    ``(grad_logq, grad_p, grad_bias, row_sum)``) with the engine's thread count, a
+    progress bar (``progress``: bool, or ``None`` for long work only) over its two
+    passes, and Ctrl-C stopping it within about a second.
+
+    Raises
+    ------
+    RuntimeError
+        If the compiled core is not available (the numba backend has no backward pass).
+    """
+    if _core is None:
+        raise RuntimeError(
+            f"the backward pass needs kdecal's compiled core, which could not be imported "
+            f"({_core_error})"
+        )
+    n = p.shape[-2]
+    n_problems = p.shape[0] if p.ndim == 3 else 1
+    work = 2.0 * n * n * n_problems  # two passes over the pairs
+    with _bar(_show_bar(work, progress), 2 * n * n_problems, "kdecal LOO backward") as cb:
+        out = _core.loo_grad(
+            logq, p, labels, n_classes, scale, bias, lse, coef, _num_threads, progress=cb
+        )
+    return out  # type: ignore[no-any-return]
 
 
 def _check_multi_array(x: object, name: str, dtypes: tuple[type, ...], shape: tuple) -> None:
@@ -303,6 +386,7 @@ def loo_reduce_multi(
     backend: str = "cpp",
     row_start: int = 0,
     row_stop: int | None = None,
+    progress: bool | None = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Leave-one-out class sums of B label sets at once, for one bandwidth.
 
@@ -346,6 +430,9 @@ def loo_reduce_multi(
         Engine to use.
     row_start, row_stop : int
         Query rows ``[row_start, row_stop)``; ``row_stop=None`` means ``n``.
+    progress : bool or None, default False
+        Show a progress bar over the query rows; ``None`` shows one for long work only.
+        Ctrl-C stops the call within about a second either way.
 
     Returns
     -------
@@ -410,8 +497,11 @@ def loo_reduce_multi(
         shape = (B, 0, n_classes)
         return np.zeros(shape), np.zeros(shape if powers == 2 else (0, 0, 0))
     args = (logq, p, m, labels, n_classes, float(scale), bias, weights, powers)
+    R = row_stop - row_start
+    show = _show_bar(float(R) * n * max(1.0, B / 8.0), progress)
     if be == "cpp":
-        S, Q = _core.loo_reduce_multi(*args, row_start, row_stop, _num_threads)
+        with _bar(show, R, "kdecal LOO resampling") as cb:
+            S, Q = _core.loo_reduce_multi(*args, row_start, row_stop, _num_threads, progress=cb)
         return S, Q
     _check_multi_values(m, labels, n_classes, weights, row_start, row_stop)
     mod = _load_numba()
@@ -423,7 +513,8 @@ def loo_reduce_multi(
     try:
         if _num_threads > 0:
             numba.set_num_threads(min(_num_threads, numba.config.NUMBA_NUM_THREADS))
-        S, Q = mod.loo_reduce_multi(*args, row_start, row_stop)
+        with _bar(show, R, "kdecal LOO resampling") as cb:
+            S, Q = mod.loo_reduce_multi(*args, row_start, row_stop, progress=cb)
         return S, Q
     finally:
         numba.set_num_threads(old)

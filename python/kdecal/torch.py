@@ -115,9 +115,8 @@ class _LooExpectation(torch.autograd.Function):
         # dloss/dL_ij = w_ij * coef[j, y_i], coef = g - <g, E> (the softmax Jacobian)
         coef = np.ascontiguousarray(g - np.sum(g * E, axis=-1, keepdims=True))
         D = E.shape[-1]
-        g_logq, g_p, g_bias, _ = _core().loo_grad(
-            logq, pk, labels, D, scale, bias, lse, coef, _backends._num_threads
-        )
+        # one engine call; a progress bar for long work, Ctrl-C stops it
+        g_logq, g_p, g_bias, _ = _backends.loo_grad(logq, pk, labels, D, scale, bias, lse, coef)
         # query role through log f, centre role through f and through the bias
         grad = g_logq / p64 + g_p - (scale * g_bias)[..., None] * digamma(p64 * scale + 1.0)
         return torch.from_numpy(grad).to(grad_E.dtype), None, None

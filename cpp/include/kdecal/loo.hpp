@@ -17,9 +17,23 @@
 // Results for a row do not depend on the number of threads: each row is reduced by one thread in a fixed order.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 namespace kdecal {
+
+/// Progress and cancellation of one engine call (loo_reduce, loo_grad, loo_reduce_multi),
+/// shared between the threads that run it and a thread that watches it (the Python
+/// binding polls it for Ctrl-C and progress).  Workers add the query rows they finished
+/// to rows_done after every row block (so it grows in steps of a block, in no particular
+/// order of rows) and test cancel before starting one: once cancel is set, the remaining
+/// blocks are skipped (a block already started runs to its end; nothing is thrown inside
+/// a parallel region) and the call returns false, its outputs only partly written.
+/// rows_done is never reset by the engine: one Control can follow several calls.
+struct Control {
+    std::atomic<std::int64_t> rows_done{0};
+    std::atomic<bool> cancel{false};
+};
 
 /// Arguments of exp are clamped at -kClamp (exp(-3 kClamp) is still a normal double,
 /// so the power sums never touch subnormals).
@@ -55,9 +69,13 @@ struct LooResult {
 
 /// Run the reduction.  Throws std::invalid_argument on inconsistent sizes or labels
 /// (before any parallel work starts); never throws from inside a parallel region.
-/// n_threads <= 0 uses the OpenMP default.
-void loo_reduce(const LooProblem<double>& prob, const LooResult& out, int n_threads);
-void loo_reduce(const LooProblem<float>& prob, const LooResult& out, int n_threads);
+/// n_threads <= 0 uses the OpenMP default.  control (may be null): rows_done grows by
+/// row_stop - row_start in all.  Returns false when control->cancel is set by the end of
+/// the call (the outputs may then be incomplete), true otherwise.
+bool loo_reduce(const LooProblem<double>& prob, const LooResult& out, int n_threads,
+                Control* control = nullptr);
+bool loo_reduce(const LooProblem<float>& prob, const LooResult& out, int n_threads,
+                Control* control = nullptr);
 
 /// Name of the SIMD code path the dispatcher picks on this CPU ("avx512", "avx2",
 /// "baseline"); the environment variable KDECAL_ISA can force a lower one.

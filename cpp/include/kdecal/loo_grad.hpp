@@ -35,6 +35,8 @@
 
 #include <cstdint>
 
+#include "kdecal/loo.hpp"  // Control
+
 namespace kdecal {
 
 /// Inputs of one backward pass.  All pointers are row-major, C-contiguous.
@@ -64,8 +66,13 @@ struct LooGradResult {
 
 /// Run the backward pass.  Throws std::invalid_argument on inconsistent sizes, labels or
 /// a non-positive scale (before any parallel work starts); nothing inside the parallel
-/// region can throw.  n_threads <= 0 uses the OpenMP default.
-void loo_grad(const LooGradProblem<double>& prob, const LooGradResult& out, int n_threads);
-void loo_grad(const LooGradProblem<float>& prob, const LooGradResult& out, int n_threads);
+/// region can throw.  n_threads <= 0 uses the OpenMP default.  control (may be null):
+/// rows_done grows by n per pass that runs (2 n for both).  Returns false when
+/// control->cancel is set by the end of the call (the outputs may then be incomplete),
+/// true otherwise.
+bool loo_grad(const LooGradProblem<double>& prob, const LooGradResult& out, int n_threads,
+              Control* control = nullptr);
+bool loo_grad(const LooGradProblem<float>& prob, const LooGradResult& out, int n_threads,
+              Control* control = nullptr);
 
 }  // namespace kdecal

@@ -55,8 +55,12 @@ struct MultiProblem {
 /// (B, R, C) with R = row_stop - row_start.  Throws std::invalid_argument naming the
 /// bad argument (sizes, labels outside [0, C), negative or non-finite weights, m = NaN
 /// or +inf, scale) before any parallel work starts; never throws from inside a
-/// parallel region.  n_threads <= 0 uses the OpenMP default.
-void loo_reduce_multi(const MultiProblem<double>& prob, double* S, double* Q, int n_threads);
-void loo_reduce_multi(const MultiProblem<float>& prob, double* S, double* Q, int n_threads);
+/// parallel region.  n_threads <= 0 uses the OpenMP default.  control (may be null):
+/// rows_done grows by row_stop - row_start in all.  Returns false when control->cancel
+/// is set by the end of the call (the outputs may then be incomplete), true otherwise.
+bool loo_reduce_multi(const MultiProblem<double>& prob, double* S, double* Q, int n_threads,
+                      Control* control = nullptr);
+bool loo_reduce_multi(const MultiProblem<float>& prob, double* S, double* Q, int n_threads,
+                      Control* control = nullptr);
 
 }  // namespace kdecal
