@@ -189,7 +189,7 @@ def test_default_bandwidth_is_auto(tmp_path, capsys):
     assert main(["evaluate", str(f), "--json", "--quiet", *NO_RESAMPLING]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["bandwidth"] == pytest.approx(kdecal.select_bandwidth(probs, labels))
-    assert d["bandwidth_rule"] == "brier"
+    assert d["bandwidth_rule"] == "brier (KL: log)"
     assert d["debias"] == "ustat"
     assert d["n"] == N
 

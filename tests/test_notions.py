@@ -226,7 +226,7 @@ def test_auto_bandwidth_rule(kd, ds, calibration):
             notions=(),
         )
     assert report.bandwidth == h_auto, (calibration, report.bandwidth, h_auto)
-    assert report.bandwidth_rule == "brier"
+    assert report.bandwidth_rule == "brier (KL: log)"
 
 
 def test_notions_differ(kd):

@@ -278,7 +278,7 @@ def test_evaluate_reports_every_notion_with_intervals():
     d = rep.to_dict()
     assert json.loads(json.dumps(d, allow_nan=False))["notions"]["classwise"]["pvalue"] > 0
     assert "p-value" in str(rep)
-    assert rep.calibration_loss is not None and rep.bandwidth_rule == "brier"
+    assert rep.calibration_loss is not None and rep.bandwidth_rule == "brier (KL: log)"
 
 
 def test_evaluate_notes_bias_dominated_estimates():
