@@ -176,8 +176,9 @@ def test_calibration_error(kd, dataset, bandwidth, divergence, estimator, backen
 
 
 def test_calibration_error_defaults_kl_direct_auto(kd, dataset):
-    """calibration_error defaults: kl, direct, 'auto' (select_bandwidth with labels), ustat."""
-    h, expect_warning = auto_bandwidth(kd, dataset.probs, dataset.labels)
+    """calibration_error defaults: kl, direct, 'auto' (for KL: select_bandwidth with labels
+    and the log risk), ustat."""
+    h, expect_warning = auto_bandwidth(kd, dataset.probs, dataset.labels, criterion="log")
     explicit, warned = record_warnings(
         kd.calibration_error,
         dataset.probs,

@@ -128,6 +128,38 @@ def test_auto_is_the_fixed_estimate_at_the_chosen_bandwidth():
     )
 
 
+def test_kl_quantities_use_the_log_risk_bandwidth():
+    P, y = _data(1500, 4, seed=21)
+    hk = kdecal.select_bandwidth(P, y, criterion="log")
+    hb = kdecal.select_bandwidth(P, y)
+    est = kdecal.estimate(P, y)
+    assert (est.bandwidth, est.bandwidth_kl) == (hb, hk)
+    for q, fn in (
+        ("ce_kl", lambda h: kdecal.calibration_error(P, y, divergence="kl", bandwidth=h)),
+        ("refinement_kl", lambda h: kdecal.refinement(P, y, divergence="kl", bandwidth=h)),
+        ("sharpness_kl", lambda h: kdecal.sharpness(P, y, divergence="kl", bandwidth=h)),
+        ("ce_l2", lambda h: kdecal.calibration_error(P, y, divergence="l2", bandwidth=h)),
+    ):
+        h = hk if q.endswith("_kl") else hb
+        assert est.value(q) == pytest.approx(fn(h), rel=1e-12)
+    assert kdecal.calibration_error(P, y) == pytest.approx(est.value("ce_kl"), rel=1e-12)
+    one = kdecal.estimate(P, y, criterion="brier")
+    assert one.bandwidth_kl == one.bandwidth == hb
+
+
+def test_log_risk_matches_brute_force():
+    P, y = _data(120, 3, seed=22)
+    grid = np.array([0.01, 0.05, 0.2, 1.0])
+    pts = check_probs(P).p
+    want = []
+    for h in grid:
+        W = ref.ref_loo_weights(pts, h)
+        E = W @ ref.ref_one_hot(y, 3) / W.sum(axis=1, keepdims=True)
+        want.append(-np.mean(np.log(E[np.arange(len(y)), y])))
+    pr = _est.make_problem(check_probs(P), y, "canonical")
+    np.testing.assert_allclose(_est.cv_risk_grid(pr, grid, "log", "cpp"), want, rtol=1e-10)
+
+
 def test_loo_mle_spec_is_the_papers_rule():
     P, y = _data(300, 3)
     h = kdecal.select_bandwidth(P)
