@@ -91,6 +91,53 @@ def _version() -> str:
         return str(getattr(kdecal, "__version__", "unknown"))
 
 
+def _add_input_and_kernel_args(p: argparse.ArgumentParser) -> None:
+    """Add the options of ``evaluate`` and ``compare``: reading a file, the kernel."""
+    p.add_argument(
+        "--split",
+        choices=("val", "test"),
+        help="split to read from a .npz file with val_/test_ keys (default: test)",
+    )
+    kind = p.add_mutually_exclusive_group()
+    kind.add_argument(
+        "--logits",
+        dest="logits",
+        action="store_const",
+        const=True,
+        default=None,
+        help="the scores are logits (softmax is applied; sigmoid for one binary column)",
+    )
+    kind.add_argument(
+        "--probs",
+        dest="logits",
+        action="store_const",
+        const=False,
+        help="the scores are probabilities (default: inferred from the key name or values)",
+    )
+    p.add_argument(
+        "--bandwidth",
+        type=_bandwidth,
+        default="auto",
+        metavar="auto|loo-mle|FLOAT",
+        help="Dirichlet kernel bandwidth; 'auto': minimise the leave-one-out risk of the "
+        "kernel regression of the labels (Brier; log for the KL quantities), per model; "
+        "'loo-mle': the papers' leave-one-out likelihood of the predictions' density "
+        "(default: auto)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=("auto", "cpp", "numba"),
+        default="auto",
+        help="computation engine (default: auto)",
+    )
+    p.add_argument(
+        "--calibration",
+        choices=("canonical", "classwise", "top_label"),
+        default="canonical",
+        help="notion of calibration of the kernel estimators (default: canonical)",
+    )
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = _ArgumentParser(
         prog=_PROG,
@@ -124,48 +171,7 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="predictions file (.npz, .npy, .csv, .parquet); default: the bundled example",
     )
-    ev.add_argument(
-        "--split",
-        choices=("val", "test"),
-        help="split to read from a .npz file with val_/test_ keys (default: test)",
-    )
-    kind = ev.add_mutually_exclusive_group()
-    kind.add_argument(
-        "--logits",
-        dest="logits",
-        action="store_const",
-        const=True,
-        default=None,
-        help="the scores are logits (softmax is applied; sigmoid for one binary column)",
-    )
-    kind.add_argument(
-        "--probs",
-        dest="logits",
-        action="store_const",
-        const=False,
-        help="the scores are probabilities (default: inferred from the key name or values)",
-    )
-    ev.add_argument(
-        "--bandwidth",
-        type=_bandwidth,
-        default="auto",
-        metavar="auto|loo-mle|FLOAT",
-        help="Dirichlet kernel bandwidth; 'auto': minimise the leave-one-out Brier risk of "
-        "the kernel regression of the labels; 'loo-mle': the papers' leave-one-out "
-        "likelihood of the predictions' density (default: auto)",
-    )
-    ev.add_argument(
-        "--backend",
-        choices=("auto", "cpp", "numba"),
-        default="auto",
-        help="computation engine (default: auto)",
-    )
-    ev.add_argument(
-        "--calibration",
-        choices=("canonical", "classwise", "top_label"),
-        default="canonical",
-        help="notion of calibration of the kernel estimators (default: canonical)",
-    )
+    _add_input_and_kernel_args(ev)
     ev.add_argument(
         "--debias",
         choices=("none", "ustat", "ratio"),
@@ -202,36 +208,7 @@ def _build_parser() -> argparse.ArgumentParser:
         ),
     )
     cp.add_argument("files", nargs="+", metavar="FILE", help="prediction files (see evaluate)")
-    cp.add_argument("--split", choices=("val", "test"), help="split of .npz files (default: test)")
-    ckind = cp.add_mutually_exclusive_group()
-    ckind.add_argument(
-        "--logits",
-        dest="logits",
-        action="store_const",
-        const=True,
-        default=None,
-        help="the scores are logits",
-    )
-    ckind.add_argument(
-        "--probs",
-        dest="logits",
-        action="store_const",
-        const=False,
-        help="the scores are probabilities",
-    )
-    cp.add_argument(
-        "--calibration",
-        choices=("canonical", "classwise", "top_label"),
-        default="canonical",
-        help="notion of calibration (default: canonical)",
-    )
-    cp.add_argument(
-        "--bandwidth",
-        type=_bandwidth,
-        default="auto",
-        metavar="auto|loo-mle|FLOAT",
-        help="bandwidth for every model (default: auto, chosen per model)",
-    )
+    _add_input_and_kernel_args(cp)
     cp.add_argument(
         "--n-resamples",
         type=_nonneg_int,
@@ -240,12 +217,6 @@ def _build_parser() -> argparse.ArgumentParser:
         help="paired bootstrap samples (default: 200)",
     )
     cp.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default: 0)")
-    cp.add_argument(
-        "--backend",
-        choices=("auto", "cpp", "numba"),
-        default="auto",
-        help="computation engine (default: auto)",
-    )
     cp.add_argument("--json", action="store_true", help="print the comparison as JSON")
     return parser
 
