@@ -141,13 +141,7 @@ bool loo_reduce_impl(const LooProblem<Real>& prob, const LooResult& out, int n_t
     for (std::int64_t t = 0; t < H; ++t)
         for (std::int64_t s = 0; s < n; ++s) bias[t * n + s] = prob.bias[t * n + perm[s]];
 
-    int nt = n_threads;
-#ifdef _OPENMP
-    if (nt <= 0) nt = omp_get_max_threads();
-#else
-    nt = 1;
-#endif
-    if (nt < 1) nt = 1;
+    const int nt = detail::resolve_threads(n_threads);
     const std::int64_t per_thread = detail::scratch_doubles(K, C, H);
     std::vector<double> scratch(static_cast<std::size_t>(per_thread * nt));
 
@@ -161,6 +155,16 @@ bool loo_reduce_impl(const LooProblem<Real>& prob, const LooResult& out, int n_t
 }  // namespace
 
 int detail::isa_level() { return static_cast<int>(cpu_isa()); }
+
+int detail::resolve_threads(int n_threads) {
+    int nt = n_threads;
+#ifdef _OPENMP
+    if (nt <= 0) nt = omp_get_max_threads();
+#else
+    nt = 1;
+#endif
+    return nt < 1 ? 1 : nt;
+}
 
 bool detail::cancelled(const Control* control) {
     return control != nullptr && control->cancel.load(std::memory_order_relaxed);

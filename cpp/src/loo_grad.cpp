@@ -139,13 +139,7 @@ bool loo_grad_impl(const LooGradProblem<Real>& prob, const LooGradResult& out, i
     std::vector<double> neg_lse(static_cast<std::size_t>(n));  // query pass rows
     for (i64 j = 0; j < n; ++j) neg_lse[j] = -prob.lse[j];
 
-    int nt = n_threads;
-#ifdef _OPENMP
-    if (nt <= 0) nt = omp_get_max_threads();
-#else
-    nt = 1;
-#endif
-    if (nt < 1) nt = 1;
+    const int nt = detail::resolve_threads(n_threads);
     const i64 per_thread = detail::grad_scratch_doubles(K);
     std::vector<double> scratch(static_cast<std::size_t>(per_thread * nt));
 

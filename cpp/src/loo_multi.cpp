@@ -168,13 +168,7 @@ bool multi_impl(const MultiProblem<Real>& prob, double* S, double* Q, int n_thre
         bias[s] = prob.bias[perm[s]];
     }
 
-    int nt = n_threads;
-#ifdef _OPENMP
-    if (nt <= 0) nt = omp_get_max_threads();
-#else
-    nt = 1;
-#endif
-    if (nt < 1) nt = 1;
+    const int nt = detail::resolve_threads(n_threads);
 
     // Label sets per panel of T tiles, in compressed rows (panel, b, c) of the panel's
     // centres with label c in set b and a non-zero weight (loo_multi_prepared.hpp).

@@ -43,6 +43,10 @@ void add_rows(Control* control, std::int64_t rows);
 /// the KDECAL_ISA override; defined in loo.cpp).
 int isa_level();
 
+/// Threads an engine call uses: ``n_threads`` if positive, else the OpenMP default (1
+/// without OpenMP); defined in loo.cpp.
+int resolve_threads(int n_threads);
+
 /// Doubles of scratch one thread needs.
 inline std::int64_t scratch_doubles(std::int64_t K, std::int64_t C, std::int64_t H) {
     return kRowBlock * kColBlock + kRowBlock * K + 4 * H * kRowBlock * C + 64;

@@ -118,7 +118,10 @@ def compare(
     bandwidth); then the same ``n_resamples`` bootstrap row samples are applied to every
     model (a paired bootstrap), giving percentile intervals of each quantity and of each
     pairwise difference, and a two-sided bootstrap p-value
-    ``min(1, 2 min(P*(d <= 0), P*(d >= 0)))`` per difference.
+    ``min(1, 2 min(P*(d <= 0), P*(d >= 0)))`` per difference (percentile intervals and
+    the paired bootstrap of Efron & Tibshirani, "An Introduction to the Bootstrap",
+    Chapman & Hall 1993, Ch. 13 and 16). The estimators are those of
+    :func:`kdecal.estimate` (Popordanoska et al. 2022, Eq. 9; 2024, Eq. 9-10).
 
     Parameters
     ----------

@@ -398,12 +398,14 @@ def calibration_test(
     TypeError, ValueError
         Invalid input, an unknown statistic, ``n_resamples < 1``, or ``debias="ratio"``.
     """
+    # search only the criterion of the statistic (KL: the log risk, else Brier)
     est = estimate(
         probs,
         labels,
         bandwidth=bandwidth,
         calibration=calibration,
         debias=debias,
+        criterion="log" if str(statistic).endswith("_kl") else "brier",
         backend=backend,
     )
     return est.calibration_test(statistic, n_resamples=n_resamples, seed=seed)
