@@ -20,7 +20,7 @@ py::tuple loo_reduce_py(const carray<Real>& logq, const carray<Real>& p,
                         const carray<std::int64_t>& labels, std::int64_t n_classes,
                         const carray<double>& scale, const carray<double>& bias, int powers,
                         std::int64_t row_start, std::int64_t row_stop, int n_threads,
-                        const py::object& progress) {
+                        const py::object& progress, bool pairs) {
     // A 2-D problem (n, K) or a batch of B independent problems (B, n, K) sharing n, K,
     // the bandwidths and C (e.g. the K one-vs-rest problems of class-wise calibration).
     const bool batched = p.ndim() == 3;
@@ -44,6 +44,9 @@ py::tuple loo_reduce_py(const carray<Real>& logq, const carray<Real>& p,
     if (row_start < 0 || row_stop < row_start || row_stop > n)
         throw std::invalid_argument("need 0 <= row_start <= row_stop <= n");
     if (powers < 1 || powers > 3) throw std::invalid_argument("powers must be 1, 2 or 3");
+    if (pairs && powers < 2)
+        throw std::invalid_argument("pairs=True needs powers >= 2, got powers = " +
+                                    std::to_string(powers));
     if (n_classes < 1) throw std::invalid_argument("n_classes must be >= 1");
 
     const std::int64_t R = row_stop - row_start;
@@ -57,12 +60,14 @@ py::tuple loo_reduce_py(const carray<Real>& logq, const carray<Real>& p,
     py::array_t<double> S(shape({Hs, Rs, Cs}));
     py::array_t<double> Q(powers >= 2 ? shape({Hs, Rs, Cs}) : std::vector<py::ssize_t>{0, 0, 0});
     py::array_t<double> T(powers >= 3 ? shape({Hs, Rs, Cs}) : std::vector<py::ssize_t>{0, 0, 0});
+    py::array_t<double> D(pairs ? shape({Hs, Rs, Cs}) : std::vector<py::ssize_t>{0, 0, 0});
 
     const std::int64_t in_stride = n * K, out_m = H * R, out_s = H * R * n_classes;
     double* pm = m.mutable_data();
     double* pS = S.mutable_data();
     double* pQ = powers >= 2 ? Q.mutable_data() : nullptr;
     double* pT = powers >= 3 ? T.mutable_data() : nullptr;
+    double* pD = pairs ? D.mutable_data() : nullptr;
     const Real* plq = logq.data();
     const Real* pp = p.data();
     const std::int64_t* pl = labels.data();
@@ -88,6 +93,7 @@ py::tuple loo_reduce_py(const carray<Real>& logq, const carray<Real>& p,
             out.S = pS + b * out_s;
             out.Q = pQ ? pQ + b * out_s : nullptr;
             out.T = pT ? pT + b * out_s : nullptr;
+            out.D = pD ? pD + b * out_s : nullptr;
             if (!kdecal::loo_reduce(prob, out, n_threads, control)) return;  // cancelled
         }
     };
@@ -95,6 +101,7 @@ py::tuple loo_reduce_py(const carray<Real>& logq, const carray<Real>& p,
     kdecal_bind::run_watched(work, progress,
                              static_cast<double>(B) * static_cast<double>(R) *
                                  static_cast<double>(n) * static_cast<double>(H + K));
+    if (pairs) return py::make_tuple(m, S, Q, T, D);
     return py::make_tuple(m, S, Q, T);
 }
 
@@ -109,6 +116,10 @@ For query rows j in [row_start, row_stop) and centres i != j (logq, p of shape (
 L_ij = bias[t, i] + scale[t] * sum_k logq[j, k] * p[i, k]; returns (m, S, Q, T) with
 m[t, j] = max_i L_ij and S[t, j, c] = sum_{i != j, labels_i = c} exp(L_ij - m[t, j])
 (Q, T: the same with exp(2 (.)), exp(3 (.)); empty arrays unless powers >= 2, 3).
+pairs=True (needs powers >= 2) appends D of the shape of S: D[t, j, c] = S^2 - Q, the
+sum over ordered pairs of distinct centres of class c of their weight products,
+accumulated without cancellation (full relative precision when one neighbour dominates;
+S, Q, T are the same either way).
 Arrays must already have the exact dtype (float64 or float32 for logq and p, int64
 labels, float64 scale and bias) and be C-contiguous. Releases the GIL.
 progress: None or a callable, called from the calling thread (about every 50 ms, and
@@ -120,12 +131,12 @@ computation within about one block of rows per thread and propagates.
           py::arg("p").noconvert(), py::arg("labels").noconvert(), py::arg("n_classes"),
           py::arg("scale").noconvert(), py::arg("bias").noconvert(), py::arg("powers") = 1,
           py::arg("row_start") = 0, py::arg("row_stop") = 0, py::arg("n_threads") = 0,
-          py::arg("progress") = py::none(), doc);
+          py::arg("progress") = py::none(), py::arg("pairs") = false, doc);
     m.def("loo_reduce", &loo_reduce_py<float>, py::arg("logq").noconvert(),
           py::arg("p").noconvert(), py::arg("labels").noconvert(), py::arg("n_classes"),
           py::arg("scale").noconvert(), py::arg("bias").noconvert(), py::arg("powers") = 1,
           py::arg("row_start") = 0, py::arg("row_stop") = 0, py::arg("n_threads") = 0,
-          py::arg("progress") = py::none(), doc);
+          py::arg("progress") = py::none(), py::arg("pairs") = false, doc);
     m.def("simd_path", &kdecal::simd_path, "SIMD code path chosen for this CPU.");
     m.def("has_openmp", &kdecal::has_openmp, "Whether the engine was built with OpenMP.");
     m.def("max_threads", &kdecal::max_threads, "OpenMP's default number of threads.");

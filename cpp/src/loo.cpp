@@ -106,6 +106,7 @@ bool loo_reduce_impl(const LooProblem<Real>& prob, const LooResult& out, int n_t
     check(out.m && out.S, "null output pointer");
     check(prob.powers < 2 || out.Q, "powers >= 2 needs a Q output");
     check(prob.powers < 3 || out.T, "powers == 3 needs a T output");
+    check(!out.D || prob.powers >= 2, "the pair sums D need powers >= 2");
     if (prob.row_stop == prob.row_start) return !detail::cancelled(control);
     if (detail::cancelled(control)) return false;
 

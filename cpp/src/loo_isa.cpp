@@ -32,6 +32,15 @@ using detail::Prepared;
 // is skipped (common at small bandwidths); otherwise the sums of exp(L - max), with
 // arguments clamped at -kClamp so that no exp is subnormal.  The loops keep kLanes
 // independent accumulators so that the reductions are throughput-bound.
+//
+// With EXC (pair sums requested) the fold also keeps the class's excess sums
+// e1 = (sum of its terms) - 1 and e2 = (sum of their squares) - 1 relative to the running
+// class maximum, whose own term (exactly 1) is never added: terms with L equal to the
+// running maximum (x == 0 exactly; the max loop and the sum loop compute L with the same
+// expression, so the maximum itself is one of them) are counted instead of summed.  The
+// U-statistic S^2 - Q = 2 e1 + e1^2 - e2 (in units of the class maximum) is then a sum
+// of non-negative parts, free of the cancellation of forming S^2 - Q from S and Q when
+// one neighbour dominates (S = 1 + R with R tiny).
 constexpr i64 kLanes = 32;
 
 // Pairwise (tree) reductions of kLanes accumulators: vectorised, and no serial chain
@@ -48,74 +57,130 @@ inline double tree_sum(double* a) {
     return a[0];
 }
 
-template <int POW, class Real>
+// a * b + c, fused where the ISA has FMA (as -ffp-contract=fast fuses it) and plain
+// otherwise.  Spelled out for the sums of squares and cubes: whether the compiler
+// contracts them by itself can depend on the other statements of the loop (it did for
+// GCC 12 on the AVX2 path once the excess sums were added), and Q, T must not depend on
+// whether the pair sums are requested.
+inline double mul_add(double a, double b, double c) {
+#if defined(__FMA__)
+    return __builtin_fma(a, b, c);
+#else
+    return a * b + c;
+#endif
+}
+
+// The log-kernel of centre i: one expression shared by the max loop and the sum loop,
+// so that both compute bit-identical values (the same contraction to FMA in both).
+template <class Real>
+inline double log_kernel(const double* b, const Real* g, i64 i, double s) {
+    return b[i] + s * static_cast<double>(g[i]);
+}
+
+template <int POW, bool EXC, class Real>
 inline void fold(const double* b, const Real* g, i64 len, double s, double& mc,
-                 double& s1, double& s2, double& s3) {
+                 double& s1, double& s2, double& s3, double& e1, double& e2) {
     double mxv[kLanes];
     for (i64 v = 0; v < kLanes; ++v) mxv[v] = kNegInf;
     i64 i = 0;
     for (; i + kLanes <= len; i += kLanes) {
 #pragma omp simd
         for (i64 v = 0; v < kLanes; ++v) {
-            const double l = b[i + v] + s * static_cast<double>(g[i + v]);
+            const double l = log_kernel(b, g, i + v, s);
             mxv[v] = l > mxv[v] ? l : mxv[v];
         }
     }
     for (i64 v = 0; i + v < len; ++v) {
-        const double l = b[i + v] + s * static_cast<double>(g[i + v]);
+        const double l = log_kernel(b, g, i + v, s);
         mxv[v] = l > mxv[v] ? l : mxv[v];
     }
     const double mx = tree_max(mxv);
     if (!(mx > kNegInf)) return;
+    bool new_max = false;
     if (mx > mc) {
         const double f = std::exp(mc - mx);  // 0 when mc = -inf
         s1 *= f;
         if (POW >= 2) s2 *= f * f;
         if (POW >= 3) s3 *= f * f * f;
+        if constexpr (EXC) {  // the old maximum's term (1) becomes an ordinary term, f
+            e1 = e1 * f + f;
+            e2 = e2 * (f * f) + f * f;
+        }
         mc = mx;
+        new_max = true;
     } else if (mx < mc - kDrop) {
         return;  // every term is below exp(-kDrop) ~ 1.6e-28 of this class's maximum
     }
     const double off = mc;
-    double a1[kLanes], a2[kLanes], a3[kLanes];
+    double a1[kLanes], a2[kLanes], a3[kLanes], x1[kLanes], x2[kLanes], ties[kLanes];
     for (i64 v = 0; v < kLanes; ++v) {
         a1[v] = 0.0;
         a2[v] = 0.0;
         a3[v] = 0.0;
+        x1[v] = 0.0;
+        x2[v] = 0.0;
+        ties[v] = 0.0;
     }
     i = 0;
     for (; i + kLanes <= len; i += kLanes) {
 #pragma omp simd
         for (i64 v = 0; v < kLanes; ++v) {
-            double x = b[i + v] + s * static_cast<double>(g[i + v]) - off;
+            double x = log_kernel(b, g, i + v, s) - off;
             x = x < -kClamp ? -kClamp : x;
             const double w = exp_small(x);
             a1[v] += w;
-            if (POW >= 2) a2[v] += w * w;
-            if (POW >= 3) a3[v] += w * w * w;
+            if (POW >= 2) a2[v] = mul_add(w, w, a2[v]);
+            if (POW >= 3) a3[v] = mul_add(w * w, w, a3[v]);
+            if constexpr (EXC) {
+                // a product, not a select, so that w * w keeps its single use above
+                // (and its contraction into a2's FMA): S, Q, T stay bit-identical
+                const double keep = static_cast<double>(x != 0.0);
+                const double we = w * keep;
+                x1[v] += we;
+                x2[v] += we * we;
+                ties[v] += 1.0 - keep;
+            }
         }
     }
     for (i64 v = 0; i + v < len; ++v) {
-        double x = b[i + v] + s * static_cast<double>(g[i + v]) - off;
+        double x = log_kernel(b, g, i + v, s) - off;
         x = x < -kClamp ? -kClamp : x;
         const double w = exp_small(x);
         a1[v] += w;
-        if (POW >= 2) a2[v] += w * w;
-        if (POW >= 3) a3[v] += w * w * w;
+        if (POW >= 2) a2[v] = mul_add(w, w, a2[v]);
+        if (POW >= 3) a3[v] = mul_add(w * w, w, a3[v]);
+        if constexpr (EXC) {
+            // a product, not a select, so that w * w keeps its single use above
+            // (and its contraction into a2's FMA): S, Q, T stay bit-identical
+            const double keep = static_cast<double>(x != 0.0);
+            const double we = w * keep;
+            x1[v] += we;
+            x2[v] += we * we;
+            ties[v] += 1.0 - keep;
+        }
     }
     s1 += tree_sum(a1);
     if (POW >= 2) s2 += tree_sum(a2);
     if (POW >= 3) s3 += tree_sum(a3);
+    if constexpr (EXC) {
+        // ties at the maximum other than the maximum itself are ordinary terms (1 each);
+        // a count is a small integer, so these additions are exact
+        const double extra = tree_sum(ties) - (new_max ? 1.0 : 0.0);
+        e1 += tree_sum(x1) + extra;
+        e2 += tree_sum(x2) + extra;
+    }
 }
 
-template <int POW, class Real>
+template <int POW, bool EXC, class Real>
 inline void fold_range(const Prepared<Real>& pr, const Real* grow, i64 cb, i64 lo, i64 hi,
-                       i64 t, double& mc, double& s1, double& s2, double& s3) {
+                       i64 t, double& mc, double& s1, double& s2, double& s3, double& e1,
+                       double& e2) {
     if (hi <= lo) return;
-    fold<POW>(pr.bias + t * pr.n + lo, grow + (lo - cb), hi - lo, pr.scale[t], mc, s1, s2, s3);
+    fold<POW, EXC>(pr.bias + t * pr.n + lo, grow + (lo - cb), hi - lo, pr.scale[t], mc, s1, s2,
+                   s3, e1, e2);
 }
 
-template <int POW, class Real>
+template <int POW, bool EXC, class Real>
 void run_block(const Prepared<Real>& pr, const LooResult& out, i64 j0, double* scratch) {
     const i64 K = pr.K, C = pr.C, H = pr.H, n = pr.n;
     const i64 nr = (pr.row_stop - j0) < kRowBlock ? (pr.row_stop - j0) : kRowBlock;
@@ -128,11 +193,15 @@ void run_block(const Prepared<Real>& pr, const LooResult& out, i64 j0, double* s
     double* a1 = am + nacc;
     double* a2 = a1 + nacc;
     double* a3 = a2 + nacc;
+    double* x1 = a3 + nacc;  // excess sums (EXC only)
+    double* x2 = x1 + nacc;
     for (i64 i = 0; i < nacc; ++i) {
         am[i] = kNegInf;
         a1[i] = 0.0;
         a2[i] = 0.0;
         a3[i] = 0.0;
+        x1[i] = 0.0;
+        x2[i] = 0.0;
     }
     for (i64 r = 0; r < kRowBlock; ++r)
         for (i64 k = 0; k < K; ++k)
@@ -158,10 +227,13 @@ void run_block(const Prepared<Real>& pr, const LooResult& out, i64 j0, double* s
                 for (i64 t = 0; t < H; ++t) {
                     const i64 ai = (t * kRowBlock + r) * C + c;
                     if (d >= lo && d < hi) {  // leave one out: skip the diagonal
-                        fold_range<POW>(pr, grow, cb, lo, d, t, am[ai], a1[ai], a2[ai], a3[ai]);
-                        fold_range<POW>(pr, grow, cb, d + 1, hi, t, am[ai], a1[ai], a2[ai], a3[ai]);
+                        fold_range<POW, EXC>(pr, grow, cb, lo, d, t, am[ai], a1[ai], a2[ai],
+                                             a3[ai], x1[ai], x2[ai]);
+                        fold_range<POW, EXC>(pr, grow, cb, d + 1, hi, t, am[ai], a1[ai], a2[ai],
+                                             a3[ai], x1[ai], x2[ai]);
                     } else {
-                        fold_range<POW>(pr, grow, cb, lo, hi, t, am[ai], a1[ai], a2[ai], a3[ai]);
+                        fold_range<POW, EXC>(pr, grow, cb, lo, hi, t, am[ai], a1[ai], a2[ai],
+                                             a3[ai], x1[ai], x2[ai]);
                     }
                 }
             }
@@ -184,12 +256,18 @@ void run_block(const Prepared<Real>& pr, const LooResult& out, i64 j0, double* s
                 out.S[oi] = empty ? 0.0 : a1[ai] * f;
                 if (POW >= 2) out.Q[oi] = empty ? 0.0 : a2[ai] * (f * f);
                 if (POW >= 3) out.T[oi] = empty ? 0.0 : a3[ai] * (f * f * f);
+                // S^2 - Q = 2 e1 + e1^2 - e2 >= e1 + e1^2 (every term is <= 1): no
+                // cancellation
+                if constexpr (EXC) {
+                    const double e = x1[ai];
+                    out.D[oi] = empty ? 0.0 : ((2.0 * e - x2[ai]) + e * e) * (f * f);
+                }
             }
         }
     }
 }
 
-template <int POW, class Real>
+template <int POW, bool EXC, class Real>
 void run_pow(const Prepared<Real>& pr, const LooResult& out, double* scratch, i64 per_thread,
              int n_threads) {
     const i64 nblocks = (pr.row_stop - pr.row_start + kRowBlock - 1) / kRowBlock;
@@ -204,7 +282,7 @@ void run_pow(const Prepared<Real>& pr, const LooResult& out, double* scratch, i6
 #endif
         if (detail::cancelled(pr.control)) continue;  // skip the remaining blocks
         const i64 j0 = pr.row_start + b * kRowBlock;
-        run_block<POW>(pr, out, j0, scratch + tid * per_thread);
+        run_block<POW, EXC>(pr, out, j0, scratch + tid * per_thread);
         detail::add_rows(pr.control, (pr.row_stop - j0) < kRowBlock ? (pr.row_stop - j0) : kRowBlock);
     }
     (void)n_threads;
@@ -213,10 +291,17 @@ void run_pow(const Prepared<Real>& pr, const LooResult& out, double* scratch, i6
 template <class Real>
 void run(const Prepared<Real>& pr, const LooResult& out, double* scratch, i64 per_thread,
          int n_threads) {
+    const bool exc = out.D != nullptr;  // the dispatcher allows D only with powers >= 2
     switch (pr.powers) {
-        case 1: run_pow<1>(pr, out, scratch, per_thread, n_threads); break;
-        case 2: run_pow<2>(pr, out, scratch, per_thread, n_threads); break;
-        default: run_pow<3>(pr, out, scratch, per_thread, n_threads); break;
+        case 1: run_pow<1, false>(pr, out, scratch, per_thread, n_threads); break;
+        case 2:
+            if (exc) run_pow<2, true>(pr, out, scratch, per_thread, n_threads);
+            else run_pow<2, false>(pr, out, scratch, per_thread, n_threads);
+            break;
+        default:
+            if (exc) run_pow<3, true>(pr, out, scratch, per_thread, n_threads);
+            else run_pow<3, false>(pr, out, scratch, per_thread, n_threads);
+            break;
     }
 }
 

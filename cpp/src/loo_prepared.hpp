@@ -47,9 +47,10 @@ int isa_level();
 /// without OpenMP); defined in loo.cpp.
 int resolve_threads(int n_threads);
 
-/// Doubles of scratch one thread needs.
+/// Doubles of scratch one thread needs (the tiles, then the running max, the three power
+/// sums and the two excess sums of every (bandwidth, row, class)).
 inline std::int64_t scratch_doubles(std::int64_t K, std::int64_t C, std::int64_t H) {
-    return kRowBlock * kColBlock + kRowBlock * K + 4 * H * kRowBlock * C + 64;
+    return kRowBlock * kColBlock + kRowBlock * K + 6 * H * kRowBlock * C + 64;
 }
 
 }  // namespace detail

@@ -101,35 +101,46 @@ inline double debias_ratio_of_squares(const RatioMoments& m, double r_ustat) {
 
 /// Debiasing over rows.  S, Q, T: (R, C) power sums of R query rows (relative to any
 /// per-row scale); n_terms = N = number of leave-one-out terms (n - 1).
+/// D: (R, C) pair sums S_c^2 - Q_c from the engine (loo_reduce with pairs), or null.
 /// mode 1 ("ustat"): sq[r, c] = (S_c^2 - Q_c) / (S0^2 - Q0) and E = S_c / S0;
 /// mode 2 ("ratio"): E from Eq. 73, sq from Eq. 89.
+/// With D, the U-statistic is formed without cancellation: numerator D_c and
+/// denominator S0^2 - Q0 = sum_c D_c + 2 sum_{c' < c} S_c S_c' (every part >= 0), so its
+/// relative error stays a few ulps even when one neighbour carries almost all the weight
+/// (S0^2 - Q0 << S0^2, where S0^2 - Q0 from the rounded sums would lose
+/// log10(S0^2 / (S0^2 - Q0)) digits and depend on the order of the engine's sums).
 /// degenerate[r] = 1 where S0^2 - Q0 <= 1e-12 S0^2 (a single effective neighbour), or
 /// N < 6 in mode 2 (Eq. 89 has factors n - 5);
 /// there sq falls back to the plain (S_c / S0)^2 and E to S_c / S0.  Classes with
 /// S_c <= 1e-30 S0 keep E = S_c / S0 and the U-statistic sq in mode 2.
 constexpr double kNegligible = 1e-30;
 
-inline void debias_rows(const double* S, const double* Q, const double* T, std::int64_t R,
-                        std::int64_t C, double n_terms, int mode, double* E, double* sq,
-                        std::uint8_t* degenerate) {
+inline void debias_rows(const double* S, const double* Q, const double* T, const double* D,
+                        std::int64_t R, std::int64_t C, double n_terms, int mode, double* E,
+                        double* sq, std::uint8_t* degenerate) {
     for (std::int64_t r = 0; r < R; ++r) {
         const double* s = S + r * C;
         const double* q = Q + r * C;
         const double* t = T ? T + r * C : nullptr;
-        double S0 = 0.0, Q0 = 0.0, T0 = 0.0;
+        const double* dd = D ? D + r * C : nullptr;
+        double S0 = 0.0, Q0 = 0.0, T0 = 0.0, D0 = 0.0, cross = 0.0;
         for (std::int64_t c = 0; c < C; ++c) {
+            if (dd) {
+                cross += s[c] * S0;  // S_c times the classes before c
+                D0 += dd[c];
+            }
             S0 += s[c];
             Q0 += q[c];
             if (t) T0 += t[c];
         }
-        const double den = S0 * S0 - Q0;
+        const double den = dd ? D0 + 2.0 * cross : S0 * S0 - Q0;
         const bool degen = !(den > 1e-12 * S0 * S0) || (mode == 2 && n_terms < 6.0);
         degenerate[r] = degen ? 1 : 0;
         for (std::int64_t c = 0; c < C; ++c) {
             const double plain = s[c] / S0;
             double e = plain, v = plain * plain;
             if (!degen) {
-                v = (s[c] * s[c] - q[c]) / den;
+                v = (dd ? dd[c] : s[c] * s[c] - q[c]) / den;
                 // A class whose weight is below kNegligible of the row's total has E_c <
                 // 1e-30: its O(1/N) correction is irrelevant, and its moments (my^2, Q_c)
                 // would underflow, so it keeps the plain and U-statistic values.

@@ -8,12 +8,19 @@
 //   m_j  = max_{i != j} L_ij
 //   S_c(j) = sum_{i != j, label_i = c} exp(L_ij - m_j)
 //   Q_c(j) = sum ... exp(2 (L_ij - m_j)),   T_c(j) = sum ... exp(3 (L_ij - m_j))
+//   D_c(j) = S_c(j)^2 - Q_c(j) = sum_{i != k, both != j, label_i = label_k = c} w_ij w_kj
+//            (optional; the pair sums of the U-statistic debiasing)
 //
 // The n x n matrix is never formed: centres are sorted by label once, streamed in
 // fixed-size tiles, and every query row keeps one running max and running sums per
 // class (an online log-sum-exp).  Ranges of centres more than kDrop = 64 below the
 // running class maximum are skipped (< 1.6e-28 of it per term) and exp arguments are
 // clamped at -kClamp = -230, which keeps every exp out of the subnormal range.
+// D is accumulated as excess sums over each class's largest term, which is exactly 1
+// relative to the class maximum and never added (2 e1 + e1^2 - e2 with e1 = S_c - 1,
+// e2 = Q_c - 1 in units of the class maximum), so that it keeps its full relative
+// precision when one neighbour dominates; S^2 - Q formed from the rounded S and Q would
+// lose about log10(1 / D) digits there and depend on the summation order.
 // Results for a row do not depend on the number of threads: each row is reduced by one thread in a fixed order.
 #pragma once
 
@@ -59,12 +66,14 @@ struct LooProblem {
     std::int64_t row_stop = 0;         // one past the last query row
 };
 
-/// Outputs; R = row_stop - row_start.  Q and T may be null when not requested.
+/// Outputs; R = row_stop - row_start.  Q, T and D may be null when not requested; D
+/// needs powers >= 2.  S, Q, T do not depend on whether D is requested.
 struct LooResult {
     double* m = nullptr;  // (H, R)
     double* S = nullptr;  // (H, R, C)
     double* Q = nullptr;  // (H, R, C) or null
     double* T = nullptr;  // (H, R, C) or null
+    double* D = nullptr;  // (H, R, C) or null: S^2 - Q without cancellation (powers >= 2)
 };
 
 /// Run the reduction.  Throws std::invalid_argument on inconsistent sizes or labels
