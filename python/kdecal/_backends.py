@@ -143,18 +143,21 @@ def _call(backend: str) -> Callable[..., tuple[np.ndarray, ...]]:
     """Return the engine's ``loo_reduce`` of a resolved backend.
 
     The returned function takes ``(logq, p, labels, n_classes, scale, bias, powers,
-    row_start, row_stop)`` and an optional ``progress`` callback, called with the number
+    row_start, row_stop)``, an optional ``progress`` callback, called with the number
     of query rows done so far, counted over the batch (``B (row_stop - row_start)`` in
-    all).  Either backend stops on Ctrl-C (``KeyboardInterrupt``) within about a second.
+    all), and ``pairs`` (append the pair sums ``D``).  Either backend stops on Ctrl-C
+    (``KeyboardInterrupt``) within about a second.
     """
     if backend == "cpp":
         nt = _num_threads
 
         def run(
-            *args: Any, progress: Callable[[int], object] | None = None
+            *args: Any, progress: Callable[[int], object] | None = None, pairs: bool = False
         ) -> tuple[np.ndarray, ...]:
             # one engine call: the core polls for Ctrl-C and reports progress itself
-            return _core.loo_reduce(*args, nt, progress=progress)  # type: ignore[no-any-return]
+            return _core.loo_reduce(  # type: ignore[no-any-return]
+                *args, nt, progress=progress, pairs=pairs
+            )
 
         return run
     mod = _load_numba()
@@ -162,7 +165,7 @@ def _call(backend: str) -> Callable[..., tuple[np.ndarray, ...]]:
         raise ValueError(f"the numba backend failed to import: {_numba_error}")
 
     def run_numba(
-        *args: Any, progress: Callable[[int], object] | None = None
+        *args: Any, progress: Callable[[int], object] | None = None, pairs: bool = False
     ) -> tuple[np.ndarray, ...]:
         import numba
 
@@ -171,8 +174,12 @@ def _call(backend: str) -> Callable[..., tuple[np.ndarray, ...]]:
             if _num_threads > 0:
                 numba.set_num_threads(min(_num_threads, numba.config.NUMBA_NUM_THREADS))
             logq, p, labels, n_classes, scale, bias = args[:6]
+            if pairs and int(args[6]) < 2:
+                raise ValueError(f"pairs=True needs powers >= 2, got powers = {args[6]}")
             if p.ndim == 2:
-                return mod.loo_reduce(*args, progress=progress)  # type: ignore[no-any-return]
+                return mod.loo_reduce(  # type: ignore[no-any-return]
+                    *args, progress=progress, pairs=pairs
+                )
             # a batch of independent problems: one numba call per problem
             rows = int(args[8]) - int(args[7])
             parts = []
@@ -185,12 +192,20 @@ def _call(backend: str) -> Callable[..., tuple[np.ndarray, ...]]:
 
                 parts.append(
                     mod.loo_reduce(
-                        logq[b], p[b], labels[b], n_classes, scale, bias[b], *args[6:], progress=cb
+                        logq[b],
+                        p[b],
+                        labels[b],
+                        n_classes,
+                        scale,
+                        bias[b],
+                        *args[6:],
+                        progress=cb,
+                        pairs=pairs,
                     )
                 )
             return tuple(
                 np.stack([x[k] for x in parts]) if parts[0][k].size else parts[0][k]
-                for k in range(4)
+                for k in range(len(parts[0]))
             )
         finally:
             numba.set_num_threads(old)
@@ -245,7 +260,8 @@ def loo_reduce(
     backend: str = "cpp",
     progress: bool | None = None,
     rows: tuple[int, int] | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    pairs: bool = False,
+) -> tuple[np.ndarray, ...]:
     """Leave-one-out Dirichlet-kernel reduction over query rows (all centres).
 
     Parameters
@@ -270,6 +286,8 @@ def loo_reduce(
         Show a progress bar; ``None`` shows one for long work only.
     rows : (int, int), optional
         Query rows ``[start, stop)`` to reduce (against all n centres); default all.
+    pairs : bool
+        Also return the pair sums ``D`` (needs ``powers >= 2``).
 
     Returns
     -------
@@ -278,6 +296,16 @@ def loo_reduce(
     S, Q, T : ndarray, shape ([B,] H, n, C), float64
         ``sum_{i != j, labels_i = c} exp(q (L_ij - m_j))`` for q = 1, 2, 3 (Q and T have
         shape (0, 0, 0) unless requested).
+    D : ndarray, shape ([B,] H, n, C), float64, only with ``pairs``
+        ``S**2 - Q``, the sum of ``w_ij w_kj`` over ordered pairs of distinct centres of
+        class c, accumulated without cancellation: full relative precision, independent
+        of the order of the centres and of the backend, also when one neighbour carries
+        almost all the weight (there ``S**2 - Q`` loses ``log10(S**2 / D)`` digits).
+
+    Raises
+    ------
+    ValueError
+        If ``pairs`` is set with ``powers < 2``.
 
     Notes
     -----
@@ -291,8 +319,10 @@ def loo_reduce(
     work = float(r1 - r0) * n * len(scale) * n_problems
     total = (r1 - r0) * n_problems
     with _bar(_show_bar(work, progress), total, "kdecal LOO kernel") as cb:
-        out = _call(backend)(logq, p, labels, n_classes, scale, bias, powers, r0, r1, progress=cb)
-    return out  # type: ignore[return-value]
+        out = _call(backend)(
+            logq, p, labels, n_classes, scale, bias, powers, r0, r1, progress=cb, pairs=pairs
+        )
+    return out
 
 
 def loo_grad(

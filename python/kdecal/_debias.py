@@ -98,19 +98,37 @@ def ratio_of_squares(m, r_ustat):
     return np.where(my > 0, out, 0.0)
 
 
-def debias(S, Q, T, n_terms, mode):
-    """Debias like ``kdecal._core.debias``; returns ``(E, sq, degenerate)``."""
+def debias(S, Q, T, n_terms, mode, D=None):
+    """Debias like ``kdecal._core.debias``; returns ``(E, sq, degenerate)``.
+
+    ``D`` (optional, the shape of ``S``): the pair sums ``S_c^2 - Q_c`` from the engine
+    (``loo_reduce(..., pairs=True)``).  With them the U-statistic ratio (Eq. 7) has
+    numerator ``D_c`` and denominator ``S0^2 - Q0 = sum_c D_c + 2 sum_{c' < c} S_c S_c'``,
+    sums of non-negative terms, so it keeps a few-ulp relative error also when one
+    neighbour carries almost all the weight (``S0^2 - Q0 << S0^2``), where forming it
+    from ``S`` and ``Q`` cancels and depends on the order of the engine's sums.
+    """
     if mode not in (1, 2):
         raise ValueError(f"mode must be 1 (ustat) or 2 (ratio), got {mode!r}")
     if mode == 2 and T is None:
         raise ValueError("mode 2 (ratio) needs T")
+    if D is not None and np.shape(D) != np.shape(S):
+        raise ValueError(f"D must have the shape of S {np.shape(S)}, got {np.shape(D)}")
     S0 = S.sum(axis=-1, keepdims=True)
     Q0 = Q.sum(axis=-1, keepdims=True)
-    den = S0 * S0 - Q0
+    if D is None:
+        num = S * S - Q
+        den = S0 * S0 - Q0
+    else:
+        num = D
+        # S_c times the classes before c (an exclusive running sum, no subtraction)
+        before = np.cumsum(S, axis=-1)
+        before = np.concatenate([np.zeros_like(S[..., :1]), before[..., :-1]], axis=-1)
+        den = D.sum(axis=-1, keepdims=True) + 2.0 * (S * before).sum(axis=-1, keepdims=True)
     degenerate = ~(den > 1e-12 * S0 * S0) | (mode == 2 and n_terms < 6)
     with np.errstate(divide="ignore", invalid="ignore"):
         plain = S / S0
-        sq = np.where(degenerate, plain * plain, (S * S - Q) / den)
+        sq = np.where(degenerate, plain * plain, num / den)
     E = plain
     if mode == 2:
         T0 = T.sum(axis=-1, keepdims=True)

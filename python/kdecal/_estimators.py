@@ -21,6 +21,7 @@ formula as the canonical negative entropy.
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 
@@ -115,11 +116,12 @@ def engine(
     backend: str,
     progress: bool | None = None,
     rows: tuple[int, int] | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    pairs: bool = False,
+) -> tuple[np.ndarray, ...]:
     """One batched leave-one-out pass: m (B, H, R) and S, Q, T (B, H, R, C).
 
     ``rows`` restricts the query rows to ``[start, stop)`` (R of them; default all n),
-    always against all n centres.
+    always against all n centres; ``pairs`` appends the pair sums D (B, H, R, C).
     """
     p = problem.p
     logq = np.ascontiguousarray(np.log(p), dtype=problem.dtype)
@@ -141,6 +143,7 @@ def engine(
         backend=backend,
         progress=progress,
         rows=rows,
+        pairs=pairs,
     )
 
 
@@ -250,7 +253,7 @@ def search_bandwidth(
     powers: int,
     backend: str,
     progress: bool | None = None,
-) -> tuple[Search, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+) -> tuple[Search, tuple[np.ndarray, ...]]:
     """Search one criterion; see :func:`search_bandwidths`."""
     return search_bandwidths(problem, (criterion,), powers, backend, progress)[criterion]
 
@@ -261,7 +264,7 @@ def search_bandwidths(
     powers: int,
     backend: str,
     progress: bool | None = None,
-) -> dict[str, tuple[Search, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]]:
+) -> dict[str, tuple[Search, tuple[np.ndarray, ...]]]:
     """Coarse-to-fine minimisation of leave-one-out risks over :data:`SEARCH_GRID`.
 
     Several criteria (e.g. "brier" for the L1 / L2 quantities and "log" for the KL ones)
@@ -282,8 +285,9 @@ def search_bandwidths(
 
     Returns, per criterion, the search record (``tried``: the risks on the rows each
     bandwidth was evaluated on) and the engine accumulators
-    ``(m, S, Q, T)`` of the chosen bandwidth on all rows (shapes (B, n), (B, n, C)), so
-    that the estimate needs no further pass. Stages 1-2 use
+    ``(m, S, Q, T)`` of the chosen bandwidth on all rows (shapes (B, n), (B, n, C)),
+    followed by the pair sums ``D`` when ``powers >= 2``, so that the estimate needs no
+    further pass. Stages 1-2 use
     ``max(SEARCH_SUBSET_MIN, n // 20)`` query rows (all rows when ``n <= 2000``): the
     risks are averages over query rows and the same rows serve every bandwidth, so
     their differences, which decide the argmin, carry far less noise than the risks.
@@ -401,24 +405,21 @@ def search_bandwidths(
         return min(cand, key=risk), done
 
     chosen = {c: choose(c) for c in criteria}
-    acc: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+    acc: dict[int, tuple[np.ndarray, ...]] = {}
     for b, _ in chosen.values():
         if b not in acc:
-            m, S, Q, T = engine(
+            sums = engine(
                 problem,
                 grid[[b]],
                 labelled=True,
                 powers=powers,
                 backend=backend,
                 progress=progress,
+                pairs=powers >= 2,
             )
             work += 1.0
-            acc[b] = (
-                m[:, 0],
-                S[:, 0],
-                Q[:, 0] if powers >= 2 else Q,
-                T[:, 0] if powers >= 3 else T,
-            )
+            # m, S, Q, T (and D) of the one bandwidth; Q, T stay empty when not requested
+            acc[b] = tuple(x[:, 0] if x.size else x for x in sums)
     out = {}
     for c, (b, done) in chosen.items():
         tried = {
@@ -464,11 +465,23 @@ class Estimate:
         """Mean of per-row terms ``x`` (B, n) over rows and over the batch's problems.
 
         Rows are weighted by ``row_weights`` (the bootstrap multiplicities) when set.
+        The sums are exactly rounded (``math.fsum``), so the mean does not depend on the
+        order of the rows, also when positive and negative terms (debiased estimates)
+        nearly cancel.
         """
-        if self.row_weights is None:
-            return float(np.mean(x))
-        w = self.row_weights
-        return float(np.mean(np.sum(x * w, axis=-1) / np.sum(w)))
+        x = np.asarray(x, dtype=np.float64)
+        w = None if self.row_weights is None else np.asarray(self.row_weights, np.float64)
+        if not np.all(np.isfinite(x)):  # inf or nan: as np.mean has it
+            return float(np.mean(x) if w is None else np.mean(np.sum(x * w, -1) / np.sum(w)))
+        try:
+            if w is None:
+                return math.fsum(x.ravel().tolist()) / x.size
+            xw = np.atleast_2d(x * w)
+            total = math.fsum(w.ravel().tolist())
+            rows = [math.fsum(r.tolist()) / total for r in xw.reshape(-1, xw.shape[-1])]
+            return math.fsum(rows) / len(rows)
+        except OverflowError:  # a partial sum beyond the float range
+            return float(np.mean(x) if w is None else np.mean(np.sum(x * w, -1) / np.sum(w)))
 
     def frequencies(self) -> np.ndarray:
         """Label frequencies per problem (weighted like :meth:`mean`), shape (B, 1, D)."""
@@ -498,14 +511,17 @@ def estimate(
     progress: bool | None = None,
 ) -> Estimate:
     """Run the engine at one bandwidth and form (debiased) conditional expectations."""
-    m, S, Q, T = engine(
+    debiased = debias != "none"
+    sums = engine(
         problem,
         np.array([bandwidth]),
         labelled=True,
         powers=_POWERS[debias],
         backend=backend,
         progress=progress,
+        pairs=debiased,
     )
+    m, S, Q, T = sums[:4]
     return estimate_from(
         problem,
         bandwidth,
@@ -513,8 +529,9 @@ def estimate(
         backend,
         m[:, 0],
         S[:, 0],
-        Q[:, 0] if debias != "none" else Q,
+        Q[:, 0] if debiased else Q,
         T[:, 0] if debias == "ratio" else T,
+        D=sums[4][:, 0] if debiased else None,
     )
 
 
@@ -528,11 +545,15 @@ def estimate_from(
     Q: np.ndarray,
     T: np.ndarray,
     warn: bool = True,
+    D: np.ndarray | None = None,
 ) -> Estimate:
     """Form the (debiased) conditional expectations from one bandwidth's accumulators.
 
-    ``m`` (B, n) and ``S``, ``Q``, ``T`` (B, n, C) as returned by :func:`engine` for one
-    bandwidth (``Q``, ``T`` only when the debiasing mode needs them).
+    ``m`` (B, n) and ``S``, ``Q``, ``T``, ``D`` (B, n, C) as returned by :func:`engine`
+    for one bandwidth (``Q``, ``T`` only when the debiasing mode needs them).  ``D``, the
+    engine's pair sums ``S**2 - Q``, makes the U-statistic free of cancellation (and so
+    independent of the row order and of the backend to a few ulps); without it, it is
+    formed from ``S`` and ``Q``.
     """
     if debias == "none":
         E = S / S.sum(axis=-1, keepdims=True)
@@ -541,13 +562,14 @@ def estimate_from(
     Qh = np.ascontiguousarray(Q)
     Th = np.ascontiguousarray(T) if mode == 2 else None
     if backend == "cpp":
+        Dh = None if D is None else np.ascontiguousarray(D)
         E, sq, degenerate = _backends._core.debias(
-            np.ascontiguousarray(S), Qh, Th, float(problem.n - 1), mode
+            np.ascontiguousarray(S), Qh, Th, float(problem.n - 1), mode, Dh
         )
     else:
         from ._debias import debias as np_debias
 
-        E, sq, degenerate = np_debias(S, Qh, Th, float(problem.n - 1), mode)
+        E, sq, degenerate = np_debias(S, Qh, Th, float(problem.n - 1), mode, D)
     n_deg = int(np.count_nonzero(degenerate))
     # one such row in a thousand moves no estimate visibly; more is worth a warning
     if n_deg and warn and n_deg > 1e-3 * degenerate.size:
@@ -594,10 +616,15 @@ def fit_criteria(
         found = search_bandwidths(problem, criteria, _POWERS[debias], backend, progress)
         out: dict[str, tuple[Estimate, Search | None]] = {}
         made: dict[float, Estimate] = {}
-        for c, (record, (m, S, Q, T)) in found.items():
+        for c, (record, sums) in found.items():
             if record.bandwidth not in made:
                 made[record.bandwidth] = estimate_from(
-                    problem, record.bandwidth, debias, backend, m, S, Q, T
+                    problem,
+                    record.bandwidth,
+                    debias,
+                    backend,
+                    *sums[:4],
+                    D=sums[4] if len(sums) > 4 else None,
                 )
             out[c] = (made[record.bandwidth], record)
         return out

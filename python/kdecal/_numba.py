@@ -248,10 +248,13 @@ def _tile(
     pos,
     scale,
     powers,
+    pairs,
     G,
     E,
     E2,
     E3,
+    EX,
+    EX2,
     acc,
     mc,
     acc_s,
@@ -259,6 +262,7 @@ def _tile(
     S_out,
     Q_out,
     T_out,
+    D_out,
 ):
     """All outputs of the tq query rows j0 .. j0+tq-1 (output rows r0 ..).
 
@@ -268,7 +272,9 @@ def _tile(
     cache across bandwidths and each block of bias serves the whole tile.
     L is recomputed in the second pass with the same operations, hence
     bitwise the same values.  The order of operations for one query row does
-    not depend on the tile it belongs to.
+    not depend on the tile it belongs to.  With ``pairs``, the excess sums over the
+    class maximum (whose terms, ``L == m_c`` exactly, are counted instead of summed)
+    give ``D = S^2 - Q`` without cancellation, as in the C++ engine.
     """
     H = scale.shape[0]
     C = seg_lo.shape[0]
@@ -310,15 +316,16 @@ def _tile(
         hi = seg_hi[c]
         for t in range(H):
             for q in range(tq):
-                acc_s[0, t, q] = 0.0
-                acc_s[1, t, q] = 0.0
-                acc_s[2, t, q] = 0.0
+                for a in range(6):
+                    acc_s[a, t, q] = 0.0
         for i0 in range(lo, hi, nb):
             i1 = min(i0 + nb, hi)
             w = i1 - i0
             e = E[:w]
             e2 = E2[:w]
             e3 = E3[:w]
+            ex = EX[:w]
+            ex2 = EX2[:w]
             for t in range(H):
                 st = scale[t]
                 bb = bs[t, i0:i1]
@@ -332,6 +339,20 @@ def _tile(
                     pj = pos[j0 + q]
                     if i0 <= pj < i1:
                         e[pj - i0] = 0.0  # exact exclusion of i == j
+                    if pairs:
+                        # terms at the class maximum (exactly 1) are counted, not summed
+                        ties = 0.0
+                        for ii in range(w):
+                            top = (bb[ii] + st * gg[ii]) - v == 0.0
+                            ex[ii] = 0.0 if top else e[ii]
+                            ties += 1.0 if top else 0.0
+                        if i0 <= pj < i1 and (bb[pj - i0] + st * gg[pj - i0]) - v == 0.0:
+                            ties -= 1.0  # the query itself is no term
+                        for ii in range(w):
+                            ex2[ii] = ex[ii] * ex[ii]
+                        acc_s[5, t, q] += ties
+                        acc_s[4, t, q] += _tree_sum(ex2)
+                        acc_s[3, t, q] += _tree_sum(ex)
                     if powers >= 2:
                         for ii in range(w):
                             e2[ii] = e[ii] * e[ii]
@@ -351,6 +372,8 @@ def _tile(
                         Q_out[t, r, c] = 0.0
                     if powers >= 3:
                         T_out[t, r, c] = 0.0
+                    if pairs:
+                        D_out[t, r, c] = 0.0
                     continue
                 d = v - m_out[t, r]
                 S_out[t, r, c] = acc_s[0, t, q] * math.exp(d)
@@ -358,6 +381,13 @@ def _tile(
                     Q_out[t, r, c] = acc_s[1, t, q] * math.exp(2.0 * d)
                 if powers >= 3:
                     T_out[t, r, c] = acc_s[2, t, q] * math.exp(3.0 * d)
+                if pairs:
+                    # e1 = S_c - 1, e2 = Q_c - 1 relative to the class maximum; the
+                    # maximum's own term is one of the ties
+                    extra = acc_s[5, t, q] - 1.0
+                    e1 = acc_s[3, t, q] + extra
+                    e2 = acc_s[4, t, q] + extra
+                    D_out[t, r, c] = ((2.0 * e1 - e2) + e1 * e1) * math.exp(2.0 * d)
 
 
 # ---------------------------------------------------------------------------
@@ -373,6 +403,7 @@ def _loo_reduce_kernel(
     pos,
     scale,
     powers,
+    pairs,
     row_start,
     row_stop,
     out_off,
@@ -380,6 +411,7 @@ def _loo_reduce_kernel(
     S_out,
     Q_out,
     T_out,
+    D_out,
     n_chunks,
 ):
     # Query rows [row_start, row_stop) go to output rows out_off + (j - row_start).
@@ -390,6 +422,7 @@ def _loo_reduce_kernel(
     nb = min(_BLK, max(n, 1))
     n2 = nb if powers >= 2 else 0
     n3 = nb if powers >= 3 else 0
+    nx = nb if pairs else 0
     # Scratch is allocated once per chunk of consecutive rows (the caller
     # asks for a few chunks per thread); rows go through in tiles of _TQ.
     nch = max(1, min(R, n_chunks))
@@ -400,9 +433,11 @@ def _loo_reduce_kernel(
         E = np.empty(nb, np.float64)
         E2 = np.empty(n2, np.float64)
         E3 = np.empty(n3, np.float64)
+        EX = np.empty(nx, np.float64)
+        EX2 = np.empty(nx, np.float64)
         acc = np.empty_like(psT[0, :nb])
         mc = np.empty((H, _TQ, C), np.float64)
-        acc_s = np.empty((3, H, _TQ), np.float64)
+        acc_s = np.empty((6, H, _TQ), np.float64)
         for r0 in range(c0, c1, _TQ):
             tq = min(_TQ, c1 - r0)
             _tile(
@@ -417,10 +452,13 @@ def _loo_reduce_kernel(
                 pos,
                 scale,
                 powers,
+                pairs,
                 G,
                 E,
                 E2,
                 E3,
+                EX,
+                EX2,
                 acc,
                 mc,
                 acc_s,
@@ -428,6 +466,7 @@ def _loo_reduce_kernel(
                 S_out,
                 Q_out,
                 T_out,
+                D_out,
             )
 
 
@@ -456,7 +495,17 @@ def _chunks(row_start, row_stop, row_cost, n_threads):
 
 
 def loo_reduce(
-    logq, p, labels, n_classes, scale, bias, powers, row_start, row_stop, progress=None
+    logq,
+    p,
+    labels,
+    n_classes,
+    scale,
+    bias,
+    powers,
+    row_start,
+    row_stop,
+    progress=None,
+    pairs=False,
 ):
     """Per-class leave-one-out sums of Dirichlet-kernel values (numba backend).
 
@@ -499,6 +548,8 @@ def loo_reduce(
     progress : callable or None
         Called after every chunk of rows with the number of rows done so far (the last
         call with ``row_stop - row_start``).
+    pairs : bool
+        Also return the pair sums ``D`` (needs ``powers >= 2``; not checked here).
 
     Returns
     -------
@@ -509,6 +560,12 @@ def loo_reduce(
     T : ndarray, shape (H, R, C), float64, or shape (0, 0, 0) if ``powers < 3``
         All C-contiguous.  A class without any centre ``i != j`` has
         ``S_c = Q_c = T_c = 0`` and does not affect ``m``.
+    D : ndarray, shape (H, R, C), float64, only with ``pairs``
+        ``S_c^2 - Q_c`` (the sum of ``w_ij w_kj`` over ordered pairs ``i != k`` of the
+        class), accumulated as sums of the terms in excess of each class's largest one
+        (exactly 1 relative to the class maximum, counted rather than added), so that
+        it keeps its full relative precision when one neighbour dominates, where
+        ``S**2 - Q`` would cancel.  ``S``, ``Q``, ``T`` do not depend on ``pairs``.
 
     Notes
     -----
@@ -554,6 +611,8 @@ def loo_reduce(
     S = np.empty((H, R, C), dtype=np.float64)
     Q = np.empty((H, R, C) if powers >= 2 else (0, 0, 0), dtype=np.float64)
     T = np.empty((H, R, C) if powers >= 3 else (0, 0, 0), dtype=np.float64)
+    pairs = bool(pairs)
+    D = np.empty((H, R, C) if pairs else (0, 0, 0), dtype=np.float64)
     if R > 0 and H > 0:
         K = p.shape[1]
         nt = numba.get_num_threads()
@@ -567,6 +626,7 @@ def loo_reduce(
                 pos,
                 scale,
                 powers,
+                pairs,
                 a,
                 b,
                 a - row_start,
@@ -574,10 +634,13 @@ def loo_reduce(
                 S,
                 Q,
                 T,
+                D,
                 4 * nt,
             )
             if progress is not None:
                 progress(b - row_start)
+    if pairs:
+        return m, S, Q, T, D
     return m, S, Q, T
 
 
@@ -738,3 +801,4 @@ def warmup():
         scale = np.array([2.0], dtype=np.float64)
         bias = np.zeros((1, n), dtype=np.float64)
         loo_reduce(logq, p, labels, K, scale, bias, 3, 0, n)
+        loo_reduce(logq, p, labels, K, scale, bias, 3, 0, n, pairs=True)
