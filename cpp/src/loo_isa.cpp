@@ -37,7 +37,10 @@ using detail::Prepared;
 // e1 = (sum of its terms) - 1 and e2 = (sum of their squares) - 1 relative to the running
 // class maximum, whose own term (exactly 1) is never added: terms with L equal to the
 // running maximum (x == 0 exactly; the max loop and the sum loop compute L with the same
-// expression, so the maximum itself is one of them) are counted instead of summed.  The
+// expression, so the maximum itself is one of them) are counted instead of summed.  (Were
+// the two L ever to differ, the maximum's term would be summed as an ordinary term and
+// the 1 subtracted: the plain sums' accuracy, still correct.)  Only a range that holds
+// the running maximum has such terms; every other range adds its plain sums.  The
 // U-statistic S^2 - Q = 2 e1 + e1^2 - e2 (in units of the class maximum) is then a sum
 // of non-negative parts, free of the cancellation of forming S^2 - Q from S and Q when
 // one neighbour dominates (S = 1 + R with R tiny).
@@ -77,6 +80,54 @@ inline double log_kernel(const double* b, const Real* g, i64 i, double s) {
     return b[i] + s * static_cast<double>(g[i]);
 }
 
+// One lane step of the sums: w = exp(max(L - off, -kClamp)) into a1, a2, a3 (POW) and,
+// with TOP, w and w^2 of the terms below off into x1, x2.
+template <int POW, bool TOP, class Real>
+inline void sum_step(const double* b, const Real* g, i64 i, double s, double off, double& a1,
+                     double& a2, double& a3, double& x1, double& x2) {
+    double x = log_kernel(b, g, i, s) - off;
+    x = x < -kClamp ? -kClamp : x;
+    const double w = exp_small(x);
+    a1 += w;
+    if (POW >= 2) a2 = mul_add(w, w, a2);
+    if (POW >= 3) a3 = mul_add(w * w, w, a3);
+    if constexpr (TOP) {
+        const double we = x != 0.0 ? w : 0.0;  // the running maximum's terms: left out
+        x1 += we;
+        x2 = mul_add(we, we, x2);
+    }
+}
+
+// Sums over centres [0, len) relative to off: r[0..2] of w, w^2, w^3 (as POW asks) and,
+// with TOP, r[3], r[4] of w, w^2 without the terms at L = off.
+template <int POW, bool TOP, class Real>
+inline void range_sums(const double* b, const Real* g, i64 len, double s, double off,
+                       double* r) {
+    double a1[kLanes], a2[kLanes], a3[kLanes], x1[kLanes], x2[kLanes];
+    for (i64 v = 0; v < kLanes; ++v) {
+        a1[v] = 0.0;
+        a2[v] = 0.0;
+        a3[v] = 0.0;
+        x1[v] = 0.0;
+        x2[v] = 0.0;
+    }
+    i64 i = 0;
+    for (; i + kLanes <= len; i += kLanes) {
+#pragma omp simd
+        for (i64 v = 0; v < kLanes; ++v)
+            sum_step<POW, TOP>(b, g, i + v, s, off, a1[v], a2[v], a3[v], x1[v], x2[v]);
+    }
+    for (i64 v = 0; i + v < len; ++v)
+        sum_step<POW, TOP>(b, g, i + v, s, off, a1[v], a2[v], a3[v], x1[v], x2[v]);
+    r[0] = tree_sum(a1);
+    if (POW >= 2) r[1] = tree_sum(a2);
+    if (POW >= 3) r[2] = tree_sum(a3);
+    if constexpr (TOP) {
+        r[3] = tree_sum(x1);
+        r[4] = tree_sum(x2);
+    }
+}
+
 template <int POW, bool EXC, class Real>
 inline void fold(const double* b, const Real* g, i64 len, double s, double& mc,
                  double& s1, double& s2, double& s3, double& e1, double& e2) {
@@ -111,64 +162,29 @@ inline void fold(const double* b, const Real* g, i64 len, double s, double& mc,
     } else if (mx < mc - kDrop) {
         return;  // every term is below exp(-kDrop) ~ 1.6e-28 of this class's maximum
     }
-    const double off = mc;
-    double a1[kLanes], a2[kLanes], a3[kLanes], x1[kLanes], x2[kLanes], ties[kLanes];
-    for (i64 v = 0; v < kLanes; ++v) {
-        a1[v] = 0.0;
-        a2[v] = 0.0;
-        a3[v] = 0.0;
-        x1[v] = 0.0;
-        x2[v] = 0.0;
-        ties[v] = 0.0;
-    }
-    i = 0;
-    for (; i + kLanes <= len; i += kLanes) {
-#pragma omp simd
-        for (i64 v = 0; v < kLanes; ++v) {
-            double x = log_kernel(b, g, i + v, s) - off;
-            x = x < -kClamp ? -kClamp : x;
-            const double w = exp_small(x);
-            a1[v] += w;
-            if (POW >= 2) a2[v] = mul_add(w, w, a2[v]);
-            if (POW >= 3) a3[v] = mul_add(w * w, w, a3[v]);
-            if constexpr (EXC) {
-                // a product, not a select, so that w * w keeps its single use above
-                // (and its contraction into a2's FMA): S, Q, T stay bit-identical
-                const double keep = static_cast<double>(x != 0.0);
-                const double we = w * keep;
-                x1[v] += we;
-                x2[v] += we * we;
-                ties[v] += 1.0 - keep;
-            }
+    double r[5] = {0.0, 0.0, 0.0, 0.0, 0.0};
+    bool top = false;  // whether this range holds the running maximum (EXC only)
+    if constexpr (EXC) top = mx == mc;
+    if (top) {
+        range_sums<POW, EXC>(b, g, len, s, mc, r);
+        // The terms left out are exactly 1 each (exp_small(0) = 1), so r[0] - r[3] is
+        // their count up to a rounding error far below 1/2 (at most kColBlock terms
+        // <= 1).  Those other than the maximum itself are ordinary terms of 1; the counts
+        // are small integers, so adding them is exact.
+        const double ties = static_cast<double>(static_cast<i64>(r[0] - r[3] + 0.5));
+        const double extra = ties - (new_max ? 1.0 : 0.0);
+        e1 += r[3] + extra;
+        e2 += r[4] + extra;
+    } else {
+        range_sums<POW, false>(b, g, len, s, mc, r);
+        if constexpr (EXC) {  // no term at the maximum: the excess is the whole sum
+            e1 += r[0];
+            e2 += r[1];
         }
     }
-    for (i64 v = 0; i + v < len; ++v) {
-        double x = log_kernel(b, g, i + v, s) - off;
-        x = x < -kClamp ? -kClamp : x;
-        const double w = exp_small(x);
-        a1[v] += w;
-        if (POW >= 2) a2[v] = mul_add(w, w, a2[v]);
-        if (POW >= 3) a3[v] = mul_add(w * w, w, a3[v]);
-        if constexpr (EXC) {
-            // a product, not a select, so that w * w keeps its single use above
-            // (and its contraction into a2's FMA): S, Q, T stay bit-identical
-            const double keep = static_cast<double>(x != 0.0);
-            const double we = w * keep;
-            x1[v] += we;
-            x2[v] += we * we;
-            ties[v] += 1.0 - keep;
-        }
-    }
-    s1 += tree_sum(a1);
-    if (POW >= 2) s2 += tree_sum(a2);
-    if (POW >= 3) s3 += tree_sum(a3);
-    if constexpr (EXC) {
-        // ties at the maximum other than the maximum itself are ordinary terms (1 each);
-        // a count is a small integer, so these additions are exact
-        const double extra = tree_sum(ties) - (new_max ? 1.0 : 0.0);
-        e1 += tree_sum(x1) + extra;
-        e2 += tree_sum(x2) + extra;
-    }
+    s1 += r[0];
+    if (POW >= 2) s2 += r[1];
+    if (POW >= 3) s3 += r[2];
 }
 
 template <int POW, bool EXC, class Real>
