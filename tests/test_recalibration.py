@@ -583,10 +583,20 @@ def test_bad_input(cls, data5):
         cal.transform(np.full((2, 5), np.inf))
 
 
-def test_probabilities_passed_as_logits_warn(data5):
+def test_probabilities_passed_as_logits_raise(data5):
+    # no silent guess: probabilities given as logits raise and name input='probs';
+    # the default input="auto" reads them as probabilities
     z, y = data5
-    with pytest.warns(kdecal.KdecalWarning, match="input='probs'"):
-        rc.TemperatureScaling().fit(softmax(z, axis=1), y)
+    q = softmax(z, axis=1)
+    for cls in ALL:
+        with pytest.raises(ValueError, match="input='probs'"):
+            cls(input="logits").fit(q, y)
+    ts = rc.TemperatureScaling().fit(q, y)
+    assert ts.input_ == "probs"
+    assert ts.temperature_ == rc.TemperatureScaling(input="probs").fit(q, y).temperature_
+    # entries in [0, 1] whose rows are far from summing to 1: ambiguous, both named
+    with pytest.raises(ValueError, match="input='probs'.*input='logits'"):
+        rc.AffineCalibration().fit(q * 0.5, y)
 
 
 def test_parameter_checks(data5):

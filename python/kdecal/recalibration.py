@@ -196,9 +196,11 @@ def _check_sample_weight(sample_weight: object, n: int) -> np.ndarray | None:
     bad = ~np.isfinite(w) | (w < 0)
     if np.any(bad):
         i = int(np.argmax(bad))
-        raise ValueError(f"sample_weight must be finite and >= 0, got {w[i]!r} at index {i}")
+        raise ValueError(
+            f"sample_weight must be finite and >= 0, got {float(w[i])!r} at index {i}"
+        )
     if not np.sum(w) > 0:
-        raise ValueError("sample_weight sums to 0; at least one sample needs a positive weight")
+        raise ValueError("sample_weight sums to zero; at least one sample needs a positive weight")
     return np.ascontiguousarray(w)
 
 
@@ -208,9 +210,12 @@ def _pow2(x: float) -> float:
 
 
 def _overflow_scale(L: np.ndarray) -> float:
-    """Power of two ``s >= 1`` such that sums of ``n`` entries of ``L / s`` cannot overflow."""
+    """Power of two ``s >= 1`` such that sums of the entries of ``L / s`` stay below 2**480.
+
+    Their squares (the optimisers' curvature estimates) then stay finite too.
+    """
     m = float(np.max(np.abs(L)))
-    limit = 2.0**990 / max(L.shape[0], 1) / max(L.shape[1], 1)
+    limit = 2.0**480 / max(L.shape[0], 1) / max(L.shape[1], 1)
     return 1.0 if m <= limit else float(2.0 ** np.ceil(np.log2(m / limit)))
 
 
@@ -342,7 +347,7 @@ class _Calibrator:
             estimator_type=None,
             target_tags=TargetTags(required=True),
             transformer_tags=TransformerTags(preserves_dtype=["float64"]),
-            input_tags=InputTags(one_d_array=True, two_d_array=True),
+            input_tags=InputTags(two_d_array=True),
         )
 
     # subclasses implement these two on validated log-probabilities -------------------
@@ -355,17 +360,17 @@ class _Calibrator:
         raise NotImplementedError
 
     # public API ------------------------------------------------------------------------
-    def fit(self, scores: object, labels: object, sample_weight: object = None) -> _Calibrator:
+    def fit(self, X: object, y: object, sample_weight: object = None) -> _Calibrator:
         """Fit the calibrator on held-out scores and labels.
 
         Parameters
         ----------
-        scores : array-like, shape (n, K) or (n,)
-            Logits or probabilities (``input``) of the classifier on the calibration
-            (validation) set; see the module docstring for the binary ``(n,)`` form. At
-            least 2 samples.
-        labels : array-like of int, shape (n,)
-            True classes in ``0..K-1``.
+        X : array-like, shape (n, K) or (n,)
+            The scores (called ``scores`` in messages): logits or probabilities
+            (``input``) of the classifier on the calibration (validation) set; see the
+            module docstring for the binary ``(n,)`` form. At least 2 samples.
+        y : array-like of int, shape (n,)
+            The labels (``labels`` in messages): true classes in ``0..K-1``.
         sample_weight : array-like, shape (n,), optional
             Non-negative finite weights of the samples in the fit objective (default: all
             1); integer weights are equivalent to repeating rows.
@@ -387,23 +392,28 @@ class _Calibrator:
             and the method-specific cases listed in each class.
         """
         inp = check_choice(self.input, "input", INPUTS)
-        lp = log_probs(scores, inp, "scores", MIN_FIT_SAMPLES)
+        if y is None:
+            raise ValueError(
+                f"{type(self).__name__} requires y to be passed, but the target y is None "
+                "(labels, integers in 0..K-1, are needed to fit a calibrator)"
+            )
+        lp = log_probs(X, inp, "scores", MIN_FIT_SAMPLES)
         L, P = lp.L, lp.q
-        y = check_labels(labels, L.shape[0], L.shape[1])
+        labels = check_labels(y, L.shape[0], L.shape[1])
         w = _check_sample_weight(sample_weight, L.shape[0])
-        self._fit(L, P, y, w)
+        self._fit(L, P, labels, w)
         self.input_ = lp.kind
         self.n_classes_ = int(L.shape[1])
         self.classes_ = np.arange(self.n_classes_)
         self.n_features_in_ = 1 if lp.binary else self.n_classes_
         return self
 
-    def transform(self, scores: object) -> np.ndarray:
+    def transform(self, X: object) -> np.ndarray:
         """Calibrated probabilities of new scores.
 
         Parameters
         ----------
-        scores : array-like, shape (n, K) or (n,)
+        X : array-like, shape (n, K) or (n,)
             Scores of the kind resolved in :meth:`fit` (``input_``) and with its number of
             classes.
 
@@ -424,12 +434,12 @@ class _Calibrator:
         if not self.__sklearn_is_fitted__():
             raise NotFittedError(
                 f"this {type(self).__name__} instance is not fitted yet; call "
-                "fit(scores, labels) before transform"
+                "fit(X, y) before transform"
             )
-        lp = log_probs(scores, self.input_, "scores", 1)
+        lp = log_probs(X, self.input_, "scores", 1)
         L, P = lp.L, lp.q
         if L.shape[1] != self.n_classes_:
-            shape = np.shape(scores)
+            shape = np.shape(X)
             raise ValueError(
                 f"scores has K = {L.shape[1]} classes (shape {shape}) but "
                 f"{type(self).__name__} was fitted with K = {self.n_classes_} (X has "
@@ -439,15 +449,32 @@ class _Calibrator:
         Q = np.ascontiguousarray(self._transform(L, P), dtype=np.float64)
         return Q[:, 1].copy() if lp.binary else Q
 
-    def predict_proba(self, scores: object) -> np.ndarray:
+    def predict_proba(self, X: object) -> np.ndarray:
         """Alias of :meth:`transform`, for code written for scikit-learn classifiers."""
-        return self.transform(scores)
+        return self.transform(X)
 
-    def fit_transform(
-        self, scores: object, labels: object, sample_weight: object = None
-    ) -> np.ndarray:
-        """``fit(scores, labels, sample_weight).transform(scores)``; see :meth:`fit`."""
-        return self.fit(scores, labels, sample_weight).transform(scores)
+    def predict(self, X: object) -> np.ndarray:
+        """Most probable class of the calibrated probabilities (ties to the lower index).
+
+        Parameters
+        ----------
+        X : array-like, shape (n, K) or (n,)
+            As in :meth:`transform`.
+
+        Returns
+        -------
+        ndarray, shape (n,), int64
+            ``argmax`` of :meth:`transform`'s rows (for a 1-D input: 1 where the
+            calibrated ``P(y = 1) > 1/2``).
+        """
+        Q = self.transform(X)
+        if Q.ndim == 1:
+            return (Q > 0.5).astype(np.int64)
+        return np.argmax(Q, axis=1).astype(np.int64)
+
+    def fit_transform(self, X: object, y: object, sample_weight: object = None) -> np.ndarray:
+        """``fit(X, y, sample_weight).transform(X)``; see :meth:`fit` and :meth:`transform`."""
+        return self.fit(X, y, sample_weight).transform(X)
 
 
 # ----------------------------------------------------------------- temperature methods
