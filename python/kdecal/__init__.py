@@ -9,7 +9,7 @@ differentiable training losses.
 
 from __future__ import annotations
 
-from . import binned, datasets, plot, recalibration, scores
+from . import binned, datasets, plot, recalibration, resampling, scores
 from ._backends import available_backends, get_num_threads, set_num_threads
 from ._compare import Comparison, compare
 from ._report import CalibrationReport
@@ -63,6 +63,7 @@ __all__ = [
     "plot",
     "recalibration",
     "refinement",
+    "resampling",
     "scores",
     "select_bandwidth",
     "set_num_threads",

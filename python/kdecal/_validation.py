@@ -497,8 +497,11 @@ def log_softmax_rows(z: np.ndarray) -> np.ndarray:
     clipped to ``-finfo(float64).max``: the probability they stand for is 0 to any
     precision, and keeping it finite keeps every later product and sum finite.
     """
+    m = z.max(axis=1, keepdims=True)
     with np.errstate(over="ignore", invalid="ignore"):
-        D = z - z.max(axis=1, keepdims=True)
+        D = z - m
+    if np.all(np.isfinite(D)):  # the usual case: z - logsumexp(z), as scipy computes it
+        return z - (m + np.log(np.exp(D).sum(axis=1, keepdims=True)))
     D = np.maximum(D, -np.finfo(np.float64).max)
     return D - np.log(np.exp(D).sum(axis=1, keepdims=True))
 
