@@ -21,18 +21,18 @@ bin.
 
 References
 ----------
-.. [Guo2017] C. Guo, G. Pleiss, Y. Sun, K. Q. Weinberger. "On Calibration of Modern
-   Neural Networks". ICML 2017 (the binned ECE, Sec. 2).
-.. [Naeini2015] M. P. Naeini, G. F. Cooper, M. Hauskrecht. "Obtaining Well Calibrated
-   Probabilities Using Bayesian Binning". AAAI 2015.
-.. [Kull2019] M. Kull, M. Perello-Nieto, M. Kaengsepp, T. Silva Filho, H. Song,
-   P. Flach. "Beyond temperature scaling: Obtaining well-calibrated multi-class
-   probabilities with Dirichlet calibration". NeurIPS 2019 (class-wise ECE).
-.. [003] T. Popordanoska, R. Sayer, M. B. Blaschko. "A Consistent and Differentiable
-   L_p Canonical Calibration Error Estimator". NeurIPS 2022 (Eq. 1, Sec. 4, Fig. 1,
-   Fig. 2a, App. F).
-.. [Doane1976] D. P. Doane. "Aesthetic frequency classifications". The American
-   Statistician 30(4):181-183, 1976.
+- C. Guo, G. Pleiss, Y. Sun, K. Q. Weinberger. "On Calibration of Modern
+  Neural Networks". ICML 2017 (the binned ECE, Sec. 2).
+- M. P. Naeini, G. F. Cooper, M. Hauskrecht. "Obtaining Well Calibrated
+  Probabilities Using Bayesian Binning". AAAI 2015.
+- M. Kull, M. Perello-Nieto, M. Kaengsepp, T. Silva Filho, H. Song,
+  P. Flach. "Beyond temperature scaling: Obtaining well-calibrated multi-class
+  probabilities with Dirichlet calibration". NeurIPS 2019 (class-wise ECE).
+- T. Popordanoska, R. Sayer, M. B. Blaschko. "A Consistent and Differentiable
+  L_p Canonical Calibration Error Estimator". NeurIPS 2022 (Eq. 1, Sec. 4, Fig. 1,
+  Fig. 2a, App. F).
+- D. P. Doane. "Aesthetic frequency classifications". The American
+  Statistician 30(4):181-183, 1976.
 """
 
 from __future__ import annotations

@@ -48,16 +48,16 @@ These ground truths therefore need a regression on a large Monte Carlo sample; s
 
 References
 ----------
-.. [003] T. Popordanoska, R. Sayer, M. B. Blaschko. "A Consistent and Differentiable
-   L_p Canonical Calibration Error Estimator". NeurIPS 2022, Sec. 4 and Fig. 2a.
-.. [000] T. Popordanoska, S. G. Gruber, A. Tiulpin, F. Buettner, M. B. Blaschko.
-   "Consistent and Asymptotically Unbiased Estimation of Proper Calibration Errors".
-   AISTATS 2024, Sec. 7.1, App. D and F.
-.. [ST04] N. A. Smith, R. W. Tromble. "Sampling Uniformly from the Unit Simplex".
-   Technical report, Johns Hopkins University, 2004.
-.. [004] L. Ferrer, D. Ramos. "Evaluating Posterior Probabilities: Decision Theory,
-   Proper Scoring Rules, and Calibration". TMLR 2025, Sec. 3 and App. C (the
-   class-conditional Gaussian posteriors of :func:`make_gaussian_posteriors`).
+- T. Popordanoska, R. Sayer, M. B. Blaschko. "A Consistent and Differentiable
+  L_p Canonical Calibration Error Estimator". NeurIPS 2022, Sec. 4 and Fig. 2a.
+- T. Popordanoska, S. G. Gruber, A. Tiulpin, F. Buettner, M. B. Blaschko.
+  "Consistent and Asymptotically Unbiased Estimation of Proper Calibration Errors".
+  AISTATS 2024, Sec. 7.1, App. D and F.
+- N. A. Smith, R. W. Tromble. "Sampling Uniformly from the Unit Simplex".
+  Technical report, Johns Hopkins University, 2004.
+- L. Ferrer, D. Ramos. "Evaluating Posterior Probabilities: Decision Theory,
+  Proper Scoring Rules, and Calibration". TMLR 2025, Sec. 3 and App. C (the
+  class-conditional Gaussian posteriors of :func:`make_gaussian_posteriors`).
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ def _uniform_simplex_log(rng: np.random.Generator, n: int, K: int) -> np.ndarray
 
     Normalised i.i.d. standard exponentials ``E_k / sum_j E_j``: the Dirichlet(1, ..., 1)
     law, i.e. the uniform distribution on the simplex -- the same distribution as the
-    Kraemer algorithm (sorted uniform spacings) that the papers cite [ST04], whose
+    Kraemer algorithm (sorted uniform spacings) that the papers cite (Smith & Tromble 2004), whose
     spacings are exactly normalised exponentials. Working with ``log E`` keeps small
     coordinates at full relative precision (the spacings of sorted uniforms are
     quantised at 2^-53), which matters once ``1/t`` powers amplify them.
