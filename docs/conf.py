@@ -58,6 +58,11 @@ autodoc_typehints = "none"  # the numpydoc "Parameters" sections carry the types
 numpydoc_show_class_members = False  # the class templates list members with autodoc
 numpydoc_class_members_toctree = False
 numpydoc_attributes_as_param_list = True
+# Fail the build on a public object without a docstring (GL08) and on a documented
+# parameter that the signature does not have (PR02). Constants are skipped: numpydoc
+# would validate the docstring of their type (float, ndarray, dict).
+numpydoc_validation_checks = {"GL08", "PR02"}
+numpydoc_validation_exclude = {r"^kdecal(\.\w+)*\.[A-Z][A-Z0-9_]*$"}
 
 # kdecal.torch needs PyTorch (an optional dependency): document it from mocks when
 # torch is not installed, so the site builds on machines without it.

@@ -107,6 +107,11 @@ def resolve_backend(backend: object) -> str:
 def set_num_threads(n: int | None) -> None:
     """Set the number of threads the engine uses (``None`` or 0: all cores).
 
+    Parameters
+    ----------
+    n : int or None
+        Number of threads, >= 0; ``None`` or 0 uses every core.
+
     Raises
     ------
     ValueError
@@ -121,7 +126,15 @@ def set_num_threads(n: int | None) -> None:
 
 
 def get_num_threads() -> int:
-    """Return the number of threads the engine will use."""
+    """Return the number of threads the engine will use.
+
+    Returns
+    -------
+    int
+        The value of :func:`set_num_threads`; when unset, the compiled core's OpenMP
+        default (all cores unless ``OMP_NUM_THREADS`` is set), or, without the compiled
+        core, the number of cores.
+    """
     if _num_threads > 0:
         return _num_threads
     if _core is not None:
