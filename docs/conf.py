@@ -106,7 +106,8 @@ def _constant_doc(
 
     autodoc looks for the comment in the module the constant is documented under (e.g.
     ``kdecal`` for ``kdecal.PROB_EPS``), not where it is defined, and otherwise shows
-    the docstring of the value's type (float, ndarray). Scalars get their value.
+    the docstring of the value's type (float, ndarray), which is dropped when no comment
+    is found. Scalars get their value.
     """
     if what != "data" or not name.startswith("kdecal."):
         return
@@ -114,6 +115,7 @@ def _constant_doc(
     from sphinx.pycode import ModuleAnalyzer
 
     attr = name.rsplit(".", 1)[1]
+    doc = None
     for modname in sorted(m for m in sys.modules if m.split(".")[0] == "kdecal"):
         if getattr(sys.modules[modname], attr, None) is not obj:
             continue
@@ -122,8 +124,8 @@ def _constant_doc(
         except PycodeError:  # an extension module has no source to parse
             continue
         if doc:
-            lines[:] = [line.rstrip("\n") for line in doc]
             break
+    lines[:] = [line.rstrip("\n") for line in doc or []]
     if isinstance(obj, (int, float, str)):
         lines.extend(["", f"Value: ``{obj!r}``."])
 
