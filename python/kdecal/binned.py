@@ -251,13 +251,18 @@ def binned_statistics(
     Parameters
     ----------
     probs : array-like, shape (n, K) or (n,)
-        Predicted probabilities; rows must sum to 1 (tolerance ``ROW_SUM_ATOL``).  A 1-D
-        array is P(y = 1) of a binary problem and means the two columns ``(1 - p, p)``.
-        Used as given (float64, not clipped, not renormalised).
+        Predicted probabilities; rows must sum to 1 (rows off by more than
+        ``ROW_SUM_ATOL`` and at most ``PROBS_ROW_SUM_ATOL`` are renormalised with a
+        ``RenormalizationWarning``).  A 1-D array is P(y = 1) of a binary problem and
+        means the two columns ``(1 - p, p)``, so the default top-label binning bins the
+        confidence ``max(p, 1 - p)`` (a convention: torchmetrics' and netcal's binary ECE
+        bin P(y = 1) itself; pass ``calibration="classwise", class_index=1`` for that).
+        Otherwise used as given (float64, not clipped).
     labels : array-like of int, shape (n,)
         True classes in ``0..K-1``.
     n_bins : int, default 15
-        Number of bins (a positive integer).
+        Number of bins, an integer in ``1..max(n, 1000)`` (more bins than that would only
+        add empty bins and unbounded memory).
     binning : {"uniform", "quantile"}, default "uniform"
         ``"uniform"``: equal-width bins with edges ``b / n_bins``, ``b = 0..n_bins``;
         bin ``b`` is the right-closed interval ``(b / n_bins, (b + 1) / n_bins]`` and the
@@ -346,7 +351,7 @@ def ece(
     labels : array-like of int, shape (n,)
         True classes in ``0..K-1``.
     n_bins : int, default 15
-        Number of bins.
+        Number of bins, an integer in ``1..max(n, 1000)``.
     binning : {"uniform", "quantile"}, default "uniform"
         Equal-width right-closed bins or equal-mass bins; the rules are those of
         :func:`binned_statistics`.
@@ -363,8 +368,9 @@ def ece(
     Raises
     ------
     ValueError
-        Invalid ``probs``/``labels``; ``n_bins`` not a positive integer; unknown
-        ``binning`` or ``calibration``; ``p < 1`` or not finite.
+        Invalid ``probs``/``labels``; ``n_bins`` not in ``1..max(n, 1000)``; unknown
+        ``binning`` or ``calibration``; ``p < 1`` or not finite (any finite ``p >= 1``
+        works: the p-th root is taken in a scaled form, so ``|gap|^p`` never underflows).
     TypeError
         Non-numeric ``probs``/``labels``/``p``.
 
