@@ -685,7 +685,7 @@ def select_bandwidth(
     ``-mean_j log E_-j[y | f_j]_{y_j}`` ("log"), summed over the K one-vs-rest problems
     for ``calibration="classwise"``. Without labels, or with ``criterion="loo-mle"``: the
     bandwidth maximising the leave-one-out likelihood of the density of the predictions
-    (Popordanoska et al. 2022, Sec. 3; the papers' rule).
+    (Popordanoska et al. 2022, Sec. 5, "Hyperparameters"; the papers' rule).
 
     Parameters
     ----------
