@@ -51,7 +51,7 @@ from ._validation import (
     check_probs,
 )
 
-__all__ = ["BinStats", "binned_statistics", "ece", "simplex_ece"]
+__all__ = ["BinStats", "bin_index", "binned_statistics", "ece", "simplex_ece"]
 
 _BINNINGS = ("uniform", "quantile")
 _CALIBRATIONS = ("top_label", "classwise")
@@ -80,12 +80,44 @@ def _validated(probs: object, labels: object) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ------------------------------------------------------------------------- 1-D binning
+def bin_index(x: object, edges: object) -> np.ndarray:
+    """Bin of each value under kdecal's rule: right-closed bins, the first one closed.
+
+    Bin ``b`` is ``(edges[b], edges[b + 1]]``, except the first, ``[edges[0], edges[1]]``;
+    values below ``edges[0]`` go to the first bin and values above ``edges[-1]`` to the
+    last. Every binned estimator of kdecal (:func:`binned_statistics`, :func:`ece`, the
+    binned ECE of :func:`kdecal.evaluate`, the histograms of :mod:`kdecal.curves`) uses
+    this rule, so a confidence of 0.0 is in the first bin and 1.0 in the last.
+
+    Parameters
+    ----------
+    x : array-like, shape (n,), float
+        Values to bin.
+    edges : array-like, shape (B + 1,), float
+        Increasing bin edges, ``B >= 1``.
+
+    Returns
+    -------
+    ndarray, shape (n,), int64
+        Bin index in ``0..B-1`` of each value.
+
+    Raises
+    ------
+    ValueError
+        ``edges`` not 1-D with at least two entries.
+    """
+    e = np.asarray(edges, dtype=np.float64)
+    if e.ndim != 1 or e.shape[0] < 2:
+        raise ValueError(f"edges must be 1-D with at least 2 entries, got shape {e.shape}")
+    # number of edges strictly below x, minus one: the right-closed bin (a, b]
+    idx = np.searchsorted(e, np.asarray(x), side="left") - 1
+    return np.clip(idx, 0, e.shape[0] - 2).astype(np.int64, copy=False)
+
+
 def _uniform_bins(conf: np.ndarray, n_bins: int) -> tuple[np.ndarray, np.ndarray]:
     """Equal-width bins ``[0, 1/B], (1/B, 2/B], ..., ((B-1)/B, 1]``."""
     edges = np.arange(n_bins + 1, dtype=np.float64) / n_bins
-    # number of edges strictly below conf, minus one: the right-closed bin (a, b]
-    idx = np.searchsorted(edges, conf, side="left") - 1
-    return edges, np.clip(idx, 0, n_bins - 1)
+    return edges, bin_index(conf, edges)
 
 
 def _quantile_bins(conf: np.ndarray, n_bins: int) -> tuple[np.ndarray, np.ndarray]:
@@ -97,8 +129,7 @@ def _quantile_bins(conf: np.ndarray, n_bins: int) -> tuple[np.ndarray, np.ndarra
     edges = np.unique(np.concatenate([xs[:1], xs[ranks - 1]]))
     if edges.shape[0] == 1:  # every confidence is the same value c: one bin [c, c]
         edges = np.array([edges[0], edges[0]])
-    idx = np.searchsorted(edges, conf, side="left") - 1
-    return edges, np.clip(idx, 0, edges.shape[0] - 2)
+    return edges, bin_index(conf, edges)
 
 
 def _bin_one(
