@@ -155,7 +155,7 @@ def test_sharpness_curves_against_brute_force():
 
 
 def test_sharpness_band_area_is_total_minus_calibration():
-    """002 Sec. 6.5 (notes): integral of p * rho ~ TOT - CAL; exact for the loss term."""
+    """Chidambaram & Ge 2024, Sec. 6.5: integral of p * rho ~ TOT - CAL; exact for the loss term."""
     P, y = _data(n=2000, K=10, alpha=0.5, temperature=1.3)
     cs = kp.calibration_sharpness_diagram(P, y, draw=False)
     assert cs.band_area == pytest.approx(cs.total - cs.calibration, rel=0.03)
@@ -189,7 +189,8 @@ def test_sharpness_binary_and_subsampling():
     p = rng.uniform(0.05, 0.95, 600)
     y = (rng.random(600) < p**1.5).astype(int)
     cs = kp.calibration_sharpness_diagram(p, y, n_grid=11, draw=False)
-    m, _ = _gauss_nw(cs.t[4], p, y, 0.05)  # binary: h = p, a = y (002, binary case)
+    # binary: h = p, a = y (Chidambaram & Ge 2024, binary case)
+    m, _ = _gauss_nw(cs.t[4], p, y, 0.05)
     assert cs.accuracy_curve[4] == pytest.approx(m, rel=1e-9)
     assert cs.total == pytest.approx(np.mean((p - y) ** 2), rel=1e-12)
     sub = kp.calibration_sharpness_diagram(p, y, n_subsamples=10, n_points=200, draw=False)

@@ -9,8 +9,8 @@ These are the classical reference estimators that ECE^KDE is compared with:
 * :func:`simplex_ece` -- the canonical binned estimator of Popordanoska et al. (2022),
   Sec. 4 / Fig. 1: the simplex is cut into equal-volume simplices and E[y | f(x)] is
   replaced by the histogram estimate of the cell of f(x).  For K = 3 the cells are the
-  triangles of the standard triangular grid (003 Fig. 1); for general K the Freudenthal
-  (Kuhn) triangulation, the K-class extension of 003 Fig. 2a.
+  triangles of the standard triangular grid (Popordanoska et al. 2022, Fig. 1); for
+  general K the Freudenthal (Kuhn) triangulation, the K-class extension of their Fig. 2a.
 
 All results are fractions (a calibration error of 0.0398 is 3.98 %), not percent.
 
@@ -28,7 +28,7 @@ References
 .. [Kull2019] M. Kull, M. Perello-Nieto, M. Kaengsepp, T. Silva Filho, H. Song,
    P. Flach. "Beyond temperature scaling: Obtaining well-calibrated multi-class
    probabilities with Dirichlet calibration". NeurIPS 2019 (class-wise ECE).
-.. [003] T. Popordanoska, R. Sayer, M. B. Blaschko. "A Consistent and Differentiable
+.. [Popordanoska2022] T. Popordanoska, R. Sayer, M. B. Blaschko. "A Consistent and Differentiable
    L_p Canonical Calibration Error Estimator". NeurIPS 2022 (Eq. 1, Sec. 4, Fig. 1,
    Fig. 2a, App. F).
 .. [Doane1976] D. P. Doane. "Aesthetic frequency classifications". The American
@@ -490,8 +490,8 @@ def simplex_ece(
     .. math:: \mathrm{CE}_p \approx \Big(\frac1n \sum_i
               \|H(f(x_i)) - f(x_i)\|_p^p\Big)^{1/p}
 
-    (003 Sec. 4, plug-in of Eq. 1).  The norm is over the whole probability vector, so
-    for K = 2 this is ``2^(1/p)`` times a one-column binned error.
+    (Popordanoska et al. 2022, Sec. 4, plug-in of Eq. 1).  The norm is over the whole
+    probability vector, so for K = 2 this is ``2^(1/p)`` times a one-column binned error.
 
     Parameters
     ----------
@@ -505,8 +505,8 @@ def simplex_ece(
         Doane's (1976) number of bins ``1 + log2 n + log2(1 + |g1| / sigma_g1)`` (``g1``
         the sample skewness, ``sigma_g1 = sqrt(6 (n - 2) / ((n + 1)(n + 3)))``; the
         skewness term is dropped for n <= 2) computed for each class's column ``p_c``,
-        averaged over the K classes and rounded up -- the rule of 003 App. F, which
-        chooses the number of bins per class with Doane's formula.
+        averaged over the K classes and rounded up -- the rule of Popordanoska et al.
+        (2022, App. F), which chooses the number of bins per class with Doane's formula.
     p : float, default 1
         Order of the error, a finite real >= 1.
 
@@ -538,7 +538,8 @@ def simplex_ece(
     a union of exactly ``m^(K-1)`` such cells, each of volume ``1 / (m^(K-1) (K-1)!)``
     in the ``(p_1..p_{K-1})`` chart, i.e. all cells have equal volume
     ``vol(simplex) / m^(K-1)``.  For K = 3 these are the ``m^2`` congruent triangles of
-    the standard triangular grid (lines ``p_1``, ``p_2``, ``p_3 = k / m``; 003 Fig. 1):
+    the standard triangular grid (lines ``p_1``, ``p_2``, ``p_3 = k / m``; Popordanoska et
+    al. 2022, Fig. 1):
     with ``i = floor(m p_1)``, ``j = floor(m p_2)`` and fractional parts ``u, v``, the
     point is in the upward triangle ``(i, j)`` (vertices ``(i, j), (i+1, j), (i, j+1)``
     / m in ``(p_1, p_2)``) when ``u + v < 1`` and in the downward one (vertices
@@ -547,8 +548,8 @@ def simplex_ece(
     the classes (no tiling of a tetrahedron by congruent regular simplices exists).
 
     The estimator is not consistent for fixed ``m`` and suffers from the curse of
-    dimensionality (``m^(K-1)`` cells; 003 Fig. 2a); it is provided as the reference
-    binned estimator of canonical calibration.
+    dimensionality (``m^(K-1)`` cells; Popordanoska et al. 2022, Fig. 2a); it is provided
+    as the reference binned estimator of canonical calibration.
 
     References
     ----------

@@ -602,11 +602,13 @@ def _sharpness_arrays(
     y = check_labels(labels, P.n, P.n_classes)
     Pp = P.p
     rows = np.arange(P.n)
-    if P.binary:  # 002 Sec. 5 / ref. code: binary scores are used as is, h = p, a = y
+    # binary scores are used as is, h = p, a = y (Chidambaram & Ge 2024, Sec. 5, and their
+    # code); else the top-label reduction (Sec. 4.2) with the full multi-class divergence
+    if P.binary:
         h = Pp[:, 1].copy()
         a = y.astype(np.float64)
         loss = (Pp[:, 1] - a) ** 2 if div == "l2" else -np.log(Pp[rows, y])
-    else:  # top-label reduction (002 Sec. 4.2), full multi-class divergence (Sec. 5)
+    else:
         pred = Pp.argmax(axis=1)
         h = Pp[rows, pred]
         a = (pred == y).astype(np.float64)

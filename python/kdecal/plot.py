@@ -447,8 +447,8 @@ def calibration_sharpness_diagram(
       ``d_varphi,CAL`` (the plug-in ``mean_j d_varphi(m_acc(h_j), h_j)``) and
       ``d_phi,TOT = mean_i d_phi(e_{y_i}, g(x_i))``, both times 100 as in the paper.
 
-    This follows the paper and its reference code (``sharpcal``) as summarised in the
-    project notes, with two documented choices: the box values are computed at every
+    This follows the paper and its reference code (``sharpcal``), with two documented
+    choices: the box values are computed at every
     data point by default (the paper subsampled 10 x 5000 points only to fit in GPU
     memory and reports that subsampling "loses virtually nothing"; set
     ``n_subsamples=10`` to reproduce its mean +- std), and the Nadaraya-Watson weights

@@ -26,9 +26,9 @@ Requires torch (``pip install "kdecal[torch]"``) and the compiled core ``kdecal.
 
 References
 ----------
-.. [003] T. Popordanoska, R. Sayer, M. B. Blaschko. "A Consistent and Differentiable
+.. [Popordanoska2022] T. Popordanoska, R. Sayer, M. B. Blaschko. "A Consistent and Differentiable
    L_p Canonical Calibration Error Estimator". NeurIPS 2022.
-.. [000] T. Popordanoska, S. G. Gruber, A. Tiulpin, F. Buettner, M. B. Blaschko.
+.. [Popordanoska2024] T. Popordanoska, S. G. Gruber, A. Tiulpin, F. Buettner, M. B. Blaschko.
    "Consistent and Asymptotically Unbiased Estimation of Proper Calibration Errors".
    AISTATS 2024.
 """
