@@ -32,7 +32,7 @@ from scipy.special import gammaln
 from . import _backends
 from . import _formulas as _f
 from ._validation import Probs
-from .warnings import KdecalWarning
+from .warnings import KdecalWarning, warn_user
 
 CALIBRATIONS = ("canonical", "classwise", "top_label")
 DEBIAS_MODES = ("none", "ustat", "ratio")
@@ -155,7 +155,22 @@ def select_bandwidth(
 ) -> float:
     """Grid value maximising the LOO likelihood (summed over the problems of a batch)."""
     ll = loo_log_likelihood(problem, grid, backend, progress).sum(axis=0)
-    return float(grid[int(np.argmax(ll))])
+    h = float(grid[int(np.argmax(ll))])
+    warn_at_grid_end(h, grid, "loo-mle")
+    return h
+
+
+def warn_at_grid_end(h: float, grid: np.ndarray, criterion: str) -> None:
+    """Warn when a search of more than one bandwidth chose an end of its range."""
+    lo, hi = float(np.min(grid)), float(np.max(grid))
+    if len(grid) > 1 and (h <= lo or h >= hi):
+        warn_user(
+            f"the bandwidth search ({criterion} criterion) chose h = {h:g}, the "
+            f"{'smallest' if h <= lo else 'largest'} value of the search range [{lo:g}, {hi:g}]: "
+            "the optimum may lie outside it; pass a fixed bandwidth or inspect "
+            "kdecal.select_bandwidth(..., grid=...)",
+            KdecalWarning,
+        )
 
 
 # ------------------------------------------------------------- regression bandwidth
@@ -696,8 +711,16 @@ class CustomGenerator(Generator):
 def ce_p(est: Estimate, p: float) -> float:
     """``(mean_b mean_j sum_coords |E - f|^p)^(1/p)``; p = 2 uses the debiased squares."""
     c = est.problem.coords
-    sq = None if est.sq is None else est.sq[..., c]
-    value = est.mean(_f.lp_rows(est.E[..., c], est.problem.p[..., c], p, sq))
+    f = est.problem.p[..., c]
+    E = est.E[..., c]
+    scale = 1.0
+    if p == 2.0 and est.sq is not None:
+        inner = _f.squared_rows(E, f, est.sq[..., c])
+    else:
+        d = np.abs(E - f)
+        scale = power_scale(d, p)
+        inner = np.sum((d / scale) ** p, axis=-1)
+    value = est.mean(inner)
     if value < 0.0:  # a debiased estimate of a (near-)zero error can be negative
         warnings.warn(
             f"the debiased estimate of CE_{p:g}^{p:g} is negative ({value:.3g}); returning 0",
@@ -705,7 +728,22 @@ def ce_p(est: Estimate, p: float) -> float:
             stacklevel=3,
         )
         return 0.0
-    return value ** (1.0 / p)
+    return scale * value ** (1.0 / p)
+
+
+def power_scale(d: np.ndarray, p: float) -> float:
+    """A scale s for ``mean(|d|^p)^(1/p) = s mean(|d / s|^p)^(1/p)`` that keeps
+    ``|d / s|^p`` in the float range for any finite p >= 1.
+
+    1.0 (so the plain formula, bit for bit) unless ``max|d|^p`` would leave
+    [1e-250, 1e250]; then ``max|d|``, so the largest term is exactly 1 and the terms
+    that underflow are below ``1e-308`` of it.
+    """
+    top = float(np.max(d, initial=0.0))
+    if top == 0.0 or not np.isfinite(top):
+        return 1.0
+    log_top = p * np.log(top)
+    return 1.0 if -575.0 < log_top < 575.0 else top
 
 
 def calibration_error(est: Estimate, gen: Generator, estimator: str) -> float:

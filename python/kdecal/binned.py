@@ -42,11 +42,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._estimators import power_scale
 from ._validation import (
+    ROW_SUM_ATOL,
+    as_array,
     check_choice,
     check_class_index,
     check_int,
     check_labels,
+    check_n_bins,
     check_p,
     check_probs,
 )
@@ -64,12 +68,16 @@ def _raw_probs(probs: object) -> np.ndarray:
     """Validate like :func:`check_probs` but return the *unclipped* values.
 
     Returns a C-contiguous float64 array of shape (n, K); a 1-D input of P(y = 1) becomes
-    the two columns ``(1 - p, p)``.  Rows are neither clipped nor renormalised.
+    the two columns ``(1 - p, p)``.  Rows are not clipped; rows further than
+    ``ROW_SUM_ATOL`` from summing to 1 (accepted with a warning) are renormalised.
     """
-    check_probs(probs, min_n=1)  # raises on every invalid input
-    a = np.asarray(probs).astype(np.float64)
+    check_probs(probs, min_n=1)  # raises on every invalid input, warns on renormalising
+    a = as_array(probs, "probs").astype(np.float64)
     if a.ndim == 1:
         a = np.stack([1.0 - a, a], axis=1)
+    sums = a.sum(axis=1, keepdims=True)
+    if np.any(np.abs(sums - 1.0) > ROW_SUM_ATOL):
+        a = a / sums
     return np.ascontiguousarray(a)
 
 
@@ -215,11 +223,13 @@ class BinStats:
         return self.counts / self.n_samples
 
 
-def _ce_pp(stats: BinStats, p: float) -> np.ndarray:
-    """``sum_b (n_b / n) |gap_b|^p`` over non-empty bins: a float, or (K,) when stacked."""
-    nonempty = stats.counts > 0
-    absgap = np.abs(np.where(nonempty, stats.gap, 0.0))
-    return np.sum(stats.weights * absgap**p, axis=-1)
+def _ce_pp(stats: BinStats, p: float, scale: float = 1.0) -> np.ndarray:
+    """``sum_b (n_b / n) |gap_b / scale|^p`` over non-empty bins: a float, or (K,)."""
+    return np.sum(stats.weights * (_abs_gaps(stats) / scale) ** p, axis=-1)
+
+
+def _abs_gaps(stats: BinStats) -> np.ndarray:
+    return np.abs(np.where(stats.counts > 0, stats.gap, 0.0))
 
 
 def _statistics(
@@ -272,13 +282,18 @@ def binned_statistics(
     Parameters
     ----------
     probs : array-like, shape (n, K) or (n,)
-        Predicted probabilities; rows must sum to 1 (tolerance ``ROW_SUM_ATOL``).  A 1-D
-        array is P(y = 1) of a binary problem and means the two columns ``(1 - p, p)``.
-        Used as given (float64, not clipped, not renormalised).
+        Predicted probabilities; rows must sum to 1 (rows off by more than
+        ``ROW_SUM_ATOL`` and at most ``PROBS_ROW_SUM_ATOL`` are renormalised with a
+        ``RenormalizationWarning``).  A 1-D array is P(y = 1) of a binary problem and
+        means the two columns ``(1 - p, p)``, so the default top-label binning bins the
+        confidence ``max(p, 1 - p)`` (a convention: torchmetrics' and netcal's binary ECE
+        bin P(y = 1) itself; pass ``calibration="classwise", class_index=1`` for that).
+        Otherwise used as given (float64, not clipped).
     labels : array-like of int, shape (n,)
         True classes in ``0..K-1``.
     n_bins : int, default 15
-        Number of bins (a positive integer).
+        Number of bins, an integer in ``1..max(n, 1000)`` (more bins than that would only
+        add empty bins and unbounded memory).
     binning : {"uniform", "quantile"}, default "uniform"
         ``"uniform"``: equal-width bins with edges ``b / n_bins``, ``b = 0..n_bins``;
         bin ``b`` is the right-closed interval ``(b / n_bins, (b + 1) / n_bins]`` and the
@@ -328,7 +343,7 @@ def binned_statistics(
     (class-wise ECE).
     """
     P, y = _validated(probs, labels)
-    n_bins = check_int(n_bins, "n_bins", 1)
+    n_bins = check_n_bins(n_bins, P.shape[0])
     check_choice(binning, "binning", _BINNINGS)
     check_choice(calibration, "calibration", _CALIBRATIONS)
     if class_index is not None:
@@ -367,7 +382,7 @@ def ece(
     labels : array-like of int, shape (n,)
         True classes in ``0..K-1``.
     n_bins : int, default 15
-        Number of bins.
+        Number of bins, an integer in ``1..max(n, 1000)``.
     binning : {"uniform", "quantile"}, default "uniform"
         Equal-width right-closed bins or equal-mass bins; the rules are those of
         :func:`binned_statistics`.
@@ -384,8 +399,9 @@ def ece(
     Raises
     ------
     ValueError
-        Invalid ``probs``/``labels``; ``n_bins`` not a positive integer; unknown
-        ``binning`` or ``calibration``; ``p < 1`` or not finite.
+        Invalid ``probs``/``labels``; ``n_bins`` not in ``1..max(n, 1000)``; unknown
+        ``binning`` or ``calibration``; ``p < 1`` or not finite (any finite ``p >= 1``
+        works: the p-th root is taken in a scaled form, so ``|gap|^p`` never underflows).
     TypeError
         Non-numeric ``probs``/``labels``/``p``.
 
@@ -394,12 +410,13 @@ def ece(
     Guo et al. (2017), Sec. 2; Naeini et al. (2015); Kull et al. (2019).
     """
     P, y = _validated(probs, labels)
-    n_bins = check_int(n_bins, "n_bins", 1)
+    n_bins = check_n_bins(n_bins, P.shape[0])
     check_choice(binning, "binning", _BINNINGS)
     check_choice(calibration, "calibration", _CALIBRATIONS)
     p = check_p(p)
     stats = _statistics(P, y, n_bins, binning, calibration, None)
-    return float(np.mean(_ce_pp(stats, p)) ** (1.0 / p))
+    scale = power_scale(_abs_gaps(stats), p)  # any finite p: no under/overflow of |gap|^p
+    return float(scale * np.mean(_ce_pp(stats, p, scale)) ** (1.0 / p))
 
 
 # ---------------------------------------------------------------- simplex binning
@@ -567,5 +584,7 @@ def simplex_ece(
     counts = np.bincount(cell, minlength=n_cells).astype(np.float64)
     label_counts = np.bincount(cell * K + y, minlength=n_cells * K).reshape(n_cells, K)
     H = label_counts[cell] / counts[cell, None]
-    err = np.sum(np.abs(H - P) ** p, axis=1)
-    return float(np.mean(err) ** (1.0 / p))
+    d = np.abs(H - P)
+    scale = power_scale(d, p)
+    err = np.sum((d / scale) ** p, axis=1)
+    return float(scale * np.mean(err) ** (1.0 / p))

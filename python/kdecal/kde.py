@@ -38,7 +38,6 @@ from ._validation import (
     check_p,
     check_probs,
 )
-from .warnings import KdecalWarning
 
 __all__ = [
     "DEFAULT_BANDWIDTH_GRID",
@@ -264,16 +263,7 @@ def _criterion_for(divergence: object) -> str:
     return "log" if divergence == "kl" or divergence is KL else "brier"
 
 
-def _warn_at_grid_end(h: float, grid: np.ndarray, criterion: str) -> None:
-    if h <= grid[0] or h >= grid[-1]:
-        warnings.warn(
-            f"bandwidth='auto' ({criterion} criterion) chose h = {h:g}, the "
-            f"{'smallest' if h <= grid[0] else 'largest'} value of the search range "
-            f"[{grid[0]:g}, {grid[-1]:g}]: the optimum may lie outside it; pass a fixed "
-            "bandwidth or inspect kdecal.select_bandwidth(..., grid=...)",
-            KdecalWarning,
-            stacklevel=4,
-        )
+_warn_at_grid_end = _est.warn_at_grid_end
 
 
 # ------------------------------------------------------------------------- public API
@@ -745,7 +735,9 @@ def select_bandwidth(
     if grid is not None:
         hs = np.asarray(check_bandwidths(grid, "grid"), dtype=np.float64)
         risk = _est.cv_risk_grid(problem, hs, str(criterion), be, progress)
-        return float(hs[int(np.argmin(risk))])
+        h = float(hs[int(np.argmin(risk))])
+        _warn_at_grid_end(h, hs, str(criterion))
+        return h
     record, _ = _est.search_bandwidth(problem, str(criterion), 1, be, progress)
     _warn_at_grid_end(record.bandwidth, _est.SEARCH_GRID, record.criterion)
     return record.bandwidth
