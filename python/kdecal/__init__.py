@@ -9,7 +9,7 @@ differentiable training losses.
 
 from __future__ import annotations
 
-from . import binned, datasets, plot, recalibration, scores
+from . import binned, curves, datasets, plot, recalibration, scores
 from ._backends import available_backends, get_num_threads, set_num_threads
 from ._compare import Comparison, compare
 from ._report import CalibrationReport
@@ -64,6 +64,7 @@ __all__ = [
     "calibration_test",
     "compare",
     "conditional_expectation",
+    "curves",
     "datasets",
     "ece_kde",
     "estimate",
