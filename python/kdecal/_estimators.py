@@ -732,12 +732,12 @@ def ce_p(est: Estimate, p: float) -> float:
 
 
 def power_scale(d: np.ndarray, p: float) -> float:
-    """A scale s for ``mean(|d|^p)^(1/p) = s mean(|d / s|^p)^(1/p)`` that keeps
-    ``|d / s|^p`` in the float range for any finite p >= 1.
+    """Return s with ``mean(|d|^p)^(1/p) = s mean(|d / s|^p)^(1/p)`` in float range.
 
-    1.0 (so the plain formula, bit for bit) unless ``max|d|^p`` would leave
-    [1e-250, 1e250]; then ``max|d|``, so the largest term is exactly 1 and the terms
-    that underflow are below ``1e-308`` of it.
+    The scale keeps ``|d / s|^p`` representable for any finite p >= 1: it is 1.0 (so
+    the plain formula, bit for bit) unless ``max|d|^p`` would leave [1e-250, 1e250];
+    then ``max|d|``, so the largest term is exactly 1 and the terms that underflow are
+    below ``1e-308`` of it.
     """
     top = float(np.max(d, initial=0.0))
     if top == 0.0 or not np.isfinite(top):

@@ -55,11 +55,13 @@ from ._backends import resolve_backend
 from ._validation import (
     PROB_EPS,
     Probs,
+    as_array,
     check_bandwidth,
     check_choice,
     check_class_index,
     check_int,
     check_labels,
+    check_n_bins,
     check_probs,
 )
 
@@ -73,6 +75,11 @@ __all__ = [
     "reliability_diagram",
     "simplex_density",
 ]
+
+#: Largest kernel-curve grid (``n_grid``) and simplex histogram (``n_bins_per_side``):
+#: beyond them a figure gains nothing and the arrays would grow without bound.
+MAX_GRID = 100_000
+MAX_BINS_PER_SIDE = 1_000
 
 _KINDS = ("binned", "kernel")
 _REL_CALIBRATIONS = ("top_label", "classwise", "canonical")
@@ -392,7 +399,7 @@ def _reliability_arrays(
     """Compute a :class:`ReliabilityDiagram` without drawing (no matplotlib)."""
     check_choice(kind, "kind", _KINDS)
     check_choice(calibration, "calibration", _REL_CALIBRATIONS)
-    n_bins = check_int(n_bins, "n_bins", 1)
+    n_bins = check_n_bins(n_bins, len(as_array(probs, "probs")))
     if calibration == "canonical" and kind != "kernel":
         raise ValueError(
             "calibration='canonical' needs kind='kernel' (the binned canonical estimate "
@@ -423,6 +430,8 @@ def _reliability_arrays(
         )
     # ---- kernel
     n_grid = check_int(n_grid, "n_grid", 2)
+    if n_grid > MAX_GRID:
+        raise ValueError(f"n_grid must be at most {MAX_GRID:,}, got {n_grid:,}")
     P = check_probs(probs)
     y = check_labels(labels, P.n, P.n_classes)
     if class_index is not None:
@@ -759,6 +768,8 @@ def _simplex_arrays(
         m = _binned._default_bins_per_side(raw)
     else:
         m = check_int(n_bins_per_side, "n_bins_per_side", 1)
+        if m > MAX_BINS_PER_SIDE:  # m^2 cells
+            raise ValueError(f"n_bins_per_side must be at most {MAX_BINS_PER_SIDE}, got {m}")
     # ---- Dirichlet KDE on the barycentric grid
     ii, jj = np.meshgrid(np.arange(r + 1), np.arange(r + 1), indexing="ij")
     keep = ii + jj <= r
