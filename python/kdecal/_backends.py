@@ -115,6 +115,11 @@ def set_num_threads(n: int | None) -> None:
     Threads beyond the number of cores are allowed (up to :data:`MAX_THREADS`) but only
     add scheduling overhead.
 
+    Parameters
+    ----------
+    n : int or None
+        Number of threads in ``0..MAX_THREADS``; ``None`` or 0 uses every core.
+
     Raises
     ------
     ValueError
@@ -131,7 +136,15 @@ def set_num_threads(n: int | None) -> None:
 
 
 def get_num_threads() -> int:
-    """Return the number of threads the engine will use."""
+    """Return the number of threads the engine will use.
+
+    Returns
+    -------
+    int
+        The value of :func:`set_num_threads`; when unset, the compiled core's OpenMP
+        default (all cores unless ``OMP_NUM_THREADS`` is set), or, without the compiled
+        core, the number of cores.
+    """
     if _num_threads > 0:
         return _num_threads
     if _core is not None:

@@ -509,7 +509,7 @@ _CSV_BYTES_PER_BYTE = 12
 
 
 def _bounded_lines(fh: Any, path: str | os.PathLike[str]) -> Iterator[str]:
-    """The lines of a text file, refusing any longer than :data:`MAX_CSV_LINE`."""
+    """Yield the lines of a text file, refusing any longer than :data:`MAX_CSV_LINE`."""
     lineno = 0
     while True:
         line = fh.readline(MAX_CSV_LINE + 1)

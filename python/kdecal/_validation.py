@@ -13,6 +13,7 @@ Two rules live here and nowhere else:
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -91,10 +92,9 @@ def as_array(x: object, name: str) -> np.ndarray:
             f"{' '.join(str(exc).split())}"
         ) from exc
     if arr.dtype == object and hasattr(x, "__dlpack__"):
-        try:  # e.g. a container that exposes only DLPack and a useless __array__
+        # e.g. a container that exposes DLPack and an __array__ that yields objects
+        with contextlib.suppress(Exception):  # else the caller's dtype error
             return np.from_dlpack(x)
-        except Exception:  # noqa: BLE001 - fall through to the dtype error
-            pass
     return arr
 
 

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ._io import InputFileError, bundled_example_path, load_predictions
+from ._io import bundled_example_path, load_predictions
 
 __all__ = ["main"]
 

@@ -40,10 +40,10 @@ Cross-validation folds and bootstrap intervals live in :mod:`kdecal.resampling`;
 References
 ----------
 - L. Ferrer, D. Ramos. "Evaluating Posterior Probabilities: Decision Theory,
-   Proper Scoring Rules, and Calibration". TMLR 2025. Code:
-   github.com/luferrer/expected_cost and github.com/luferrer/psr-calibration.
+  Proper Scoring Rules, and Calibration". TMLR 2025. Code:
+  github.com/luferrer/expected_cost and github.com/luferrer/psr-calibration.
 - N. Brümmer. "Measuring, refining and calibrating speaker and language
-   information extracted from speech". PhD thesis, Stellenbosch University, 2010.
+  information extracted from speech". PhD thesis, Stellenbosch University, 2010.
 """
 
 from __future__ import annotations
