@@ -95,6 +95,7 @@ from ._validation import (
     check_n_bins,
     log_probs,
 )
+from .binned import bin_index
 from .warnings import KdecalWarning
 
 __all__ = [
@@ -1189,8 +1190,8 @@ class HistogramBinning(_Calibrator):
         self.n_bins = n_bins
 
     def _bin_index(self, P: np.ndarray) -> np.ndarray:
-        idx = np.searchsorted(self.bin_edges_, P, side="left") - 1
-        return np.clip(idx, 0, self.bin_edges_.size - 2)
+        # kdecal's one bin rule (right-closed bins), applied to every entry
+        return bin_index(P.ravel(), self.bin_edges_).reshape(P.shape)
 
     def _fit(self, L: np.ndarray, P: np.ndarray, y: np.ndarray, w: np.ndarray | None) -> None:
         M = check_n_bins(self.n_bins, L.shape[0])
