@@ -72,18 +72,19 @@ def _assert_distributed(tasks, min_blocks=2):
     assert len(tasks) >= min_blocks, f"only {len(tasks)} kdecal task(s) ran on the cluster"
 
 
-def test_plan_blocks():
-    """Blocks tile the rows in order; their number follows the work and the workers."""
+def test_plan_blocks(monkeypatch):
+    """Blocks tile the rows in order; their number follows the work and the threads."""
+    monkeypatch.setattr(_dask, "BLOCKS_PER_THREAD", 3)
     old = _dask.MIN_BLOCK_WORK, _dask.MAX_BLOCK_WORK
     try:
         _dask.MIN_BLOCK_WORK, _dask.MAX_BLOCK_WORK = 2e8, 2e12
-        # total work 1e9: at most 5 blocks of >= 2e8, although 2 workers want 8
+        # total work 1e9: at most 5 blocks of >= 2e8, although 2 threads want 6
         assert _dask.plan_blocks(0, 1000, 1e6, 2) == [
             (0, 200), (200, 400), (400, 600), (600, 800), (800, 1000)
         ]  # fmt: skip
-        # large work: 4 blocks per worker
+        # large work: 3 blocks per thread
         b = _dask.plan_blocks(10, 1010, 1e9, 2)
-        assert len(b) == 8 and b[0] == (10, 135) and b[-1] == (885, 1010)
+        assert len(b) == 6 and b[0] == (10, 176) and b[-1] == (843, 1010)
         # very large work: blocks of at most MAX_BLOCK_WORK
         b = _dask.plan_blocks(0, 10_000, 1e10, 2)
         assert len(b) == 50 and all(s - a == 200 for a, s in b)
@@ -247,7 +248,7 @@ def test_worker_killed_mid_call(client, monkeypatch):
     P, _ = make_synthetic(4000, 4, seed=12)
     hs = np.asarray(kdecal.DEFAULT_BANDWIDTH_GRID)
     ref = kdecal.loo_log_likelihood(P, hs, backend="cpp")
-    monkeypatch.setattr(_dask, "BLOCKS_PER_WORKER", 20)  # 40 blocks: a long call
+    monkeypatch.setattr(_dask, "BLOCKS_PER_THREAD", 20)  # 40 blocks: a long call
     pids = client.run(os.getpid)
     victim = min(pids)
     with ThreadPoolExecutor(1) as pool:

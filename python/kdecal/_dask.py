@@ -13,9 +13,12 @@ Per call, on the current ``dask.distributed`` client (:func:`get_client`):
   passes over the same centres); a small cache of the last few distinct arrays,
   recognised by their content (:func:`dask.base.tokenize`), releases the oldest;
 - the query rows are cut into blocks (:func:`plan_blocks`, from n, K, the number of
-  bandwidths and problems, and the number of workers); each block is one task, which
-  runs the engine with as many threads as its worker has (``nthreads``), one engine
-  call at a time per worker process;
+  bandwidths and problems, and the number of worker threads); each block is one task,
+  which runs the engine on one thread, so that a worker runs as many blocks at once as
+  it has threads (its ``nthreads``) and Dask's scheduler balances the blocks across the
+  workers (queued blocks move to idle workers; an engine call with all the worker's
+  threads per task would either oversubscribe the cores ``nthreads``-fold or, serialised
+  within the worker, hide the waiting blocks from that balancing);
 - only the per-row accumulators come back, O(n K) in all.
 
 A worker lost during a call is handled by the scheduler: its tasks run again on
@@ -39,24 +42,23 @@ import numpy as np
 INSTALL_HINT = 'pip install "kdecal[dask]"'
 
 #: Smallest task, in kernel-term evaluations (query rows x centres x bandwidths x
-#: problems x K): about 10 ms of one core, so the per-task overhead of the scheduler
+#: problems x K): about 15 ms of one core, so the per-task overhead of the scheduler
 #: (about 1 ms) stays small.
-MIN_BLOCK_WORK = 2e8
+MIN_BLOCK_WORK = 1e8
 
-#: Largest task, in the same units: about a minute of a 16-core worker, so that a lost
-#: worker costs little recomputation and the progress report moves.
-MAX_BLOCK_WORK = 2e12
+#: Largest task, in the same units: about a minute of one core, so that a lost worker
+#: costs little recomputation and the progress report moves.
+MAX_BLOCK_WORK = 5e11
 
-#: Tasks per worker (at least), so that a slow or lost worker does not hold the rest up.
-BLOCKS_PER_WORKER = 4
+#: Tasks per worker thread (at least), so that a slow or lost worker does not hold the
+#: rest up.
+BLOCKS_PER_THREAD = 3
 
 #: Distinct centre arrays kept on the workers between calls.
 CACHE_SIZE = 6
 
 _cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
 _cache_lock = threading.Lock()
-# one engine call at a time in a worker process: each call uses all the worker's threads
-_engine_lock = threading.Lock()
 
 
 def _distributed() -> Any:
@@ -142,6 +144,8 @@ def _broadcast(client: Any, x: Any, *, cache: bool) -> Any:
             return fut
     fut = client.scatter(x, broadcast=True, hash=False)
     with _cache_lock:
+        for k in [k for k, f in _cache.items() if f.status != "finished"]:
+            del _cache[k]  # lost, or from a closed client
         _cache[key] = fut
         _cache.move_to_end(key)
         while len(_cache) > CACHE_SIZE:
@@ -149,7 +153,7 @@ def _broadcast(client: Any, x: Any, *, cache: bool) -> Any:
     return fut
 
 
-def plan_blocks(start: int, stop: int, row_work: float, n_workers: int) -> list[tuple[int, int]]:
+def plan_blocks(start: int, stop: int, row_work: float, n_threads: int) -> list[tuple[int, int]]:
     """Cut the query rows ``[start, stop)`` into contiguous blocks, one task each.
 
     Parameters
@@ -159,35 +163,25 @@ def plan_blocks(start: int, stop: int, row_work: float, n_workers: int) -> list[
     row_work : float
         Work of one query row, in kernel-term evaluations (centres x bandwidths x
         problems x K).
-    n_workers : int
-        Workers of the cluster.
+    n_threads : int
+        Worker threads of the cluster (the sum of the workers' ``nthreads``).
 
     Returns
     -------
     list of (int, int)
         Row ranges covering ``[start, stop)`` in order, of near-equal sizes: at least
-        :data:`BLOCKS_PER_WORKER` per worker and at most :data:`MAX_BLOCK_WORK` of work
+        :data:`BLOCKS_PER_THREAD` per thread and at most :data:`MAX_BLOCK_WORK` of work
         each, but none below :data:`MIN_BLOCK_WORK` (one block for small work).
     """
     rows = stop - start
     if rows <= 0:
         return []
     total = rows * max(row_work, 1.0)
-    want = max(BLOCKS_PER_WORKER * max(n_workers, 1), math.ceil(total / MAX_BLOCK_WORK))
+    want = max(BLOCKS_PER_THREAD * max(n_threads, 1), math.ceil(total / MAX_BLOCK_WORK))
     most = max(1, int(total // MIN_BLOCK_WORK))
     nb = max(1, min(rows, want, most))
     edges = [start + (rows * i) // nb for i in range(nb + 1)]
     return list(zip(edges[:-1], edges[1:]))
-
-
-def _worker_threads() -> int:
-    """Engine threads of a task: the nthreads of the worker that runs it (0: all cores)."""
-    try:
-        from distributed import get_worker
-
-        return int(get_worker().state.nthreads)
-    except (ImportError, ValueError, AttributeError):
-        return 0
 
 
 def _core_on_worker() -> Any:
@@ -202,23 +196,17 @@ def _core_on_worker() -> Any:
 
 
 def _reduce_block(*args: Any) -> tuple[np.ndarray, ...]:
-    """Worker side of :func:`loo_reduce`: one engine call on one block of query rows."""
-    core = _core_on_worker()
-    nt = _worker_threads()
-    with _engine_lock:
-        return tuple(core.loo_reduce(*args, nt))
+    """Worker side of :func:`loo_reduce`: one single-threaded engine call on one block."""
+    return tuple(_core_on_worker().loo_reduce(*args, 1))
 
 
 def _reduce_multi_block(*args: Any) -> tuple[np.ndarray, ...]:
-    """Worker side of :func:`loo_reduce_multi`: one engine call on one block of rows."""
-    core = _core_on_worker()
-    nt = _worker_threads()
-    with _engine_lock:
-        return tuple(core.loo_reduce_multi(*args, nt))
+    """Worker side of :func:`loo_reduce_multi`: one single-threaded engine call."""
+    return tuple(_core_on_worker().loo_reduce_multi(*args, 1))
 
 
-def _n_workers(client: Any) -> int:
-    return max(1, len(client.nthreads()))
+def _n_threads(client: Any) -> int:
+    return max(1, sum(client.nthreads().values()))
 
 
 def _run_blocks(
@@ -285,7 +273,7 @@ def loo_reduce(
     n, K = p.shape[-2], p.shape[-1]
     n_problems = p.shape[0] if p.ndim == 3 else 1
     blocks = plan_blocks(
-        row_start, row_stop, float(n) * K * len(scale) * n_problems, _n_workers(client)
+        row_start, row_stop, float(n) * K * len(scale) * n_problems, _n_threads(client)
     )
     args = (
         _broadcast(client, logq, cache=True),
@@ -328,7 +316,7 @@ def loo_reduce_multi(
     client = get_client()
     n, K = p.shape
     B = labels.shape[0]
-    blocks = plan_blocks(row_start, row_stop, float(n) * K * max(1.0, B / 8.0), _n_workers(client))
+    blocks = plan_blocks(row_start, row_stop, float(n) * K * max(1.0, B / 8.0), _n_threads(client))
     args = (
         _broadcast(client, logq, cache=True),
         _broadcast(client, p, cache=True),
