@@ -118,24 +118,47 @@ def resolve_backend(backend: object) -> str:
     return str(backend)
 
 
+#: Most engine threads :func:`set_num_threads` accepts (each thread holds O(K) scratch
+#: per tile; more threads than this is a typo, not a machine).
+MAX_THREADS = 4096
+
+
 def set_num_threads(n: int | None) -> None:
     """Set the number of threads the engine uses (``None`` or 0: all cores).
+
+    Threads beyond the number of cores are allowed (up to :data:`MAX_THREADS`) but only
+    add scheduling overhead.
+
+    Parameters
+    ----------
+    n : int or None
+        Number of threads in ``0..MAX_THREADS``; ``None`` or 0 uses every core.
 
     Raises
     ------
     ValueError
-        If ``n`` is negative.
+        If ``n`` is not an integer in ``0..MAX_THREADS``.
     """
     global _num_threads
     if n is None:
         n = 0
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-        raise ValueError(f"n must be a non-negative int or None, got {n!r}")
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= MAX_THREADS:
+        raise ValueError(
+            f"n must be an integer in 0..{MAX_THREADS} (0 or None: all cores), got {n!r}"
+        )
     _num_threads = int(n)
 
 
 def get_num_threads() -> int:
-    """Return the number of threads the engine will use."""
+    """Return the number of threads the engine will use.
+
+    Returns
+    -------
+    int
+        The value of :func:`set_num_threads`; when unset, the compiled core's OpenMP
+        default (all cores unless ``OMP_NUM_THREADS`` is set), or, without the compiled
+        core, the number of cores.
+    """
     if _num_threads > 0:
         return _num_threads
     if _core is not None:

@@ -45,14 +45,14 @@ Common conventions
 
 References
 ----------
-.. [001] L. Clarté, B. Loureiro, F. Krzakala, L. Zdeborová. "Expectation consistency for
-   calibration of neural networks". arXiv:2303.02644, 2023.
-.. [002] M. Chidambaram, R. Ge. "Reassessing How to Compare and Improve the Calibration
-   of Machine Learning Models". 2024.
-.. [004] L. Ferrer, D. Ramos. "Evaluating Posterior Probabilities: Decision Theory,
-   Proper Scoring Rules, and Calibration". TMLR 2025.
-.. [Guo17] C. Guo, G. Pleiss, Y. Sun, K. Q. Weinberger. "On Calibration of Modern Neural
-   Networks". ICML 2017.
+- L. Clarté, B. Loureiro, F. Krzakala, L. Zdeborová. "Expectation consistency for
+  calibration of neural networks". arXiv:2303.02644, 2023.
+- M. Chidambaram, R. Ge. "Reassessing How to Compare and Improve the Calibration
+  of Machine Learning Models". 2024.
+- L. Ferrer, D. Ramos. "Evaluating Posterior Probabilities: Decision Theory,
+  Proper Scoring Rules, and Calibration". TMLR 2025.
+- C. Guo, G. Pleiss, Y. Sun, K. Q. Weinberger. "On Calibration of Modern Neural
+  Networks". ICML 2017.
 """
 
 from __future__ import annotations
@@ -391,8 +391,8 @@ class TemperatureScaling(_TemperatureMixin, _Calibrator):
 
     References
     ----------
-    Guo et al. 2017, Sec. 4.2; Clarté et al. 2023 [001], Sec. 3, Eq. 4; Ferrer & Ramos 2025
-    [004], Sec. 3 (temperature scaling as affine calibration with beta = 0).
+    Guo et al. 2017, Sec. 4.2; Clarté et al. 2023, Sec. 3, Eq. 4; Ferrer & Ramos 2025,
+    Sec. 3 (temperature scaling as affine calibration with beta = 0).
 
     Examples
     --------
@@ -527,7 +527,7 @@ class ExpectationConsistency(_TemperatureMixin, _Calibrator):
 
     References
     ----------
-    Clarté et al. 2023 [001], Algorithm 1, Eq. 5, Sec. 3 (top-N variant).
+    Clarté et al. 2023, Algorithm 1, Eq. 5, Sec. 3 (top-N variant).
     """
 
     _param_names = ("top_k", "input")
@@ -696,7 +696,7 @@ class AffineCalibration(_LBFGSMixin, _Calibrator):
 
     References
     ----------
-    Ferrer & Ramos 2025 [004], Sec. 3.1, Eq. 23; reference implementation psrcal
+    Ferrer & Ramos 2025, Sec. 3.1, Eq. 23; reference implementation psrcal
     ``AffineCalLogLoss`` (see ``docs/notes/ferrer_ramos_2025.md`` section 3.1).
     """
 
@@ -771,7 +771,7 @@ class VectorScaling(_LBFGSMixin, _Calibrator):
 
     References
     ----------
-    Guo et al. 2017, Sec. 4.2 (vector scaling); Ferrer & Ramos 2025 [004], Sec. 3.1
+    Guo et al. 2017, Sec. 4.2 (vector scaling); Ferrer & Ramos 2025, Sec. 3.1
     (the affine family it contains).
     """
 
@@ -866,7 +866,7 @@ class IsotonicCalibration(_Calibrator):
 
     References
     ----------
-    Ferrer & Ramos 2025 [004], Sec. 3.3 (PAV, binary); Chidambaram & Ge 2024 [002], Sec. 3
+    Ferrer & Ramos 2025, Sec. 3.3 (PAV, binary); Chidambaram & Ge 2024, Sec. 3
     (IR one-vs-rest with renormalisation).
     """
 
@@ -940,7 +940,7 @@ class HistogramBinning(_Calibrator):
 
     References
     ----------
-    Ferrer & Ramos 2025 [004], Sec. 3.2; Chidambaram & Ge 2024 [002], Sec. 3, Table 1;
+    Ferrer & Ramos 2025, Sec. 3.2; Chidambaram & Ge 2024, Sec. 3, Table 1;
     Guo et al. 2017, Sec. 4.1.
     """
 
@@ -1027,7 +1027,7 @@ class MeanReplacement(_Calibrator):
 
     References
     ----------
-    Chidambaram & Ge 2024 [002], Sec. 3 (MRR, Eq. 3.1), Theorem 4.2, Table 1.
+    Chidambaram & Ge 2024, Sec. 3 (MRR, Eq. 3.1), Theorem 4.2, Table 1.
     """
 
     _param_names = ("calibration", "input")

@@ -36,11 +36,11 @@ Conventions
 
 References
 ----------
-.. [004] L. Ferrer, D. Ramos. "Evaluating Posterior Probabilities: Decision Theory,
-   Proper Scoring Rules, and Calibration". TMLR 2025. Code:
-   github.com/luferrer/expected_cost and github.com/luferrer/psr-calibration.
-.. [Br10] N. Brümmer. "Measuring, refining and calibrating speaker and language
-   information extracted from speech". PhD thesis, Stellenbosch University, 2010.
+- L. Ferrer, D. Ramos. "Evaluating Posterior Probabilities: Decision Theory,
+  Proper Scoring Rules, and Calibration". TMLR 2025. Code:
+  github.com/luferrer/expected_cost and github.com/luferrer/psr-calibration.
+- N. Brümmer. "Measuring, refining and calibrating speaker and language
+  information extracted from speech". PhD thesis, Stellenbosch University, 2010.
 """
 
 from __future__ import annotations
