@@ -215,6 +215,25 @@ def test_dask_array_bad_row_names_block(client, data):
         kdecal.ece_kde(da.from_array(P.astype(str)), y, bandwidth=0.1, backend="dask")
 
 
+def test_dask_array_renormalised_rows_warn(client, data):
+    """The blocks' warnings (rows renormalised) reach the caller, naming the blocks."""
+    P, y = data
+    off = P.copy()
+    off[[150, 420]] *= 1.01  # 1 % off: renormalised with a warning, like a NumPy input
+    with pytest.warns(kdecal.RenormalizationWarning) as rec:
+        ref = kdecal.ece_kde(off, y, bandwidth=0.05, backend="cpp")
+    assert len(rec) == 1
+    with pytest.warns(kdecal.RenormalizationWarning) as rec:
+        out = kdecal.ece_kde(
+            da.from_array(off, chunks=(100, 4)), y, bandwidth=0.05, backend="dask"
+        )
+    assert out == ref
+    msgs = sorted(str(w.message) for w in rec)
+    assert len(msgs) == 2
+    assert "starting at row 100 " in msgs[0] and "row 50)" in msgs[0]
+    assert "starting at row 400 " in msgs[1] and "row 20)" in msgs[1]
+
+
 def test_progress_report(client, data, monkeypatch, capsys):
     """progress=True shows dask's own progress bar over the tasks."""
     P, y = data

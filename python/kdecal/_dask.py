@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import threading
 import uuid
+import warnings
 from collections import OrderedDict
 from typing import Any
 
@@ -341,21 +342,28 @@ def is_dask_array(x: object) -> bool:
     return (mod == "dask" or mod.startswith("dask.")) and hasattr(x, "map_blocks")
 
 
-def _check_block(block: np.ndarray, name: str, block_info: Any = None) -> np.ndarray:
-    """Validate one row block with the in-memory checks; errors name the block's rows."""
+def _check_block(
+    block: np.ndarray, name: str, a: int, b: int
+) -> tuple[np.ndarray, list[tuple[type[Warning], str]]]:
+    """Validate rows ``[a, b)`` with the in-memory checks, where the block lives.
+
+    Returns the validated rows and the warnings the checks gave (to re-issue on the
+    client); a failed check raises with the block's rows in the message.
+    """
     from ._validation import check_probs
 
     if block.shape[0] == 0:
-        K = 2 if block.ndim == 1 else block.shape[1]
-        return np.zeros((0, K))
-    try:
-        return check_probs(block, name, min_n=1).p
-    except ValueError as exc:
-        a, b = block_info[0]["array-location"][0] if block_info else (0, block.shape[0])
-        raise ValueError(
-            f"{name} (a dask array), in its rows {a}..{b - 1} (indices below count from "
-            f"row {a}): {exc}"
-        ) from None
+        return np.zeros((0, 2 if block.ndim == 1 else block.shape[1])), []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            p = check_probs(block, name, min_n=1).p
+        except ValueError as exc:
+            raise ValueError(
+                f"{name} (a dask array), in its rows {a}..{b - 1} (indices below count from "
+                f"row {a}): {exc}"
+            ) from None
+    return p, [(w.category, str(w.message)) for w in caught]
 
 
 def check_probs(x: Any, name: str = "probs", min_n: int = 3) -> Any:
@@ -365,7 +373,8 @@ def check_probs(x: Any, name: str = "probs", min_n: int = 3) -> Any:
     rows summing to 1, binary values in [0, 1]) and its clipping and renormalisation
     run on each block of rows where the block lives (the current dask scheduler:
     the workers of a ``dask.distributed`` client); the client receives the validated
-    rows once, as the in-memory path would return them.
+    rows once, as the in-memory path would return them, and re-issues the checks'
+    warnings (e.g. rows renormalised), naming the blocks.
 
     Parameters
     ----------
@@ -412,15 +421,30 @@ def check_probs(x: Any, name: str = "probs", min_n: int = 3) -> Any:
         raise ValueError(f"{name} is empty (shape {x.shape})")
     if x.shape[0] < min_n:
         raise ValueError(f"{name} needs at least {min_n} samples, got n = {x.shape[0]}")
+    import dask
+
+    from .warnings import warn_user
+
     binary = x.ndim == 1
-    if binary:
-        checked = x.map_blocks(
-            _check_block, name, dtype=np.float64, new_axis=1, chunks=(x.chunks[0], (2,))
+    if not binary and x.numblocks[1] != 1:
+        x = x.rechunk({1: -1})
+    edges = np.concatenate([[0], np.cumsum(x.chunks[0])]).astype(int)
+    blocks = x.to_delayed().ravel()
+    check = dask.delayed(_check_block, pure=True)
+    parts = dask.compute(
+        *[check(blk, name, int(a), int(b)) for blk, a, b in zip(blocks, edges, edges[1:])]
+    )
+    seen: dict[tuple[type[Warning], str], list[int]] = {}
+    for (_, caught), a in zip(parts, edges):
+        for category, message in caught:
+            seen.setdefault((category, message), []).append(int(a))
+    for (category, message), starts in seen.items():
+        where = ", ".join(str(a) for a in starts[:5]) + (", ..." if len(starts) > 5 else "")
+        warn_user(
+            f"{name} (a dask array), in its block(s) starting at row {where} (row "
+            f"numbers below count from the block's first row): {message}",
+            category,
         )
-    else:
-        if x.numblocks[1] != 1:
-            x = x.rechunk({1: -1})
-        checked = x.map_blocks(_check_block, name, dtype=np.float64)
-    p = np.ascontiguousarray(checked.compute(), dtype=np.float64)
+    p = np.ascontiguousarray(np.concatenate([q for q, _ in parts]), dtype=np.float64)
     dtype = np.dtype(np.float32) if dt == np.float32 else np.dtype(np.float64)
     return Probs(p=p, dtype=dtype, binary=binary)
