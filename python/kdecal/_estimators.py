@@ -535,7 +535,7 @@ def estimate_from(
     mode = 1 if debias == "ustat" else 2
     Qh = np.ascontiguousarray(Q)
     Th = np.ascontiguousarray(T) if mode == 2 else None
-    if backend == "cpp":
+    if backend in ("cpp", "dask"):  # the compiled debiasing (dask runs the core too)
         E, sq, degenerate = _backends._core.debias(
             np.ascontiguousarray(S), Qh, Th, float(problem.n - 1), mode
         )

@@ -255,6 +255,10 @@ def resolve_input(
 
 def check_probs(probs: object, name: str = "probs", min_n: int = 3) -> Probs:
     """Validate and normalise probabilities; see :class:`Probs`."""
+    from . import _dask
+
+    if _dask.is_dask_array(probs):  # row checks block by block where the blocks live
+        return _dask.check_probs(probs, name, min_n)  # type: ignore[no-any-return]
     arr = _numeric_array(probs, name)
     dtype = np.dtype(np.float32) if arr.dtype == np.float32 else np.dtype(np.float64)
     if arr.size == 0:
