@@ -284,3 +284,26 @@ def test_worker_killed_mid_call(client, monkeypatch):
     np.testing.assert_array_equal(out, ref)
     client.wait_for_workers(2, timeout=120)
     assert pids[victim] not in client.run(os.getpid).values()  # it really died
+
+
+def test_cli_backend_dask_on_a_scheduler(client, data, tmp_path, capsys):
+    """`kdecal evaluate --backend dask --scheduler ADDRESS` equals the cpp report."""
+    import json
+
+    from kdecal.cli import main
+
+    P, y = data
+    f = tmp_path / "preds.npz"
+    np.savez(f, probs=P, labels=y)
+    args = ["evaluate", str(f), "--json", "--quiet", "--bandwidth", "0.1", "--n-resamples", "0"]
+    assert main(args) == 0
+    ref = json.loads(capsys.readouterr().out)
+    address = client.scheduler.address
+    assert main([*args, "--backend", "dask", "--scheduler", address]) == 0
+    got = json.loads(capsys.readouterr().out)
+    for key in ("ece_kde_l1", "ece_kde_l2", "ce_kl", "ce_l2", "refinement_kl", "sharpness_kl"):
+        if key in ref:
+            assert got[key] == ref[key], key
+    # --scheduler without the dask backend is a usage error
+    assert main([*args, "--scheduler", address]) == 2
+    assert "--scheduler applies only with --backend dask" in capsys.readouterr().err
