@@ -394,7 +394,7 @@ def _reliability_arrays(
     labels: object,
     kind: str,
     calibration: str,
-    class_index: object,
+    class_index: int | None,
     n_bins: object,
     bandwidth: object,
     n_grid: object,
@@ -421,7 +421,7 @@ def _reliability_arrays(
         return ReliabilityDiagram(
             kind=kind,
             calibration=calibration,
-            class_index=None if class_index is None else int(class_index),  # type: ignore[call-overload]
+            class_index=None if class_index is None else int(class_index),
             x=stats.mean_confidence,
             y=stats.frequency,
             edges=stats.edges,
@@ -488,7 +488,7 @@ def _reliability_arrays(
     return ReliabilityDiagram(
         kind=kind,
         calibration=calibration,
-        class_index=class_index,  # type: ignore[arg-type]
+        class_index=class_index,
         x=pick(xs),
         y=pick(ys),
         edges=None,
@@ -561,7 +561,8 @@ def _draw_reliability_one(
         )
         ax.plot(conf, conf, ls="none", marker="_", color="C3", ms=6, zorder=4)
         _fraction_bars(hax, edges, counts)
-        default_title = f"{len(edges) - 1} bins, ECE = {float(sel(np.asarray(rd.ece))):.4f}"
+        ece = float(np.asarray(rd.ece)[() if row is None else row])
+        default_title = f"{len(edges) - 1} bins, ECE = {ece:.4f}"
     elif rd.calibration == "canonical":
         assert x is not None and y is not None and counts is not None
         edges = np.linspace(0.0, 1.0, counts.shape[0] + 1)
@@ -599,10 +600,8 @@ def _draw_reliability_one(
         hax.plot(grid, dens, color="0.3", lw=0.8)
         hax.set_ylabel("density", fontsize="small")
         hax.set_ylim(bottom=0)
-        default_title = (
-            f"Beta kernel, h = {rd.bandwidth:.3g}, "
-            f"ECE$^{{KDE}}$ = {float(sel(np.asarray(rd.ece))):.4f}"
-        )
+        ece = float(np.asarray(rd.ece)[() if row is None else row])
+        default_title = f"Beta kernel, h = {rd.bandwidth:.3g}, ECE$^{{KDE}}$ = {ece:.4f}"
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.set_aspect("auto")
@@ -1490,7 +1489,7 @@ def _as_systems(probs: object, labels: object, names: object) -> list[tuple[str,
         ps = [probs]
         nm = ["system"]
     if names is not None:
-        nm = [str(s) for s in names]  # type: ignore[union-attr]
+        nm = [str(s) for s in names]  # type: ignore[attr-defined]
         if len(nm) != len(ps):
             raise ValueError(f"names has {len(nm)} entries for {len(ps)} systems")
     if isinstance(labels, Mapping):

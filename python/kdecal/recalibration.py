@@ -58,6 +58,8 @@ References
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from scipy import optimize
@@ -100,7 +102,9 @@ class NotFittedError(ValueError, AttributeError):
 # ---------------------------------------------------------------------------- helpers
 
 
-def _log_probs(scores: object, input: str, min_n: int, name: str = "scores"):
+def _log_probs(
+    scores: object, input: str, min_n: int, name: str = "scores"
+) -> tuple[np.ndarray, np.ndarray, bool]:
     """Validate ``scores``; return ``(log q, q, binary)``, both (n, K) float64.
 
     For ``input="probs"``, ``q`` is the validated (clipped, renormalised) input itself, not
@@ -170,7 +174,7 @@ def _renormalise(Q: np.ndarray, fallback: np.ndarray) -> np.ndarray:
 
 def _check_bounds(bounds: object, name: str = "bounds") -> tuple[float, float]:
     try:
-        lo, hi = (float(b) for b in bounds)  # type: ignore[union-attr]
+        lo, hi = (float(b) for b in bounds)  # type: ignore[attr-defined]
     except Exception as exc:
         raise TypeError(f"{name} must be a pair (T_min, T_max) of floats, got {bounds!r}") from exc
     if not (np.isfinite(lo) and np.isfinite(hi) and 0 < lo < hi):
@@ -178,7 +182,9 @@ def _check_bounds(bounds: object, name: str = "bounds") -> tuple[float, float]:
     return lo, hi
 
 
-def _polish_increasing_root(f, u: float, lo: float, hi: float, f_lo: float, f_hi: float) -> float:
+def _polish_increasing_root(
+    f: Callable[[float], float], u: float, lo: float, hi: float, f_lo: float, f_hi: float
+) -> float:
     """Root of a non-decreasing ``f`` near ``u`` with ``f(lo) < 0 < f(hi)`` (brentq)."""
     step = 1e-6
     while True:
@@ -230,7 +236,7 @@ class _Calibrator:
         args = ", ".join(f"{k}={getattr(self, k)!r}" for k in self._param_names)
         return f"{type(self).__name__}({args})"
 
-    def get_params(self) -> dict:
+    def get_params(self) -> dict[str, Any]:
         """Return the constructor arguments as a dict (scikit-learn convention)."""
         return {k: getattr(self, k) for k in self._param_names}
 
@@ -312,7 +318,7 @@ class _Calibrator:
         inp = check_choice(self.input, "input", INPUTS)
         L, P, binary = _log_probs(scores, inp, 1)
         if L.shape[1] != self.n_classes_:
-            shape = np.shape(scores)
+            shape = np.shape(np.asarray(scores))
             raise ValueError(
                 f"scores has K = {L.shape[1]} classes (shape {shape}) but "
                 f"{type(self).__name__} was fitted with K = {self.n_classes_}"
@@ -624,7 +630,7 @@ class _LBFGSMixin:
                 stacklevel=4,
             )
 
-    def _minimise(self, fun, x0: np.ndarray):
+    def _minimise(self, fun: Callable[..., Any], x0: np.ndarray) -> Any:
         res = optimize.minimize(fun, x0, jac=True, method="L-BFGS-B", options=_LBFGS_OPTIONS)
         self.converged_ = bool(res.success)
         self.n_iter_ = int(res.nit)
@@ -795,7 +801,7 @@ class VectorScaling(_LBFGSMixin, _Calibrator):
 # ------------------------------------------------------------- non-parametric methods
 
 
-def _isotonic_regression():
+def _isotonic_regression() -> Callable[..., Any]:
     try:
         from scipy.optimize import isotonic_regression
     except ImportError as exc:  # pragma: no cover - scipy < 1.12
