@@ -68,7 +68,9 @@ def main() -> int:
     with np.load(_io.bundled_example_path(), allow_pickle=False) as d:
         probs, labels = d["probs"].astype(np.float64), d["labels"]
     if _backends._core is not None:
-        print(f"     SIMD path {_backends._core.simd_path()}, OpenMP {_backends._core.has_openmp()}")
+        print(
+            f"     SIMD path {_backends._core.simd_path()}, OpenMP {_backends._core.has_openmp()}"
+        )
         ece = kdecal.ece_kde(probs, labels, p=1, bandwidth=0.1, backend="cpp")
         kl = kdecal.calibration_error(probs, labels, divergence="kl", bandwidth=0.1, backend="cpp")
         check(
