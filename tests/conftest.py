@@ -161,12 +161,15 @@ def find_real_file(fname: str) -> Path | None:
     return None
 
 
-def skip_realdata(what: str) -> None:
-    """Skip (fail with KDECAL_REQUIRE_REAL_DATA=1): ``what`` is neither shipped nor present."""
-    reason = (
-        f"realdata: needs {what}, which is not shipped in tests/data, and the real-data "
-        f"folder {DATA_DIR} is missing"
-    )
+def skip_realdata(fname: str | None) -> None:
+    """Skip (fail with KDECAL_REQUIRE_REAL_DATA=1): real file ``fname`` (None: the folder)."""
+    if fname is None:
+        reason = f"realdata: needs the real-data folder {DATA_DIR}, which is missing"
+    else:
+        reason = (
+            f"realdata: needs {fname}, which is not shipped in tests/data, and the real-data "
+            f"folder {DATA_DIR} is missing"
+        )
     if REQUIRE_REAL_DATA:
         pytest.fail(f"{reason} (KDECAL_REQUIRE_REAL_DATA is set)", pytrace=False)
     pytest.skip(reason)
@@ -238,7 +241,7 @@ def pytest_collection_modifyitems(config, items):
 def data_dir():
     """The whole real-data folder; skips (see skip_realdata) when it is missing."""
     if not real_data_available():
-        skip_realdata("the real-data folder")
+        skip_realdata(None)
     return DATA_DIR
 
 
