@@ -280,23 +280,27 @@ def test_logits_inferred_from_values(tmp_path, capsys):
     assert d["log_loss"] == pytest.approx(direct.log_loss, rel=1e-9)
 
 
-def test_logits_inferred_when_rows_do_not_sum_to_one(tmp_path):
-    """Rows not summing to 1 are taken as logits unless told otherwise."""
+def test_scores_in_unit_interval_off_the_simplex_are_refused(tmp_path):
+    """Scores in [0, 1] whose rows do not sum to 1 are neither inferred as logits nor as
+    probabilities: the error names both flags; either flag is then honoured."""
     rng = np.random.default_rng(15)
     scores = rng.uniform(0.0, 1.0, size=(N, K))  # inside [0, 1] but not normalised
     np.save(tmp_path / "u.npy", scores)
     np.save(tmp_path / "labels.npy", rng.integers(0, K, N))
-    assert load_predictions(tmp_path / "u.npy")[2] is True
+    with pytest.raises(InputFileError, match=r"cannot tell .*--probs.*--logits"):
+        load_predictions(tmp_path / "u.npy")
+    assert load_predictions(tmp_path / "u.npy", logits=True)[2] is True
     assert load_predictions(tmp_path / "u.npy", logits=False)[2] is False
 
 
 def test_probabilities_not_taken_for_logits(tmp_path):
-    """Proper probabilities are not taken for logits unless told so."""
+    """Proper probabilities are inferred as such, and refused when declared logits."""
     _, probs, labels = _synthetic(16)
     np.save(tmp_path / "p.npy", probs)
     np.save(tmp_path / "labels.npy", labels)
     assert load_predictions(tmp_path / "p.npy")[2] is False
-    assert load_predictions(tmp_path / "p.npy", logits=True)[2] is True
+    with pytest.raises(InputFileError, match=r"given as logits .*Pass --probs"):
+        load_predictions(tmp_path / "p.npy", logits=True)
 
 
 def test_binary_logit_column_uses_sigmoid(tmp_path, capsys):

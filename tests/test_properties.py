@@ -6,6 +6,8 @@ wrong-but-invariant implementation fails.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -201,8 +203,13 @@ def test_select_bandwidth_is_argmax_of_loo_ll(kd, backend, prob):
     P, _, _ = prob
     grid = np.array([1e-3, 1e-2, 0.05, 0.2, 1.0])
     ll = kd.loo_log_likelihood(P, grid, backend=backend)
-    h = kd.select_bandwidth(P, grid=grid, backend=backend)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        h = kd.select_bandwidth(P, grid=grid, backend=backend)
     assert float(h) == float(grid[int(np.argmax(ll))])
+    # a warning exactly when the choice is an end of the grid
+    at_end = float(h) in (float(grid[0]), float(grid[-1]))
+    assert len([w for w in caught if "search range" in str(w.message)]) == int(at_end)
     ll_ref = ref.ref_loo_log_likelihood(P, grid)
     assert_close(ll, ll_ref, rtol=rtol64(1e-3), atol=LL_ATOL, what="LL vs ref")
     # the chosen bandwidth is optimal for the reference too (up to rounding ties)

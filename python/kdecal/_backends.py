@@ -3,7 +3,9 @@
 Backends return the same per-query accumulators (running max ``m`` and power sums
 ``S``, ``Q``, ``T``; see :func:`loo_reduce`), so every estimator is written once on top;
 :func:`loo_reduce_multi` gives the class sums of many label sets at one bandwidth.
-``"auto"`` picks ``"cpp"`` (the compiled core) when it imports, else ``"numba"``.
+``"auto"`` picks ``"cpp"`` (the compiled core) when it imports, else ``"numba"``;
+``"dask"`` runs the compiled core on the workers of the current ``dask.distributed``
+client, one task per block of query rows (:mod:`kdecal._dask`), with the same results.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import numpy as np
 
 from .warnings import BackendFallbackWarning
 
-Backend = Literal["auto", "cpp", "numba"]
+Backend = Literal["auto", "cpp", "numba", "dask"]
 BACKENDS = ("cpp", "numba")
 
 _core_error: BaseException | None = None
@@ -67,13 +69,24 @@ def available_backends() -> list[str]:
 def resolve_backend(backend: object) -> str:
     """Turn ``"auto"`` into a concrete backend and check that it is available.
 
+    ``"dask"`` is never chosen by ``"auto"``; asked for, it needs dask.distributed, a
+    current client and the compiled core.
+
     Raises
     ------
     ValueError
         If ``backend`` is unknown or not available here; the message lists the
-        available backends.
+        available backends. For ``"dask"``: no current client, or no compiled core.
+    ImportError
+        For ``"dask"`` when dask or dask.distributed is not installed (the message names
+        ``pip install "kdecal[dask]"``).
     """
     global _warned
+    if backend == "dask":
+        from . import _dask
+
+        _dask.check_available()
+        return "dask"
     avail = available_backends()
     if backend == "auto":
         if "cpp" in avail:
@@ -95,7 +108,8 @@ def resolve_backend(backend: object) -> str:
         )
     if backend not in BACKENDS:
         raise ValueError(
-            f"unknown backend {backend!r}; choose 'auto' or one of the available backends {avail}"
+            f"unknown backend {backend!r}; choose 'auto', one of the available backends "
+            f"{avail}, or 'dask' (a dask.distributed cluster)"
         )
     if backend not in avail:
         why = _core_error if backend == "cpp" else "numba is not installed"
@@ -105,24 +119,47 @@ def resolve_backend(backend: object) -> str:
     return str(backend)
 
 
+#: Most engine threads :func:`set_num_threads` accepts (each thread holds O(K) scratch
+#: per tile; more threads than this is a typo, not a machine).
+MAX_THREADS = 4096
+
+
 def set_num_threads(n: int | None) -> None:
     """Set the number of threads the engine uses (``None`` or 0: all cores).
+
+    Threads beyond the number of cores are allowed (up to :data:`MAX_THREADS`) but only
+    add scheduling overhead.
+
+    Parameters
+    ----------
+    n : int or None
+        Number of threads in ``0..MAX_THREADS``; ``None`` or 0 uses every core.
 
     Raises
     ------
     ValueError
-        If ``n`` is negative.
+        If ``n`` is not an integer in ``0..MAX_THREADS``.
     """
     global _num_threads
     if n is None:
         n = 0
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-        raise ValueError(f"n must be a non-negative int or None, got {n!r}")
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= MAX_THREADS:
+        raise ValueError(
+            f"n must be an integer in 0..{MAX_THREADS} (0 or None: all cores), got {n!r}"
+        )
     _num_threads = int(n)
 
 
 def get_num_threads() -> int:
-    """Return the number of threads the engine will use."""
+    """Return the number of threads the engine will use.
+
+    Returns
+    -------
+    int
+        The value of :func:`set_num_threads`; when unset, the compiled core's OpenMP
+        default (all cores unless ``OMP_NUM_THREADS`` is set), or, without the compiled
+        core, the number of cores.
+    """
     if _num_threads > 0:
         return _num_threads
     if _core is not None:
@@ -282,6 +319,21 @@ def loo_reduce(
     n_problems = p.shape[0] if p.ndim == 3 else 1
     work = float(r1 - r0) * n * len(scale) * n_problems
     total = (r1 - r0) * n_problems
+    if backend == "dask":  # row blocks on the workers; dask's own progress report
+        from . import _dask
+
+        return _dask.loo_reduce(
+            logq,
+            p,
+            labels,
+            n_classes,
+            scale,
+            bias,
+            powers,
+            r0,
+            r1,
+            show=_show_bar(work, progress),
+        )
     with _bar(_show_bar(work, progress), total, "kdecal LOO kernel") as cb:
         out = _call(backend)(logq, p, labels, n_classes, scale, bias, powers, r0, r1, progress=cb)
     return out  # type: ignore[return-value]
@@ -430,7 +482,7 @@ def loo_reduce_multi(
         Centre weights of each set (finite, >= 0); ``None`` means all 1.
     powers : {1, 2}
         Whether to return ``Q`` too.
-    backend : {"cpp", "numba", "auto"}
+    backend : {"cpp", "numba", "dask", "auto"}
         Engine to use.
     row_start, row_stop : int
         Query rows ``[row_start, row_stop)``; ``row_stop=None`` means ``n``.
@@ -496,13 +548,18 @@ def loo_reduce_multi(
         )
     n_classes, row_start, row_stop = int(n_classes), int(row_start), int(row_stop)
     if row_stop == row_start:  # (the core reads row_stop = 0 as n)
-        if be == "cpp":  # still validate the values
+        if be in ("cpp", "dask"):  # still validate the values
             _check_multi_values(m, labels, n_classes, weights, row_start, row_stop)
         shape = (B, 0, n_classes)
         return np.zeros(shape), np.zeros(shape if powers == 2 else (0, 0, 0))
     args = (logq, p, m, labels, n_classes, float(scale), bias, weights, powers)
     R = row_stop - row_start
     show = _show_bar(float(R) * n * max(1.0, B / 8.0), progress)
+    if be == "dask":  # row blocks on the workers
+        from . import _dask
+
+        _check_multi_values(m, labels, n_classes, weights, row_start, row_stop)
+        return _dask.loo_reduce_multi(*args, row_start, row_stop, show=show)
     if be == "cpp":
         with _bar(show, R, "kdecal LOO resampling") as cb:
             S, Q = _core.loo_reduce_multi(*args, row_start, row_stop, _num_threads, progress=cb)

@@ -36,10 +36,13 @@ import math
 import os
 import re
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ._validation import resolve_input
 
 __all__ = [
     "BUNDLED_EXAMPLE",
@@ -55,7 +58,8 @@ _EXTENSIONS = (".npz", ".npy", ".csv", ".parquet")
 _SPLIT_KEY = re.compile(r"^(?P<split>[A-Za-z0-9]+)_(?P<kind>probs|logits|labels)$")
 _LABEL_COLUMNS = ("label", "labels")
 _IGNORED_COLUMNS = ("", "id", "index", "__index_level_0__")
-_ROW_SUM_ATOL = 1e-3
+# How resolve_input names the two choices: the command-line flags and the keyword.
+_FLAGS = {"probs": "--probs (logits=False)", "logits": "--logits (logits=True)"}
 
 
 class InputFileError(ValueError):
@@ -125,11 +129,13 @@ def load_predictions(
         without prefixed keys, or for another format, is an error.
     logits : bool, optional
         True: the scores are logits (binary single column: log-odds). False:
-        the scores are probabilities. None (default): for ``.npz`` files,
-        decided by the key name (``logits`` or ``probs``); for the other
-        formats, the scores are taken as logits if any value is below 0 or
-        above 1, or (two or more columns) any row does not sum to 1 within
-        1e-3.
+        the scores are probabilities (rows within ``PROBS_ROW_SUM_ATOL`` = 0.1 of
+        summing to 1 are renormalised later, with a warning). None (default): for
+        ``.npz`` files, decided by the key name (``logits`` or ``probs``); for the
+        other formats, by :func:`kdecal._validation.resolve_input`: scores with a
+        value outside [0, 1] are logits, scores in [0, 1] whose rows sum to 1 within
+        ``INFER_ROW_SUM_ATOL`` = 0.02 are probabilities (files rounded to 3 decimals
+        pass), and anything in between is refused as ambiguous.
 
     Returns
     -------
@@ -151,14 +157,17 @@ def load_predictions(
     ------
     InputFileError
         (a ValueError) for a missing file, an unknown extension, a missing
-        key or column, bad shapes, non-integer labels, NaN scores or mismatched
-        lengths. The message names the file and the problem in one sentence.
+        key or column, bad shapes, non-integer labels, NaN scores, mismatched
+        lengths, scores that cannot be told apart as probabilities or logits, or
+        probabilities given as logits. The message names the file and the problem in one sentence.
     """
     p = Path(os.fspath(path))
     if not p.exists():
         raise _fail(path, "file not found")
     if p.is_dir():
         raise _fail(path, "is a directory, not a predictions file")
+    if not p.is_file():
+        raise _fail(path, "is not a regular file (a device, pipe or socket cannot be read)")
     ext = p.suffix.lower()
     if ext not in _EXTENSIONS:
         problem = f"unknown file extension '{p.suffix}'" if p.suffix else "has no file extension"
@@ -186,13 +195,18 @@ def load_predictions(
 
     scores, labels = _check_arrays(scores, labels, path)
     if logits is not None:
-        is_logits = bool(logits)
-        how = "as specified"
+        requested = "logits" if logits else "probs"
     elif key_logits is not None:
-        is_logits = key_logits
-        how = "from key name"
+        requested = "logits" if key_logits else "probs"
     else:
-        is_logits, how = _infer_logits(scores)
+        requested = "auto"
+    try:
+        kind, how = resolve_input(scores, requested, "the scores", _FLAGS)
+    except ValueError as exc:
+        raise _fail(path, str(exc)) from None
+    if logits is None and key_logits is not None:
+        how = "from key name"
+    is_logits = kind == "logits"
     desc = f"{desc}, {'logits' if is_logits else 'probabilities'} ({how})"
     return scores, labels, is_logits, desc
 
@@ -205,18 +219,6 @@ def load_predictions(
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return text or type(exc).__name__
-
-
-def _infer_logits(scores: np.ndarray) -> tuple[bool, str]:
-    """Decide whether ``scores`` are logits, by the rule of :func:`load_predictions`."""
-    finite = scores[np.isfinite(scores)]
-    if finite.size != scores.size or (finite.size and (finite.min() < 0 or finite.max() > 1)):
-        return True, "inferred: values outside [0, 1]"
-    if scores.ndim == 2:
-        sums = scores.sum(axis=1, dtype=np.float64)
-        if np.any(np.abs(sums - 1.0) > _ROW_SUM_ATOL):
-            return True, "inferred: rows do not sum to 1"
-    return False, "inferred"
 
 
 def _check_arrays(
@@ -272,6 +274,62 @@ def _as_int_labels(labels: np.ndarray, path: str | os.PathLike[str]) -> np.ndarr
             raise _fail(path, f"labels must be integer class indices, found {bad!r}")
         return labels.astype(np.int64)
     raise _fail(path, f"labels must be integer class indices, got dtype {labels.dtype}")
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory available to this process (Linux ``MemAvailable``), if known."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):  # pragma: no cover - not POSIX
+        return None
+
+
+def _check_memory(path: str | os.PathLike[str], need: float, what: str) -> None:
+    """Refuse, before allocating, to read something that needs more than the free memory."""
+    avail = _available_memory()
+    if avail is not None and need > avail:
+        raise _fail(
+            path,
+            f"{what} needs about {need / 2**30:.3g} GiB of memory but only "
+            f"{avail / 2**30:.3g} GiB is available",
+        )
+
+
+def _npy_header(fh: Any, shown: str | os.PathLike[str]) -> tuple[tuple[int, ...], np.dtype]:
+    """Read a ``.npy`` header: the declared shape and dtype, without the data."""
+    fmt = np.lib.format
+    try:
+        version = fmt.read_magic(fh)
+        if version == (1, 0):
+            shape, _fortran, dtype = fmt.read_array_header_1_0(fh)
+        else:
+            shape, _fortran, dtype = fmt.read_array_header_2_0(fh)
+    except (ValueError, OSError, EOFError) as exc:
+        raise _fail(shown, f"is not a valid .npy array ({_one_line(exc)})") from exc
+    return tuple(int(s) for s in shape), np.dtype(dtype)
+
+
+def _declared_bytes(
+    shape: tuple[int, ...], dtype: np.dtype, stored: int, shown: str | os.PathLike[str]
+) -> int:
+    """Bytes an array header declares; refused when the file cannot hold them."""
+    if dtype.hasobject:
+        raise _fail(shown, "holds an object array, which needs pickle (refused)")
+    need = math.prod(shape) * dtype.itemsize
+    if need > stored:
+        raise _fail(
+            shown,
+            f"declares an array of shape {shape} ({need:,} bytes of {dtype}) but holds only "
+            f"{stored:,} bytes of data (truncated or corrupt)",
+        )
+    return need
 
 
 # ------------------------------- npz ------------------------------------- #
@@ -343,6 +401,7 @@ def _read_npz(
         if label_key is None:
             raise _fail(path, f"has no '{prefix}labels' array (keys: {shown})")
 
+        _check_npz_members(archive, (score_key, label_key), path)
         try:
             scores = archive[score_key]
             labels = archive[label_key]
@@ -352,10 +411,40 @@ def _read_npz(
     return scores, labels, key_logits, f"{p.name} [{score_key}, {label_key}]"
 
 
+def _check_npz_members(archive: Any, keys: tuple[str, str], path: str | os.PathLike[str]) -> None:
+    """Check the declared sizes of the arrays to be read against the archive and memory."""
+    zf = archive.zip
+    total = 0
+    lengths = []
+    for key in keys:
+        info = zf.getinfo(f"{key}.npy")
+        with zf.open(info) as fh:
+            shape, dtype = _npy_header(fh, f"{os.fspath(path)} [{key}]")
+            header = fh.tell()
+        total += _declared_bytes(
+            shape, dtype, info.file_size - header, f"{os.fspath(path)} [{key}]"
+        )
+        lengths.append(shape[0] if shape else None)
+    if lengths[0] != lengths[1]:
+        raise _fail(
+            path,
+            f"{keys[0]} has {lengths[0]} rows but {keys[1]} has {lengths[1]} entries",
+        )
+    _check_memory(path, total, "reading it")
+
+
 # ------------------------------- npy ------------------------------------- #
 
 
 def _load_npy(p: Path, shown_path: str | os.PathLike[str]) -> np.ndarray:
+    with open(p, "rb") as fh:
+        if fh.read(6) == b"\x93NUMPY":
+            fh.seek(0)
+            shape, dtype = _npy_header(fh, shown_path)
+            stored = p.stat().st_size - fh.tell()
+            _check_memory(
+                shown_path, _declared_bytes(shape, dtype, stored, shown_path), "reading it"
+            )
     try:
         arr = np.load(p, allow_pickle=False)
     except ValueError as exc:
@@ -413,15 +502,46 @@ def _split_columns(names: list[str], path: str | os.PathLike[str]) -> tuple[int,
     return label_idx[0], candidates
 
 
+#: Longest line accepted in a CSV file (characters); a row of K = 10,000 scores fits.
+MAX_CSV_LINE = 1 << 20
+#: Memory needed to parse a CSV file, per byte of file (Python lists of str and float).
+_CSV_BYTES_PER_BYTE = 12
+
+
+def _bounded_lines(fh: Any, path: str | os.PathLike[str]) -> Iterator[str]:
+    """Yield the lines of a text file, refusing any longer than :data:`MAX_CSV_LINE`."""
+    lineno = 0
+    while True:
+        line = fh.readline(MAX_CSV_LINE + 1)
+        if not line:
+            return
+        lineno += 1
+        if len(line) > MAX_CSV_LINE:
+            raise _fail(
+                path,
+                f"line {lineno} is longer than {MAX_CSV_LINE:,} characters (not a CSV of "
+                "predictions?)",
+            )
+        yield line
+
+
 def _read_csv(p: Path, path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray, str]:
-    with open(p, newline="", encoding="utf-8-sig") as fh:
-        reader = csv.reader(fh)
-        numbered: list[tuple[int, list[str]]] = []
-        start = 1
-        for r in reader:
-            if any(cell.strip() for cell in r):  # skip blank lines
-                numbered.append((start, r))
-            start = reader.line_num + 1
+    _check_memory(path, p.stat().st_size * _CSV_BYTES_PER_BYTE, "parsing it")
+    old_limit = csv.field_size_limit()
+    try:
+        csv.field_size_limit(MAX_CSV_LINE)
+        with open(p, newline="", encoding="utf-8-sig") as fh:
+            reader = csv.reader(_bounded_lines(fh, path))
+            numbered: list[tuple[int, list[str]]] = []
+            start = 1
+            for r in reader:
+                if any(cell.strip() for cell in r):  # skip blank lines
+                    numbered.append((start, r))
+                start = reader.line_num + 1
+    except csv.Error as exc:
+        raise _fail(path, f"is not a valid CSV file ({_one_line(exc)})") from None
+    finally:
+        csv.field_size_limit(old_limit)
     if not numbered:
         raise _fail(path, "is empty")
     header = [c.strip() for c in numbered[0][1]]
@@ -492,6 +612,12 @@ def _read_parquet(p: Path, path: str | os.PathLike[str]) -> tuple[np.ndarray, np
         import pyarrow.parquet as pq
     except ImportError as exc:
         raise _fail(path, "reading .parquet needs pyarrow: pip install 'kdecal[parquet]'") from exc
+    try:
+        meta = pq.ParquetFile(p).metadata
+        need = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    except (pa.ArrowException, ValueError, OSError) as exc:
+        raise _fail(path, f"is not a readable Parquet file ({_one_line(exc)})") from exc
+    _check_memory(path, 2 * need, "reading it")
     try:
         table = pq.read_table(p)
     except (pa.ArrowException, ValueError) as exc:

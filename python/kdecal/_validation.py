@@ -2,27 +2,104 @@
 
 Everything is checked here, once, in Python; the compiled core then receives arrays of
 the exact dtype and layout it expects (no hidden copies, no surprises inside OpenMP).
+
+Two rules live here and nowhere else:
+
+- :func:`as_array`, how any array object a user holds (NumPy, pandas, polars, torch on
+  any device or with ``requires_grad``, JAX, CuPy, anything with ``__dlpack__`` or
+  ``__array__``) becomes a NumPy array;
+- :func:`resolve_input`, how scores are recognised as probabilities or logits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
+
+from .warnings import RenormalizationWarning, warn_user
 
 #: Probabilities below this are clipped to it and each row renormalised, so that the
 #: Dirichlet kernel (which needs ``log f``) and the KL estimators never see ``log 0``.
 PROB_EPS = 1e-12
-#: Tolerance on ``|sum_k probs[i, k] - 1|``.
+#: Rows of probabilities whose sums differ from 1 by at most this are renormalised
+#: silently (float32 storage, softmax rounding).
 ROW_SUM_ATOL = 1e-3
+#: With ``input="auto"``, scores in [0, 1] whose rows all sum to 1 within this are
+#: recognised as probabilities.  Probabilities rounded to 3 decimals pass for every
+#: K <= 40 (each entry moves by at most 5e-4); rows further off are neither clearly
+#: probabilities nor clearly logits, and the caller must say which they are.
+INFER_ROW_SUM_ATOL = 0.02
+#: Probabilities passed as such (``input="probs"``, ``--probs``, or any function that
+#: takes only probabilities) may have rows off by up to this (probabilities rounded to
+#: 2 decimals at K = 10, for example); they are renormalised with a
+#: :class:`~kdecal.warnings.RenormalizationWarning` that says by how much.
+PROBS_ROW_SUM_ATOL = 0.1
+
+
+def _type_name(x: object) -> str:
+    t = type(x)
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+def as_array(x: object, name: str) -> np.ndarray:
+    """Convert any array object to a NumPy array, the one conversion rule of kdecal.
+
+    Parameters
+    ----------
+    x : array-like
+        A NumPy array, a nested sequence, a pandas or polars object, a torch tensor (any
+        device, ``requires_grad`` allowed: its values are read, detached), a JAX or CuPy
+        array, or any object offering ``__array__`` or ``__dlpack__``.  Arrays on an
+        accelerator are copied to the host (kdecal has no GPU backend).
+    name : str
+        Argument name, used in error messages.
+
+    Returns
+    -------
+    numpy.ndarray
+        The values, on the host; a view of ``x`` where NumPy allows it (callers copy
+        before modifying).
+
+    Raises
+    ------
+    TypeError
+        If ``x`` cannot be read as an array; the message names the argument and the type.
+    """
+    if isinstance(x, np.ndarray):
+        return x
+    module = type(x).__module__.split(".")[0]
+    try:
+        if module == "torch" and hasattr(x, "detach"):
+            t = x.detach()
+            if t.device.type != "cpu":
+                t = t.cpu()
+            if t.is_conj():
+                t = t.resolve_conj()
+            return np.asarray(t.numpy())
+        if module == "cupy" and hasattr(x, "get"):
+            return np.asarray(x.get())
+        if not hasattr(x, "__array__") and hasattr(x, "__dlpack__"):
+            return np.from_dlpack(x)
+        arr = np.asarray(x)
+    except Exception as exc:
+        raise TypeError(
+            f"{name} must be array-like (NumPy, pandas, polars, torch, JAX, CuPy or any "
+            f"object with __array__ or __dlpack__); could not read {_type_name(x)}: "
+            f"{' '.join(str(exc).split())}"
+        ) from exc
+    if arr.dtype == object and hasattr(x, "__dlpack__"):
+        # e.g. a container that exposes DLPack and an __array__ that yields objects
+        with contextlib.suppress(Exception):  # else the caller's dtype error
+            return np.from_dlpack(x)
+    return arr
 
 
 def _numeric_array(x: object, name: str) -> np.ndarray:
-    try:
-        arr = np.asarray(x)
-    except Exception as exc:  # pragma: no cover - exotic array-likes
-        raise TypeError(f"{name} must be array-like, got {type(x).__name__}") from exc
+    arr = as_array(x, name)
     if arr.dtype == object or not (
         np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.bool_)
     ):
@@ -69,8 +146,119 @@ class Probs:
         return logp, p
 
 
+def _row_sum_deviation(a: np.ndarray) -> np.ndarray:
+    return np.abs(a.sum(axis=1, dtype=np.float64) - 1.0)
+
+
+def _check_row_sums(a: np.ndarray, name: str, atol: float) -> None:
+    """Refuse rows further than ``atol`` from summing to 1; warn above ``ROW_SUM_ATOL``.
+
+    The caller renormalises every row afterwards.
+    """
+    dev = _row_sum_deviation(a)
+    worst = int(np.argmax(dev))
+    if not dev[worst] <= atol:
+        raise ValueError(
+            f"rows of {name} must sum to 1 (tolerance {atol}); row {worst} sums to "
+            f"{float(a[worst].sum())!r}. Pass logits through kdecal.softmax first."
+        )
+    off = dev > ROW_SUM_ATOL
+    if off.any():
+        warn_user(
+            f"{name}: {int(off.sum())} of {a.shape[0]} rows do not sum to 1 (largest "
+            f"deviation {dev[worst]:.3g}, row {worst}); they were renormalised",
+            RenormalizationWarning,
+        )
+
+
+#: How :func:`resolve_input` names the choices in its messages, by default.
+INPUT_FLAGS = {"probs": "input='probs'", "logits": "input='logits'"}
+
+
+def _on_simplex(a: np.ndarray) -> tuple[bool, float, int]:
+    """Whether a 2-D array has entries in [0, 1]; with the worst row-sum deviation."""
+    if a.ndim != 2 or a.shape[0] == 0 or not np.all((a >= 0) & (a <= 1)):
+        return False, np.inf, -1
+    dev = _row_sum_deviation(a)
+    worst = int(np.argmax(dev))
+    return True, float(dev[worst]), worst
+
+
+def resolve_input(
+    scores: np.ndarray,
+    input: str,
+    name: str = "scores",
+    flags: dict[str, str] | None = None,
+) -> tuple[str, str]:
+    """Decide whether ``scores`` hold probabilities or logits: the one rule of kdecal.
+
+    Parameters
+    ----------
+    scores : ndarray, shape (n, K) or (n,)
+        Real scores (already checked to be numeric).
+    input : {"auto", "probs", "logits"}
+        What the caller said.  ``"auto"``: scores whose entries all lie in [0, 1] are
+        probabilities when every row sums to 1 within :data:`INFER_ROW_SUM_ATOL` (a
+        1-D array in [0, 1] is ``P(y = 1)``); scores with any entry outside [0, 1] are
+        logits.  Logits are never inferred from a near miss of the simplex.
+    name : str
+        Argument name for messages.
+    flags : dict, optional
+        How to name the two choices in messages (``{"probs": "--probs", ...}`` for the
+        command line); default ``input='probs'`` / ``input='logits'``.
+
+    Returns
+    -------
+    kind : {"probs", "logits"}
+    how : str
+        ``"as specified"`` or ``"inferred: <reason>"``, for reports.
+
+    Raises
+    ------
+    ValueError
+        ``input="auto"`` and the entries lie in [0, 1] but some row sums to 1 only within
+        more than :data:`INFER_ROW_SUM_ATOL` (ambiguous: the message names both flags);
+        or ``input="logits"`` and every row of a 2-D ``scores`` lies on the simplex
+        (probabilities passed as logits would be softmaxed into wrong numbers).
+    """
+    flags = INPUT_FLAGS if flags is None else flags
+    check_choice(input, "input", ("auto", "probs", "logits"))
+    if input == "probs":
+        return "probs", "as specified"
+    a = np.asarray(scores)
+    in_range, dev, worst = _on_simplex(a)
+    if input == "logits":
+        if in_range and dev <= INFER_ROW_SUM_ATOL:
+            raise ValueError(
+                f"{name} were given as logits ({flags['logits']}) but every row is a "
+                "probability vector (entries in [0, 1], rows summing to 1); softmax would "
+                f"turn them into different numbers. Pass {flags['probs']} if they are "
+                "probabilities."
+            )
+        return "logits", "as specified"
+    if a.ndim == 1:
+        if a.size and np.all((a >= 0) & (a <= 1)):
+            return "probs", "inferred: values in [0, 1]"
+        return "logits", "inferred: values outside [0, 1]"
+    if not in_range:
+        return "logits", "inferred: values outside [0, 1]"
+    if dev <= INFER_ROW_SUM_ATOL:
+        return "probs", "inferred: rows on the probability simplex"
+    raise ValueError(
+        f"cannot tell whether {name} are probabilities or logits: every entry lies in "
+        f"[0, 1] but row {worst} sums to {float(a[worst].sum(dtype=np.float64))!r} (more "
+        f"than {INFER_ROW_SUM_ATOL} from 1). Pass {flags['probs']} if they are "
+        f"probabilities (rows within {PROBS_ROW_SUM_ATOL} of 1 are renormalised) or "
+        f"{flags['logits']} if they are logits."
+    )
+
+
 def check_probs(probs: object, name: str = "probs", min_n: int = 3) -> Probs:
     """Validate and normalise probabilities; see :class:`Probs`."""
+    from . import _dask
+
+    if _dask.is_dask_array(probs):  # row checks block by block where the blocks live
+        return _dask.check_probs(probs, name, min_n)
     arr = _numeric_array(probs, name)
     dtype = np.dtype(np.float32) if arr.dtype == np.float32 else np.dtype(np.float64)
     if arr.size == 0:
@@ -96,14 +284,7 @@ def check_probs(probs: object, name: str = "probs", min_n: int = 3) -> Probs:
             raise ValueError(f"binary {name} must lie in [0, 1], got {a[idx]!r} at index {idx}")
         a = np.stack([1.0 - a, a], axis=1)
     else:
-        sums = a.sum(axis=1)
-        bad = np.abs(sums - 1.0) > ROW_SUM_ATOL
-        if np.any(bad):
-            i = int(np.argmax(bad))
-            raise ValueError(
-                f"rows of {name} must sum to 1 (tolerance {ROW_SUM_ATOL}); row {i} sums to "
-                f"{sums[i]!r}. Pass logits through kdecal.softmax first."
-            )
+        _check_row_sums(a, name, PROBS_ROW_SUM_ATOL)
     if a.shape[0] < min_n:
         raise ValueError(f"{name} needs at least {min_n} samples, got n = {a.shape[0]}")
     a = np.maximum(a, PROB_EPS)
@@ -130,36 +311,76 @@ def check_labels(labels: object, n: int, n_classes: int, name: str = "labels") -
             raise ValueError(
                 f"{name} must be integers in 0..{n_classes - 1}, got {arr[idx]!r} at index {idx}"
             )
-    out = arr.astype(np.int64)
-    bad = (out < 0) | (out >= n_classes)
+    # compare in the input's own type before casting: 1e20 or 2**64 - 1 must be
+    # reported as themselves, not as what int64 wraps them to
+    bad = (arr < 0) | (arr >= n_classes)
     if np.any(bad):
         idx = _first_bad(bad)
+        value = arr[idx].item()
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
         raise ValueError(
             f"{name} must lie in 0..{n_classes - 1} (K = {n_classes} columns in probs), "
-            f"got {out[idx]!r} at index {idx}"
+            f"got {value!r} at index {idx}"
         )
-    return np.ascontiguousarray(out)
+    return np.ascontiguousarray(arr.astype(np.int64))
+
+
+#: Smallest bandwidth accepted.  Below about 3e-306 the kernel constants
+#: ``lgamma(f / h + 1)`` overflow; long before that (h below about 1e-8 for
+#: probabilities stored in float64) every estimate has reached its h -> 0 limit, the
+#: nearest-neighbour estimate, so nothing is lost by refusing smaller values.
+MIN_BANDWIDTH = 1e-300
 
 
 def check_bandwidth(bandwidth: object, name: str = "bandwidth") -> float:
-    """Validate one bandwidth: a finite float > 0."""
+    """Validate one bandwidth: a finite float in ``[MIN_BANDWIDTH, inf)``.
+
+    Raises
+    ------
+    TypeError
+        If ``bandwidth`` is not a real number (booleans are refused).
+    ValueError
+        If it is not finite or below :data:`MIN_BANDWIDTH`.
+    """
     if isinstance(bandwidth, (bool, np.bool_)) or not isinstance(bandwidth, numbers.Real):
         raise TypeError(f"{name} must be a positive float or 'auto', got {bandwidth!r}")
     h = float(bandwidth)
     if not np.isfinite(h) or h <= 0:
         raise ValueError(f"{name} must be a finite float > 0, got {bandwidth!r}")
+    if h < MIN_BANDWIDTH:
+        raise ValueError(
+            f"{name} = {bandwidth!r} is below the smallest supported bandwidth "
+            f"{MIN_BANDWIDTH:g} (the kernel constants overflow; every estimate has reached "
+            "its h -> 0 limit long before)"
+        )
     return h
 
 
 def check_bandwidths(bandwidths: object, name: str = "bandwidths") -> np.ndarray:
-    """Validate a 1-D array of bandwidths (each finite and > 0)."""
-    arr = _numeric_array(bandwidths, name).astype(np.float64)
-    arr = np.atleast_1d(arr)
+    """Validate a 1-D array of bandwidths (each finite and ``>= MIN_BANDWIDTH``).
+
+    Raises
+    ------
+    TypeError
+        If ``bandwidths`` is not numeric (booleans are refused).
+    ValueError
+        If it is empty, not 1-D, or holds a value that :func:`check_bandwidth` refuses.
+    """
+    arr = _numeric_array(bandwidths, name)
+    if arr.dtype == np.bool_:
+        raise TypeError(f"{name} must be real numbers, got booleans {arr.tolist()!r}")
+    arr = np.atleast_1d(arr.astype(np.float64))
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError(f"{name} must be a non-empty 1-D array, got shape {arr.shape}")
     bad = ~np.isfinite(arr) | (arr <= 0)
     if np.any(bad):
         raise ValueError(f"{name} must be finite and > 0, got {arr[np.argmax(bad)]!r}")
+    if np.any(arr < MIN_BANDWIDTH):
+        raise ValueError(
+            f"{name} holds {arr[np.argmax(arr < MIN_BANDWIDTH)]!r}, below the smallest "
+            f"supported bandwidth {MIN_BANDWIDTH:g}"
+        )
     return np.ascontiguousarray(arr)
 
 
@@ -222,3 +443,138 @@ def check_class_index(class_index: object, n_classes: int) -> int:
             f"class_index must be an integer in 0..{n_classes - 1}, got {class_index!r}"
         )
     return int(class_index)
+
+
+#: ``n_bins`` may exceed the number of samples (empty bins are allowed) up to this.
+MAX_BINS_FLOOR = 1000
+
+
+def check_n_bins(n_bins: object, n: int, name: str = "n_bins") -> int:
+    """Check a number of bins: an integer in ``1..max(n, MAX_BINS_FLOOR)``.
+
+    The bound keeps the memory of every binned statistic O(n): more bins than samples
+    only adds empty bins.
+
+    Raises
+    ------
+    TypeError
+        If ``n_bins`` is not an integer.
+    ValueError
+        If it is below 1 or above the bound.
+    """
+    b = check_int(n_bins, name, 1)
+    limit = max(int(n), MAX_BINS_FLOOR)
+    if b > limit:
+        raise ValueError(
+            f"{name} = {b} is more than max(n, {MAX_BINS_FLOOR}) = {limit} bins for n = {n} "
+            "samples; use at most one bin per sample"
+        )
+    return b
+
+
+class LogProbs(NamedTuple):
+    """Scores read as log-probabilities by :func:`log_probs`.
+
+    Attributes
+    ----------
+    L : ndarray, shape (n, K), float64
+        Natural-log probabilities, finite, each row log-sum-exp 0 (up to rounding).
+    q : ndarray, shape (n, K), float64
+        Probabilities: the validated (clipped, renormalised) input for ``kind="probs"``,
+        ``exp(L)`` for ``kind="logits"``.
+    binary : bool
+        Whether the input was 1-D (``P(y = 1)`` or the log-odds of class 1).
+    kind : {"probs", "logits"}
+        How the scores were read (``input`` resolved by :func:`resolve_input`).
+    """
+
+    L: np.ndarray
+    q: np.ndarray
+    binary: bool
+    kind: str
+
+
+def log_softmax_rows(z: np.ndarray) -> np.ndarray:
+    """Row-wise ``log_softmax`` of finite float64 ``z`` (n, K) that never returns ``-inf``.
+
+    Differences ``z_ik - max_k z_ik`` beyond the float64 range (logits near +-1e308) are
+    clipped to ``-finfo(float64).max``: the probability they stand for is 0 to any
+    precision, and keeping it finite keeps every later product and sum finite.
+    """
+    m = z.max(axis=1, keepdims=True)
+    with np.errstate(over="ignore", invalid="ignore"):
+        D = z - m
+    if np.all(np.isfinite(D)):  # the usual case: z - logsumexp(z), as scipy computes it
+        return z - (m + np.log(np.exp(D).sum(axis=1, keepdims=True)))
+    D = np.maximum(D, -np.finfo(np.float64).max)
+    return D - np.log(np.exp(D).sum(axis=1, keepdims=True))
+
+
+def log_probs(
+    scores: object,
+    input: str = "auto",
+    name: str = "scores",
+    min_n: int = 1,
+    flags: dict[str, str] | None = None,
+) -> LogProbs:
+    """Validate probabilities or logits and return them as log-probabilities.
+
+    The one reader of "probabilities or logits" for the calibrators and the scoring
+    rules: the kind is decided by :func:`resolve_input` (``input="auto"`` infers it and
+    refuses ambiguous scores; ``input="logits"`` refuses rows on the simplex),
+    probabilities are checked by :func:`check_probs`, and logits are normalised by a
+    row-wise log-softmax that stays finite for logits up to the float64 range.
+
+    Parameters
+    ----------
+    scores : array-like, shape (n, K) or (n,)
+        Probabilities (rows on the simplex; ``(n,)`` is ``P(y = 1)``) or logits
+        (``(n,)`` is the log-odds of class 1, i.e. the logits ``(0, t)``).
+    input : {"auto", "probs", "logits"}, default "auto"
+        What ``scores`` hold; see :func:`resolve_input`.
+    name : str
+        Argument name for messages.
+    min_n : int
+        Fewest rows accepted.
+    flags : dict, optional
+        How messages name the choices (see :func:`resolve_input`).
+
+    Returns
+    -------
+    LogProbs
+        ``(L, q, binary, kind)``.
+
+    Raises
+    ------
+    TypeError
+        Non-numeric or complex ``scores``.
+    ValueError
+        Unknown ``input``; empty scores, a shape other than (n, K >= 2) or (n,); fewer
+        than ``min_n`` rows; a non-finite entry; ambiguous or contradictory scores (see
+        :func:`resolve_input`); probabilities off the simplex (see :func:`check_probs`).
+    """
+    arr = _numeric_array(scores, name)
+    if arr.size == 0:
+        raise ValueError(f"{name} is empty (shape {arr.shape})")
+    if arr.ndim == 2 and arr.shape[1] == 1:
+        raise ValueError(
+            f"{name} has shape {arr.shape}: K = 1 class is not a classification problem; "
+            "pass a 1-D array (P(y = 1) or the log-odds of class 1) for binary problems"
+        )
+    if arr.ndim not in (1, 2):
+        raise ValueError(f"{name} must have shape (n, K) or (n,), got shape {arr.shape}")
+    kind, _ = resolve_input(arr, input, name, flags)
+    if kind == "probs":
+        P = check_probs(arr, name, min_n=min_n)
+        return LogProbs(np.log(P.p), P.p, P.binary, kind)
+    z = arr.astype(np.float64)
+    if not np.all(np.isfinite(z)):
+        idx = _first_bad(~np.isfinite(z))
+        raise ValueError(f"{name} contains a non-finite value {float(z[idx])!r} at index {idx}")
+    if z.shape[0] < min_n:
+        raise ValueError(f"{name} needs at least {min_n} samples, got n = {z.shape[0]}")
+    binary = z.ndim == 1
+    if binary:
+        z = np.stack([np.zeros_like(z), z], axis=1)
+    L = log_softmax_rows(z)
+    return LogProbs(L, np.exp(L), binary, kind)

@@ -20,8 +20,10 @@ Compare two models' calibration on the same labels (paired bootstrap)::
 
     kdecal compare model_a.npz model_b.npz --json
 
-Exit status: 0 on success, 2 on a usage error or a problem with the input
-(reported as one line ``kdecal: error: ...`` on stderr), 130 when interrupted.
+Exit status: 0 on success; 2 on a usage error, a problem with the input or an
+output that cannot be written (a closed or full standard output), reported as one line
+``kdecal: error: ...`` on stderr; 130 when interrupted; 141 (quietly, like other Unix
+tools) when the reader of a pipe goes away (``kdecal evaluate | head``).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from typing import TextIO
 
 import numpy as np
 
-from ._io import InputFileError, bundled_example_path, load_predictions
+from ._io import bundled_example_path, load_predictions
 
 __all__ = ["main"]
 
@@ -223,16 +225,27 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _to_probs(scores: np.ndarray, is_logits: bool) -> np.ndarray:
-    """Turn logits into probabilities (softmax, or sigmoid for one binary column)."""
-    if not is_logits:
-        return scores
-    if scores.ndim == 1:
-        from scipy.special import expit
+    """Turn scores into probabilities: softmax (sigmoid for one binary column) for logits.
 
-        return expit(scores)
-    import kdecal
+    Probabilities are validated here, once; rows that do not quite sum to 1 (rounded
+    files) are renormalised, with a warning that says by how much.
+    """
+    if is_logits:
+        if scores.ndim == 1:
+            from scipy.special import expit
 
-    return kdecal.softmax(scores, axis=-1)
+            return expit(scores)
+        import kdecal
+
+        return kdecal.softmax(scores, axis=-1)
+    from ._validation import ROW_SUM_ATOL, check_probs
+
+    check_probs(scores, "the scores", min_n=1)  # raises, or warns when renormalising
+    if scores.ndim == 2:
+        sums = scores.sum(axis=1, dtype=np.float64, keepdims=True)
+        if np.any(np.abs(sums - 1.0) > ROW_SUM_ATOL):
+            scores = (scores / sums).astype(scores.dtype)
+    return scores
 
 
 def _show_warning(
@@ -254,16 +267,16 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     else:
         path = args.file
         prefix = ""
-    scores, labels, is_logits, description = load_predictions(
-        path, split=args.split, logits=args.logits
-    )
-    probs = _to_probs(scores, is_logits)
     if args.plot is not None:  # fail before the long computation, not after it
         _check_plot_target(args.plot)
     with warnings.catch_warnings():
         # Show each warning once, as one line, as soon as it is raised.
         warnings.simplefilter("default")
         warnings.showwarning = _show_warning
+        scores, labels, is_logits, description = load_predictions(
+            path, split=args.split, logits=args.logits
+        )
+        probs = _to_probs(scores, is_logits)
         import kdecal
 
         report = kdecal.evaluate(
@@ -283,10 +296,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
 
             fig = evaluation_page(probs, labels, report=report, backend=args.backend)
             fig.savefig(args.plot)
-    if args.json:
-        print(json.dumps(report.to_dict(), indent=2, allow_nan=False))
-    else:
-        print(str(report))
+    _emit(json.dumps(report.to_dict(), indent=2, allow_nan=False) if args.json else str(report))
     return 0
 
 
@@ -294,7 +304,11 @@ def _run_compare(args: argparse.Namespace) -> int:
     models: dict[str, np.ndarray] = {}
     labels = None
     for path in args.files:
-        scores, y, is_logits, _ = load_predictions(path, split=args.split, logits=args.logits)
+        with warnings.catch_warnings():
+            warnings.simplefilter("default")
+            warnings.showwarning = _show_warning
+            scores, y, is_logits, _ = load_predictions(path, split=args.split, logits=args.logits)
+            probs = _to_probs(scores, is_logits)
         if labels is None:
             labels = y
         elif y.shape != labels.shape or not np.array_equal(y, labels):
@@ -305,7 +319,7 @@ def _run_compare(args: argparse.Namespace) -> int:
         name = os.path.basename(path)
         while name in models:
             name += "'"
-        models[name] = _to_probs(scores, is_logits)
+        models[name] = probs
     with warnings.catch_warnings():
         warnings.simplefilter("default")
         warnings.showwarning = _show_warning
@@ -320,11 +334,25 @@ def _run_compare(args: argparse.Namespace) -> int:
             seed=args.seed,
             backend=args.backend,
         )
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2, allow_nan=False))
-    else:
-        print(str(result))
+    _emit(json.dumps(result.to_dict(), indent=2, allow_nan=False) if args.json else str(result))
     return 0
+
+
+class _OutputError(Exception):
+    """Standard output could not be written (closed, full, or a failing device)."""
+
+
+def _emit(text: str) -> None:
+    """Write the result to standard output and flush it, so that write errors surface here."""
+    if sys.stdout is None:
+        raise _OutputError("standard output is closed")
+    try:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except (OSError, ValueError) as exc:  # ENOSPC, EIO, EBADF; ValueError: closed file
+        raise _OutputError(f"cannot write standard output ({_one_line(exc)})") from None
 
 
 def _check_plot_target(path: str) -> None:
@@ -359,13 +387,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns
     -------
     int
-        Compare two models' calibration on the same labels (paired bootstrap)::
-
-    kdecal compare model_a.npz model_b.npz --json
-
-    Exit status: 0 on success, 2 for a usage error or bad input (one line
-        ``kdecal: error: <message>`` on stderr), 130 if interrupted. The
-        console script ``kdecal`` calls ``sys.exit(main())``.
+        Exit status: 0 on success; 2 for a usage error, bad input or an output that
+        cannot be written (one line ``kdecal: error: <message>`` on stderr); 130 if
+        interrupted; 141, silently, when standard output is a pipe whose reader has
+        gone (``kdecal evaluate | head``), as for other Unix tools. The console
+        script ``kdecal`` calls ``sys.exit(main())``.
     """
     parser = _build_parser()
     try:
@@ -375,28 +401,43 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code if isinstance(code, int) else (0 if code is None else 2)
     if args.command is None:
         parser.print_usage(sys.stderr)
-        print(
-            f"{_PROG}: error: a command is required (available: evaluate, compare)",
-            file=sys.stderr,
-        )
-        return 2
+        return _error("a command is required (available: evaluate, compare)")
+    if sys.stdout is None or sys.stdout.closed:
+        return _error("standard output is closed; redirect it to a file or to /dev/null")
     try:
         if args.command == "compare":
             return _run_compare(args)
         return _run_evaluate(args)
-    except (
-        InputFileError,
-        ValueError,
-        TypeError,
-        NotImplementedError,
-        FileNotFoundError,
-    ) as exc:
-        message = " ".join(str(exc).split()) or type(exc).__name__
-        print(f"{_PROG}: error: {message}", file=sys.stderr)
-        return 2
+    except BrokenPipeError:
+        # The reader went away: stop quietly, and keep Python's own flush at exit from
+        # reporting the same broken pipe again.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):  # pragma: no cover - no usable descriptor
+            pass
+        return 141
     except KeyboardInterrupt:
         print(f"{_PROG}: interrupted", file=sys.stderr)
         return 130
+    except MemoryError:
+        return _error("out of memory (the input is too large for this machine)")
+    except (_OutputError, ValueError, TypeError, NotImplementedError, OSError) as exc:
+        # InputFileError is a ValueError; OSError covers names the system refuses
+        # (too long, permissions) before a file is even opened.
+        return _error(_one_line(exc))
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _error(message: str) -> int:
+    try:
+        print(f"{_PROG}: error: {message}", file=sys.stderr)
+    except (OSError, ValueError, AttributeError):  # pragma: no cover - stderr is gone too
+        pass
+    return 2
 
 
 if __name__ == "__main__":

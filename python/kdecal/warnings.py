@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["BackendFallbackWarning", "KdecalWarning"]
+__all__ = ["BackendFallbackWarning", "KdecalWarning", "RenormalizationWarning"]
 
 
 class KdecalWarning(UserWarning):
@@ -11,3 +11,26 @@ class KdecalWarning(UserWarning):
 
 class BackendFallbackWarning(KdecalWarning):
     """The compiled core ``kdecal._core`` could not be imported; numba is used instead."""
+
+
+class RenormalizationWarning(KdecalWarning):
+    """Rows of probabilities that did not sum to 1 were renormalised.
+
+    Raised when a row is off by more than :data:`kdecal.ROW_SUM_ATOL` (rounded or
+    truncated probabilities); the message gives how many rows and the largest deviation.
+    """
+
+
+def warn_user(message: str, category: type[Warning] = KdecalWarning) -> None:
+    """Warn with the stack level of the first frame outside the kdecal package."""
+    import os
+    import sys
+    import warnings
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    level = 2
+    frame = sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(here):
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    warnings.warn(message, category, stacklevel=level)

@@ -1,0 +1,494 @@
+"""Hostile and careless inputs: the probs/logits rule, file limits, the CLI's output
+contract, tiny bandwidths, large p and the small gaps (every test here failed before the
+hardening change)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+import zipfile
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import kdecal
+from kdecal import binned
+from kdecal._io import MAX_CSV_LINE, InputFileError, load_predictions
+from kdecal._validation import (
+    INFER_ROW_SUM_ATOL,
+    MIN_BANDWIDTH,
+    PROBS_ROW_SUM_ATOL,
+    as_array,
+    resolve_input,
+)
+from kdecal.cli import main
+from kdecal.warnings import RenormalizationWarning
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _calibrated(seed: int, n: int = 400, k: int = 4, conc: float = 0.5):
+    rng = np.random.default_rng(seed)
+    P = rng.dirichlet(np.full(k, conc), size=n)
+    y = np.array([rng.choice(k, p=row) for row in P], dtype=np.int64)
+    return P, y
+
+
+def _write_csv(path, P, y, decimals):
+    header = ",".join([f"c{k}" for k in range(P.shape[1])] + ["label"])
+    with open(path, "w") as fh:
+        fh.write(header + "\n")
+        fh.writelines(
+            ",".join(f"{v:.{decimals}f}" for v in row) + f",{label}\n" for row, label in zip(P, y)
+        )
+
+
+def _cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ---------------------------------------------------------------- probabilities or logits
+
+
+def test_rounded_probabilities_are_probabilities(tmp_path, capsys):
+    """A CSV of probabilities rounded to 3 decimals is read as probabilities (it was
+    softmaxed as logits: ECE^KDE 0.750 instead of 0.056); the renormalisation is reported
+    with its size, and the estimate equals the one on the renormalised rows."""
+    P, y = _calibrated(0, k=10)
+    f = tmp_path / "rounded.csv"
+    _write_csv(f, P, y, 3)
+    R = np.round(P, 3)
+    assert np.abs(R.sum(axis=1) - 1).max() > 1e-3  # the precondition: rows are off
+    _, _, is_logits, desc = load_predictions(f)
+    assert is_logits is False and "inferred" in desc
+    code, out, err = _cli(
+        capsys, "evaluate", str(f), "--json", "--quiet", "--bandwidth", "0.1", "--n-resamples", "0"
+    )
+    assert code == 0, err
+    assert "were renormalised" in err and "largest deviation 0.00" in err
+    report = json.loads(out)
+    R = R / R.sum(axis=1, keepdims=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        expected = kdecal.ece_kde(R, y, bandwidth=0.1)
+    assert report["ece_kde_l1"] == pytest.approx(expected, rel=1e-12)
+    # the old reading (softmax of the probabilities) gives another number altogether
+    wrong = kdecal.ece_kde(kdecal.softmax(np.round(P, 3)), y, bandwidth=0.1)
+    assert abs(report["ece_kde_l1"] - wrong) > 0.1
+
+
+def test_two_decimals_need_the_probs_flag(tmp_path, capsys):
+    """Rows off by more than INFER_ROW_SUM_ATOL are ambiguous: the error names --probs;
+    with --probs they are renormalised with a warning."""
+    P, y = _calibrated(1, k=10)
+    f = tmp_path / "r2.csv"
+    _write_csv(f, P, y, 2)
+    dev = np.abs(np.round(P, 2).sum(axis=1) - 1).max()
+    assert INFER_ROW_SUM_ATOL < dev <= PROBS_ROW_SUM_ATOL
+    code, out, err = _cli(capsys, "evaluate", str(f), "--quiet", "--bandwidth", "0.1")
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "--probs" in err and "--logits" in err
+    code, out, err = _cli(
+        capsys,
+        "evaluate",
+        str(f),
+        "--probs",
+        "--json",
+        "--quiet",
+        "--bandwidth",
+        "0.1",
+        "--n-resamples",
+        "0",
+    )
+    assert code == 0, err
+    assert "renormalised" in err
+    assert json.loads(out)["n"] == P.shape[0]
+
+
+def test_probabilities_declared_as_logits_raise():
+    P, _ = _calibrated(2)
+    with pytest.raises(ValueError, match=r"given as logits .*input='probs'"):
+        resolve_input(P, "logits")
+    # logits that happen to be non-negative but are not on the simplex stay logits
+    Z = np.abs(np.random.default_rng(0).normal(size=(50, 3))) + 1.5
+    assert resolve_input(Z, "logits") == ("logits", "as specified")
+
+
+@SETTINGS
+@given(
+    k=st.integers(2, 40),
+    decimals=st.integers(3, 8),
+    seed=st.integers(0, 2**32 - 1),
+    conc=st.floats(0.05, 5.0),
+)
+def test_rounded_probabilities_never_become_logits(k, decimals, seed, conc):
+    """Probabilities rounded to >= 3 decimals are recognised as probabilities for every
+    K <= 40 (each entry moves by <= 5e-4, so a row by <= 0.02)."""
+    rng = np.random.default_rng(seed)
+    P = np.round(rng.dirichlet(np.full(k, conc), size=30), decimals)
+    assert resolve_input(P, "auto")[0] == "probs"
+
+
+@SETTINGS
+@given(
+    k=st.integers(2, 12),
+    seed=st.integers(0, 2**32 - 1),
+    scale=st.floats(0.01, 50.0),
+    shift=st.floats(-5.0, 5.0),
+)
+def test_inference_is_never_a_near_miss(k, seed, scale, shift):
+    """Whatever the scores, "auto" gives logits only when some entry is outside [0, 1],
+    probabilities only when every row sums to 1 within INFER_ROW_SUM_ATOL, and raises
+    otherwise; it never picks logits for scores inside [0, 1]."""
+    rng = np.random.default_rng(seed)
+    Z = rng.normal(loc=shift, scale=scale, size=(20, k))
+    if rng.uniform() < 0.5:
+        Z = np.clip(Z, 0.0, 1.0)  # force the ambiguous region often
+    inside = bool(np.all((Z >= 0) & (Z <= 1)))
+    dev = np.abs(Z.sum(axis=1) - 1).max()
+    try:
+        kind, _ = resolve_input(Z, "auto")
+    except ValueError as exc:
+        assert inside and dev > INFER_ROW_SUM_ATOL
+        assert "input='probs'" in str(exc) and "input='logits'" in str(exc)
+        return
+    assert kind == ("probs" if inside else "logits")
+    if kind == "probs":
+        assert dev <= INFER_ROW_SUM_ATOL
+
+
+def test_explicit_probs_tolerance_and_message():
+    P, y = _calibrated(3)
+    Q = P.copy()
+    Q[7] *= 1.05
+    with pytest.warns(RenormalizationWarning, match=r"1 of 400 rows .*deviation 0.05"):
+        a = kdecal.ece_kde(Q, y, bandwidth=0.1)
+    Q[7] /= Q[7].sum()
+    assert a == pytest.approx(kdecal.ece_kde(Q, y, bandwidth=0.1), rel=1e-12)
+    Q[7] *= 1.2
+    with pytest.raises(ValueError, match=r"rows of probs must sum to 1 \(tolerance 0.1\)"):
+        kdecal.ece_kde(Q, y, bandwidth=0.1)
+
+
+# --------------------------------------------------------------------------- array inputs
+
+
+class _DLPackOnly:
+    """An object that offers only the DLPack protocol (no __array__)."""
+
+    def __init__(self, a):
+        self._a = a
+
+    def __dlpack__(self, **kwargs):
+        return self._a.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
+
+
+def test_dlpack_only_objects_are_read():
+    P, y = _calibrated(4)
+    ref = kdecal.ece_kde(P, y, bandwidth=0.1)
+    assert kdecal.ece_kde(_DLPackOnly(P), _DLPackOnly(y), bandwidth=0.1) == ref
+
+
+def test_torch_tensors_with_grad_are_read():
+    torch = pytest.importorskip("torch")
+    P, y = _calibrated(5)
+    ref = kdecal.ece_kde(P, y, bandwidth=0.1)
+    t = torch.tensor(P, requires_grad=True)
+    assert kdecal.ece_kde(t, torch.tensor(y), bandwidth=0.1) == ref
+    assert binned.ece(t, torch.tensor(y)) == binned.ece(P, y)
+
+
+def test_unreadable_objects_name_the_argument():
+    with pytest.raises(TypeError, match="probs must be"):
+        kdecal.ece_kde(object(), [0, 1, 2], bandwidth=0.1)
+    with pytest.raises(TypeError, match="scores"):
+        as_array(_Broken(), "scores")
+
+
+class _Broken:
+    def __array__(self, *args, **kwargs):
+        raise RuntimeError("device memory")
+
+
+# --------------------------------------------------------------------------- memory bombs
+
+
+def test_binned_bins_are_bounded():
+    P, y = _calibrated(6, n=50)
+    with pytest.raises(ValueError, match=r"n_bins = 1000000000 is more than max\(n, 1000\)"):
+        binned.ece(P, y, n_bins=10**9)
+    with pytest.raises(ValueError, match="n_bins"):
+        binned.binned_statistics(P, y, n_bins=10**7)
+    assert binned.ece(P, y, n_bins=1000) >= 0.0  # up to 1000 bins stay allowed
+
+
+def test_npy_header_larger_than_file(tmp_path):
+    f = tmp_path / "huge.npy"
+    with open(f, "wb") as fh:
+        np.lib.format.write_array_header_1_0(
+            fh, {"descr": "<f8", "fortran_order": False, "shape": (10**12,)}
+        )
+    np.save(tmp_path / "huge_labels.npy", np.zeros(3, dtype=np.int64))
+    with pytest.raises(InputFileError, match=r"declares an array of shape \(1000000000000,\)"):
+        load_predictions(f)
+
+
+def test_npz_member_lying_about_its_size(tmp_path):
+    """An archive whose array header claims more data than the member holds is refused
+    from the headers alone (no allocation)."""
+    f = tmp_path / "liar.npz"
+    with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        with zf.open("probs.npy", "w") as fh:
+            np.lib.format.write_array_header_1_0(
+                fh, {"descr": "<f8", "fortran_order": False, "shape": (10**9, 10)}
+            )
+            fh.write(b"\0" * 800)
+        with zf.open("labels.npy", "w") as fh:
+            np.lib.format.write_array(fh, np.zeros(10**9 // 10**6, dtype=np.int64))
+    with pytest.raises(InputFileError, match=r"liar.npz \[probs\]: declares an array"):
+        load_predictions(f)
+
+
+def test_npz_lengths_checked_before_loading(tmp_path):
+    f = tmp_path / "bomb.npz"
+    np.savez_compressed(f, probs=np.zeros((2_000_000, 10)), labels=np.zeros(5, dtype=int))
+    with pytest.raises(InputFileError, match="probs has 2000000 rows but labels has 5"):
+        load_predictions(f)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="needs /dev/zero")
+def test_devices_are_not_read(tmp_path):
+    link = tmp_path / "zero.csv"
+    link.symlink_to("/dev/zero")
+    with pytest.raises(InputFileError, match="is not a regular file"):
+        load_predictions(link)
+
+
+def test_csv_line_length_is_bounded(tmp_path, capsys):
+    f = tmp_path / "long.csv"
+    f.write_text("a,label\n" + "1" * (MAX_CSV_LINE + 10) + ",1\n0.5,0\n")
+    code, out, err = _cli(capsys, "evaluate", str(f), "--quiet")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "longer than" in err
+
+
+def test_csv_long_field_is_one_line_error(tmp_path, capsys):
+    """A 200,000-character field used to raise csv.Error with a traceback."""
+    f = tmp_path / "field.csv"
+    f.write_text('a,label\n"' + "x" * 200_000 + '",1\n')
+    code, out, err = _cli(capsys, "evaluate", str(f), "--quiet")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith("kdecal: error: ")
+
+
+# ---------------------------------------------------------------------- the CLI contract
+
+
+def test_long_file_name_is_one_line_error(capsys):
+    code, out, err = _cli(capsys, "evaluate", "x" * 300 + ".csv", "--quiet")
+    assert code == 2 and out == "" and err.count("\n") == 1
+
+
+def _kdecal(args, **kwargs):
+    env = dict(os.environ, KDECAL_PROGRESS="0")
+    cmd = [sys.executable, "-c", "import sys, kdecal.cli; sys.exit(kdecal.cli.main())", *args]
+    return subprocess.run(cmd, env=env, check=False, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def small_file(tmp_path_factory):
+    P, y = _calibrated(7, n=60, k=3)
+    f = tmp_path_factory.mktemp("cli") / "small.npz"
+    np.savez(f, probs=P, labels=y)
+    return str(f)
+
+
+ARGS = ["--quiet", "--bandwidth", "0.1", "--n-resamples", "0"]
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_full_device_is_an_error(small_file):
+    with open("/dev/full", "w") as full:
+        r = _kdecal(
+            ["evaluate", small_file, *ARGS], stdout=full, stderr=subprocess.PIPE, text=True
+        )
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "kdecal: error: cannot write standard output ([Errno 28] No space left on device)"
+    ]
+
+
+def test_closed_stdout_is_an_error(small_file):
+    r = _kdecal(
+        ["evaluate", small_file, *ARGS],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: os.close(1),
+    )
+    assert r.returncode == 2
+    assert "standard output is closed" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_broken_pipe_exits_quietly(small_file):
+    """The reader of the pipe has gone before kdecal writes: exit 141, nothing on stderr."""
+    read, write = os.pipe()
+    os.close(read)  # nobody will ever read
+    try:
+        r = _kdecal(
+            ["evaluate", small_file, "--json", *ARGS], stdout=write, stderr=subprocess.PIPE
+        )
+    finally:
+        os.close(write)
+    assert r.returncode == 141
+    assert r.stderr == b""
+
+
+# ------------------------------------------------------------------ numerical edges
+
+
+def test_tiny_bandwidths_are_refused_not_nan():
+    P, y = _calibrated(8, n=100)
+    for h in (3e-306, 1e-310, 5e-324):
+        with pytest.raises(ValueError, match="smallest supported bandwidth"):
+            kdecal.ece_kde(P, y, bandwidth=h)
+    with pytest.raises(ValueError, match="smallest supported bandwidth"):
+        kdecal.select_bandwidth(P, grid=[5e-324, 0.1])
+    # at the limit every estimate is finite and equal to its h -> 0 value
+    for quantity in (kdecal.ece_kde, kdecal.calibration_error):
+        lo = quantity(P, y, bandwidth=MIN_BANDWIDTH, debias="none")
+        assert np.isfinite(lo)
+        assert lo == pytest.approx(quantity(P, y, bandwidth=1e-12, debias="none"), rel=1e-12)
+    assert np.all(np.isfinite(kdecal.loo_log_likelihood(P, [MIN_BANDWIDTH])))
+
+
+@pytest.mark.parametrize("p", [300.0, 700.0, 1e4, 1e8])
+def test_large_p_is_the_scaled_root(p):
+    """|x|^p underflows for p = 700; the p-th root is computed in a scaled form and tends
+    to the largest deviation (checked against the rescaling written out by hand)."""
+    P, y = _calibrated(9, n=200)
+    P = 0.7 * P + 0.3 * np.eye(4)[0]  # miscalibrated
+    est = kdecal.estimate(P, y, bandwidth=0.2, debias="none")
+    d = np.abs(est.conditional_expectation - P)
+    top = d.max()
+    expected = top * np.mean(np.sum((d / top) ** p, axis=1)) ** (1.0 / p)
+    got = kdecal.ece_kde(P, y, p=p, bandwidth=0.2, debias="none")
+    assert got == pytest.approx(expected, rel=1e-12)
+    assert 0.5 * top < got <= top * 4 ** (1 / p) * (1 + 1e-12)
+    # binned: same scaled form
+    s = binned.binned_statistics(P, y, n_bins=10)
+    gaps = np.abs(np.where(s.counts > 0, s.gap, 0.0))
+    g = gaps.max()
+    ref = g * np.sum(s.weights * (gaps / g) ** p) ** (1.0 / p)
+    assert binned.ece(P, y, n_bins=10, p=p) == pytest.approx(ref, rel=1e-12)
+
+
+# ------------------------------------------------------------------------- small gaps
+
+
+def test_boolean_bandwidths_refused():
+    P, _ = _calibrated(10, n=20)
+    with pytest.raises(TypeError, match="booleans"):
+        kdecal.loo_log_likelihood(P, [True])
+
+
+def test_thread_count_is_bounded():
+    before = kdecal.get_num_threads()
+    for bad in (10**6, 2**31, -1):
+        with pytest.raises(ValueError, match="n must be an integer in 0..4096"):
+            kdecal.set_num_threads(bad)
+    assert kdecal.get_num_threads() == before
+
+
+@pytest.mark.parametrize(
+    "labels, shown",
+    [
+        (np.array([0, 1, 2, 1e20]), "100000000000000000000"),
+        (np.array([0, 1, 2, 2**64 - 1], dtype=np.uint64), "18446744073709551615"),
+        (np.array([0, 1, 2, -3.0]), "-3"),
+    ],
+)
+def test_out_of_range_labels_reported_as_given(labels, shown):
+    P = np.full((4, 3), 1 / 3)
+    with pytest.raises(ValueError, match=f"got {shown} at index"):
+        kdecal.ece_kde(P, labels, bandwidth=0.1)
+
+
+def test_grid_end_warns_for_every_rule():
+    """An end of the search range chosen by loo-mle, by a user grid or by "auto" warns."""
+    P, y = _calibrated(11, n=300)
+    P = np.repeat(P[:150], 2, axis=0)  # duplicated predictions pull h to the bottom
+    y = np.repeat(y[:150], 2)
+    with pytest.warns(kdecal.KdecalWarning, match="smallest value of the search range"):
+        kdecal.select_bandwidth(P)
+    with pytest.warns(kdecal.KdecalWarning, match="smallest value of the search range"):
+        kdecal.select_bandwidth(P, y, grid=[1e-4, 1e-2, 1.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kdecal.select_bandwidth(P, y, grid=[0.3])  # a single value is not a search
+
+
+# ------------------------------------------------------------ the CLI on arbitrary files
+
+
+def _no_constant(name):
+    raise AssertionError(f"{name} in JSON output")
+
+
+_CELLS = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.floats(0.0, 1.0).map(lambda v: f"{v:.3f}"),
+    st.integers(-5, 5).map(str),
+    st.text(alphabet='ab,"\n x;', max_size=6),
+    st.just(""),
+    st.just("9" * 400),
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    header=st.lists(st.sampled_from(["label", "a", "b", "c", "id", ""]), min_size=1, max_size=4),
+    rows=st.lists(st.lists(_CELLS, min_size=1, max_size=4), min_size=0, max_size=8),
+    flag=st.sampled_from([[], ["--probs"], ["--logits"]]),
+)
+def test_cli_on_arbitrary_csv_is_success_or_one_line_error(tmp_path_factory, header, rows, flag):
+    """Whatever a CSV holds, `kdecal evaluate` exits 0 with valid JSON, or 2 with one
+    line on stderr and nothing on stdout; never a traceback, a NaN in JSON, or a hang."""
+    import contextlib
+    import io
+
+    f = tmp_path_factory.mktemp("csv") / "x.csv"
+    f.write_text("\n".join([",".join(header)] + [",".join(r) for r in rows]) + "\n")
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["evaluate", str(f), "--json", *ARGS, *flag])
+    lines = [ln for ln in err.getvalue().splitlines() if not ln.startswith("kdecal: warning:")]
+    if code == 0:
+        report = json.loads(out.getvalue(), parse_constant=_no_constant)  # strict JSON
+        assert report["n"] >= 1
+    else:
+        assert code == 2, err.getvalue()
+        assert out.getvalue() == ""
+        assert len(lines) == 1 and lines[0].startswith("kdecal: error: "), err.getvalue()
+
+
+def test_curve_sizes_are_bounded():
+    from kdecal import curves
+
+    P, y = _calibrated(12, n=50, k=3)
+    with pytest.raises(ValueError, match="n_bins = 1000000000 is more than"):
+        curves.reliability_diagram(P, y, n_bins=10**9)
+    with pytest.raises(ValueError, match="n_grid must be at most 100,000"):
+        curves.reliability_diagram(P, y, kind="kernel", n_grid=10**9)
+    with pytest.raises(ValueError, match="n_bins_per_side must be at most 1000"):
+        curves.simplex_density(P, y, n_bins_per_side=10**6)
