@@ -123,6 +123,10 @@ def test_errors():
         make_gaussian_posteriors(10, rng="mt19937")
     with pytest.raises(TypeError, match="rng"):
         make_gaussian_posteriors(10, rng=np.random.default_rng(0))
+    with pytest.raises(TypeError, match=r"seed must be an int or None with rng='legacy', got Gen"):
+        make_gaussian_posteriors(10, seed=np.random.default_rng(0), rng="legacy")
+    with pytest.raises(TypeError, match="seed must be an int or None with rng='legacy', got 0.5"):
+        make_gaussian_posteriors(10, seed=0.5, rng="legacy")
     with pytest.raises(ValueError, match="too small"):
         make_gaussian_posteriors(4, 3)
     with pytest.raises(ValueError, match="system"):

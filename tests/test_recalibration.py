@@ -1,6 +1,6 @@
 """Tests of kdecal.recalibration: every calibrator against a closed form or an independent
 numpy/scipy computation, the invariances of Clarté et al. 2023 (Sec. 4 of the notes),
-binary paths, bad input, and real CIFAR-10 logits (skipped without ../shared/data/real).
+binary paths, bad input, and real CIFAR-10 logits (tests/data).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from scipy import optimize
 from scipy.special import log_softmax, logsumexp, softmax
 
 import kdecal
+from conftest import real_file
 from kdecal import recalibration as rc
 
 ALL = [
@@ -613,11 +614,8 @@ def test_parameter_checks(data5):
 
 # ------------------------------------------------------------------------- real data
 @pytest.fixture(scope="module")
-def cifar10_resnet50(data_dir):
-    path = data_dir / "cifar10_resnet50_psrcal.npz"
-    if not path.is_file():
-        pytest.skip(f"real data not available: {path}")
-    with np.load(path, allow_pickle=False) as d:
+def cifar10_resnet50():
+    with np.load(real_file("cifar10_resnet50_psrcal.npz"), allow_pickle=False) as d:
         return (
             d["val_logits"].astype(np.float64),
             d["val_labels"].astype(np.int64),

@@ -16,7 +16,7 @@ import pytest
 from scipy.special import log_softmax, softmax
 
 import kdecal
-from conftest import DATA_DIR
+from conftest import real_file
 from kdecal import scores as sc
 from kdecal.recalibration import AffineCalibration
 
@@ -579,10 +579,7 @@ TABLE2 = {
 
 @pytest.mark.parametrize("fname", list(TABLE2))
 def test_table2_rows(fname):
-    path = DATA_DIR / fname
-    if not path.is_file():
-        pytest.skip(f"real data not available: {path}")
-    with np.load(path, allow_pickle=False) as d:
+    with np.load(real_file(fname), allow_pickle=False) as d:
         z = log_softmax(d["logits"].astype(np.float64), axis=1)
         y = d["labels"].astype(np.int64)
     systems = {

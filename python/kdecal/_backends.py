@@ -26,11 +26,12 @@ from .warnings import BackendFallbackWarning
 Backend = Literal["auto", "cpp", "numba", "dask"]
 BACKENDS = ("cpp", "numba")
 
-_core: Any = None
 _core_error: BaseException | None = None
 try:
-    _core = importlib.import_module("kdecal._core")
+    # typed by _core.pyi; the alias re-exports it (kdecal.torch, _estimators use it)
+    from . import _core as _core  # noqa: PLC0414
 except ImportError as exc:  # pragma: no cover - exercised by the fallback test
+    _core = None  # type: ignore[assignment]
     _core_error = exc
 
 _numba_mod: Any = None
@@ -181,7 +182,8 @@ def _call(backend: str) -> Callable[..., tuple[np.ndarray, ...]]:
             *args: Any, progress: Callable[[int], object] | None = None
         ) -> tuple[np.ndarray, ...]:
             # one engine call: the core polls for Ctrl-C and reports progress itself
-            return _core.loo_reduce(*args, nt, progress=progress)  # type: ignore[no-any-return]
+            # (star-arguments cannot select one of the stub's dtype overloads)
+            return _core.loo_reduce(*args, nt, progress=progress)  # type: ignore[call-overload]
 
         return run
     mod = _load_numba()
@@ -199,7 +201,7 @@ def _call(backend: str) -> Callable[..., tuple[np.ndarray, ...]]:
                 numba.set_num_threads(min(_num_threads, numba.config.NUMBA_NUM_THREADS))
             logq, p, labels, n_classes, scale, bias = args[:6]
             if p.ndim == 2:
-                return mod.loo_reduce(*args, progress=progress)  # type: ignore[no-any-return]
+                return mod.loo_reduce(*args, progress=progress)
             # a batch of independent problems: one numba call per problem
             rows = int(args[8]) - int(args[7])
             parts = []
@@ -373,10 +375,12 @@ def loo_grad(
         out = _core.loo_grad(
             logq, p, labels, n_classes, scale, bias, lse, coef, _num_threads, progress=cb
         )
-    return out  # type: ignore[no-any-return]
+    return out
 
 
-def _check_multi_array(x: object, name: str, dtypes: tuple[type, ...], shape: tuple) -> None:
+def _check_multi_array(
+    x: object, name: str, dtypes: tuple[type, ...], shape: tuple[int | None, ...]
+) -> None:
     """Exact dtype (TypeError), C-contiguity (TypeError) and shape (ValueError) of one array."""
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{name} must be a numpy array, got {type(x).__name__}")

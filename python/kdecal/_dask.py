@@ -211,7 +211,12 @@ def _n_threads(client: Any) -> int:
 
 
 def _run_blocks(
-    client: Any, func: Any, args: tuple, blocks: list[tuple[int, int]], name: str, show: bool
+    client: Any,
+    func: Any,
+    args: tuple[Any, ...],
+    blocks: list[tuple[int, int]],
+    name: str,
+    show: bool,
 ) -> list[tuple[np.ndarray, ...]]:
     """Submit one task per row block, report progress, gather the results in order."""
     tag = uuid.uuid4().hex
@@ -267,7 +272,7 @@ def loo_reduce(
     from . import _backends
 
     if row_stop <= row_start:  # nothing to distribute; same (degenerate) call in-process
-        return _backends._core.loo_reduce(  # type: ignore[no-any-return]
+        return _backends._core.loo_reduce(
             logq, p, labels, n_classes, scale, bias, powers, row_start, row_stop, 1
         )
     client = get_client()

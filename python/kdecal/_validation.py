@@ -74,14 +74,14 @@ def as_array(x: object, name: str) -> np.ndarray:
     module = type(x).__module__.split(".")[0]
     try:
         if module == "torch" and hasattr(x, "detach"):
-            t = x.detach()  # type: ignore[attr-defined]
+            t = x.detach()
             if t.device.type != "cpu":
                 t = t.cpu()
             if t.is_conj():
                 t = t.resolve_conj()
             return np.asarray(t.numpy())
         if module == "cupy" and hasattr(x, "get"):
-            return np.asarray(x.get())  # type: ignore[attr-defined]
+            return np.asarray(x.get())
         if not hasattr(x, "__array__") and hasattr(x, "__dlpack__"):
             return np.from_dlpack(x)
         arr = np.asarray(x)
@@ -258,7 +258,7 @@ def check_probs(probs: object, name: str = "probs", min_n: int = 3) -> Probs:
     from . import _dask
 
     if _dask.is_dask_array(probs):  # row checks block by block where the blocks live
-        return _dask.check_probs(probs, name, min_n)  # type: ignore[no-any-return]
+        return _dask.check_probs(probs, name, min_n)
     arr = _numeric_array(probs, name)
     dtype = np.dtype(np.float32) if arr.dtype == np.float32 else np.dtype(np.float64)
     if arr.size == 0:

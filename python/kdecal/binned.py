@@ -160,7 +160,9 @@ def _bin_one(
     return edges, counts, mean_conf, freq
 
 
-def _problems(P: np.ndarray, y: np.ndarray, calibration: str, class_index: int | None):
+def _problems(
+    P: np.ndarray, y: np.ndarray, calibration: str, class_index: int | None
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """List the binary problems ``(confidence, outcome)`` that the binned ECE averages."""
     if calibration == "top_label":
         pred = np.argmax(P, axis=1)  # ties: the lowest class index

@@ -36,6 +36,7 @@ import os
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
+from typing import TextIO
 
 import numpy as np
 
@@ -256,7 +257,14 @@ def _to_probs(scores: np.ndarray, is_logits: bool) -> np.ndarray:
     return scores
 
 
-def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
     """Print a warning as one line ``kdecal: warning: ...`` on stderr."""
     print(f"{_PROG}: warning: {' '.join(str(message).split())}", file=sys.stderr)
 

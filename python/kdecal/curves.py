@@ -390,7 +390,7 @@ def _reliability_arrays(
     labels: object,
     kind: str,
     calibration: str,
-    class_index: object,
+    class_index: int | None,
     n_bins: object,
     bandwidth: object,
     n_grid: object,
@@ -417,7 +417,7 @@ def _reliability_arrays(
         return ReliabilityDiagram(
             kind=kind,
             calibration=calibration,
-            class_index=None if class_index is None else int(class_index),  # type: ignore[call-overload]
+            class_index=None if class_index is None else int(class_index),
             x=stats.mean_confidence,
             y=stats.frequency,
             edges=stats.edges,
@@ -489,7 +489,7 @@ def _reliability_arrays(
     return ReliabilityDiagram(
         kind=kind,
         calibration=calibration,
-        class_index=class_index,  # type: ignore[arg-type]
+        class_index=class_index,
         x=pick(xs),
         y=pick(ys),
         edges=None,
@@ -890,7 +890,7 @@ def _as_systems(probs: object, labels: object, names: object) -> list[tuple[str,
         ps = [probs]
         nm = ["system"]
     if names is not None:
-        nm = [str(s) for s in names]  # type: ignore[union-attr]
+        nm = [str(s) for s in names]  # type: ignore[attr-defined]
         if len(nm) != len(ps):
             raise ValueError(f"names has {len(nm)} entries for {len(ps)} systems")
     if isinstance(labels, Mapping):

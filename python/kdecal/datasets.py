@@ -63,7 +63,7 @@ References
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -192,7 +192,7 @@ def _categorical(rng: np.random.Generator, probs: np.ndarray) -> np.ndarray:
     """One label per row, ``P(label = k) = probs[i, k]`` (inverse CDF), int64 (n,)."""
     cdf = np.cumsum(probs, axis=1)
     cdf /= cdf[:, -1:]  # last entry exactly 1 > u: the label is always in 0..K-1
-    u = rng.random(probs.shape[0])
+    u = rng.random((probs.shape[0],))
     return np.ascontiguousarray((cdf < u[:, None]).sum(axis=1), dtype=np.int64)
 
 
@@ -549,7 +549,7 @@ def true_calibration_error(
     n_bins = _check_n_bins(n_bins)
     rng = np.random.default_rng(seed)
 
-    def chunks():
+    def chunks() -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
         left = n_mc
         while left > 0:
             m = min(_CHUNK, left)
@@ -829,8 +829,12 @@ def make_gaussian_posteriors(
     legacy_state: np.random.RandomState | None
     if isinstance(rng, np.random.RandomState):
         legacy_state = rng
-    elif isinstance(rng, str) and rng in ("generator", "legacy"):
-        legacy_state = np.random.RandomState(seed) if rng == "legacy" else None
+    elif rng == "legacy":
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
+            raise TypeError(f"seed must be an int or None with rng='legacy', got {seed!r}")
+        legacy_state = np.random.RandomState(None if seed is None else int(seed))
+    elif rng == "generator":
+        legacy_state = None
     elif isinstance(rng, str):
         raise ValueError(f"rng must be 'generator', 'legacy' or a RandomState, got {rng!r}")
     else:

@@ -19,6 +19,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 from scipy.special import softmax as _sp_softmax
@@ -95,7 +96,10 @@ _BANDWIDTH_DOC = """Kernel bandwidth h > 0 (dimensionless, on the simplex); "aut
         overstates calibration errors; see bench/README.md)."""
 
 
-def _doc(func: Callable[..., object]) -> Callable[..., object]:
+_F = TypeVar("_F", bound=Callable[..., object])
+
+
+def _doc(func: _F) -> _F:
     func.__doc__ = (
         (func.__doc__ or "")
         .replace("{notion_params}", _NOTION_PARAMS)

@@ -195,7 +195,8 @@ def _draw_reliability_one(
         )
         ax.plot(conf, conf, ls="none", marker="_", color="C3", ms=6, zorder=4)
         _fraction_bars(hax, edges, counts)
-        default_title = f"{len(edges) - 1} bins, ECE = {float(sel(np.asarray(rd.ece))):.4f}"
+        ece = float(np.asarray(rd.ece)[() if row is None else row])
+        default_title = f"{len(edges) - 1} bins, ECE = {ece:.4f}"
     elif rd.calibration == "canonical":
         assert x is not None and y is not None and counts is not None
         edges = np.linspace(0.0, 1.0, counts.shape[0] + 1)
@@ -230,10 +231,8 @@ def _draw_reliability_one(
         hax.plot(grid, dens, color="0.3", lw=0.8)
         hax.set_ylabel("density", fontsize="small")
         hax.set_ylim(bottom=0)
-        default_title = (
-            f"Beta kernel, h = {rd.bandwidth:.3g}, "
-            f"ECE$^{{KDE}}$ = {float(sel(np.asarray(rd.ece))):.4f}"
-        )
+        ece = float(np.asarray(rd.ece)[() if row is None else row])
+        default_title = f"Beta kernel, h = {rd.bandwidth:.3g}, ECE$^{{KDE}}$ = {ece:.4f}"
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.set_aspect("auto")

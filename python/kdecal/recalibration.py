@@ -82,6 +82,8 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from scipy import optimize
@@ -174,7 +176,7 @@ def _renormalise(Q: np.ndarray, fallback: np.ndarray) -> np.ndarray:
 
 def _check_bounds(bounds: object, name: str = "bounds") -> tuple[float, float]:
     try:
-        lo, hi = (float(b) for b in bounds)  # type: ignore[union-attr]
+        lo, hi = (float(b) for b in bounds)  # type: ignore[attr-defined]
     except Exception as exc:
         raise TypeError(f"{name} must be a pair (T_min, T_max) of floats, got {bounds!r}") from exc
     if not (np.isfinite(lo) and np.isfinite(hi) and 0 < lo < hi):
@@ -290,7 +292,7 @@ class _Calibrator:
             if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
         )
 
-    def get_params(self, deep: bool = True) -> dict:
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
         """Return the constructor arguments of this calibrator (scikit-learn convention).
 
         Parameters
@@ -304,7 +306,7 @@ class _Calibrator:
         dict
             Parameter name -> value, as passed to the constructor or :meth:`set_params`.
         """
-        out = {}
+        out: dict[str, Any] = {}
         for key in self._get_param_names():
             value = getattr(self, key)
             if deep and hasattr(value, "get_params") and not isinstance(value, type):
@@ -341,7 +343,7 @@ class _Calibrator:
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, "n_classes_")
 
-    def __sklearn_tags__(self):
+    def __sklearn_tags__(self) -> Any:
         from sklearn.utils import InputTags, Tags, TargetTags, TransformerTags
 
         return Tags(
@@ -440,7 +442,7 @@ class _Calibrator:
         lp = log_probs(X, self.input_, "scores", 1)
         L, P = lp.L, lp.q
         if L.shape[1] != self.n_classes_:
-            shape = np.shape(X)
+            shape = np.shape(X)  # type: ignore[call-overload]  # (no copy of a dask array)
             raise ValueError(
                 f"scores has K = {L.shape[1]} classes (shape {shape}) but "
                 f"{type(self).__name__} was fitted with K = {self.n_classes_} (X has "
@@ -805,7 +807,7 @@ class _LBFGSMixin:
                 stacklevel=4,
             )
 
-    def _minimise(self, fun, x0: np.ndarray, n_scale: int):
+    def _minimise(self, fun: Callable[..., Any], x0: np.ndarray, n_scale: int) -> np.ndarray:
         """Minimise ``fun`` (value, gradient) from ``x0``; return the parameters.
 
         The first ``n_scale`` entries of ``theta`` are scale parameters, judged on
@@ -828,7 +830,8 @@ class _LBFGSMixin:
             g[:n_scale] *= theta[:n_scale]
             return float(np.max(np.abs(g)))
 
-        x, n_iter, res = x0, 0, None
+        x, n_iter = x0, 0
+        res: Any = None
         for _ in range(1 + _LBFGS_RESTARTS):
             res = optimize.minimize(
                 checked, x, jac=True, method="L-BFGS-B", options=_LBFGS_OPTIONS
@@ -1027,7 +1030,7 @@ class VectorScaling(_LBFGSMixin, _Calibrator):
 # ------------------------------------------------------------- non-parametric methods
 
 
-def _isotonic_regression():
+def _isotonic_regression() -> Callable[..., Any]:
     try:
         from scipy.optimize import isotonic_regression
     except ImportError as exc:  # pragma: no cover - scipy < 1.12
