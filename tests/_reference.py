@@ -1,6 +1,7 @@
 """Independent float64 brute-force reference for the public kdecal API.
 
-Written directly from the formulas of the kdecal spec (issue 2), WITHOUT importing
+Written directly from the formulas of the papers (Popordanoska et al. 2022, Eq. 3, 7, 9,
+10; Popordanoska et al. 2024, Eq. 9-10, 14-15), WITHOUT importing
 kdecal.  Everything is computed in float64 from an explicit n x n matrix of log
 kernel values (small n only: n <= ~500), using scipy.special.gammaln and
 scipy.special.logsumexp.  Leave-one-out is done by putting -inf on the diagonal.

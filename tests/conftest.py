@@ -1,9 +1,13 @@
 """Shared fixtures for the kdecal test suite.
 
 Datasets are small (n <= 400) so that tests/_reference.py can materialise the
-n x n log-kernel matrix.  Real data comes from ../shared/data/real next to the
-repository root (CI clones the repo with shared/ beside it); real-data tests are
-skipped when that folder is missing.
+n x n log-kernel matrix.  Real classifier outputs are looked up, in this order, in
+tests/data/ (the permissively licensed files the tests need, shipped with the sources;
+two of them cut to the rows the tests use), python/kdecal/data/ (the bundled example)
+and ../shared/data/real next to the repository root (CI clones the repo with shared/
+beside it; ``KDECAL_REAL_DATA`` names another folder).  Tests that need a file found in
+none of them are marked ``realdata`` and skip with the reason, which ``pytest -ra``
+lists; with ``KDECAL_REQUIRE_REAL_DATA=1`` (CI) they fail instead.
 
 kdecal itself is only imported inside fixtures/tests that need it, so the
 reference self-checks (test_reference_selfcheck.py) run even if the package is
@@ -13,6 +17,7 @@ broken.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,8 +29,29 @@ sys.path.insert(0, str(Path(__file__).parent))  # make `_reference` importable
 
 import _reference as ref
 
-DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
+DATA_DIR = Path(
+    os.environ.get("KDECAL_REAL_DATA")
+    or Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
+)
+TEST_DATA_DIR = Path(__file__).resolve().parent / "data"
+PACKAGE_DATA_DIR = Path(__file__).resolve().parents[1] / "python" / "kdecal" / "data"
 REAL_N_MAX = 300
+REQUIRE_REAL_DATA = os.environ.get("KDECAL_REQUIRE_REAL_DATA", "") not in ("", "0")
+
+# real files shipped whole in tests/data (all MIT; see tests/data/README.md)
+SHIPPED_FULL = (
+    "adrenalmnist3d_resnet50.npz",
+    "agnews_gpt2_zeroshot.npz",
+    "cifar10_resnet50_psrcal.npz",
+    "pneumoniamnist_resnet50.npz",
+    "sst2_gpt2_4shot.npz",
+    "sst2_gpt2_zeroshot.npz",
+)
+# file -> (subset in tests/data, key prefix): the REAL_N_MAX rows get_dataset uses
+SHIPPED_SUBSETS = {
+    "cifar100_densenetbc100_netcal.npz": ("cifar100_densenetbc100_netcal.rows300.npz", ""),
+    "speaker_verification_plda.npz": ("speaker_verification_plda.test_rows300.npz", "test_"),
+}
 BACKENDS = ["cpp", "numba"]
 
 
@@ -123,17 +149,52 @@ ALL_NAMES = SYNTHETIC_NAMES + REAL_NAMES
 
 
 def real_data_available() -> bool:
-    """Whether ../shared/data/real exists next to the repository."""
+    """Whether the whole real-data folder (../shared/data/real) is there."""
     return DATA_DIR.is_dir()
+
+
+def find_real_file(fname: str) -> Path | None:
+    """Path of the whole real file ``fname``: tests/data, the package data, the shared folder."""
+    for folder in (TEST_DATA_DIR, PACKAGE_DATA_DIR, DATA_DIR):
+        if (folder / fname).is_file():
+            return folder / fname
+    return None
+
+
+def skip_realdata(fname: str | None) -> None:
+    """Skip (fail with KDECAL_REQUIRE_REAL_DATA=1): real file ``fname`` (None: the folder)."""
+    if fname is None:
+        reason = f"realdata: needs the real-data folder {DATA_DIR}, which is missing"
+    else:
+        reason = (
+            f"realdata: needs {fname}, which is not shipped in tests/data, and the real-data "
+            f"folder {DATA_DIR} is missing"
+        )
+    if REQUIRE_REAL_DATA:
+        pytest.fail(f"{reason} (KDECAL_REQUIRE_REAL_DATA is set)", pytrace=False)
+    pytest.skip(reason)
+
+
+def real_file(fname: str) -> Path:
+    """Path of the whole real file ``fname``; skips (see skip_realdata) when there is none."""
+    path = find_real_file(fname)
+    if path is None:
+        skip_realdata(fname)
+    assert path is not None
+    return path
+
+
+def subsample_rows(n: int) -> np.ndarray:
+    """The REAL_N_MAX sorted row indices get_dataset keeps of an n-row file (all if n is small)."""
+    if n <= REAL_N_MAX:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(12345).choice(n, REAL_N_MAX, replace=False))
 
 
 @functools.cache
 def load_real_file(fname: str, prefix: str = "", kind: str = "probs"):
-    """Full file: (probs float64, probs float32, labels int64).  Skips if missing."""
-    path = DATA_DIR / fname
-    if not path.is_file():
-        pytest.skip(f"real data not available: {path}")
-    with np.load(path, allow_pickle=False) as d:
+    """Whole file: (probs float64, probs float32, labels int64).  Skips if missing."""
+    with np.load(real_file(fname), allow_pickle=False) as d:
         X = d[prefix + kind]
         y = d[prefix + "labels"].astype(np.int64)
     if kind == "logits":
@@ -152,27 +213,35 @@ def get_dataset(name: str) -> Dataset:
         P, y = make_synthetic(**SYNTHETIC[name])
         return Dataset(name, P, y, P.astype(np.float32))
     fname, prefix, kind, _ = REAL[name]
-    P64, P32, y = load_real_file(fname, prefix, kind)
-    n = y.shape[0]
-    if n > REAL_N_MAX:
-        idx = np.sort(np.random.default_rng(12345).choice(n, REAL_N_MAX, replace=False))
+    if find_real_file(fname) is None and fname in SHIPPED_SUBSETS:
+        # the shipped rows are exactly the ones kept below (tests/test_data.py checks it)
+        subset, prefix = SHIPPED_SUBSETS[fname]
+        P64, P32, y = load_real_file(subset, prefix, kind)
+    else:
+        P64, P32, y = load_real_file(fname, prefix, kind)
+        idx = subsample_rows(y.shape[0])
         P64, P32, y = P64[idx], P32[idx], y[idx]
     return Dataset(name, np.ascontiguousarray(P64), y.copy(), np.ascontiguousarray(P32))
 
 
 def dataset_or_skip(name):
-    """Return the named dataset, skipping the test when real data is missing."""
-    if name in REAL and not real_data_available():
-        pytest.skip(f"real data folder missing: {DATA_DIR}")
+    """Return the named dataset, skipping the test when its real data is missing."""
     return get_dataset(name)
 
 
 # ------------------------------------------------------------------------------ fixtures
+def pytest_collection_modifyitems(config, items):
+    """Mark ``realdata`` every test that takes the whole real-data folder (``data_dir``)."""
+    for item in items:
+        if "data_dir" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.realdata)
+
+
 @pytest.fixture(scope="session")
 def data_dir():
-    """Real-data folder; skips when it is missing."""
+    """The whole real-data folder; skips (see skip_realdata) when it is missing."""
     if not real_data_available():
-        pytest.skip(f"real data folder missing: {DATA_DIR}")
+        skip_realdata(None)
     return DATA_DIR
 
 

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy.stats import skew
 
+from conftest import real_file
 from kdecal import binned
-
-DATA_DIR = Path(__file__).resolve().parents[2] / "shared/data/real"
 
 
 # ------------------------------------------------------------------------ references
@@ -289,10 +287,7 @@ def test_permutation_invariance():
 
 
 def test_real_vgg16_top_label_ece15():
-    path = DATA_DIR / "cifar10_vgg16_keras_verifiedcal.npz"
-    if not path.is_file():
-        pytest.skip(f"real data not available: {path}")
-    with np.load(path, allow_pickle=False) as d:
+    with np.load(real_file("cifar10_vgg16_keras_verifiedcal.npz"), allow_pickle=False) as d:
         P, y = d["probs"], d["labels"]
     got = binned.ece(P, y, n_bins=15)
     assert round(100 * got, 2) == 3.98  # data README, ECE15 column

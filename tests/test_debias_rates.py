@@ -1,4 +1,6 @@
-"""Slow Monte Carlo check that the debiasing removes the O(1/n) bias (003 Fig. 2b setting).
+"""Slow Monte Carlo check that the debiasing removes the O(1/n) bias.
+
+The setting of Popordanoska et al. (NeurIPS 2022), Fig. 2b.
 
 Uses bench/debias_rates.py (the full study is recorded in bench/README.md).
 """

@@ -1,7 +1,7 @@
-"""kdecal.datasets.make_gaussian_posteriors: the synthetic data of Ferrer & Ramos (004).
+"""kdecal.datasets.make_gaussian_posteriors: the synthetic data of Ferrer & Ramos (TMLR 2025).
 
 The legacy path must reproduce the authors' draws, hence their numbers: every cell of
-004 Table 1 (rounded integers), the Fig. 4 legends and the Fig. 5 / Fig. 6 metrics that
+Ferrer & Ramos 2025 Table 1 (rounded integers), the Fig. 4 legends and the Fig. 5 / Fig. 6 metrics that
 the extraction notes (../shared/docs/notes/ferrer_ramos_2025.md §6) list, some of them
 notebook outputs printed at full precision.
 """
@@ -40,7 +40,7 @@ def test_legacy_counts(n, K, prior1, counts):
 
 def test_generator_counts_round():
     g = make_gaussian_posteriors(200, 2)
-    assert g.counts.tolist() == [160, 40]  # closest integers (004 App. C)
+    assert g.counts.tolist() == [160, 40]  # closest integers (Ferrer & Ramos 2025, App. C)
     assert make_gaussian_posteriors(2000, 10).counts.tolist() == [1600] + [44] * 9
 
 
@@ -123,13 +123,17 @@ def test_errors():
         make_gaussian_posteriors(10, rng="mt19937")
     with pytest.raises(TypeError, match="rng"):
         make_gaussian_posteriors(10, rng=np.random.default_rng(0))
+    with pytest.raises(TypeError, match=r"seed must be an int or None with rng='legacy', got Gen"):
+        make_gaussian_posteriors(10, seed=np.random.default_rng(0), rng="legacy")
+    with pytest.raises(TypeError, match="seed must be an int or None with rng='legacy', got 0.5"):
+        make_gaussian_posteriors(10, seed=0.5, rng="legacy")
     with pytest.raises(ValueError, match="too small"):
         make_gaussian_posteriors(4, 3)
     with pytest.raises(ValueError, match="system"):
         make_gaussian_posteriors(10).probs("raw")
 
 
-# ------------------------------------------------------------- 004 reference numbers
+# ------------------------------------------------------------- Ferrer & Ramos 2025 reference numbers
 
 
 def _overall(g, s):
@@ -204,7 +208,7 @@ def test_fig4_legends():
 
 
 class _HistogramBinning004:
-    """004's binary histogram binning (psrcal): an empty training bin maps to 0.
+    """The binary histogram binning of Ferrer & Ramos 2025 (psrcal): an empty training bin maps to 0.
 
     kdecal.recalibration.HistogramBinning maps empty bins to their centre instead, which
     changes three Hxv cells at N = 200; this test double follows the reference code.
@@ -232,14 +236,14 @@ class _HistogramBinning004:
 
 
 def _table1_cell(lp, y, s):
-    """round(100 (NCE_e - NCE_se) / NCE_e), 004 Table 1 with the normalisation of §4.1."""
+    """round(100 (NCE_e - NCE_se) / NCE_e), Ferrer & Ramos 2025, Table 1 (normalised as in §4.1)."""
     e = sc.log_loss(lp, y, normalize=True, input="logits")
     sbar = s.mean(axis=0)
     se = -np.mean(np.sum(s * lp, axis=1)) / -np.sum(xlogy(sbar, sbar))  # Eq. 35
     return int(np.round(100 * (e - se) / e))
 
 
-# 004 Table 1, columns cal, mcs, mcp, mcps x N = 200, 2000, 20000 (requested)
+# Ferrer & Ramos 2025 Table 1, columns cal, mcs, mcp, mcps x N = 200, 2000, 20000 (requested)
 TABLE1 = {
     "true": [-3, -5, -2, -7, -10, -5, 4, -2, 0, 4, -2, 0],
     "Dtt": [0] * 12,

@@ -29,9 +29,7 @@ from kdecal._validation import (
 from kdecal.cli import main
 from kdecal.warnings import RenormalizationWarning
 
-SETTINGS = settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _calibrated(seed: int, n: int = 400, k: int = 4, conc: float = 0.5):
@@ -45,8 +43,9 @@ def _write_csv(path, P, y, decimals):
     header = ",".join([f"c{k}" for k in range(P.shape[1])] + ["label"])
     with open(path, "w") as fh:
         fh.write(header + "\n")
-        for row, label in zip(P, y):
-            fh.write(",".join(f"{v:.{decimals}f}" for v in row) + f",{label}\n")
+        fh.writelines(
+            ",".join(f"{v:.{decimals}f}" for v in row) + f",{label}\n" for row, label in zip(P, y)
+        )
 
 
 def _cli(capsys, *argv):
@@ -67,7 +66,7 @@ def test_rounded_probabilities_are_probabilities(tmp_path, capsys):
     _write_csv(f, P, y, 3)
     R = np.round(P, 3)
     assert np.abs(R.sum(axis=1) - 1).max() > 1e-3  # the precondition: rows are off
-    scores, labels, is_logits, desc = load_predictions(f)
+    _, _, is_logits, desc = load_predictions(f)
     assert is_logits is False and "inferred" in desc
     code, out, err = _cli(
         capsys, "evaluate", str(f), "--json", "--quiet", "--bandwidth", "0.1", "--n-resamples", "0"
@@ -97,8 +96,16 @@ def test_two_decimals_need_the_probs_flag(tmp_path, capsys):
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and "--probs" in err and "--logits" in err
     code, out, err = _cli(
-        capsys, "evaluate", str(f), "--probs", "--json", "--quiet", "--bandwidth", "0.1",
-        "--n-resamples", "0",
+        capsys,
+        "evaluate",
+        str(f),
+        "--probs",
+        "--json",
+        "--quiet",
+        "--bandwidth",
+        "0.1",
+        "--n-resamples",
+        "0",
     )
     assert code == 0, err
     assert "renormalised" in err
@@ -295,7 +302,7 @@ def test_long_file_name_is_one_line_error(capsys):
 def _kdecal(args, **kwargs):
     env = dict(os.environ, KDECAL_PROGRESS="0")
     cmd = [sys.executable, "-c", "import sys, kdecal.cli; sys.exit(kdecal.cli.main())", *args]
-    return subprocess.run(cmd, env=env, **kwargs)
+    return subprocess.run(cmd, env=env, check=False, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -312,7 +319,9 @@ ARGS = ["--quiet", "--bandwidth", "0.1", "--n-resamples", "0"]
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_full_device_is_an_error(small_file):
     with open("/dev/full", "w") as full:
-        r = _kdecal(["evaluate", small_file, *ARGS], stdout=full, stderr=subprocess.PIPE, text=True)
+        r = _kdecal(
+            ["evaluate", small_file, *ARGS], stdout=full, stderr=subprocess.PIPE, text=True
+        )
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         "kdecal: error: cannot write standard output ([Errno 28] No space left on device)"
@@ -431,6 +440,7 @@ def test_grid_end_warns_for_every_rule():
 
 # ------------------------------------------------------------ the CLI on arbitrary files
 
+
 def _no_constant(name):
     raise AssertionError(f"{name} in JSON output")
 
@@ -470,3 +480,15 @@ def test_cli_on_arbitrary_csv_is_success_or_one_line_error(tmp_path_factory, hea
         assert code == 2, err.getvalue()
         assert out.getvalue() == ""
         assert len(lines) == 1 and lines[0].startswith("kdecal: error: "), err.getvalue()
+
+
+def test_curve_sizes_are_bounded():
+    from kdecal import curves
+
+    P, y = _calibrated(12, n=50, k=3)
+    with pytest.raises(ValueError, match="n_bins = 1000000000 is more than"):
+        curves.reliability_diagram(P, y, n_bins=10**9)
+    with pytest.raises(ValueError, match="n_grid must be at most 100,000"):
+        curves.reliability_diagram(P, y, kind="kernel", n_grid=10**9)
+    with pytest.raises(ValueError, match="n_bins_per_side must be at most 1000"):
+        curves.simplex_density(P, y, n_bins_per_side=10**6)

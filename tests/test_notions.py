@@ -34,7 +34,7 @@ import pytest
 
 import _reference as ref
 from _helpers import SCALAR_ATOL, assert_scalar, auto_bandwidth, bw_id
-from conftest import SYNTHETIC, SYNTHETIC_NAMES, real_data_available
+from conftest import SYNTHETIC, SYNTHETIC_NAMES
 from conftest import dataset_or_skip as _get
 
 RTOL = 1e-9
@@ -89,9 +89,7 @@ def _data(name: str) -> Data:
 
 
 def get_data(name: str) -> Data:
-    """conftest dataset ``name`` cut to N_MAX rows (skips when real data is missing)."""
-    if name.startswith("real") and not real_data_available():
-        pytest.skip("real data folder missing")
+    """conftest dataset ``name`` cut to N_MAX rows (skips when its real data is missing)."""
     return _data(name)
 
 

@@ -155,13 +155,13 @@ def test_sharpness_curves_against_brute_force():
 
 
 def test_sharpness_band_area_is_total_minus_calibration():
-    """002 Sec. 6.5 (notes): integral of p * rho ~ TOT - CAL; exact for the loss term."""
+    """Chidambaram & Ge 2024, Sec. 6.5: integral of p * rho ~ TOT - CAL; exact for the loss term."""
     P, y = _data(n=2000, K=10, alpha=0.5, temperature=1.3)
     cs = kp.calibration_sharpness_diagram(P, y, draw=False)
     assert cs.band_area == pytest.approx(cs.total - cs.calibration, rel=0.03)
     # over the whole line the loss regression integrates exactly to TOT
     wide = np.linspace(-0.5, 1.5, 4001)
-    full = kp._sharpness_arrays(P, y, "l2", 0.05, 2, 0, 5000, 0, grid=wide)
+    full = kdecal.curves._sharpness_arrays(P, y, "l2", 0.05, 2, 0, 5000, 0, grid=wide)
     assert _trapz(full.kde * full.loss_curve, wide) == pytest.approx(full.total, rel=1e-6)
     # KL: TOT is the log loss; every band length is finite
     kl = kp.calibration_sharpness_diagram(P, y, divergence="kl", draw=False)
@@ -178,8 +178,8 @@ def test_sharpness_large_n_binned_sums_match_exact():
     x = np.concatenate([rng.beta(8, 1, 3000), rng.uniform(0.3, 0.6, 50)])
     v = np.stack([(rng.random(x.size) < x).astype(float), rng.random(x.size)])
     t = np.linspace(0, 1, 500)
-    m1, k1 = kp._gaussian_nw(t, x, v, 0.05, exact=True)
-    m2, k2 = kp._gaussian_nw(t, x, v, 0.05, exact=False)
+    m1, k1 = kdecal.curves._gaussian_nw(t, x, v, 0.05, exact=True)
+    m2, k2 = kdecal.curves._gaussian_nw(t, x, v, 0.05, exact=False)
     np.testing.assert_allclose(m2, m1, atol=1e-5)
     np.testing.assert_allclose(k2, k1, rtol=1e-4, atol=1e-6 * k1.max())
 
@@ -189,7 +189,8 @@ def test_sharpness_binary_and_subsampling():
     p = rng.uniform(0.05, 0.95, 600)
     y = (rng.random(600) < p**1.5).astype(int)
     cs = kp.calibration_sharpness_diagram(p, y, n_grid=11, draw=False)
-    m, _ = _gauss_nw(cs.t[4], p, y, 0.05)  # binary: h = p, a = y (002, binary case)
+    # binary: h = p, a = y (Chidambaram & Ge 2024, binary case)
+    m, _ = _gauss_nw(cs.t[4], p, y, 0.05)
     assert cs.accuracy_curve[4] == pytest.approx(m, rel=1e-9)
     assert cs.total == pytest.approx(np.mean((p - y) ** 2), rel=1e-12)
     sub = kp.calibration_sharpness_diagram(p, y, n_subsamples=10, n_points=200, draw=False)
@@ -211,7 +212,7 @@ def test_simplex_density_cells_and_kde():
     np.testing.assert_allclose(area, 0.5 / m**2, rtol=1e-9)
     # every point lies in its cell (the rule of kdecal.binned.simplex_ece)
     keys = kdecal.binned._simplex_cell_keys(np.asarray(s.probs), m)
-    lookup = {tuple(k): i for i, k in enumerate(kp._all_cells(m)[0].tolist())}
+    lookup = {tuple(k): i for i, k in enumerate(kdecal.curves._all_cells(m)[0].tolist())}
     for p, key in zip(s.probs[:50], np.concatenate(keys, axis=1).tolist()):
         lam = np.linalg.solve(sd.cell_vertices[lookup[tuple(key)]].T, p)
         assert np.all(lam >= -1e-9)

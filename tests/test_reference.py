@@ -31,7 +31,7 @@ from _helpers import (
     rtol64,
 )
 from conftest import dataset_or_skip as _get
-from conftest import load_real_file
+from conftest import load_real_file, real_file
 
 # "loo-mle" is kdecal's LOO-likelihood rule = the reference's ref_select_bandwidth
 # (resolve_bw); kdecal calls pass debias="none", the reference's plain plug-in.
@@ -70,11 +70,16 @@ class TestSoftmax:
         assert_close(kd.softmax(X, axis=0), ref.ref_softmax(X, axis=0), rtol=1e-12, what="axis=0")
 
     @pytest.mark.parametrize(
-        "fname", ["pneumoniamnist_resnet50.npz", "cifar100_resnet20_chenyaofo.npz"]
+        "fname",
+        [
+            "pneumoniamnist_resnet50.npz",
+            # no stated licence, so not in tests/data
+            pytest.param("cifar100_resnet20_chenyaofo.npz", marks=pytest.mark.realdata),
+        ],
     )
-    def test_real_logits(self, kd, data_dir, fname):
+    def test_real_logits(self, kd, fname):
         """Check softmax of real logits."""
-        with np.load(data_dir / fname) as d:
+        with np.load(real_file(fname)) as d:
             X = d["logits"].astype(np.float64)
         assert_close(
             kd.softmax(X),
@@ -454,7 +459,7 @@ def test_evaluate_binned_ece_bin_edges(kd, backend):
     assert_scalar(rep.accuracy, ref.ref_accuracy(P, y), rtol=0, atol=1e-15)
 
 
-def test_evaluate_full_vgg16_binned_ece(kd, data_dir):
+def test_evaluate_full_vgg16_binned_ece(kd):
     """Full 10,000-row file: binned ECE equals the README's ECE15 = 3.98 %.
 
     The KDE part runs on n = 10,000 at a fixed h = 0.1 (one O(n^2 K) pass,

@@ -25,8 +25,15 @@ README_ECE15 = {  # file -> (key prefix, kind, accuracy %, ECE15 %) from the dat
 }
 
 
-@pytest.mark.parametrize("fname", list(README_ECE15))
-def test_binned_ece_reproduces_readme(data_dir, fname):
+@pytest.mark.parametrize(
+    "fname",
+    [
+        # tests/data has only 300 rows of the DenseNet file; the README figures need all
+        pytest.param(f, marks=pytest.mark.realdata) if f.startswith("cifar100") else f
+        for f in README_ECE15
+    ],
+)
+def test_binned_ece_reproduces_readme(fname):
     """The reference ECE15 / accuracy equal the data README's numbers."""
     prefix, kind, acc, ece = README_ECE15[fname]
     P, _, y = load_real_file(fname, prefix, kind)
@@ -46,7 +53,7 @@ def test_binned_ece_reproduces_readme(data_dir, fname):
     assert abs(raw - ref.ref_ece_binned(P, y)) < 1e-7
 
 
-def test_vgg16_full_file_ece15_is_3_98(data_dir):
+def test_vgg16_full_file_ece15_is_3_98():
     """Binned ECE of the full VGG-16 file is 3.98 %."""
     P, _, y = load_real_file("cifar10_vgg16_keras_verifiedcal.npz", "", "probs")
     assert P.shape == (10000, 10)

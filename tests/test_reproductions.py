@@ -1,11 +1,11 @@
 """Published numbers that tests/test_scores.py and tests/test_gaussian_posteriors.py do not
 already pin down (the full tables are in bench/reproduce_papers.py and bench/README.md).
 
-- 004 (Ferrer & Ramos) Table 2: the ECEmc / ECE columns, and the SST2 GPT2-0sh and
+- Ferrer & Ramos (TMLR 2025) Table 2: the ECEmc / ECE columns, and the SST2 GPT2-0sh and
   ADRENAL rows, on the score files of luferrer/expected_cost (../shared/data/real);
-- 002 (Chidambaram & Ge) Table 1: the mean-replacement (MRR) row;
-- 001 (Clarte et al.): T_TS and T_EC part under misspecified labels, and on the
-  pretrained CIFAR-100 networks of its real-data table.
+- Chidambaram & Ge (arXiv 2406.04068, 2024) Table 1: the mean-replacement (MRR) row;
+- Clarté, Loureiro, Krzakala & Zdeborová (2023): T_TS and T_EC part under misspecified labels,
+  and on the pretrained CIFAR-100 networks of its real-data table.
 """
 
 from __future__ import annotations
@@ -15,28 +15,25 @@ import pytest
 from scipy.special import log_softmax
 
 import kdecal
-from conftest import DATA_DIR
+from conftest import real_file
 from kdecal import binned
 from kdecal import scores as sc
 from kdecal.recalibration import ExpectationConsistency, MeanReplacement, TemperatureScaling
 
 
 def _load(fname):
-    path = DATA_DIR / fname
-    if not path.is_file():
-        pytest.skip(f"real data not available: {path}")
-    with np.load(path, allow_pickle=False) as d:
+    with np.load(real_file(fname), allow_pickle=False) as d:
         return log_softmax(d["logits"].astype(np.float64), axis=1), d["labels"].astype(np.int64)
 
 
 def _binary_ece(P, y):
-    """004's binary ECE: 15 equal-width bins of P(class 2), L1."""
+    """the binary ECE of Ferrer & Ramos (2025): 15 equal-width bins of P(class 2), L1."""
     st = binned.binned_statistics(P, y, calibration="classwise", class_index=1)
     ok = st.counts > 0
     return float(np.sum(st.weights[ok] * np.abs(st.gap[ok])))
 
 
-# 004 Table 2 (printed): C01, Cab, Cimb, NCE, RCL, ECEmc, ECE; None = not checked here
+# Ferrer & Ramos 2025 Table 2 (printed): C01, Cab, Cimb, NCE, RCL, ECEmc, ECE; None = not checked here
 # (rows already covered by tests/test_scores.py contribute their ECE columns only)
 TABLE2 = {
     "sst2_gpt2_zeroshot.npz": {
@@ -90,7 +87,8 @@ def test_004_table2_binary_rows_and_ece_columns(fname):
 
 
 def test_002_table1_mean_replacement_row():
-    # 002 Table 1, ViT + MRR: accuracy 85.14, ECE = ACE = 0.18, NLL 144.66, Brier 27.51
+    # Chidambaram & Ge 2024, Table 1, ViT + MRR: accuracy 85.14, ECE = ACE = 0.18, NLL 144.66,
+    # Brier 27.51
     # (x 100), K = 1000. Closed form (notes 9.1) with test accuracy t and calibration
     # accuracy a = t - 0.0018; here on synthetic logits with exactly those accuracies.
     K, t, a = 1000, 0.8514, 0.8496
@@ -132,8 +130,8 @@ def test_001_misspecified_labels_separate_ts_and_ec():
     assert t_ec == pytest.approx(1.07, abs=0.03)
 
 
-# 001 real-data table, CIFAR-100 (chenyaofo's pretrained networks): T_TS, T_EC fitted on
-# half of the test set (the paper's split is not published; ours is default_rng(0))
+# Clarté et al. 2023, real-data table, CIFAR-100 (chenyaofo's pretrained networks): T_TS, T_EC
+# fitted on half of the test set (the paper's split is not published; ours is default_rng(0))
 CLARTE = {
     "cifar100_resnet20_chenyaofo.npz": (1.44, 1.44),
     "cifar100_resnet56_chenyaofo.npz": (1.73, 1.79),
@@ -142,6 +140,7 @@ CLARTE = {
 }
 
 
+@pytest.mark.realdata  # chenyaofo's logits: no stated licence, not in tests/data
 @pytest.mark.parametrize("fname", list(CLARTE))
 def test_001_cifar100_temperatures(fname):
     z, y = _load(fname)

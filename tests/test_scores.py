@@ -16,7 +16,7 @@ import pytest
 from scipy.special import log_softmax, softmax
 
 import kdecal
-from conftest import DATA_DIR
+from conftest import real_file
 from kdecal import scores as sc
 from kdecal.recalibration import AffineCalibration
 
@@ -579,10 +579,7 @@ TABLE2 = {
 
 @pytest.mark.parametrize("fname", list(TABLE2))
 def test_table2_rows(fname):
-    path = DATA_DIR / fname
-    if not path.is_file():
-        pytest.skip(f"real data not available: {path}")
-    with np.load(path, allow_pickle=False) as d:
+    with np.load(real_file(fname), allow_pickle=False) as d:
         z = log_softmax(d["logits"].astype(np.float64), axis=1)
         y = d["labels"].astype(np.int64)
     systems = {
@@ -601,3 +598,38 @@ def test_table2_rows(fname):
         # last printed digit, i.e. the value rounds to the printed one (+1e-9 slack)
         for g, w, tol in zip(got, want, (5e-4,) * 4 + (5e-2,)):
             assert abs(g - w) <= tol + 1e-9, (fname, name, got, want)
+
+
+# ------------------------------------------------- probabilities are never read as logits
+def test_calibration_loss_default_reads_probabilities(miscal):
+    # the failure of the issue: probabilities passed with the old default input="logits"
+    # were softmaxed again; the default "auto" reads them as probabilities
+    z, y = miscal
+    p = softmax(z, axis=1)
+    expected = sc.calibration_loss(p, y, input="probs")
+    assert sc.calibration_loss(p, y) == expected
+    np.testing.assert_array_equal(
+        sc.calibrate_scores(p, y), sc.calibrate_scores(p, y, input="probs")
+    )
+    # and the logits still give the logits answer
+    assert sc.calibration_loss(z, y) == sc.calibration_loss(z, y, input="logits")
+
+
+@pytest.mark.parametrize("fn", [sc.calibration_loss, sc.log_loss, sc.brier_score, sc.bayes_risk])
+def test_probabilities_passed_as_logits_raise(miscal, fn):
+    z, y = miscal
+    p = np.round(softmax(z, axis=1), 3)  # rounded probabilities, rows within 2e-3 of 1
+    with pytest.raises(ValueError, match="input='probs'"):
+        fn(p, y, input="logits")
+    # entries in [0, 1], rows far from 1: ambiguous; both choices are named
+    if fn is sc.calibration_loss:
+        with pytest.raises(ValueError, match="input='probs'.*input='logits'"):
+            fn(p * 0.5, y)
+
+
+def test_resampling_module_is_reexported():
+    from kdecal import resampling
+
+    assert sc.cv_folds is resampling.cv_folds
+    assert sc.bootstrap_ci is resampling.bootstrap_ci
+    assert sc.BootstrapCI is resampling.BootstrapCI

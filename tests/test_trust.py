@@ -72,7 +72,8 @@ def test_search_equals_exhaustive_synthetic(n, K, t2):
 REAL_FILES = [
     ("cifar10_vgg16_keras_verifiedcal.npz", ""),
     ("pneumoniamnist_resnet50.npz", ""),
-    ("cifar100_resnet20_chenyaofo.npz", ""),
+    # no stated licence, so not in tests/data
+    pytest.param("cifar100_resnet20_chenyaofo.npz", "", marks=pytest.mark.realdata),
     ("sst2_gpt2_zeroshot.npz", ""),
     ("agnews_gpt2_zeroshot.npz", ""),
 ]
@@ -81,12 +82,9 @@ REAL_FILES = [
 @pytest.mark.parametrize("fname,prefix", REAL_FILES)
 @pytest.mark.parametrize("calibration", ["canonical", "top_label"])
 def test_search_equals_exhaustive_real(fname, prefix, calibration):
-    from conftest import DATA_DIR
+    from conftest import real_file
 
-    path = DATA_DIR / fname
-    if not path.is_file():
-        pytest.skip(f"real data not available: {path}")
-    with np.load(path) as d:
+    with np.load(real_file(fname)) as d:
         keys = set(d.files)
         y = d[prefix + "labels"] if prefix + "labels" in keys else d["labels"]
         if prefix + "probs" in keys:

@@ -9,12 +9,18 @@ differentiable training losses.
 
 from __future__ import annotations
 
-from . import binned, datasets, plot, recalibration, scores
+from . import binned, curves, datasets, plot, recalibration, resampling, scores
 from ._backends import available_backends, get_num_threads, set_num_threads
 from ._compare import Comparison, compare
 from ._report import CalibrationReport
 from ._result import QUANTITIES, CalibrationEstimate, CalibrationTestResult, ConfidenceInterval
-from ._validation import PROB_EPS, ROW_SUM_ATOL
+from ._validation import (
+    INFER_ROW_SUM_ATOL,
+    MIN_BANDWIDTH,
+    PROB_EPS,
+    PROBS_ROW_SUM_ATOL,
+    ROW_SUM_ATOL,
+)
 from .kde import (
     DEFAULT_BANDWIDTH_GRID,
     Bregman,
@@ -30,12 +36,15 @@ from .kde import (
     sharpness,
     softmax,
 )
-from .warnings import BackendFallbackWarning, KdecalWarning
+from .warnings import BackendFallbackWarning, KdecalWarning, RenormalizationWarning
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_BANDWIDTH_GRID",
+    "INFER_ROW_SUM_ATOL",
+    "MIN_BANDWIDTH",
+    "PROBS_ROW_SUM_ATOL",
     "PROB_EPS",
     "QUANTITIES",
     "ROW_SUM_ATOL",
@@ -47,6 +56,7 @@ __all__ = [
     "Comparison",
     "ConfidenceInterval",
     "KdecalWarning",
+    "RenormalizationWarning",
     "__version__",
     "available_backends",
     "binned",
@@ -54,6 +64,7 @@ __all__ = [
     "calibration_test",
     "compare",
     "conditional_expectation",
+    "curves",
     "datasets",
     "ece_kde",
     "estimate",
@@ -63,6 +74,7 @@ __all__ = [
     "plot",
     "recalibration",
     "refinement",
+    "resampling",
     "scores",
     "select_bandwidth",
     "set_num_threads",

@@ -3,7 +3,9 @@
 Backends return the same per-query accumulators (running max ``m`` and power sums
 ``S``, ``Q``, ``T``; see :func:`loo_reduce`), so every estimator is written once on top;
 :func:`loo_reduce_multi` gives the class sums of many label sets at one bandwidth.
-``"auto"`` picks ``"cpp"`` (the compiled core) when it imports, else ``"numba"``.
+``"auto"`` picks ``"cpp"`` (the compiled core) when it imports, else ``"numba"``;
+``"dask"`` runs the compiled core on the workers of the current ``dask.distributed``
+client, one task per block of query rows (:mod:`kdecal._dask`), with the same results.
 """
 
 from __future__ import annotations
@@ -21,14 +23,15 @@ import numpy as np
 
 from .warnings import BackendFallbackWarning
 
-Backend = Literal["auto", "cpp", "numba"]
+Backend = Literal["auto", "cpp", "numba", "dask"]
 BACKENDS = ("cpp", "numba")
 
-_core: Any = None
 _core_error: BaseException | None = None
 try:
-    _core = importlib.import_module("kdecal._core")
+    # typed by _core.pyi; the alias re-exports it (kdecal.torch, _estimators use it)
+    from . import _core as _core  # noqa: PLC0414
 except ImportError as exc:  # pragma: no cover - exercised by the fallback test
+    _core = None  # type: ignore[assignment]
     _core_error = exc
 
 _numba_mod: Any = None
@@ -66,13 +69,24 @@ def available_backends() -> list[str]:
 def resolve_backend(backend: object) -> str:
     """Turn ``"auto"`` into a concrete backend and check that it is available.
 
+    ``"dask"`` is never chosen by ``"auto"``; asked for, it needs dask.distributed, a
+    current client and the compiled core.
+
     Raises
     ------
     ValueError
         If ``backend`` is unknown or not available here; the message lists the
-        available backends.
+        available backends. For ``"dask"``: no current client, or no compiled core.
+    ImportError
+        For ``"dask"`` when dask or dask.distributed is not installed (the message names
+        ``pip install "kdecal[dask]"``).
     """
     global _warned
+    if backend == "dask":
+        from . import _dask
+
+        _dask.check_available()
+        return "dask"
     avail = available_backends()
     if backend == "auto":
         if "cpp" in avail:
@@ -94,7 +108,8 @@ def resolve_backend(backend: object) -> str:
         )
     if backend not in BACKENDS:
         raise ValueError(
-            f"unknown backend {backend!r}; choose 'auto' or one of the available backends {avail}"
+            f"unknown backend {backend!r}; choose 'auto', one of the available backends "
+            f"{avail}, or 'dask' (a dask.distributed cluster)"
         )
     if backend not in avail:
         why = _core_error if backend == "cpp" else "numba is not installed"
@@ -115,6 +130,11 @@ def set_num_threads(n: int | None) -> None:
     Threads beyond the number of cores are allowed (up to :data:`MAX_THREADS`) but only
     add scheduling overhead.
 
+    Parameters
+    ----------
+    n : int or None
+        Number of threads in ``0..MAX_THREADS``; ``None`` or 0 uses every core.
+
     Raises
     ------
     ValueError
@@ -131,7 +151,15 @@ def set_num_threads(n: int | None) -> None:
 
 
 def get_num_threads() -> int:
-    """Return the number of threads the engine will use."""
+    """Return the number of threads the engine will use.
+
+    Returns
+    -------
+    int
+        The value of :func:`set_num_threads`; when unset, the compiled core's OpenMP
+        default (all cores unless ``OMP_NUM_THREADS`` is set), or, without the compiled
+        core, the number of cores.
+    """
     if _num_threads > 0:
         return _num_threads
     if _core is not None:
@@ -155,7 +183,8 @@ def _call(backend: str) -> Callable[..., tuple[np.ndarray, ...]]:
             *args: Any, progress: Callable[[int], object] | None = None, pairs: bool = False
         ) -> tuple[np.ndarray, ...]:
             # one engine call: the core polls for Ctrl-C and reports progress itself
-            return _core.loo_reduce(  # type: ignore[no-any-return]
+            # (star-arguments cannot select one of the stub's dtype overloads)
+            return _core.loo_reduce(  # type: ignore[call-overload]
                 *args, nt, progress=progress, pairs=pairs
             )
 
@@ -177,9 +206,7 @@ def _call(backend: str) -> Callable[..., tuple[np.ndarray, ...]]:
             if pairs and int(args[6]) < 2:
                 raise ValueError(f"pairs=True needs powers >= 2, got powers = {args[6]}")
             if p.ndim == 2:
-                return mod.loo_reduce(  # type: ignore[no-any-return]
-                    *args, progress=progress, pairs=pairs
-                )
+                return mod.loo_reduce(*args, progress=progress, pairs=pairs)
             # a batch of independent problems: one numba call per problem
             rows = int(args[8]) - int(args[7])
             parts = []
@@ -318,6 +345,22 @@ def loo_reduce(
     n_problems = p.shape[0] if p.ndim == 3 else 1
     work = float(r1 - r0) * n * len(scale) * n_problems
     total = (r1 - r0) * n_problems
+    if backend == "dask":  # row blocks on the workers; dask's own progress report
+        from . import _dask
+
+        return _dask.loo_reduce(
+            logq,
+            p,
+            labels,
+            n_classes,
+            scale,
+            bias,
+            powers,
+            r0,
+            r1,
+            show=_show_bar(work, progress),
+            pairs=pairs,
+        )
     with _bar(_show_bar(work, progress), total, "kdecal LOO kernel") as cb:
         out = _call(backend)(
             logq, p, labels, n_classes, scale, bias, powers, r0, r1, progress=cb, pairs=pairs
@@ -361,10 +404,12 @@ def loo_grad(
         out = _core.loo_grad(
             logq, p, labels, n_classes, scale, bias, lse, coef, _num_threads, progress=cb
         )
-    return out  # type: ignore[no-any-return]
+    return out
 
 
-def _check_multi_array(x: object, name: str, dtypes: tuple[type, ...], shape: tuple) -> None:
+def _check_multi_array(
+    x: object, name: str, dtypes: tuple[type, ...], shape: tuple[int | None, ...]
+) -> None:
     """Exact dtype (TypeError), C-contiguity (TypeError) and shape (ValueError) of one array."""
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{name} must be a numpy array, got {type(x).__name__}")
@@ -466,7 +511,7 @@ def loo_reduce_multi(
         Centre weights of each set (finite, >= 0); ``None`` means all 1.
     powers : {1, 2}
         Whether to return ``Q`` too.
-    backend : {"cpp", "numba", "auto"}
+    backend : {"cpp", "numba", "dask", "auto"}
         Engine to use.
     row_start, row_stop : int
         Query rows ``[row_start, row_stop)``; ``row_stop=None`` means ``n``.
@@ -532,13 +577,18 @@ def loo_reduce_multi(
         )
     n_classes, row_start, row_stop = int(n_classes), int(row_start), int(row_stop)
     if row_stop == row_start:  # (the core reads row_stop = 0 as n)
-        if be == "cpp":  # still validate the values
+        if be in ("cpp", "dask"):  # still validate the values
             _check_multi_values(m, labels, n_classes, weights, row_start, row_stop)
         shape = (B, 0, n_classes)
         return np.zeros(shape), np.zeros(shape if powers == 2 else (0, 0, 0))
     args = (logq, p, m, labels, n_classes, float(scale), bias, weights, powers)
     R = row_stop - row_start
     show = _show_bar(float(R) * n * max(1.0, B / 8.0), progress)
+    if be == "dask":  # row blocks on the workers
+        from . import _dask
+
+        _check_multi_values(m, labels, n_classes, weights, row_start, row_stop)
+        return _dask.loo_reduce_multi(*args, row_start, row_stop, show=show)
     if be == "cpp":
         with _bar(show, R, "kdecal LOO resampling") as cb:
             S, Q = _core.loo_reduce_multi(*args, row_start, row_stop, _num_threads, progress=cb)

@@ -14,6 +14,8 @@ them moments computed independently from the materialised kernel weights.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 __all__ = ["debias", "moments", "ratio_of_means", "ratio_of_squares"]
@@ -22,7 +24,15 @@ __all__ = ["debias", "moments", "ratio_of_means", "ratio_of_squares"]
 NEGLIGIBLE = 1e-30
 
 
-def moments(S0, Sc, Q0, Qc, T0, Tc, N):
+def moments(
+    S0: np.ndarray,
+    Sc: np.ndarray,
+    Q0: np.ndarray,
+    Qc: np.ndarray,
+    T0: np.ndarray,
+    Tc: np.ndarray,
+    N: float,
+) -> dict[str, Any]:
     """Unbiased sample moments (``N - 1`` divisor) from power sums; a dict of arrays."""
     d = N - 1.0
     return {
@@ -38,7 +48,7 @@ def moments(S0, Sc, Q0, Qc, T0, Tc, N):
     }
 
 
-def _ra_rb_star(m):
+def _ra_rb_star(m: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     n1 = m["N"] - 1.0
     mx, my = m["mx"], m["my"]
     ra = m["covxy"] / (mx * my)
@@ -49,7 +59,7 @@ def _ra_rb_star(m):
     return ra_star, rb_star
 
 
-def ratio_of_means(m):
+def ratio_of_means(m: dict[str, Any]) -> np.ndarray:
     """``mu_Y / mu_X`` debiased to O(N^-2) (App. C, Eq. 73); 0 where ``mu_Y = 0``."""
     with np.errstate(divide="ignore", invalid="ignore"):
         ra_star, rb_star = _ra_rb_star(m)
@@ -66,7 +76,7 @@ def ratio_of_means(m):
     return np.where(m["my"] > 0, out, 0.0)
 
 
-def ratio_of_squares(m, r_ustat):
+def ratio_of_squares(m: dict[str, Any], r_ustat: np.ndarray) -> np.ndarray:
     """``mu_Y^2 / mu_X^2`` debiased to O(N^-2) from the U-statistic ratio (App. D, Eq. 89)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         ra_star, rb_star = _ra_rb_star(m)
@@ -98,7 +108,14 @@ def ratio_of_squares(m, r_ustat):
     return np.where(my > 0, out, 0.0)
 
 
-def debias(S, Q, T, n_terms, mode, D=None):
+def debias(
+    S: np.ndarray,
+    Q: np.ndarray,
+    T: np.ndarray | None,
+    n_terms: float,
+    mode: int,
+    D: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Debias like ``kdecal._core.debias``; returns ``(E, sq, degenerate)``.
 
     ``D`` (optional, the shape of ``S``): the pair sums ``S_c^2 - Q_c`` from the engine
@@ -131,6 +148,7 @@ def debias(S, Q, T, n_terms, mode, D=None):
         sq = np.where(degenerate, plain * plain, num / den)
     E = plain
     if mode == 2:
+        assert T is not None  # checked above
         T0 = T.sum(axis=-1, keepdims=True)
         m = moments(S0, S, Q0, Q, T0, T, float(n_terms))
         # classes below 1e-30 of the row's weight keep the plain / U-statistic values

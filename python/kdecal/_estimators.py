@@ -9,7 +9,9 @@ the simplex of dimension D (Popordanoska et al. 2024, Eq. 24-25 and App. D):
 - ``"classwise"``: K binary problems ``(1 - f_jc, f_jc)`` with labels ``1[y_j = c]``,
   all in one batched engine call.
 
-Every estimator is a plug-in of the leave-one-out conditional expectation ``E`` (and,
+The per-row formulas are those of :mod:`kdecal._formulas`, shared with
+:mod:`kdecal.torch`. Every estimator is a plug-in of the leave-one-out conditional
+expectation ``E`` (and,
 with debiasing, of the estimate ``sq`` of its square) into a Bregman generator F.  For
 binary problems built from a multiclass output (top-label and class-wise) the "l2"
 generator is the scalar ``F(q) = q^2`` of App. D (so that the class-wise L2 calibration
@@ -26,10 +28,11 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import gammaln, xlogy
+from scipy.special import gammaln
 
 from . import _backends
-from ._validation import PROB_EPS, Probs
+from . import _formulas as _f
+from ._validation import Probs
 from .warnings import KdecalWarning, warn_user
 
 CALIBRATIONS = ("canonical", "classwise", "top_label")
@@ -73,38 +76,35 @@ class Problem:
     @property
     def coords(self) -> slice:
         """Coordinates that enter L_p and L2 quantities (the positive one when binary)."""
-        return slice(1, 2) if self.binary else slice(None)
+        return _f.coords(self.binary)
 
     def one_hot(self) -> np.ndarray:
         """Labels as one-hot vectors, shape (B, n, D)."""
-        return (self.labels[..., None] == np.arange(self.dim)).astype(np.float64)
+        return np.asarray(_f.one_hot(self.labels, self.dim))
 
     def frequencies(self) -> np.ndarray:
         """Label frequencies per problem, shape (B, 1, D)."""
         return self.one_hot().mean(axis=1, keepdims=True)
 
 
-def _binary_points(q: np.ndarray) -> np.ndarray:
-    """``(1 - q, q)`` clipped to PROB_EPS and renormalised; q of shape (..., n)."""
-    v = np.stack([1.0 - q, q], axis=-1)
-    v = np.maximum(v, PROB_EPS)
-    return v / v.sum(axis=-1, keepdims=True)
-
-
 def make_problem(probs: Probs, labels: np.ndarray | None, calibration: str) -> Problem:
     """Build the kernel problems of one notion of calibration (labels None: unlabelled)."""
-    P = probs.p
-    n, K = P.shape
-    y = np.zeros(n, dtype=np.int64) if labels is None else labels
-    if calibration == "canonical":
-        return Problem(calibration, P[None], y[None], probs.dtype)
-    if calibration == "top_label":
-        top = P.argmax(axis=1)
-        pts = _binary_points(P[np.arange(n), top])[None]
-        return Problem(calibration, pts, (top == y).astype(np.int64)[None], probs.dtype)
-    pts = _binary_points(np.ascontiguousarray(P.T))  # (K, n, 2)
-    lab = (y[None, :] == np.arange(K)[:, None]).astype(np.int64)
-    return Problem(calibration, pts, lab, probs.dtype)
+    y = np.zeros(probs.n, dtype=np.int64) if labels is None else labels
+    points, lab = _f.problem_arrays(probs.p, y, calibration)
+    return Problem(calibration, points, lab, probs.dtype)
+
+
+def kernel_inputs(problem: Problem, hs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return the engine's inputs: ``log p``, ``p`` in the kernel dtype, and the bias.
+
+    Returns ``logq``, ``pk`` (B, n, D), C-contiguous in ``problem.dtype``, and the
+    per-centre bias ``-sum_k lgamma(p_ik / h + 1)`` (B, H, n), float64.
+    """
+    p = problem.p
+    logq = np.ascontiguousarray(np.log(p), dtype=problem.dtype)
+    pk = np.ascontiguousarray(p, dtype=problem.dtype)
+    bias = np.stack([-gammaln(p / h + 1.0).sum(axis=-1) for h in hs], axis=1)
+    return logq, pk, np.ascontiguousarray(bias)
 
 
 def engine(
@@ -123,22 +123,18 @@ def engine(
     ``rows`` restricts the query rows to ``[start, stop)`` (R of them; default all n),
     always against all n centres; ``pairs`` appends the pair sums D (B, H, R, C).
     """
-    p = problem.p
-    logq = np.ascontiguousarray(np.log(p), dtype=problem.dtype)
-    pk = np.ascontiguousarray(p, dtype=problem.dtype)
+    logq, pk, bias = kernel_inputs(problem, hs)
     if labelled:
         lab, n_groups = problem.labels, problem.dim
     else:
         lab, n_groups = np.zeros_like(problem.labels), 1
-    # per-centre bias -sum_k lgamma(p_ik / h + 1), shape (B, H, n)
-    bias = np.stack([-gammaln(p / h + 1.0).sum(axis=-1) for h in hs], axis=1)
     return _backends.loo_reduce(
         logq,
         pk,
         np.ascontiguousarray(lab),
         n_groups,
         np.ascontiguousarray(1.0 / hs),
-        np.ascontiguousarray(bias),
+        bias,
         powers=powers,
         backend=backend,
         progress=progress,
@@ -214,11 +210,10 @@ def cv_risk_rows(problem: Problem, S: np.ndarray, criterion: str, rows: slice) -
         St = S[:, t]
         E = St / St.sum(axis=-1, keepdims=True)
         if criterion == "brier":
-            Y = (lab[..., None] == np.arange(St.shape[-1])).astype(np.float64)
-            err = np.sum(((Y - E)[..., problem.coords]) ** 2, axis=-1)
+            c = problem.coords
+            err = _f.squared_rows(E[..., c], _f.one_hot(lab, St.shape[-1])[..., c])
         else:
-            Ey = np.take_along_axis(E, lab[..., None], axis=-1)[..., 0]
-            err = -np.log(np.maximum(Ey, 1e-300))
+            err = _f.log_risk_rows(np.maximum(E, 1e-300), lab)
         out[t] = np.sum(err, axis=0)
     return out
 
@@ -561,7 +556,7 @@ def estimate_from(
     mode = 1 if debias == "ustat" else 2
     Qh = np.ascontiguousarray(Q)
     Th = np.ascontiguousarray(T) if mode == 2 else None
-    if backend == "cpp":
+    if backend in ("cpp", "dask"):  # the compiled debiasing (dask runs the core too)
         Dh = None if D is None else np.ascontiguousarray(D)
         E, sq, degenerate = _backends._core.debias(
             np.ascontiguousarray(S), Qh, Th, float(problem.n - 1), mode, Dh
@@ -669,18 +664,17 @@ class KLGenerator(Generator):
     name = "kl"
 
     def F_points(self, problem: Problem, v: np.ndarray) -> np.ndarray:
-        return np.asarray(np.sum(xlogy(v, v), axis=-1))
+        return np.asarray(_f.generator_rows("kl", v, problem.binary))
 
     def F(self, est: Estimate) -> np.ndarray:
         return self.F_points(est.problem, est.simplex_E())
 
     def divergence(self, est: Estimate) -> np.ndarray:
-        E = est.simplex_E()
-        return np.asarray(np.sum(xlogy(E, E) - xlogy(E, est.problem.p), axis=-1))
+        pr = est.problem
+        return np.asarray(_f.divergence_rows("kl", est.simplex_E(), pr.p, pr.binary))
 
     def risk(self, problem: Problem) -> np.ndarray:
-        p_true = np.take_along_axis(problem.p, problem.labels[..., None], axis=-1)[..., 0]
-        return np.asarray(-np.log(p_true))
+        return np.asarray(_f.risk_rows("kl", problem.p, problem.labels, problem.binary))
 
 
 class L2Generator(Generator):
@@ -689,21 +683,17 @@ class L2Generator(Generator):
     name = "l2"
 
     def F_points(self, problem: Problem, v: np.ndarray) -> np.ndarray:
-        return np.asarray(np.sum(v[..., problem.coords] ** 2, axis=-1))
+        return np.asarray(_f.generator_rows("l2", v, problem.binary))
 
     def F(self, est: Estimate) -> np.ndarray:
-        return np.asarray(np.sum(est.squares()[..., est.problem.coords], axis=-1))
+        return np.asarray(_f.generator_rows("l2", est.E, est.problem.binary, est.squares()))
 
     def divergence(self, est: Estimate) -> np.ndarray:
-        c = est.problem.coords
-        f = est.problem.p[..., c]
-        E, sq = est.E[..., c], est.squares()[..., c]
-        return np.asarray(np.sum(sq - 2.0 * E * f + f * f, axis=-1))
+        pr = est.problem
+        return np.asarray(_f.divergence_rows("l2", est.E, pr.p, pr.binary, est.squares()))
 
     def risk(self, problem: Problem) -> np.ndarray:
-        c = problem.coords
-        Y = problem.one_hot()[..., c]
-        return np.asarray(np.sum((Y - problem.p[..., c]) ** 2 - Y * Y, axis=-1))
+        return np.asarray(_f.risk_rows("l2", problem.p, problem.labels, problem.binary))
 
 
 class CustomGenerator(Generator):
@@ -752,7 +742,7 @@ def ce_p(est: Estimate, p: float) -> float:
     E = est.E[..., c]
     scale = 1.0
     if p == 2.0 and est.sq is not None:
-        inner = np.sum(est.sq[..., c] - 2.0 * E * f + f * f, axis=-1)
+        inner = _f.squared_rows(E, f, est.sq[..., c])
     else:
         d = np.abs(E - f)
         scale = power_scale(d, p)
@@ -769,12 +759,12 @@ def ce_p(est: Estimate, p: float) -> float:
 
 
 def power_scale(d: np.ndarray, p: float) -> float:
-    """A scale s for ``mean(|d|^p)^(1/p) = s mean(|d / s|^p)^(1/p)`` that keeps
-    ``|d / s|^p`` in the float range for any finite p >= 1.
+    """Return s with ``mean(|d|^p)^(1/p) = s mean(|d / s|^p)^(1/p)`` in float range.
 
-    1.0 (so the plain formula, bit for bit) unless ``max|d|^p`` would leave
-    [1e-250, 1e250]; then ``max|d|``, so the largest term is exactly 1 and the terms
-    that underflow are below ``1e-308`` of it.
+    The scale keeps ``|d / s|^p`` representable for any finite p >= 1: it is 1.0 (so
+    the plain formula, bit for bit) unless ``max|d|^p`` would leave [1e-250, 1e250];
+    then ``max|d|``, so the largest term is exactly 1 and the terms that underflow are
+    below ``1e-308`` of it.
     """
     top = float(np.max(d, initial=0.0))
     if top == 0.0 or not np.isfinite(top):

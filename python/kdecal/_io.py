@@ -95,8 +95,8 @@ def bundled_example_path() -> Path:
     try:
         from importlib.resources import files
 
-        resource = files("kdecal").joinpath("data", BUNDLED_EXAMPLE)
-        candidates.append(Path(os.fspath(resource)))  # type: ignore[arg-type]
+        resource = files("kdecal").joinpath("data").joinpath(BUNDLED_EXAMPLE)
+        candidates.append(Path(os.fspath(resource)))  # type: ignore[call-overload]
     except (ImportError, TypeError, ValueError, NotImplementedError):
         pass  # not a plain directory install: fall back to the module's folder
     candidates.append(Path(__file__).resolve().parent / "data" / BUNDLED_EXAMPLE)
@@ -509,7 +509,7 @@ _CSV_BYTES_PER_BYTE = 12
 
 
 def _bounded_lines(fh: Any, path: str | os.PathLike[str]) -> Iterator[str]:
-    """The lines of a text file, refusing any longer than :data:`MAX_CSV_LINE`."""
+    """Yield the lines of a text file, refusing any longer than :data:`MAX_CSV_LINE`."""
     lineno = 0
     while True:
         line = fh.readline(MAX_CSV_LINE + 1)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -91,7 +91,7 @@ class ConfidenceInterval:
     level: float
     bootstrap_distribution: np.ndarray = field(repr=False)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[float]:
         return iter((self.low, self.high))
 
 

@@ -13,8 +13,10 @@ Two rules live here and nowhere else:
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -72,14 +74,14 @@ def as_array(x: object, name: str) -> np.ndarray:
     module = type(x).__module__.split(".")[0]
     try:
         if module == "torch" and hasattr(x, "detach"):
-            t = x.detach()  # type: ignore[attr-defined]
+            t = x.detach()
             if t.device.type != "cpu":
                 t = t.cpu()
             if t.is_conj():
                 t = t.resolve_conj()
             return np.asarray(t.numpy())
         if module == "cupy" and hasattr(x, "get"):
-            return np.asarray(x.get())  # type: ignore[attr-defined]
+            return np.asarray(x.get())
         if not hasattr(x, "__array__") and hasattr(x, "__dlpack__"):
             return np.from_dlpack(x)
         arr = np.asarray(x)
@@ -90,10 +92,9 @@ def as_array(x: object, name: str) -> np.ndarray:
             f"{' '.join(str(exc).split())}"
         ) from exc
     if arr.dtype == object and hasattr(x, "__dlpack__"):
-        try:  # e.g. a container that exposes only DLPack and a useless __array__
+        # e.g. a container that exposes DLPack and an __array__ that yields objects
+        with contextlib.suppress(Exception):  # else the caller's dtype error
             return np.from_dlpack(x)
-        except Exception:  # noqa: BLE001 - fall through to the dtype error
-            pass
     return arr
 
 
@@ -254,6 +255,10 @@ def resolve_input(
 
 def check_probs(probs: object, name: str = "probs", min_n: int = 3) -> Probs:
     """Validate and normalise probabilities; see :class:`Probs`."""
+    from . import _dask
+
+    if _dask.is_dask_array(probs):  # row checks block by block where the blocks live
+        return _dask.check_probs(probs, name, min_n)
     arr = _numeric_array(probs, name)
     dtype = np.dtype(np.float32) if arr.dtype == np.float32 else np.dtype(np.float64)
     if arr.size == 0:
@@ -465,3 +470,111 @@ def check_n_bins(n_bins: object, n: int, name: str = "n_bins") -> int:
             "samples; use at most one bin per sample"
         )
     return b
+
+
+class LogProbs(NamedTuple):
+    """Scores read as log-probabilities by :func:`log_probs`.
+
+    Attributes
+    ----------
+    L : ndarray, shape (n, K), float64
+        Natural-log probabilities, finite, each row log-sum-exp 0 (up to rounding).
+    q : ndarray, shape (n, K), float64
+        Probabilities: the validated (clipped, renormalised) input for ``kind="probs"``,
+        ``exp(L)`` for ``kind="logits"``.
+    binary : bool
+        Whether the input was 1-D (``P(y = 1)`` or the log-odds of class 1).
+    kind : {"probs", "logits"}
+        How the scores were read (``input`` resolved by :func:`resolve_input`).
+    """
+
+    L: np.ndarray
+    q: np.ndarray
+    binary: bool
+    kind: str
+
+
+def log_softmax_rows(z: np.ndarray) -> np.ndarray:
+    """Row-wise ``log_softmax`` of finite float64 ``z`` (n, K) that never returns ``-inf``.
+
+    Differences ``z_ik - max_k z_ik`` beyond the float64 range (logits near +-1e308) are
+    clipped to ``-finfo(float64).max``: the probability they stand for is 0 to any
+    precision, and keeping it finite keeps every later product and sum finite.
+    """
+    m = z.max(axis=1, keepdims=True)
+    with np.errstate(over="ignore", invalid="ignore"):
+        D = z - m
+    if np.all(np.isfinite(D)):  # the usual case: z - logsumexp(z), as scipy computes it
+        return z - (m + np.log(np.exp(D).sum(axis=1, keepdims=True)))
+    D = np.maximum(D, -np.finfo(np.float64).max)
+    return D - np.log(np.exp(D).sum(axis=1, keepdims=True))
+
+
+def log_probs(
+    scores: object,
+    input: str = "auto",
+    name: str = "scores",
+    min_n: int = 1,
+    flags: dict[str, str] | None = None,
+) -> LogProbs:
+    """Validate probabilities or logits and return them as log-probabilities.
+
+    The one reader of "probabilities or logits" for the calibrators and the scoring
+    rules: the kind is decided by :func:`resolve_input` (``input="auto"`` infers it and
+    refuses ambiguous scores; ``input="logits"`` refuses rows on the simplex),
+    probabilities are checked by :func:`check_probs`, and logits are normalised by a
+    row-wise log-softmax that stays finite for logits up to the float64 range.
+
+    Parameters
+    ----------
+    scores : array-like, shape (n, K) or (n,)
+        Probabilities (rows on the simplex; ``(n,)`` is ``P(y = 1)``) or logits
+        (``(n,)`` is the log-odds of class 1, i.e. the logits ``(0, t)``).
+    input : {"auto", "probs", "logits"}, default "auto"
+        What ``scores`` hold; see :func:`resolve_input`.
+    name : str
+        Argument name for messages.
+    min_n : int
+        Fewest rows accepted.
+    flags : dict, optional
+        How messages name the choices (see :func:`resolve_input`).
+
+    Returns
+    -------
+    LogProbs
+        ``(L, q, binary, kind)``.
+
+    Raises
+    ------
+    TypeError
+        Non-numeric or complex ``scores``.
+    ValueError
+        Unknown ``input``; empty scores, a shape other than (n, K >= 2) or (n,); fewer
+        than ``min_n`` rows; a non-finite entry; ambiguous or contradictory scores (see
+        :func:`resolve_input`); probabilities off the simplex (see :func:`check_probs`).
+    """
+    arr = _numeric_array(scores, name)
+    if arr.size == 0:
+        raise ValueError(f"{name} is empty (shape {arr.shape})")
+    if arr.ndim == 2 and arr.shape[1] == 1:
+        raise ValueError(
+            f"{name} has shape {arr.shape}: K = 1 class is not a classification problem; "
+            "pass a 1-D array (P(y = 1) or the log-odds of class 1) for binary problems"
+        )
+    if arr.ndim not in (1, 2):
+        raise ValueError(f"{name} must have shape (n, K) or (n,), got shape {arr.shape}")
+    kind, _ = resolve_input(arr, input, name, flags)
+    if kind == "probs":
+        P = check_probs(arr, name, min_n=min_n)
+        return LogProbs(np.log(P.p), P.p, P.binary, kind)
+    z = arr.astype(np.float64)
+    if not np.all(np.isfinite(z)):
+        idx = _first_bad(~np.isfinite(z))
+        raise ValueError(f"{name} contains a non-finite value {float(z[idx])!r} at index {idx}")
+    if z.shape[0] < min_n:
+        raise ValueError(f"{name} needs at least {min_n} samples, got n = {z.shape[0]}")
+    binary = z.ndim == 1
+    if binary:
+        z = np.stack([np.zeros_like(z), z], axis=1)
+    L = log_softmax_rows(z)
+    return LogProbs(L, np.exp(L), binary, kind)

@@ -9,8 +9,8 @@ These are the classical reference estimators that ECE^KDE is compared with:
 * :func:`simplex_ece` -- the canonical binned estimator of Popordanoska et al. (2022),
   Sec. 4 / Fig. 1: the simplex is cut into equal-volume simplices and E[y | f(x)] is
   replaced by the histogram estimate of the cell of f(x).  For K = 3 the cells are the
-  triangles of the standard triangular grid (003 Fig. 1); for general K the Freudenthal
-  (Kuhn) triangulation, the K-class extension of 003 Fig. 2a.
+  triangles of the standard triangular grid (Popordanoska et al. 2022, Fig. 1); for
+  general K the Freudenthal (Kuhn) triangulation, the K-class extension of their Fig. 2a.
 
 All results are fractions (a calibration error of 0.0398 is 3.98 %), not percent.
 
@@ -21,18 +21,18 @@ bin.
 
 References
 ----------
-.. [Guo2017] C. Guo, G. Pleiss, Y. Sun, K. Q. Weinberger. "On Calibration of Modern
-   Neural Networks". ICML 2017 (the binned ECE, Sec. 2).
-.. [Naeini2015] M. P. Naeini, G. F. Cooper, M. Hauskrecht. "Obtaining Well Calibrated
-   Probabilities Using Bayesian Binning". AAAI 2015.
-.. [Kull2019] M. Kull, M. Perello-Nieto, M. Kaengsepp, T. Silva Filho, H. Song,
-   P. Flach. "Beyond temperature scaling: Obtaining well-calibrated multi-class
-   probabilities with Dirichlet calibration". NeurIPS 2019 (class-wise ECE).
-.. [003] T. Popordanoska, R. Sayer, M. B. Blaschko. "A Consistent and Differentiable
-   L_p Canonical Calibration Error Estimator". NeurIPS 2022 (Eq. 1, Sec. 4, Fig. 1,
-   Fig. 2a, App. F).
-.. [Doane1976] D. P. Doane. "Aesthetic frequency classifications". The American
-   Statistician 30(4):181-183, 1976.
+- C. Guo, G. Pleiss, Y. Sun, K. Q. Weinberger. "On Calibration of Modern
+  Neural Networks". ICML 2017 (the binned ECE, Sec. 2).
+- M. P. Naeini, G. F. Cooper, M. Hauskrecht. "Obtaining Well Calibrated
+  Probabilities Using Bayesian Binning". AAAI 2015.
+- M. Kull, M. Perello-Nieto, M. Kaengsepp, T. Silva Filho, H. Song,
+  P. Flach. "Beyond temperature scaling: Obtaining well-calibrated multi-class
+  probabilities with Dirichlet calibration". NeurIPS 2019 (class-wise ECE).
+- T. Popordanoska, R. Sayer, M. B. Blaschko. "A Consistent and Differentiable
+  L_p Canonical Calibration Error Estimator". NeurIPS 2022 (Eq. 1, Sec. 4, Fig. 1,
+  Fig. 2a, App. F).
+- D. P. Doane. "Aesthetic frequency classifications". The American
+  Statistician 30(4):181-183, 1976.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from ._validation import (
     check_probs,
 )
 
-__all__ = ["BinStats", "binned_statistics", "ece", "simplex_ece"]
+__all__ = ["BinStats", "bin_index", "binned_statistics", "ece", "simplex_ece"]
 
 _BINNINGS = ("uniform", "quantile")
 _CALIBRATIONS = ("top_label", "classwise")
@@ -88,12 +88,44 @@ def _validated(probs: object, labels: object) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ------------------------------------------------------------------------- 1-D binning
+def bin_index(x: object, edges: object) -> np.ndarray:
+    """Bin of each value under kdecal's rule: right-closed bins, the first one closed.
+
+    Bin ``b`` is ``(edges[b], edges[b + 1]]``, except the first, ``[edges[0], edges[1]]``;
+    values below ``edges[0]`` go to the first bin and values above ``edges[-1]`` to the
+    last. Every binned estimator of kdecal (:func:`binned_statistics`, :func:`ece`, the
+    binned ECE of :func:`kdecal.evaluate`, the histograms of :mod:`kdecal.curves`) uses
+    this rule, so a confidence of 0.0 is in the first bin and 1.0 in the last.
+
+    Parameters
+    ----------
+    x : array-like, shape (n,), float
+        Values to bin.
+    edges : array-like, shape (B + 1,), float
+        Increasing bin edges, ``B >= 1``.
+
+    Returns
+    -------
+    ndarray, shape (n,), int64
+        Bin index in ``0..B-1`` of each value.
+
+    Raises
+    ------
+    ValueError
+        ``edges`` not 1-D with at least two entries.
+    """
+    e = np.asarray(edges, dtype=np.float64)
+    if e.ndim != 1 or e.shape[0] < 2:
+        raise ValueError(f"edges must be 1-D with at least 2 entries, got shape {e.shape}")
+    # number of edges strictly below x, minus one: the right-closed bin (a, b]
+    idx = np.searchsorted(e, np.asarray(x), side="left") - 1
+    return np.clip(idx, 0, e.shape[0] - 2).astype(np.int64, copy=False)
+
+
 def _uniform_bins(conf: np.ndarray, n_bins: int) -> tuple[np.ndarray, np.ndarray]:
     """Equal-width bins ``[0, 1/B], (1/B, 2/B], ..., ((B-1)/B, 1]``."""
     edges = np.arange(n_bins + 1, dtype=np.float64) / n_bins
-    # number of edges strictly below conf, minus one: the right-closed bin (a, b]
-    idx = np.searchsorted(edges, conf, side="left") - 1
-    return edges, np.clip(idx, 0, n_bins - 1)
+    return edges, bin_index(conf, edges)
 
 
 def _quantile_bins(conf: np.ndarray, n_bins: int) -> tuple[np.ndarray, np.ndarray]:
@@ -105,8 +137,7 @@ def _quantile_bins(conf: np.ndarray, n_bins: int) -> tuple[np.ndarray, np.ndarra
     edges = np.unique(np.concatenate([xs[:1], xs[ranks - 1]]))
     if edges.shape[0] == 1:  # every confidence is the same value c: one bin [c, c]
         edges = np.array([edges[0], edges[0]])
-    idx = np.searchsorted(edges, conf, side="left") - 1
-    return edges, np.clip(idx, 0, edges.shape[0] - 2)
+    return edges, bin_index(conf, edges)
 
 
 def _bin_one(
@@ -129,7 +160,9 @@ def _bin_one(
     return edges, counts, mean_conf, freq
 
 
-def _problems(P: np.ndarray, y: np.ndarray, calibration: str, class_index: int | None):
+def _problems(
+    P: np.ndarray, y: np.ndarray, calibration: str, class_index: int | None
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """List the binary problems ``(confidence, outcome)`` that the binned ECE averages."""
     if calibration == "top_label":
         pred = np.argmax(P, axis=1)  # ties: the lowest class index
@@ -251,13 +284,18 @@ def binned_statistics(
     Parameters
     ----------
     probs : array-like, shape (n, K) or (n,)
-        Predicted probabilities; rows must sum to 1 (tolerance ``ROW_SUM_ATOL``).  A 1-D
-        array is P(y = 1) of a binary problem and means the two columns ``(1 - p, p)``.
-        Used as given (float64, not clipped, not renormalised).
+        Predicted probabilities; rows must sum to 1 (rows off by more than
+        ``ROW_SUM_ATOL`` and at most ``PROBS_ROW_SUM_ATOL`` are renormalised with a
+        ``RenormalizationWarning``).  A 1-D array is P(y = 1) of a binary problem and
+        means the two columns ``(1 - p, p)``, so the default top-label binning bins the
+        confidence ``max(p, 1 - p)`` (a convention: torchmetrics' and netcal's binary ECE
+        bin P(y = 1) itself; pass ``calibration="classwise", class_index=1`` for that).
+        Otherwise used as given (float64, not clipped).
     labels : array-like of int, shape (n,)
         True classes in ``0..K-1``.
     n_bins : int, default 15
-        Number of bins (a positive integer).
+        Number of bins, an integer in ``1..max(n, 1000)`` (more bins than that would only
+        add empty bins and unbounded memory).
     binning : {"uniform", "quantile"}, default "uniform"
         ``"uniform"``: equal-width bins with edges ``b / n_bins``, ``b = 0..n_bins``;
         bin ``b`` is the right-closed interval ``(b / n_bins, (b + 1) / n_bins]`` and the
@@ -346,7 +384,7 @@ def ece(
     labels : array-like of int, shape (n,)
         True classes in ``0..K-1``.
     n_bins : int, default 15
-        Number of bins.
+        Number of bins, an integer in ``1..max(n, 1000)``.
     binning : {"uniform", "quantile"}, default "uniform"
         Equal-width right-closed bins or equal-mass bins; the rules are those of
         :func:`binned_statistics`.
@@ -363,8 +401,9 @@ def ece(
     Raises
     ------
     ValueError
-        Invalid ``probs``/``labels``; ``n_bins`` not a positive integer; unknown
-        ``binning`` or ``calibration``; ``p < 1`` or not finite.
+        Invalid ``probs``/``labels``; ``n_bins`` not in ``1..max(n, 1000)``; unknown
+        ``binning`` or ``calibration``; ``p < 1`` or not finite (any finite ``p >= 1``
+        works: the p-th root is taken in a scaled form, so ``|gap|^p`` never underflows).
     TypeError
         Non-numeric ``probs``/``labels``/``p``.
 
@@ -470,8 +509,8 @@ def simplex_ece(
     .. math:: \mathrm{CE}_p \approx \Big(\frac1n \sum_i
               \|H(f(x_i)) - f(x_i)\|_p^p\Big)^{1/p}
 
-    (003 Sec. 4, plug-in of Eq. 1).  The norm is over the whole probability vector, so
-    for K = 2 this is ``2^(1/p)`` times a one-column binned error.
+    (Popordanoska et al. 2022, Sec. 4, plug-in of Eq. 1).  The norm is over the whole
+    probability vector, so for K = 2 this is ``2^(1/p)`` times a one-column binned error.
 
     Parameters
     ----------
@@ -485,8 +524,8 @@ def simplex_ece(
         Doane's (1976) number of bins ``1 + log2 n + log2(1 + |g1| / sigma_g1)`` (``g1``
         the sample skewness, ``sigma_g1 = sqrt(6 (n - 2) / ((n + 1)(n + 3)))``; the
         skewness term is dropped for n <= 2) computed for each class's column ``p_c``,
-        averaged over the K classes and rounded up -- the rule of 003 App. F, which
-        chooses the number of bins per class with Doane's formula.
+        averaged over the K classes and rounded up -- the rule of Popordanoska et al.
+        (2022, App. F), which chooses the number of bins per class with Doane's formula.
     p : float, default 1
         Order of the error, a finite real >= 1.
 
@@ -518,7 +557,8 @@ def simplex_ece(
     a union of exactly ``m^(K-1)`` such cells, each of volume ``1 / (m^(K-1) (K-1)!)``
     in the ``(p_1..p_{K-1})`` chart, i.e. all cells have equal volume
     ``vol(simplex) / m^(K-1)``.  For K = 3 these are the ``m^2`` congruent triangles of
-    the standard triangular grid (lines ``p_1``, ``p_2``, ``p_3 = k / m``; 003 Fig. 1):
+    the standard triangular grid (lines ``p_1``, ``p_2``, ``p_3 = k / m``; Popordanoska et
+    al. 2022, Fig. 1):
     with ``i = floor(m p_1)``, ``j = floor(m p_2)`` and fractional parts ``u, v``, the
     point is in the upward triangle ``(i, j)`` (vertices ``(i, j), (i+1, j), (i, j+1)``
     / m in ``(p_1, p_2)``) when ``u + v < 1`` and in the downward one (vertices
@@ -527,8 +567,8 @@ def simplex_ece(
     the classes (no tiling of a tetrahedron by congruent regular simplices exists).
 
     The estimator is not consistent for fixed ``m`` and suffers from the curse of
-    dimensionality (``m^(K-1)`` cells; 003 Fig. 2a); it is provided as the reference
-    binned estimator of canonical calibration.
+    dimensionality (``m^(K-1)`` cells; Popordanoska et al. 2022, Fig. 2a); it is provided
+    as the reference binned estimator of canonical calibration.
 
     References
     ----------

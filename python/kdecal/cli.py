@@ -29,16 +29,18 @@ tools) when the reader of a pipe goes away (``kdecal evaluate | head``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import TextIO
 
 import numpy as np
 
-from ._io import InputFileError, bundled_example_path, load_predictions
+from ._io import bundled_example_path, load_predictions
 
 __all__ = ["main"]
 
@@ -128,9 +130,17 @@ def _add_input_and_kernel_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--backend",
-        choices=("auto", "cpp", "numba"),
+        choices=("auto", "cpp", "numba", "dask"),
         default="auto",
-        help="computation engine (default: auto)",
+        help="computation engine; 'dask' runs the kernel passes on a Dask cluster, see "
+        "--scheduler (default: auto)",
+    )
+    p.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        default=None,
+        help="with --backend dask: address of an existing Dask scheduler (e.g. "
+        "tcp://head:8786); default: a local cluster with one worker process per core",
     )
     p.add_argument(
         "--calibration",
@@ -247,7 +257,14 @@ def _to_probs(scores: np.ndarray, is_logits: bool) -> np.ndarray:
     return scores
 
 
-def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
     """Print a warning as one line ``kdecal: warning: ...`` on stderr."""
     print(f"{_PROG}: warning: {' '.join(str(message).split())}", file=sys.stderr)
 
@@ -397,9 +414,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if sys.stdout is None or sys.stdout.closed:
         return _error("standard output is closed; redirect it to a file or to /dev/null")
     try:
-        if args.command == "compare":
-            return _run_compare(args)
-        return _run_evaluate(args)
+        with _dask_client(args):
+            if args.command == "compare":
+                return _run_compare(args)
+            return _run_evaluate(args)
     except BrokenPipeError:
         # The reader went away: stop quietly, and keep Python's own flush at exit from
         # reporting the same broken pipe again.
@@ -414,10 +432,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except MemoryError:
         return _error("out of memory (the input is too large for this machine)")
-    except (_OutputError, ValueError, TypeError, NotImplementedError, OSError) as exc:
+    except (
+        _OutputError,
+        ValueError,
+        TypeError,
+        NotImplementedError,
+        OSError,
+        ImportError,
+    ) as exc:
         # InputFileError is a ValueError; OSError covers names the system refuses
         # (too long, permissions) before a file is even opened.
         return _error(_one_line(exc))
+
+
+@contextlib.contextmanager
+def _dask_client(args: argparse.Namespace) -> Iterator[None]:
+    """With ``--backend dask``, connect to ``--scheduler`` or start a local cluster."""
+    if args.backend != "dask":
+        if args.scheduler is not None:
+            raise ValueError("--scheduler applies only with --backend dask")
+        yield
+        return
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError as exc:
+        raise ImportError(
+            'the dask backend needs dask.distributed: pip install "kdecal[dask]"'
+        ) from exc
+    if args.scheduler is not None:
+        with Client(args.scheduler, timeout="30s") as client, client.as_current():
+            yield
+        return
+    with contextlib.ExitStack() as stack:
+        cluster = stack.enter_context(
+            LocalCluster(threads_per_worker=1, processes=True, dashboard_address=None)
+        )
+        client = stack.enter_context(Client(cluster))
+        stack.enter_context(client.as_current())
+        yield
 
 
 def _one_line(exc: BaseException) -> str:

@@ -48,22 +48,22 @@ These ground truths therefore need a regression on a large Monte Carlo sample; s
 
 References
 ----------
-.. [003] T. Popordanoska, R. Sayer, M. B. Blaschko. "A Consistent and Differentiable
-   L_p Canonical Calibration Error Estimator". NeurIPS 2022, Sec. 4 and Fig. 2a.
-.. [000] T. Popordanoska, S. G. Gruber, A. Tiulpin, F. Buettner, M. B. Blaschko.
-   "Consistent and Asymptotically Unbiased Estimation of Proper Calibration Errors".
-   AISTATS 2024, Sec. 7.1, App. D and F.
-.. [ST04] N. A. Smith, R. W. Tromble. "Sampling Uniformly from the Unit Simplex".
-   Technical report, Johns Hopkins University, 2004.
-.. [004] L. Ferrer, D. Ramos. "Evaluating Posterior Probabilities: Decision Theory,
-   Proper Scoring Rules, and Calibration". TMLR 2025, Sec. 3 and App. C (the
-   class-conditional Gaussian posteriors of :func:`make_gaussian_posteriors`).
+- T. Popordanoska, R. Sayer, M. B. Blaschko. "A Consistent and Differentiable
+  L_p Canonical Calibration Error Estimator". NeurIPS 2022, Sec. 4 and Fig. 2a.
+- T. Popordanoska, S. G. Gruber, A. Tiulpin, F. Buettner, M. B. Blaschko.
+  "Consistent and Asymptotically Unbiased Estimation of Proper Calibration Errors".
+  AISTATS 2024, Sec. 7.1, App. D and F.
+- N. A. Smith, R. W. Tromble. "Sampling Uniformly from the Unit Simplex".
+  Technical report, Johns Hopkins University, 2004.
+- L. Ferrer, D. Ramos. "Evaluating Posterior Probabilities: Decision Theory,
+  Proper Scoring Rules, and Calibration". TMLR 2025, Sec. 3 and App. C (the
+  class-conditional Gaussian posteriors of :func:`make_gaussian_posteriors`).
 """
 
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -178,7 +178,7 @@ def _uniform_simplex_log(rng: np.random.Generator, n: int, K: int) -> np.ndarray
 
     Normalised i.i.d. standard exponentials ``E_k / sum_j E_j``: the Dirichlet(1, ..., 1)
     law, i.e. the uniform distribution on the simplex -- the same distribution as the
-    Kraemer algorithm (sorted uniform spacings) that the papers cite [ST04], whose
+    Kraemer algorithm (sorted uniform spacings) that the papers cite (Smith & Tromble 2004), whose
     spacings are exactly normalised exponentials. Working with ``log E`` keeps small
     coordinates at full relative precision (the spacings of sorted uniforms are
     quantised at 2^-53), which matters once ``1/t`` powers amplify them.
@@ -192,7 +192,7 @@ def _categorical(rng: np.random.Generator, probs: np.ndarray) -> np.ndarray:
     """One label per row, ``P(label = k) = probs[i, k]`` (inverse CDF), int64 (n,)."""
     cdf = np.cumsum(probs, axis=1)
     cdf /= cdf[:, -1:]  # last entry exactly 1 > u: the label is always in 0..K-1
-    u = rng.random(probs.shape[0])
+    u = rng.random((probs.shape[0],))
     return np.ascontiguousarray((cdf < u[:, None]).sum(axis=1), dtype=np.int64)
 
 
@@ -549,7 +549,7 @@ def true_calibration_error(
     n_bins = _check_n_bins(n_bins)
     rng = np.random.default_rng(seed)
 
-    def chunks():
+    def chunks() -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
         left = n_mc
         while left > 0:
             m = min(_CHUNK, left)
@@ -641,7 +641,8 @@ def calibration_error_of_sample(
 
 # ------------------------------------------------- Ferrer & Ramos Gaussian posteriors
 
-#: Names of the four systems of :func:`make_gaussian_posteriors` (004 Sec. 3, App. C).
+#: Names of the four systems of :func:`make_gaussian_posteriors` (Ferrer & Ramos 2025,
+#: Sec. 3, App. C).
 GAUSSIAN_SYSTEMS = ("cal", "mcp", "mcs", "mcps")
 
 
@@ -656,7 +657,7 @@ def _check_open_unit(value: object, name: str) -> float:
 
 @dataclass(frozen=True)
 class GaussianPosteriors:
-    """Posteriors of the class-conditional Gaussian model of Ferrer & Ramos (004, App. C).
+    """Posteriors of the class-conditional Gaussian model of Ferrer & Ramos (2025, App. C).
 
     Attributes
     ----------
@@ -736,15 +737,15 @@ def make_gaussian_posteriors(
 ) -> GaussianPosteriors:
     """Calibrated and miscalibrated posteriors of a Gaussian model (Ferrer & Ramos, App. C).
 
-    The synthetic data of 004 (Sec. 3 and App. C; Fig. 4-8 and Table 1):
+    The synthetic data of Ferrer & Ramos 2025 (Sec. 3 and App. C; Fig. 4-8 and Table 1):
 
     1. class priors ``P = (P_1, (1 - P_1)/(K - 1), ..., (1 - P_1)/(K - 1))``;
     2. ``N_i`` samples of class i, ``x ~ N(mu_i, var I)`` in K dimensions, with
        ``mu_i = sqrt(1/2) e_i`` so that the class means are equidistant at L2 distance 1
-       (004 Sec. 3; App. C writes one-hot means, distance sqrt(2), but the authors' code,
-       which produced the figures and tables, uses ``sqrt(1/2) e_i``);
-    3. the exact log-likelihoods ``log N(x; mu_i, var I)`` and Bayes' rule (004 Eq. 38)
-       with the data priors give ``"cal"``, the optimal and perfectly calibrated
+       (Ferrer & Ramos 2025, Sec. 3; App. C writes one-hot means, distance sqrt(2), but
+       the authors' code, which produced the figures and tables, uses ``sqrt(1/2) e_i``);
+    3. the exact log-likelihoods ``log N(x; mu_i, var I)`` and Bayes' rule (Ferrer &
+       Ramos 2025, Eq. 38) with the data priors give ``"cal"``, the optimal and perfectly calibrated
        classifier; with the mismatched priors ``((1 - P_m)/(K - 1), ..., P_m)`` (the
        large prior moved to the *last* class) they give ``"mcp"``;
     4. ``"mcs"`` and ``"mcps"`` scale the log-posteriors of ``"cal"`` and ``"mcp"`` by
@@ -815,7 +816,7 @@ def make_gaussian_posteriors(
     Examples
     --------
     >>> from kdecal.datasets import make_gaussian_posteriors
-    >>> g = make_gaussian_posteriors(2000, rng="legacy")   # 004 Table 1, N = 2000
+    >>> g = make_gaussian_posteriors(2000, rng="legacy")   # Ferrer & Ramos 2025 Table 1, N = 2000
     >>> g.counts.tolist(), g.log_posteriors["cal"].shape
     ([1600, 399], (1999, 2))
     """
@@ -828,8 +829,12 @@ def make_gaussian_posteriors(
     legacy_state: np.random.RandomState | None
     if isinstance(rng, np.random.RandomState):
         legacy_state = rng
-    elif isinstance(rng, str) and rng in ("generator", "legacy"):
-        legacy_state = np.random.RandomState(seed) if rng == "legacy" else None
+    elif rng == "legacy":
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
+            raise TypeError(f"seed must be an int or None with rng='legacy', got {seed!r}")
+        legacy_state = np.random.RandomState(None if seed is None else int(seed))
+    elif rng == "generator":
+        legacy_state = None
     elif isinstance(rng, str):
         raise ValueError(f"rng must be 'generator', 'legacy' or a RandomState, got {rng!r}")
     else:
@@ -840,7 +845,8 @@ def make_gaussian_posteriors(
     priors = np.array([prior1] + [(1.0 - prior1) / (K - 1)] * (K - 1))
     mism = np.array([(1.0 - mismatch_prior) / (K - 1)] * (K - 1) + [mismatch_prior])
     if legacy_state is not None:
-        counts = np.array(priors * n, dtype=int).astype(np.int64)  # truncation, as 004's code
+        # truncation, as the authors' code does
+        counts = np.array(priors * n, dtype=int).astype(np.int64)
     else:
         counts = np.rint(priors * n).astype(np.int64)
     if np.any(counts < 1):

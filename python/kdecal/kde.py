@@ -6,11 +6,11 @@ the running max and class-wise sums of the Dirichlet kernel.
 
 References
 ----------
-.. [003] T. Popordanoska, R. Sayer, M. B. Blaschko. "A Consistent and Differentiable
-   L_p Canonical Calibration Error Estimator". NeurIPS 2022.
-.. [000] T. Popordanoska, S. G. Gruber, A. Tiulpin, F. Buettner, M. B. Blaschko.
-   "Consistent and Asymptotically Unbiased Estimation of Proper Calibration Errors".
-   AISTATS 2024.
+- T. Popordanoska, R. Sayer, M. B. Blaschko. "A Consistent and Differentiable
+  L_p Canonical Calibration Error Estimator". NeurIPS 2022.
+- T. Popordanoska, S. G. Gruber, A. Tiulpin, F. Buettner, M. B. Blaschko.
+  "Consistent and Asymptotically Unbiased Estimation of Proper Calibration Errors".
+  AISTATS 2024.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 from scipy.special import softmax as _sp_softmax
@@ -95,7 +96,10 @@ _BANDWIDTH_DOC = """Kernel bandwidth h > 0 (dimensionless, on the simplex); "aut
         overstates calibration errors; see bench/README.md)."""
 
 
-def _doc(func: Callable[..., object]) -> Callable[..., object]:
+_F = TypeVar("_F", bound=Callable[..., object])
+
+
+def _doc(func: _F) -> _F:
     func.__doc__ = (
         (func.__doc__ or "")
         .replace("{notion_params}", _NOTION_PARAMS)
@@ -303,9 +307,11 @@ def estimate(
         risk for the L1 / L2 / custom-Bregman quantities and the log risk for the KL
         ones (the criterion that matches the quantity; both searches share their engine
         passes, and a second pass runs only when the two bandwidths differ).
-    backend : {"auto", "cpp", "numba"}, default "auto"
+    backend : {"auto", "cpp", "numba", "dask"}, default "auto"
+        See :func:`conditional_expectation`.
     progress : bool or None, default None
-        Progress bar; None shows one only for long work.
+        Progress bar (``distributed.progress`` with "dask"); None shows one only for
+        long work.
 
     Returns
     -------
@@ -376,7 +382,7 @@ def calibration_test(
     {notion_params}
     seed : int or numpy Generator, optional
         Seed of the resampling.
-    backend : {"auto", "cpp", "numba"}, default "auto"
+    backend : {"auto", "cpp", "numba", "dask"}, default "auto"
 
     Returns
     -------
@@ -452,8 +458,12 @@ def conditional_expectation(
     bandwidth : float or "auto"
         Kernel bandwidth h > 0 (dimensionless, on the simplex); "auto" uses
         :func:`select_bandwidth`.
-    backend : {"auto", "cpp", "numba"}, default "auto"
-        Engine backend.
+    backend : {"auto", "cpp", "numba", "dask"}, default "auto"
+        Engine backend: "auto" is the compiled core ("cpp"), else "numba"; "dask" runs
+        the compiled core on the workers of the current ``dask.distributed`` client, in
+        blocks of query rows, with the same numbers as "cpp" (every function with a
+        ``backend`` argument accepts it; probabilities may then be a row-chunked
+        ``dask.array``; see the README section "Scale-out with Dask").
 
     Returns
     -------
@@ -500,7 +510,7 @@ def ece_kde(
     bandwidth : float, "auto" or "loo-mle", default "auto"
         {bandwidth_doc}
     {notion_params}
-    backend : {"auto", "cpp", "numba"}, default "auto"
+    backend : {"auto", "cpp", "numba", "dask"}, default "auto"
 
     Returns
     -------
@@ -554,7 +564,7 @@ def calibration_error(
         {bandwidth_doc}
     estimator : {"direct", "refinement"}, default "direct"
     {notion_params}
-    backend : {"auto", "cpp", "numba"}, default "auto"
+    backend : {"auto", "cpp", "numba", "dask"}, default "auto"
 
     Returns
     -------
@@ -648,7 +658,7 @@ def loo_log_likelihood(probs: object, bandwidths: object, *, backend: str = "aut
         Predicted probabilities or binary P(y = 1).
     bandwidths : array-like, shape (H,), float
         Bandwidths h > 0.
-    backend : {"auto", "cpp", "numba"}, default "auto"
+    backend : {"auto", "cpp", "numba", "dask"}, default "auto"
 
     Returns
     -------
@@ -685,7 +695,7 @@ def select_bandwidth(
     ``-mean_j log E_-j[y | f_j]_{y_j}`` ("log"), summed over the K one-vs-rest problems
     for ``calibration="classwise"``. Without labels, or with ``criterion="loo-mle"``: the
     bandwidth maximising the leave-one-out likelihood of the density of the predictions
-    (Popordanoska et al. 2022, Sec. 3; the papers' rule).
+    (Popordanoska et al. 2022, Sec. 5, "Hyperparameters"; the papers' rule).
 
     Parameters
     ----------
@@ -705,7 +715,7 @@ def select_bandwidth(
         risk curve is too flat to resolve one grid step, and the last on all rows
         (see ``kdecal._estimators.search_bandwidth``); for "loo-mle",
         :data:`DEFAULT_BANDWIDTH_GRID` (55 values) exhaustively.
-    backend : {"auto", "cpp", "numba"}, default "auto"
+    backend : {"auto", "cpp", "numba", "dask"}, default "auto"
     progress : bool or None, default None
         Progress bar; None shows one only for long work.
 
@@ -741,14 +751,6 @@ def select_bandwidth(
     record, _ = _est.search_bandwidth(problem, str(criterion), 1, be, progress)
     _warn_at_grid_end(record.bandwidth, _est.SEARCH_GRID, record.criterion)
     return record.bandwidth
-
-
-def _binned_ece_top_label(P: np.ndarray, y: np.ndarray, n_bins: int = 15) -> float:
-    conf = P.max(axis=1)
-    correct = (P.argmax(axis=1) == y).astype(np.float64)
-    idx = np.clip(np.ceil(conf * n_bins).astype(np.int64) - 1, 0, n_bins - 1)
-    gap = np.abs(np.bincount(idx, weights=conf - correct, minlength=n_bins))
-    return float(gap.sum() / y.shape[0])
 
 
 #: Notions summarised by :func:`evaluate` (estimate, interval, test) by default.
@@ -832,7 +834,7 @@ def evaluate(
     bandwidth : float, "auto" or "loo-mle", default "auto"
         {bandwidth_doc}
     {notion_params}
-    backend : {"auto", "cpp", "numba"}, default "auto"
+    backend : {"auto", "cpp", "numba", "dask"}, default "auto"
     progress : bool or None, default None
         Progress bar with ETA; None shows one only for long work.
     source : str, optional
@@ -885,7 +887,6 @@ def evaluate(
     est = main._est
     P, y = main._probs, main._labels
     K, n = main.n_classes, main.n
-    rows = np.arange(n)
     kl, l2 = _est.KLGenerator(), _est.L2Generator()
     summaries: dict[str, dict[str, object]] = {}
     for name in wanted:
@@ -905,14 +906,13 @@ def evaluate(
         # resampling has no third power sums: debias="ratio" gets estimates only
         resample = name in resampled and str(debias) != "ratio"
         summaries[name] = _notion_summary(e, R if resample else 0, seed)
+    from . import binned, scores
+
     cal_loss = None
     if calibration_loss and K >= 2 and np.unique(y).size >= 2:
-        from . import scores
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             cal_loss = float(scores.calibration_loss(P, y, input="probs", relative=False, seed=0))
-    log_loss = float(-np.mean(np.log(P[rows, y])))
     report = CalibrationReport(
         n=n,
         n_classes=K,
@@ -926,9 +926,9 @@ def evaluate(
         sharpness_kl=_est.sharpness(main._est_kl, kl),
         sharpness_l2=_est.sharpness(est, l2),
         accuracy=float(np.mean(P.argmax(axis=1) == y)),
-        log_loss=log_loss,
-        brier_score=float(np.mean(np.sum((P - np.eye(K)[y]) ** 2, axis=1))),
-        ece_binned=_binned_ece_top_label(P, y),
+        log_loss=scores.log_loss(probs, y, input="probs"),
+        brier_score=scores.brier_score(probs, y, input="probs"),
+        ece_binned=binned.ece(P, y, n_bins=15),
         backend=main.backend,
         wall_time_s=time.perf_counter() - t0,
         source=source,

@@ -1,10 +1,10 @@
 """Calibration plots: reliability, calibration-sharpness, simplex-density and Bayes-risk.
 
-Every function computes its arrays first (NumPy/SciPy and the kdecal engine only) and
-then draws them; ``draw=False`` returns the arrays without importing matplotlib, which
-is an optional dependency (``pip install 'kdecal[plot]'``). The results are small
-frozen dataclasses holding the arrays (for tests and for users' own plotting) and the
-matplotlib Axes drawn on (``.ax``, None when ``draw=False``).
+Drawing only: every function takes its arrays from :mod:`kdecal.curves` (which imports
+no plotting library) and draws them with matplotlib, an optional dependency
+(``pip install 'kdecal[plot]'``); ``draw=False`` returns the arrays without importing
+it. The results are the frozen dataclasses of :mod:`kdecal.curves` (re-exported here),
+holding the arrays and the matplotlib Axes drawn on (``.ax``, None when ``draw=False``).
 
 - :func:`reliability_diagram`: binned bars (Guo et al. 2017; class-wise as in
   Popordanoska et al. 2024, Fig. 8) or the leave-one-out Beta/Dirichlet-kernel estimate
@@ -21,43 +21,41 @@ matplotlib Axes drawn on (``.ax``, None when ``draw=False``).
 
 References
 ----------
-.. [003] T. Popordanoska, R. Sayer, M. B. Blaschko. "A Consistent and Differentiable
-   L_p Canonical Calibration Error Estimator". NeurIPS 2022 (Eq. 3, 9, 10; Sec. 4;
-   Fig. 1, Fig. 7).
-.. [000] T. Popordanoska, S. G. Gruber, A. Tiulpin, F. Buettner, M. B. Blaschko.
-   "Consistent and Asymptotically Unbiased Estimation of Proper Calibration Errors".
-   AISTATS 2024 (Eq. 24-25, Fig. 8).
-.. [002] M. Chidambaram, R. Ge. "Reassessing How to Compare and Improve the
-   Calibration of Machine Learning Models". arXiv 2406.04068, 2024 (Lemma 4.1,
-   Eq. 5.1, 5.2, Sec. 5 "Estimation and plotting details", Fig. 1, App. A.2, B).
-.. [004] L. Ferrer, D. Ramos. "Evaluating Posterior Probabilities: Decision Theory,
-   Proper Scoring Rules, and Calibration". TMLR 2025 (Eq. 8-12, 34, Fig. 4).
-.. [Guo2017] C. Guo, G. Pleiss, Y. Sun, K. Q. Weinberger. "On Calibration of Modern
-   Neural Networks". ICML 2017 (reliability diagrams, Fig. 1).
+- T. Popordanoska, R. Sayer, M. B. Blaschko. "A Consistent and Differentiable
+  L_p Canonical Calibration Error Estimator". NeurIPS 2022 (Eq. 3, 9, 10; Sec. 4;
+  Fig. 1, Fig. 7).
+- T. Popordanoska, S. G. Gruber, A. Tiulpin, F. Buettner, M. B. Blaschko.
+  "Consistent and Asymptotically Unbiased Estimation of Proper Calibration Errors".
+  AISTATS 2024 (Eq. 24-25, Fig. 8).
+- M. Chidambaram, R. Ge. "Reassessing How to Compare and Improve the
+  Calibration of Machine Learning Models". arXiv 2406.04068, 2024 (Lemma 4.1,
+  Eq. 5.1, 5.2, Sec. 5 "Estimation and plotting details", Fig. 1, App. A.2, B).
+- L. Ferrer, D. Ramos. "Evaluating Posterior Probabilities: Decision Theory,
+  Proper Scoring Rules, and Calibration". TMLR 2025 (Eq. 8-12, 34, Fig. 4).
+- C. Guo, G. Pleiss, Y. Sun, K. Q. Weinberger. "On Calibration of Modern
+  Neural Networks". ICML 2017 (reliability diagrams, Fig. 1).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from scipy.special import gammaln, logsumexp, xlogy
 
-from . import _backends, _validation
-from . import _estimators as _est
-from . import binned as _binned
-from ._validation import (
-    PROB_EPS,
-    Probs,
-    check_bandwidth,
-    check_choice,
-    check_class_index,
-    check_int,
-    check_labels,
-    check_probs,
+from ._validation import check_int, check_probs
+from .curves import (
+    _TRI,
+    BayesRiskCurve,
+    CalibrationSharpnessDiagram,
+    ReliabilityDiagram,
+    SimplexDensity,
+    _bayes_arrays,
+    _reliability_arrays,
+    _sharpness_arrays,
+    _simplex_arrays,
+    bin_means,
 )
 
 __all__ = [
@@ -80,16 +78,6 @@ _INSTALL_HINT = "pip install 'kdecal[plot]'"
 #: confidences alone is unusable for a picture when many confidences tie near 1 (float32
 #: outputs): it then selects bandwidths of order 1e-5 and the curve is noise.
 _PAGE_TOP_LABEL_H = 0.02
-_KINDS = ("binned", "kernel")
-_REL_CALIBRATIONS = ("top_label", "classwise", "canonical")
-_DIVERGENCES = ("l2", "kl")
-_WEIGHTS = ("uniform", "beta22")
-#: Elements per block of the dense kernel evaluations (memory ~ 8 bytes x this).
-_BLOCK = 1 << 22
-#: Above this many Gaussian evaluations (n x evaluation points) the regressions of the
-#: calibration-sharpness diagram use linear binning on _NW_NODES nodes (_gaussian_nw).
-_EXACT_MAX = 2e8
-_NW_NODES = 8192
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -127,12 +115,6 @@ def require_matplotlib() -> None:
     _figure_class()
 
 
-def _readonly(a: np.ndarray) -> np.ndarray:
-    a = np.ascontiguousarray(a)
-    a.setflags(write=False)
-    return a
-
-
 def _fraction_bars(hax: Any, edges: np.ndarray, counts: np.ndarray) -> None:
     """Histogram of the confidences (fraction per bin) beneath a reliability diagram."""
     hax.bar(
@@ -151,354 +133,6 @@ def _check_draw(draw: object) -> bool:
     if not isinstance(draw, (bool, np.bool_)):
         raise TypeError(f"draw must be True or False, got {draw!r}")
     return bool(draw)
-
-
-def _resolve_h(
-    problem: _est.Problem, bandwidth: object, backend: str, labelled: bool = True
-) -> float:
-    """Return ``bandwidth`` as a float.
-
-    "auto" is the bandwidth of the regression (:func:`kdecal.select_bandwidth` with
-    labels; the LOO likelihood without), "loo-mle" the papers' LOO likelihood.
-    """
-    if isinstance(bandwidth, str):
-        if bandwidth not in ("auto", "loo-mle"):
-            raise ValueError(
-                f"bandwidth must be a float > 0, 'auto' or 'loo-mle', got {bandwidth!r}"
-            )
-        if bandwidth == "loo-mle" or not labelled:
-            from .kde import DEFAULT_BANDWIDTH_GRID
-
-            return _est.select_bandwidth(problem, DEFAULT_BANDWIDTH_GRID, backend, progress=False)
-        record, _ = _est.search_bandwidth(problem, "brier", 1, backend, progress=False)
-        return record.bandwidth
-    return check_bandwidth(bandwidth)
-
-
-def _bin_index(x: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """Bin of each value: right-closed ``(e_b, e_{b+1}]``, the first bin also holds e_0.
-
-    The rule of :func:`kdecal.binned.binned_statistics` (uniform bins).
-    """
-    return np.clip(np.searchsorted(edges, x, side="left") - 1, 0, edges.shape[0] - 2)
-
-
-def _beta_nw_grid(
-    q: np.ndarray, target: np.ndarray, h: float, grid: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Beta-kernel Nadaraya-Watson curve and KDE of one binary problem at grid points.
-
-    The kernel is kdecal's K = 2 Dirichlet kernel: sample i contributes the density of
-    ``Beta(q_i / h + 1, (1 - q_i) / h + 1)`` at t (Popordanoska et al. 2022, Eq. 3 with
-    K = 2). Grid points are *not* left out of anything: this is the plain estimate
-    ``sum_i k_i(t) y_i / sum_i k_i(t)``, evaluated in log space (max-shifted), so far from
-    the data it tends to the label of the nearest kernel instead of 0/0.
-
-    Parameters
-    ----------
-    q : ndarray, shape (n,), float64
-        Positive coordinate of the (clipped) binary points, in (0, 1).
-    target : ndarray, shape (n,), float64
-        Values regressed (0/1 labels).
-    h : float
-        Bandwidth.
-    grid : ndarray, shape (G,), float64
-        Evaluation points in [0, 1] (clipped to [PROB_EPS, 1 - PROB_EPS]).
-
-    Returns
-    -------
-    curve, density : ndarray, shape (G,), float64
-        The Nadaraya-Watson estimate and the Beta KDE ``mean_i k_i(t)`` at the grid.
-    """
-    n = q.shape[0]
-    t = np.clip(grid, PROB_EPS, 1.0 - PROB_EPS)
-    a, b = q / h, (1.0 - q) / h
-    log_norm = gammaln(1.0 / h + 2.0) - gammaln(a + 1.0) - gammaln(b + 1.0)  # (n,)
-    curve = np.empty(t.shape[0])
-    dens = np.empty(t.shape[0])
-    step = max(1, _BLOCK // max(n, 1))
-    for s in range(0, t.shape[0], step):
-        tt = t[s : s + step]
-        logk = np.log(tt)[:, None] * a[None, :] + np.log1p(-tt)[:, None] * b[None, :]
-        logk += log_norm[None, :]
-        mx = logk.max(axis=1, keepdims=True)
-        w = np.exp(logk - mx)
-        sw = w.sum(axis=1)
-        curve[s : s + step] = (w @ target) / sw
-        dens[s : s + step] = np.exp(np.log(sw) + mx[:, 0] - math.log(n))
-    return curve, dens
-
-
-def _gaussian_nw(
-    t: np.ndarray,
-    x: np.ndarray,
-    values: np.ndarray,
-    sigma: float,
-    exact: bool | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Gaussian Nadaraya-Watson regression of each row of ``values`` and the Gaussian KDE.
-
-    ``m(t) = sum_i K_s(t - x_i) v_i / sum_i K_s(t - x_i)`` and
-    ``p(t) = 1/n sum_i K_s(t - x_i)`` with ``K_s(u) = exp(-u^2 / (2 s^2)) / (s sqrt(2 pi))``
-    (Chidambaram & Ge 2024, Eq. 5.2 with the numerator's ``y_i`` restored, and its
-    denominator as the KDE). No leave-one-out, no boundary correction (as in the paper).
-
-    Exact (the default while ``n * T <= 2e8``): the weights are max-shifted per
-    evaluation point, so ``m`` never is 0/0; where every weight underflows it is the
-    value of the nearest data point(s). Otherwise the sums are computed by linear
-    binning of the data on 8192 nodes and a direct (non-FFT) convolution with the
-    Gaussian truncated at 8 sigma, then linear interpolation: on [0, 1] with sigma =
-    0.05 the curves agree with the exact ones to about 1e-6 (up to about 1e-3 far in the
-    kernel's tails for sigma = 0.01); points where the binned sums vanish are computed
-    exactly.
-
-    Parameters
-    ----------
-    t : ndarray, shape (T,), float64
-    x : ndarray, shape (n,), float64
-    values : ndarray, shape (V, n), float64
-    sigma : float
-    exact : bool, optional
-        Force the exact (True) or the binned (False) computation.
-
-    Returns
-    -------
-    m : ndarray, shape (V, T), float64
-    kde : ndarray, shape (T,), float64
-    """
-    n = x.shape[0]
-    if exact is None:
-        exact = n * t.shape[0] <= _EXACT_MAX
-    if exact or not np.ptp(np.concatenate([x, t])) > 0:
-        return _gaussian_nw_exact(t, x, values, sigma)
-    lo, hi = min(x.min(), t.min()), max(x.max(), t.max())
-    nodes = np.linspace(lo, hi, _NW_NODES)
-    d = nodes[1] - nodes[0]
-    pos = (x - lo) / d
-    i = np.clip(np.floor(pos).astype(np.int64), 0, _NW_NODES - 2)
-    w = pos - i
-    L = min(_NW_NODES - 1, math.ceil(8.0 * sigma / d))
-    k = np.exp(-0.5 * (np.arange(-L, L + 1) * d / sigma) ** 2)
-
-    def smooth(v: np.ndarray) -> np.ndarray:
-        b = np.bincount(i, (1.0 - w) * v, _NW_NODES) + np.bincount(i + 1, w * v, _NW_NODES)
-        return np.interp(t, nodes, np.convolve(b, k, mode="full")[L : L + _NW_NODES])
-
-    S = smooth(np.ones(n))
-    num = np.stack([smooth(v) for v in values])
-    ok = S > 1e-200 * n
-    m = np.empty_like(num)
-    m[:, ok] = num[:, ok] / S[ok]
-    kde = S / (n * sigma * math.sqrt(2.0 * math.pi))
-    if not np.all(ok):  # far from every data point: exact, nearest-point limit
-        m[:, ~ok], kde[~ok] = _gaussian_nw_exact(t[~ok], x, values, sigma)
-    return m, kde
-
-
-def _gaussian_nw_exact(
-    t: np.ndarray, x: np.ndarray, values: np.ndarray, sigma: float
-) -> tuple[np.ndarray, np.ndarray]:
-    """Exact, blocked computation of :func:`_gaussian_nw`."""
-    n = x.shape[0]
-    m = np.empty((values.shape[0], t.shape[0]))
-    kde = np.empty(t.shape[0])
-    step = max(1, _BLOCK // max(n, 1))
-    c = 1.0 / (n * sigma * math.sqrt(2.0 * math.pi))
-    for s in range(0, t.shape[0], step):
-        z = (t[s : s + step, None] - x[None, :]) / sigma
-        logw = -0.5 * z * z
-        mx = logw.max(axis=1, keepdims=True)
-        w = np.exp(logw - mx)
-        sw = w.sum(axis=1)
-        m[:, s : s + step] = (values @ w.T) / sw
-        kde[s : s + step] = sw * np.exp(mx[:, 0]) * c
-    return m, kde
-
-
-# ------------------------------------------------------------------ reliability diagram
-@dataclass(frozen=True)
-class ReliabilityDiagram:
-    """Arrays of a reliability diagram (see :func:`reliability_diagram`) and its Axes.
-
-    For one binary problem (top-label, canonical, or class-wise with ``class_index``)
-    the arrays are 1-D; for class-wise diagrams of all K classes they are stacked into
-    ``(K, ...)``, row c being class c. All arrays are read-only float64 unless noted.
-
-    Attributes
-    ----------
-    kind : str
-        ``"binned"`` or ``"kernel"``.
-    calibration : str
-        ``"top_label"``, ``"classwise"`` or ``"canonical"``.
-    class_index : int or None
-        The class of a single class-wise diagram.
-    x : ndarray, shape (B,) / (K, B) binned, (n,) / (K, n) kernel
-        Binned: mean confidence of each bin (NaN for an empty bin). Kernel: the
-        confidences (top-label: ``max_k f_k``; class-wise: ``f_c``; canonical:
-        ``max_k f_k``), clipped to ``PROB_EPS`` as the kernel sees them, sorted
-        ascending (stable sort).
-    y : ndarray, same shape as ``x``
-        Binned: fraction of positives in the bin (accuracy for top-label). Kernel: the
-        leave-one-out kernel estimate at each data point, in the order of ``x``:
-        top-label / class-wise ``E[1{y = c} | f_c]`` with the Beta kernel (the positive
-        column of :func:`kdecal.conditional_expectation` applied to the binary problem);
-        canonical: the component of the predicted class of the Dirichlet-kernel
-        ``E[y | f]`` (Popordanoska et al. 2022, Eq. 3, 10).
-    edges : ndarray or None, shape (B + 1,) / (K, B + 1)
-        Binned: bin edges (:func:`kdecal.binned.binned_statistics`). Kernel: None.
-    counts : ndarray, int64, shape (B,) / (K, B)
-        Binned: samples per bin. Kernel: the histogram of the confidences in ``n_bins``
-        equal-width bins with the same rule (right-closed, the first bin holding 0),
-        drawn beneath a canonical diagram.
-    grid : ndarray or None, shape (G,)
-        Kernel, top-label / class-wise: grid of ``n_grid`` points in [0, 1]. Else None.
-    grid_curve : ndarray or None, shape (G,) / (K, G)
-        Beta-kernel Nadaraya-Watson estimate at the grid points. These are **not**
-        leave-one-out estimates (a grid point is not a sample); the curve drawn is
-        ``(x, y)``. None for binned and canonical diagrams.
-    density : ndarray or None, shape (G,) / (K, G)
-        Beta-kernel density estimate of the confidences at the grid (same bandwidth),
-        drawn beneath a top-label / class-wise kernel diagram. None otherwise.
-    bandwidth : float or None
-        Kernel bandwidth used (the selected one for ``"auto"``); None for binned.
-    ece : float or ndarray, shape () / (K,)
-        Binned: L1 binned ECE ``sum_b n_b / n |freq_b - conf_b|``. Kernel: the L1 kernel
-        error ``mean_j |E_j - f_j|`` of the problem (top-label / class-wise: equal to
-        :func:`kdecal.ece_kde` with ``p=1`` on that problem); canonical:
-        ``mean_j sum_c |E_jc - f_jc|`` (canonical ECE^KDE, p = 1).
-    ax : matplotlib Axes, ndarray of Axes, or None
-        The main Axes (an array of K Axes for all class-wise diagrams); None when
-        ``draw=False``.
-    hist_ax : matplotlib Axes, ndarray of Axes, or None
-        The Axes beneath with the distribution of the confidences.
-    """
-
-    kind: str
-    calibration: str
-    class_index: int | None
-    x: np.ndarray
-    y: np.ndarray
-    edges: np.ndarray | None
-    counts: np.ndarray
-    grid: np.ndarray | None
-    grid_curve: np.ndarray | None
-    density: np.ndarray | None
-    bandwidth: float | None
-    ece: Any
-    ax: Any = None
-    hist_ax: Any = None
-
-
-def _reliability_arrays(
-    probs: object,
-    labels: object,
-    kind: str,
-    calibration: str,
-    class_index: object,
-    n_bins: object,
-    bandwidth: object,
-    n_grid: object,
-    backend: str,
-) -> ReliabilityDiagram:
-    """Compute a :class:`ReliabilityDiagram` without drawing (no matplotlib)."""
-    check_choice(kind, "kind", _KINDS)
-    check_choice(calibration, "calibration", _REL_CALIBRATIONS)
-    n_bins = check_int(n_bins, "n_bins", 1)
-    if calibration == "canonical" and kind != "kernel":
-        raise ValueError(
-            "calibration='canonical' needs kind='kernel' (the binned canonical estimate "
-            "is kdecal.binned.simplex_ece; see simplex_density for K = 3)"
-        )
-    if class_index is not None and calibration != "classwise":
-        raise ValueError("class_index is only meaningful with calibration='classwise'")
-    if kind == "binned":
-        stats = _binned.binned_statistics(
-            probs, labels, n_bins=n_bins, calibration=calibration, class_index=class_index
-        )
-        nonempty = stats.counts > 0
-        gap = np.abs(np.where(nonempty, stats.gap, 0.0))
-        ece = np.sum(stats.counts / stats.n_samples * gap, axis=-1)
-        return ReliabilityDiagram(
-            kind=kind,
-            calibration=calibration,
-            class_index=None if class_index is None else int(class_index),  # type: ignore[call-overload]
-            x=stats.mean_confidence,
-            y=stats.frequency,
-            edges=stats.edges,
-            counts=stats.counts,
-            grid=None,
-            grid_curve=None,
-            density=None,
-            bandwidth=None,
-            ece=float(ece) if np.ndim(ece) == 0 else _readonly(ece),
-        )
-    # ---- kernel
-    n_grid = check_int(n_grid, "n_grid", 2)
-    P = check_probs(probs)
-    y = check_labels(labels, P.n, P.n_classes)
-    if class_index is not None:
-        class_index = check_class_index(class_index, P.n_classes)
-    be = _backends.resolve_backend(backend)
-    problem = _est.make_problem(P, y, calibration)
-    h = _resolve_h(problem, bandwidth, be)  # class-wise: summed over the K problems
-    est = _est.estimate(problem, h, "none", be, progress=False)
-    edges = np.linspace(0.0, 1.0, n_bins + 1)
-    if calibration == "canonical":
-        Pp = P.p
-        pred = Pp.argmax(axis=1)
-        rows = np.arange(P.n)
-        conf = Pp[rows, pred]
-        E = est.E[0][rows, pred]
-        order = np.argsort(conf, kind="stable")
-        counts = np.bincount(_bin_index(conf, edges), minlength=n_bins)
-        return ReliabilityDiagram(
-            kind=kind,
-            calibration=calibration,
-            class_index=None,
-            x=_readonly(conf[order]),
-            y=_readonly(E[order]),
-            edges=None,
-            counts=_readonly(counts.astype(np.int64)),
-            grid=None,
-            grid_curve=None,
-            density=None,
-            bandwidth=h,
-            ece=_est.ce_p(est, 1.0),
-        )
-    rows_b = range(problem.p.shape[0]) if class_index is None else [class_index]
-    grid = np.linspace(0.0, 1.0, n_grid)
-    xs, ys, gcs, dens, cnts, eces = [], [], [], [], [], []
-    for b in rows_b:
-        q = problem.p[b, :, 1]
-        target = problem.labels[b].astype(np.float64)
-        E = est.E[b, :, 1]
-        order = np.argsort(q, kind="stable")
-        xs.append(q[order])
-        ys.append(E[order])
-        gc, de = _beta_nw_grid(q, target, h, grid)
-        gcs.append(gc)
-        dens.append(de)
-        cnts.append(np.bincount(_bin_index(q, edges), minlength=n_bins).astype(np.int64))
-        eces.append(float(np.mean(np.abs(E - q))))
-    single = calibration == "top_label" or class_index is not None
-
-    def pick(lst: list[np.ndarray]) -> np.ndarray:
-        return _readonly(lst[0] if single else np.stack(lst))
-
-    return ReliabilityDiagram(
-        kind=kind,
-        calibration=calibration,
-        class_index=class_index,  # type: ignore[arg-type]
-        x=pick(xs),
-        y=pick(ys),
-        edges=None,
-        counts=pick(cnts),
-        grid=_readonly(grid),
-        grid_curve=pick(gcs),
-        density=pick(dens),
-        bandwidth=h,
-        ece=eces[0] if single else _readonly(np.array(eces)),
-    )
 
 
 def _with_hist_axis(ax: Any) -> Any:
@@ -561,7 +195,8 @@ def _draw_reliability_one(
         )
         ax.plot(conf, conf, ls="none", marker="_", color="C3", ms=6, zorder=4)
         _fraction_bars(hax, edges, counts)
-        default_title = f"{len(edges) - 1} bins, ECE = {float(sel(np.asarray(rd.ece))):.4f}"
+        ece = float(np.asarray(rd.ece)[() if row is None else row])
+        default_title = f"{len(edges) - 1} bins, ECE = {ece:.4f}"
     elif rd.calibration == "canonical":
         assert x is not None and y is not None and counts is not None
         edges = np.linspace(0.0, 1.0, counts.shape[0] + 1)
@@ -577,10 +212,7 @@ def _draw_reliability_one(
             label=r"LOO $\hat E[y_{pred}\mid f]$, samples",
             zorder=2,
         )
-        idx = _bin_index(x, edges)
-        ok = counts > 0
-        bx = np.bincount(idx, weights=x, minlength=counts.shape[0])[ok] / counts[ok]
-        by = np.bincount(idx, weights=y, minlength=counts.shape[0])[ok] / counts[ok]
+        bx, by = bin_means(x, y, counts.shape[0])
         ax.fill_between(
             bx, bx, by, color="C3", alpha=0.3, lw=0, label="gap of bin means", zorder=1
         )
@@ -599,10 +231,8 @@ def _draw_reliability_one(
         hax.plot(grid, dens, color="0.3", lw=0.8)
         hax.set_ylabel("density", fontsize="small")
         hax.set_ylim(bottom=0)
-        default_title = (
-            f"Beta kernel, h = {rd.bandwidth:.3g}, "
-            f"ECE$^{{KDE}}$ = {float(sel(np.asarray(rd.ece))):.4f}"
-        )
+        ece = float(np.asarray(rd.ece)[() if row is None else row])
+        default_title = f"Beta kernel, h = {rd.bandwidth:.3g}, ECE$^{{KDE}}$ = {ece:.4f}"
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.set_aspect("auto")
@@ -782,170 +412,6 @@ def _replace(obj: Any, **changes: Any) -> Any:
     return dataclasses.replace(obj, **changes)
 
 
-# ---------------------------------------------------------- calibration-sharpness diagram
-@dataclass(frozen=True)
-class CalibrationSharpnessDiagram:
-    """Arrays of a calibration-sharpness diagram (:func:`calibration_sharpness_diagram`).
-
-    Attributes
-    ----------
-    t : ndarray, shape (G,), float64
-        Grid of confidences, ``linspace(0, 1, n_grid)``.
-    accuracy_curve : ndarray, shape (G,), float64
-        ``m_acc(t)``: Gaussian Nadaraya-Watson estimate of ``E[1{Y = c(X)} | h(X) = t]``.
-    loss_curve : ndarray, shape (G,), float64
-        ``m_loss(t)``: the same regression of the per-sample full divergence
-        ``d_phi(e_y, g(x))`` (Brier summed over classes, or ``-log g_y``).
-    rho : ndarray, shape (G,), float64
-        ``rho(t) = m_loss(t) - d_varphi(m_acc(t), t)`` (Eq. 5.1), not clipped.
-    kde : ndarray, shape (G,), float64
-        Gaussian KDE of the confidences (integrates to about 1 over [0, 1]).
-    density : ndarray, shape (G,), float64
-        ``kde / max(kde)``, the overlay.
-    lower, upper : ndarray, shape (G,), float64
-        The band ``m_acc -+ kde * rho / 2``, the lower edge clipped at 0, the upper not
-        clipped (so it can exceed 1).
-    band_area : float
-        ``integral_0^1 kde * rho dt`` (trapezoid rule): approximately ``total -
-        calibration`` (Chidambaram & Ge 2024, Lemma 4.1; the difference is the kernel
-        mass outside [0, 1] and the smoothing of the plug-in).
-    calibration : float
-        ``d_varphi,CAL``: the plug-in ``mean_j d_varphi(m_acc(h_j), h_j)`` over the
-        evaluation points (all n samples, or the mean over ``n_subsamples``
-        subsamples), as printed in the box (times 100).
-    calibration_std : float or None
-        Standard deviation (ddof = 1) over the subsamples; None without subsampling.
-    calibration_a5 : float
-        The (A.5) form ``mean_i [varphi(m(h_i)) - varphi(h_i) - varphi'(h_i) (a_i - h_i)]``
-        over all samples, the estimator of Theorem A.4 (not drawn).
-    total : float
-        ``d_phi,TOT = mean_i d_phi(e_{y_i}, g(x_i))`` on all samples: the Brier score
-        summed over classes (``kdecal.evaluate(...).brier_score``) or the log loss (nats);
-        for binary ``(n,)`` input the one-column Brier ``mean (p - y)^2``.
-    divergence : str
-        ``"l2"`` or ``"kl"``.
-    bandwidth : float
-        Standard deviation of the Gaussian kernel.
-    ax : matplotlib Axes or None
-    """
-
-    t: np.ndarray
-    accuracy_curve: np.ndarray
-    loss_curve: np.ndarray
-    rho: np.ndarray
-    kde: np.ndarray
-    density: np.ndarray
-    lower: np.ndarray
-    upper: np.ndarray
-    band_area: float
-    calibration: float
-    calibration_std: float | None
-    calibration_a5: float
-    total: float
-    divergence: str
-    bandwidth: float
-    ax: Any = None
-
-
-def _phi1(q: np.ndarray, divergence: str) -> np.ndarray:
-    """1-D generator ``varphi``: ``q^2`` or ``q log q + (1 - q) log(1 - q)``."""
-    if divergence == "l2":
-        return q * q
-    return np.asarray(xlogy(q, q) + xlogy(1.0 - q, 1.0 - q))
-
-
-def _d1(m: np.ndarray, t: np.ndarray, divergence: str) -> np.ndarray:
-    """``d_varphi(m, t)``: ``(m - t)^2`` or the binary KL; t clipped to [eps, 1 - eps]."""
-    if divergence == "l2":
-        return (m - t) ** 2
-    tc = np.clip(t, PROB_EPS, 1.0 - PROB_EPS)
-    return np.asarray(
-        xlogy(m, m) - xlogy(m, tc) + xlogy(1.0 - m, 1.0 - m) - xlogy(1.0 - m, 1.0 - tc)
-    )
-
-
-def _sharpness_arrays(
-    probs: object,
-    labels: object,
-    divergence: object,
-    bandwidth: object,
-    n_grid: object,
-    n_subsamples: object,
-    n_points: object,
-    seed: object,
-    grid: np.ndarray | None = None,
-) -> CalibrationSharpnessDiagram:
-    """Compute a :class:`CalibrationSharpnessDiagram` without drawing (no matplotlib)."""
-    check_choice(divergence, "divergence", _DIVERGENCES)
-    div = str(divergence)
-    if isinstance(bandwidth, str):
-        raise TypeError(
-            f"bandwidth must be a float > 0 (the standard deviation of the Gaussian kernel; "
-            f"Chidambaram & Ge use 0.05), got {bandwidth!r}"
-        )
-    sigma = check_bandwidth(bandwidth)
-    n_grid = check_int(n_grid, "n_grid", 2)
-    n_sub = check_int(n_subsamples, "n_subsamples", 0)
-    n_pts = check_int(n_points, "n_points", 1)
-    P = check_probs(probs)
-    y = check_labels(labels, P.n, P.n_classes)
-    Pp = P.p
-    rows = np.arange(P.n)
-    if P.binary:  # 002 Sec. 5 / ref. code: binary scores are used as is, h = p, a = y
-        h = Pp[:, 1].copy()
-        a = y.astype(np.float64)
-        loss = (Pp[:, 1] - a) ** 2 if div == "l2" else -np.log(Pp[rows, y])
-    else:  # top-label reduction (002 Sec. 4.2), full multi-class divergence (Sec. 5)
-        pred = Pp.argmax(axis=1)
-        h = Pp[rows, pred]
-        a = (pred == y).astype(np.float64)
-        if div == "l2":
-            loss = np.sum((Pp - np.eye(P.n_classes)[y]) ** 2, axis=1)
-        else:
-            loss = -np.log(Pp[rows, y])
-    t = np.linspace(0.0, 1.0, n_grid) if grid is None else np.asarray(grid, dtype=np.float64)
-    (m_acc, m_loss), kde = _gaussian_nw(t, h, np.stack([a, loss]), sigma)
-    rho = m_loss - _d1(m_acc, t, div)
-    band = kde * rho
-    lower = np.maximum(m_acc - band / 2.0, 0.0)
-    upper = m_acc + band / 2.0
-    band_area = float(np.sum((band[1:] + band[:-1]) * np.diff(t)) / 2.0)
-    # plug-in CAL at the data points (the regression is fitted on all n points)
-    m_at = _gaussian_nw(h, h, a[None, :], sigma)[0][0]
-    d_at = _d1(m_at, h, div)
-    std: float | None
-    if n_sub == 0:
-        cal, std = float(np.mean(d_at)), None
-    elif P.n <= n_pts:  # as the reference code: every point, no spread
-        cal, std = float(np.mean(d_at)), 0.0
-    else:
-        rng = np.random.default_rng(seed)  # type: ignore[arg-type]
-        vals = np.array([np.mean(d_at[rng.choice(P.n, n_pts)]) for _ in range(n_sub)])
-        cal = float(np.mean(vals))
-        std = float(np.std(vals, ddof=1)) if n_sub > 1 else 0.0
-    hc = np.clip(h, PROB_EPS, 1.0 - PROB_EPS)
-    dphi = 2.0 * hc if div == "l2" else np.log(hc) - np.log1p(-hc)
-    a5 = float(np.mean(_phi1(np.clip(m_at, 0.0, 1.0), div) - _phi1(hc, div) - dphi * (a - hc)))
-    dens = kde / np.max(kde) if np.max(kde) > 0 else kde
-    return CalibrationSharpnessDiagram(
-        t=_readonly(t),
-        accuracy_curve=_readonly(m_acc),
-        loss_curve=_readonly(m_loss),
-        rho=_readonly(rho),
-        kde=_readonly(kde),
-        density=_readonly(dens),
-        lower=_readonly(lower),
-        upper=_readonly(upper),
-        band_area=band_area,
-        calibration=cal,
-        calibration_std=std,
-        calibration_a5=a5,
-        total=float(np.mean(loss)),
-        divergence=div,
-        bandwidth=sigma,
-    )
-
-
 def calibration_sharpness_diagram(
     probs: object,
     labels: object,
@@ -980,8 +446,8 @@ def calibration_sharpness_diagram(
       ``d_varphi,CAL`` (the plug-in ``mean_j d_varphi(m_acc(h_j), h_j)``) and
       ``d_phi,TOT = mean_i d_phi(e_{y_i}, g(x_i))``, both times 100 as in the paper.
 
-    This follows the paper and its reference code (``sharpcal``) as summarised in the
-    project notes, with two documented choices: the box values are computed at every
+    This follows the paper and its reference code (``sharpcal``), with two documented
+    choices: the box values are computed at every
     data point by default (the paper subsampled 10 x 5000 points only to fit in GPU
     memory and reports that subsampling "loses virtually nothing"; set
     ``n_subsamples=10`` to reproduce its mean +- std), and the Nadaraya-Watson weights
@@ -1108,144 +574,6 @@ def _draw_sharpness(ax: Any, cs: CalibrationSharpnessDiagram, title: str | None)
 
 
 # --------------------------------------------------------------------- simplex density
-_TRI = np.array([[0.0, 0.0], [1.0, 0.0], [0.5, math.sqrt(3.0) / 2.0]])
-
-
-@dataclass(frozen=True)
-class SimplexDensity:
-    """Arrays of :func:`simplex_density` (K = 3) and its two Axes.
-
-    Attributes
-    ----------
-    grid : ndarray, shape (M, 3), float64
-        Barycentric grid ``(i, j, r - i - j) / r`` with ``r = resolution``,
-        ``M = (r + 1)(r + 2) / 2``.
-    xy : ndarray, shape (M, 2), float64
-        The grid in the plane: class 0 at (0, 0), class 1 at (1, 0), class 2 at
-        (1/2, sqrt(3)/2).
-    kde : ndarray, shape (M,), float64
-        Dirichlet KDE ``1/n sum_i Dir(u; f_i / h + 1)`` at the grid (density w.r.t.
-        Lebesgue measure on the ``(u_0, u_1)`` chart, where the simplex has area 1/2).
-        Grid coordinates are clipped to ``PROB_EPS`` as the data are, so boundary points
-        have finite values (the limit from inside for data on a face).
-    bandwidth : float
-        Dirichlet bandwidth h.
-    n_bins_per_side : int
-        m: the simplex is cut into m^2 equal triangles (kdecal.binned.simplex_ece).
-    cell_vertices : ndarray, shape (m^2, 3, 3), float64
-        Barycentric vertices of each cell.
-    cell_counts : ndarray, shape (m^2,), int64
-        Samples in each cell (sums to n).
-    cell_density : ndarray, shape (m^2,), float64
-        Histogram density ``count / (n * area)`` with area ``1 / (2 m^2)`` in the same
-        chart as ``kde`` (comparable values; integrates to 1).
-    cell_frequency : ndarray or None, shape (m^2, 3), float64
-        With labels: the histogram estimate H of ``E[y | f]`` in each cell (the mean
-        one-hot label; NaN for empty cells). None without labels.
-    simplex_ece : float or None
-        With labels: :func:`kdecal.binned.simplex_ece` at the same m (p = 1).
-    ece_kde : float or None
-        With labels: canonical ECE^KDE (p = 1) at the same bandwidth.
-    ax : ndarray of 2 Axes or None
-        Left: the cells and the points; right: the Dirichlet KDE.
-    """
-
-    grid: np.ndarray
-    xy: np.ndarray
-    kde: np.ndarray
-    bandwidth: float
-    n_bins_per_side: int
-    cell_vertices: np.ndarray
-    cell_counts: np.ndarray
-    cell_density: np.ndarray
-    cell_frequency: np.ndarray | None
-    simplex_ece: float | None
-    ece_kde: float | None
-    ax: Any = None
-
-
-def _all_cells(m: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every cell of the K = 3 triangulation: keys (m^2, 4) = (a0, a1, perm0, perm1), vertices."""
-    keys, verts = [], []
-    for a0 in range(m):
-        for a1 in range(a0, m):
-            perms = [(1, 0)] if a0 == a1 else [(1, 0), (0, 1)]
-            for pm in perms:
-                a = np.array([a0, a1])
-                v = _binned._kuhn_vertices(a, np.array(pm), m)
-                # the cell rule must map the cell's centroid back to this cell
-                ka, kp = _binned._simplex_cell_keys(v.mean(axis=0)[None, :], m)
-                keys.append(np.concatenate([ka[0], kp[0]]))
-                verts.append(v)
-    return np.array(keys, dtype=np.int64), np.array(verts)
-
-
-def _simplex_arrays(
-    probs: object,
-    labels: object,
-    bandwidth: object,
-    n_bins_per_side: object,
-    resolution: object,
-    backend: str,
-) -> SimplexDensity:
-    """Compute a :class:`SimplexDensity` without drawing (no matplotlib)."""
-    P = check_probs(probs)
-    if P.n_classes != 3:
-        raise ValueError(
-            f"simplex_density needs K = 3 classes (probs of shape (n, 3)), got K = {P.n_classes}"
-        )
-    y = None if labels is None else check_labels(labels, P.n, 3)
-    r = check_int(resolution, "resolution", 2)
-    be = _backends.resolve_backend(backend)
-    problem = _est.make_problem(P, y, "canonical")
-    h = _resolve_h(problem, bandwidth, be, labelled=y is not None)
-    raw = _binned._raw_probs(probs)
-    if n_bins_per_side is None:
-        m = _binned._default_bins_per_side(raw)
-    else:
-        m = check_int(n_bins_per_side, "n_bins_per_side", 1)
-    # ---- Dirichlet KDE on the barycentric grid
-    ii, jj = np.meshgrid(np.arange(r + 1), np.arange(r + 1), indexing="ij")
-    keep = ii + jj <= r
-    grid = np.stack([ii[keep], jj[keep], r - ii[keep] - jj[keep]], axis=1) / r
-    logu = np.log(np.maximum(grid, PROB_EPS))
-    A = P.p / h  # (n, 3): alpha - 1
-    log_norm = gammaln(1.0 / h + 3.0) - gammaln(A + 1.0).sum(axis=1)  # (n,)
-    kde = np.empty(grid.shape[0])
-    step = max(1, _BLOCK // P.n)
-    for s in range(0, grid.shape[0], step):
-        logk = logu[s : s + step] @ A.T + log_norm[None, :]
-        kde[s : s + step] = np.exp(logsumexp(logk, axis=1) - math.log(P.n))
-    # ---- simplex binning (the cell rule of kdecal.binned.simplex_ece)
-    keys, verts = _all_cells(m)
-    lookup = {tuple(k): i for i, k in enumerate(keys.tolist())}
-    ka, kp = _binned._simplex_cell_keys(raw, m)
-    cell = np.array([lookup[tuple(k)] for k in np.concatenate([ka, kp], axis=1).tolist()])
-    counts = np.bincount(cell, minlength=m * m).astype(np.int64)
-    density = counts / (P.n * (0.5 / (m * m)))
-    freq = sece = ekde = None
-    if y is not None:
-        lab = np.bincount(cell * 3 + y, minlength=3 * m * m).reshape(m * m, 3).astype(float)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            freq = _readonly(np.where(counts[:, None] > 0, lab / counts[:, None], np.nan))
-        sece = _binned.simplex_ece(probs, labels, n_bins_per_side=m)
-        est = _est.estimate(problem, h, "none", be, progress=False)
-        ekde = _est.ce_p(est, 1.0)
-    return SimplexDensity(
-        grid=_readonly(grid),
-        xy=_readonly(grid @ _TRI),
-        kde=_readonly(kde),
-        bandwidth=h,
-        n_bins_per_side=m,
-        cell_vertices=_readonly(verts),
-        cell_counts=_readonly(counts),
-        cell_density=_readonly(density),
-        cell_frequency=freq,
-        simplex_ece=sece,
-        ece_kde=ekde,
-    )
-
-
 def simplex_density(
     probs: object,
     labels: object = None,
@@ -1405,165 +733,6 @@ def simplex_density(
 
 
 # --------------------------------------------------------------------- Bayes risk curve
-@dataclass(frozen=True)
-class BayesRiskCurve:
-    """Arrays of :func:`bayes_risk_curve` (S systems) and the Axes.
-
-    Attributes
-    ----------
-    names : tuple of str, length S
-    threshold : ndarray, shape (G,), float64
-        Thresholds t in [0, 1] on P(y = 1): decide class 1 iff P(y = 1) > t.
-    risk : ndarray, shape (S, G), float64
-        ``W(t) Risk(t)`` (divided by the naive system's area when ``normalize``). Its
-        integral over [0, 1] is ``cross_entropy`` (uniform weight), ``1.5 * brier``
-        (beta22), or their normalised values; a quadrature on ``threshold`` approaches
-        it as the grid is refined (the curve has steps at every sample and rises like
-        1/t or 1/(1 - t) towards the ends when a sample is confidently wrong).
-    weight : str
-        ``"uniform"`` (area = cross-entropy) or ``"beta22"`` (area = 3 x the Brier score
-        with the 1/K convention of Ferrer & Ramos Eq. 9, i.e. 1.5 x kdecal's Brier score).
-    normalize : bool
-    cross_entropy : ndarray, shape (S,), float64
-        ``-mean log q_y`` (nats; probabilities clipped to ``PROB_EPS``).
-    normalized_cross_entropy : ndarray, shape (S,), float64
-        ``cross_entropy / H(pi)``, pi the class frequencies (Eq. 8).
-    brier : ndarray, shape (S,), float64
-        Brier score summed over the two classes, ``2 mean (p - y)^2`` (kdecal's).
-    normalized_brier : ndarray, shape (S,), float64
-        ``brier / (2 pi_0 pi_1)`` (Eq. 9, NBS).
-    error_rate : ndarray, shape (S,), float64
-        Error rate of the decisions at t = 1/2 (``Risk(1/2) = 2 x error rate``).
-    ax : matplotlib Axes or None
-    """
-
-    names: tuple[str, ...]
-    threshold: np.ndarray
-    risk: np.ndarray
-    weight: str
-    normalize: bool
-    cross_entropy: np.ndarray
-    normalized_cross_entropy: np.ndarray
-    brier: np.ndarray
-    normalized_brier: np.ndarray
-    error_rate: np.ndarray
-    ax: Any = None
-
-
-def _binary_column(P: Probs, name: str) -> np.ndarray:
-    if P.n_classes != 2:
-        raise ValueError(
-            f"bayes_risk_curve is for binary problems: {name} must have shape (n,) or "
-            f"(n, 2), got K = {P.n_classes} columns"
-        )
-    return P.p[:, 1]
-
-
-def _bayes_risk(p1: np.ndarray, y: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Risk(t) with the costs of Ferrer & Ramos Eq. 34, thresholding P(y = 1) at t.
-
-    ``(1/N) [ #{y = 0, p1 > t} / (1 - t) + #{y = 1, p1 <= t} / t ]``: a class-0 sample
-    decided 1 costs 1/(1 - t) and a class-1 sample decided 0 costs 1/t (0/0 = 0 at the
-    ends, where no sample is misclassified because 0 < p1 < 1 after clipping).
-    """
-    neg = np.sort(p1[y == 0])
-    pos = np.sort(p1[y == 1])
-    fp = neg.shape[0] - np.searchsorted(neg, t, side="right")  # p1 > t, y = 0
-    fn = np.searchsorted(pos, t, side="right")  # p1 <= t, y = 1
-    r = np.zeros(t.shape[0])
-    np.divide(fp, 1.0 - t, out=r, where=fp > 0)
-    r2 = np.zeros(t.shape[0])
-    np.divide(fn, t, out=r2, where=fn > 0)
-    return (r + r2) / p1.shape[0]
-
-
-def _as_systems(probs: object, labels: object, names: object) -> list[tuple[str, Any, Any]]:
-    """Normalise the (probs, labels, names) forms into a list of (name, probs, labels)."""
-    if isinstance(probs, Mapping):
-        items = list(probs.items())
-        nm = [str(k) for k, _ in items]
-        ps = [v for _, v in items]
-    elif isinstance(probs, (list, tuple)) and len(probs) > 0 and np.ndim(probs[0]) >= 1:
-        ps = list(probs)
-        nm = [f"system {i}" for i in range(len(ps))]
-    else:
-        ps = [probs]
-        nm = ["system"]
-    if names is not None:
-        nm = [str(s) for s in names]  # type: ignore[union-attr]
-        if len(nm) != len(ps):
-            raise ValueError(f"names has {len(nm)} entries for {len(ps)} systems")
-    if isinstance(labels, Mapping):
-        ls = [labels[k] for k in (probs.keys() if isinstance(probs, Mapping) else nm)]
-    elif isinstance(labels, (list, tuple)) and len(labels) > 0 and np.ndim(labels[0]) >= 1:
-        ls = list(labels)
-        if len(ls) != len(ps):
-            raise ValueError(f"labels has {len(ls)} arrays for {len(ps)} systems")
-    else:
-        ls = [labels] * len(ps)
-    return list(zip(nm, ps, ls))
-
-
-def _bayes_arrays(
-    probs: object,
-    labels: object,
-    names: object,
-    weight: object,
-    normalize: object,
-    n_grid: object,
-    thresholds: object = None,
-) -> BayesRiskCurve:
-    """Compute a :class:`BayesRiskCurve` without drawing (no matplotlib)."""
-    check_choice(weight, "weight", _WEIGHTS)
-    if not isinstance(normalize, (bool, np.bool_)):
-        raise TypeError(f"normalize must be True or False, got {normalize!r}")
-    if thresholds is None:
-        t = np.linspace(0.0, 1.0, check_int(n_grid, "n_grid", 3))
-    else:
-        t = np.asarray(_validation._numeric_array(thresholds, "thresholds"), dtype=np.float64)
-        if t.ndim != 1 or t.size < 2 or not np.all(np.isfinite(t)):
-            raise ValueError("thresholds must be a 1-D array of >= 2 finite values")
-        if np.any(t < 0) or np.any(t > 1) or np.any(np.diff(t) <= 0):
-            raise ValueError("thresholds must increase strictly within [0, 1]")
-    w = np.ones_like(t) if weight == "uniform" else 6.0 * t * (1.0 - t)
-    systems = _as_systems(probs, labels, names)
-    out: dict[str, list[float]] = {k: [] for k in ("ce", "nce", "bs", "nbs", "err")}
-    curves = []
-    for name, p, lab in systems:
-        P = check_probs(p, name="probs" if len(systems) == 1 else f"probs[{name!r}]")
-        p1 = _binary_column(P, "probs")
-        y = check_labels(lab, P.n, 2)
-        pi1 = float(np.mean(y))
-        ce = float(-np.mean(np.log(P.p[np.arange(P.n), y])))
-        ent = float(-xlogy(pi1, pi1) - xlogy(1.0 - pi1, 1.0 - pi1))
-        bs = float(2.0 * np.mean((p1 - y) ** 2))
-        naive_bs = 2.0 * pi1 * (1.0 - pi1)
-        curve = w * _bayes_risk(p1, y, t)
-        if normalize:
-            naive = ent if weight == "uniform" else 1.5 * naive_bs
-            if naive <= 0:
-                raise ValueError(f"normalize=True needs both classes among the labels of {name!r}")
-            curve = curve / naive
-        curves.append(curve)
-        out["ce"].append(ce)
-        out["nce"].append(ce / ent if ent > 0 else math.inf)
-        out["bs"].append(bs)
-        out["nbs"].append(bs / naive_bs if naive_bs > 0 else math.inf)
-        out["err"].append(float(np.mean((p1 > 0.5).astype(np.int64) != y)))
-    return BayesRiskCurve(
-        names=tuple(s[0] for s in systems),
-        threshold=_readonly(t),
-        risk=_readonly(np.array(curves)),
-        weight=str(weight),
-        normalize=bool(normalize),
-        cross_entropy=_readonly(np.array(out["ce"])),
-        normalized_cross_entropy=_readonly(np.array(out["nce"])),
-        brier=_readonly(np.array(out["bs"])),
-        normalized_brier=_readonly(np.array(out["nbs"])),
-        error_rate=_readonly(np.array(out["err"])),
-    )
-
-
 def bayes_risk_curve(
     probs: object,
     labels: object,

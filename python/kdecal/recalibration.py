@@ -1,9 +1,9 @@
-"""Post-hoc recalibration maps (calibrators), scikit-learn style.
+"""Post-hoc recalibration maps (calibrators), scikit-learn estimators.
 
 Every calibrator is fitted on held-out (validation) scores and labels and then maps new
 scores of the same classifier to calibrated probabilities::
 
-    cal = TemperatureScaling().fit(val_logits, val_labels)   # input="logits" (default)
+    cal = TemperatureScaling().fit(val_logits, val_labels)   # input="auto": logits here
     probs = cal.transform(test_logits)                       # (n, K) float64
     cal.temperature_
 
@@ -21,49 +21,83 @@ class                              map
 
 Common conventions
 ------------------
-- ``scores`` is anything :func:`numpy.asarray` accepts. With ``input="logits"`` (the
-  default) it holds real logits, shape ``(n, K)``; with ``input="probs"`` it holds
-  probabilities (rows on the simplex, checked and clipped to ``kdecal.PROB_EPS`` exactly
-  like every other kdecal function), which are turned into log-probabilities. Since
-  ``softmax`` is invariant to a constant added to a row, a row of logits and the log of its
-  softmax describe the same prediction; every calibrator here works on the
+- ``scores`` is any array object (NumPy, pandas, torch, ...; see
+  ``kdecal._validation.as_array``). ``input`` says what it holds: ``"logits"`` (real
+  logits, shape ``(n, K)``), ``"probs"`` (rows on the simplex, checked, renormalised and
+  clipped to ``kdecal.PROB_EPS`` exactly like every other kdecal function) or ``"auto"``
+  (the default): scores with an entry outside [0, 1] are logits, scores in [0, 1] whose
+  rows sum to 1 within 0.02 are probabilities, and anything in between raises a
+  ``ValueError`` that names both choices. Probabilities passed with ``input="logits"``
+  (every row on the simplex) raise a ``ValueError`` telling to pass ``input="probs"``;
+  nothing is guessed silently. :meth:`transform` reads its scores as the kind resolved in
+  :meth:`fit` (attribute ``input_``).
+- Since ``softmax`` is invariant to a constant added to a row, a row of logits and the
+  log of its softmax describe the same prediction; every calibrator works on the
   log-probabilities ``log q = log_softmax(z)``, so the two inputs give the same fitted map
-  (up to that clipping).
+  (up to the clipping). Logits up to the float64 range (+-1e308) are accepted: log q is
+  kept finite, and the optimisers work on a rescaled copy of it when its typical
+  magnitude is far from 1.
 - Binary problems: a 1-D ``scores`` of shape ``(n,)`` is the logit ``log(p / (1 - p))`` of
-  class 1 (``input="logits"``) or ``P(y = 1)`` (``input="probs"``), i.e. the two-class
-  problem with logits ``(0, t)``. For a 1-D input :meth:`transform` returns the calibrated
-  ``P(y = 1)``, shape ``(n,)``; for a 2-D input it returns ``(n, K)``. A calibrator fitted
-  on one form can transform the other.
+  class 1 or ``P(y = 1)``, i.e. the two-class problem with logits ``(0, t)``. For a 1-D
+  input :meth:`transform` returns the calibrated ``P(y = 1)``, shape ``(n,)``; for a 2-D
+  input it returns ``(n, K)``. A calibrator fitted on one form can transform the other.
 - ``labels`` are integers in ``0..K-1``. Classes that do not occur in the fit labels are
   allowed (K is the number of score columns).
-- Output is always float64; rows of 2-D outputs sum to 1.
-- Fitted parameters are attributes with a trailing underscore; :meth:`transform` before
-  :meth:`fit` raises :class:`NotFittedError`. Bad input raises ``ValueError`` or
-  ``TypeError`` naming the argument and the bad value, as everywhere in kdecal.
-- Solvers are those of :mod:`scipy.optimize` (``minimize_scalar``, ``brentq``,
-  ``minimize`` with L-BFGS-B and analytic gradients, ``isotonic_regression``).
+- ``sample_weight`` (optional, shape ``(n,)``, finite, ``>= 0``, positive sum) weights the
+  fit objective of every calibrator: the NLL, the expectation-consistency equation, PAV,
+  the bin frequencies and the accuracy / class frequencies of :class:`MeanReplacement`.
+  Integer weights give the same fit as repeated rows.
+- Output is always float64; rows of 2-D outputs sum to 1. :meth:`predict_proba` is an
+  alias of :meth:`transform`, so a calibrator can stand where code expects the output of
+  a scikit-learn classifier.
+- scikit-learn conventions (without depending on scikit-learn): constructor arguments
+  are stored unchanged and validated in :meth:`fit`; ``get_params(deep=True)``,
+  ``set_params``, ``sklearn.base.clone``, ``Pipeline``, ``GridSearchCV`` and
+  ``cross_val_predict`` work; fitted attributes end with an underscore (``n_features_in_``,
+  ``classes_``, ``n_classes_``, ``input_`` and each method's own); :meth:`transform` before
+  :meth:`fit` raises :class:`NotFittedError`, which ``sklearn.utils.validation.
+  check_is_fitted`` also detects. Bad input raises ``ValueError`` or ``TypeError`` naming
+  the argument and the bad value, as everywhere in kdecal.
+- Solvers are those of :mod:`scipy.optimize` (``brentq``, ``minimize`` with L-BFGS-B and
+  analytic gradients, ``isotonic_regression``). Every loop has an iteration bound and
+  every objective value is checked to be finite (a non-finite one raises ``ValueError``).
+  ``converged_`` is judged by the gradient at the returned point, not by the solver's
+  own stopping rule.
 
 References
 ----------
-.. [001] L. Clarté, B. Loureiro, F. Krzakala, L. Zdeborová. "Expectation consistency for
-   calibration of neural networks". arXiv:2303.02644, 2023.
-.. [002] M. Chidambaram, R. Ge. "Reassessing How to Compare and Improve the Calibration
-   of Machine Learning Models". 2024.
-.. [004] L. Ferrer, D. Ramos. "Evaluating Posterior Probabilities: Decision Theory,
-   Proper Scoring Rules, and Calibration". TMLR 2025.
-.. [Guo17] C. Guo, G. Pleiss, Y. Sun, K. Q. Weinberger. "On Calibration of Modern Neural
-   Networks". ICML 2017.
+- L. Clarté, B. Loureiro, F. Krzakala, L. Zdeborová. "Expectation consistency for
+  calibration of neural networks". arXiv:2303.02644, 2023.
+- M. Chidambaram, R. Ge. "Reassessing How to Compare and Improve the Calibration of
+  Machine Learning Models". arXiv, 2024.
+- L. Ferrer, D. Ramos. "Evaluating Posterior Probabilities: Decision Theory, Proper
+  Scoring Rules, and Calibration". Transactions on Machine Learning Research (TMLR), 2025.
+- C. Guo, G. Pleiss, Y. Sun, K. Q. Weinberger. "On Calibration of Modern Neural
+  Networks". ICML 2017.
+- B. Zadrozny, C. Elkan. "Obtaining calibrated probability estimates from decision trees
+  and naive Bayesian classifiers". ICML 2001.
 """
 
 from __future__ import annotations
 
+import inspect
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from scipy import optimize
-from scipy.special import log_softmax, logsumexp
+from scipy.special import logsumexp
 
-from ._validation import _numeric_array, check_choice, check_int, check_labels, check_probs
+from ._validation import (
+    _numeric_array,
+    check_choice,
+    check_int,
+    check_labels,
+    check_n_bins,
+    log_probs,
+)
+from .binned import bin_index
 from .warnings import KdecalWarning
 
 __all__ = [
@@ -78,18 +112,26 @@ __all__ = [
 ]
 
 #: Accepted values of the ``input`` argument.
-INPUTS = ("logits", "probs")
+INPUTS = ("auto", "logits", "probs")
 #: Fewest samples :meth:`fit` accepts.
 MIN_FIT_SAMPLES = 2
-#: Rows of logits that look like probabilities (``input="logits"`` given probabilities).
-_SIMPLEX_ATOL = 1e-6
 #: L-BFGS-B options of the affine and vector-scaling fits (max |gradient| ~ 1e-8 at the end
 #: on real data; the defaults stop at ~1e-5).
 _LBFGS_OPTIONS = {"maxiter": 5000, "maxls": 50, "ftol": 1e-14, "gtol": 1e-9}
-#: brentq tolerances on log T (relative precision of T ~ 1e-14).
+#: L-BFGS-B is restarted from its own result at most this many times while the gradient
+#: test below fails (a restart drops the curvature memory, which helps on badly scaled
+#: problems).
+_LBFGS_RESTARTS = 3
+#: ``converged_`` of the NLL fits: largest entry of the gradient with respect to the
+#: logarithm of each scale parameter and to each bias (nats; invariant to rescaling the
+#: scores) at the returned point.
+GRAD_TOL = 1e-6
+#: brentq tolerances on log T (relative precision of T ~ 1e-14) and its iteration bound.
 _BRENT_XTOL = 1e-14
 _BRENT_RTOL = 4 * np.finfo(float).eps
-#: Bracket expansion of :class:`ExpectationConsistency` stops beyond |log T| = this.
+_BRENT_MAXITER = 500
+#: The temperature searches stay within ``|log(T / s)| <= _LOG_T_MAX`` where ``s`` is the
+#: power-of-two scale of the scores (so ``exp`` of it neither overflows nor underflows).
 _LOG_T_MAX = 700.0
 
 
@@ -100,50 +142,8 @@ class NotFittedError(ValueError, AttributeError):
 # ---------------------------------------------------------------------------- helpers
 
 
-def _log_probs(scores: object, input: str, min_n: int, name: str = "scores"):
-    """Validate ``scores``; return ``(log q, q, binary)``, both (n, K) float64.
-
-    For ``input="probs"``, ``q`` is the validated (clipped, renormalised) input itself, not
-    ``exp(log q)``, so that bin edges are compared with the values the user passed.
-    """
-    if input == "probs":
-        P = check_probs(scores, name, min_n=min_n)
-        return np.log(P.p), P.p, P.binary
-    arr = _numeric_array(scores, name)
-    if arr.size == 0:
-        raise ValueError(f"{name} is empty (shape {arr.shape})")
-    if arr.ndim == 2 and arr.shape[1] == 1:
-        raise ValueError(
-            f"{name} has shape {arr.shape}: K = 1 class is not a classification problem; "
-            "pass a 1-D array of class-1 logits for binary problems"
-        )
-    if arr.ndim not in (1, 2):
-        raise ValueError(f"{name} must have shape (n, K) or (n,), got shape {arr.shape}")
-    z = arr.astype(np.float64)
-    if not np.all(np.isfinite(z)):
-        idx = tuple(int(i) for i in np.argwhere(~np.isfinite(z))[0])
-        raise ValueError(f"{name} contains a non-finite value {float(z[idx])!r} at index {idx}")
-    if z.shape[0] < min_n:
-        raise ValueError(f"{name} needs at least {min_n} samples, got n = {z.shape[0]}")
-    binary = z.ndim == 1
-    if binary:
-        z = np.stack([np.zeros_like(z), z], axis=1)
-    L = log_softmax(z, axis=1)
-    return L, np.exp(L), binary
-
-
-def _looks_like_probs(scores: object) -> bool:
-    arr = np.asarray(scores, dtype=np.float64)  # called after validation
-    return bool(
-        arr.ndim == 2
-        and np.all(arr >= 0)
-        and np.all(arr <= 1)
-        and np.all(np.abs(arr.sum(axis=1) - 1.0) <= _SIMPLEX_ATOL)
-    )
-
-
 def _softmax_rows(U: np.ndarray, scale: float = 1.0) -> np.ndarray:
-    """Row-wise ``softmax(scale * U)`` of finite ``U``, ``scale > 0``.
+    """Row-wise ``softmax(scale * U)`` of finite ``U``, finite ``scale > 0``.
 
     The row maximum is subtracted before scaling, so the largest exponent is exactly 0 and
     very large scales (tiny temperatures) only underflow the other entries to 0.
@@ -153,9 +153,15 @@ def _softmax_rows(U: np.ndarray, scale: float = 1.0) -> np.ndarray:
     return E / E.sum(axis=1, keepdims=True)
 
 
-def _nll(U: np.ndarray, y: np.ndarray) -> float:
-    """Mean negative log-likelihood of ``softmax(U)`` at labels ``y``."""
-    return float(np.mean(logsumexp(U, axis=1) - U[np.arange(U.shape[0]), y]))
+def _weighted_mean(x: np.ndarray, w: np.ndarray | None) -> float:
+    if w is None:
+        return float(np.mean(x))
+    return float(np.sum(w * x) / np.sum(w))
+
+
+def _nll(U: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> float:
+    """Mean (weighted) negative log-likelihood of ``softmax(U)`` at labels ``y``."""
+    return _weighted_mean(logsumexp(U, axis=1) - U[np.arange(U.shape[0]), y], w)
 
 
 def _renormalise(Q: np.ndarray, fallback: np.ndarray) -> np.ndarray:
@@ -170,7 +176,7 @@ def _renormalise(Q: np.ndarray, fallback: np.ndarray) -> np.ndarray:
 
 def _check_bounds(bounds: object, name: str = "bounds") -> tuple[float, float]:
     try:
-        lo, hi = (float(b) for b in bounds)  # type: ignore[union-attr]
+        lo, hi = (float(b) for b in bounds)  # type: ignore[attr-defined]
     except Exception as exc:
         raise TypeError(f"{name} must be a pair (T_min, T_max) of floats, got {bounds!r}") from exc
     if not (np.isfinite(lo) and np.isfinite(hi) and 0 < lo < hi):
@@ -178,21 +184,73 @@ def _check_bounds(bounds: object, name: str = "bounds") -> tuple[float, float]:
     return lo, hi
 
 
-def _polish_increasing_root(f, u: float, lo: float, hi: float, f_lo: float, f_hi: float) -> float:
-    """Root of a non-decreasing ``f`` near ``u`` with ``f(lo) < 0 < f(hi)`` (brentq)."""
-    step = 1e-6
-    while True:
-        a, b = max(u - step, lo), min(u + step, hi)
-        fa = f_lo if a == lo else f(a)
-        fb = f_hi if b == hi else f(b)
-        if fa <= 0.0 <= fb:
-            break
-        step *= 10.0
-    if fa == 0.0:
-        return a
-    if fb == 0.0:
-        return b
-    return float(optimize.brentq(f, a, b, xtol=_BRENT_XTOL, rtol=_BRENT_RTOL, maxiter=500))
+def _check_sample_weight(sample_weight: object, n: int) -> np.ndarray | None:
+    """Validate ``sample_weight``: None, or shape (n,), finite, >= 0, positive sum."""
+    if sample_weight is None:
+        return None
+    w = _numeric_array(sample_weight, "sample_weight")
+    if w.dtype == np.bool_:
+        raise TypeError(f"sample_weight must be real numbers, got dtype {w.dtype}")
+    w = np.asarray(w, dtype=np.float64)
+    if w.ndim == 0:
+        w = np.full(n, float(w))
+    if w.shape != (n,):
+        raise ValueError(f"sample_weight must have shape ({n},), got shape {w.shape}")
+    bad = ~np.isfinite(w) | (w < 0)
+    if np.any(bad):
+        i = int(np.argmax(bad))
+        raise ValueError(
+            f"sample_weight must be finite and >= 0, got {float(w[i])!r} at index {i}"
+        )
+    if not np.sum(w) > 0:
+        raise ValueError("sample_weight sums to zero; at least one sample needs a positive weight")
+    return np.ascontiguousarray(w)
+
+
+def _pow2(x: float) -> float:
+    """Return the power of two nearest to ``x > 0`` (exact to multiply and divide by)."""
+    return float(2.0 ** np.round(np.log2(x)))
+
+
+def _overflow_scale(L: np.ndarray) -> float:
+    """Power of two ``s >= 1`` such that sums of the entries of ``L / s`` stay below 2**480.
+
+    Their squares (the optimisers' curvature estimates) then stay finite too.
+    """
+    m = float(np.max(np.abs(L)))
+    limit = 2.0**480 / max(L.shape[0], 1) / max(L.shape[1], 1)
+    return 1.0 if m <= limit else float(2.0 ** np.ceil(np.log2(m / limit)))
+
+
+def _problem_scale(L: np.ndarray) -> float:
+    """Scale of log-probabilities for the L-BFGS fits: 1 unless badly scaled.
+
+    The typical magnitude of ``log q`` (median of the non-zero ``|log q|``) rounded to a
+    power of two when it lies outside [1/16, 16], else 1 (ordinary logits are fitted
+    unscaled); never below :func:`_overflow_scale`.
+    """
+    neg = np.abs(L[L < 0])
+    s = 1.0
+    if neg.size:
+        typical = float(np.median(neg))
+        if typical > 0 and not 1.0 / 16 <= typical <= 16.0:
+            s = _pow2(typical)
+    return max(s, _overflow_scale(L))
+
+
+def _finite_or_raise(value: float, who: str, what: str) -> float:
+    if not np.isfinite(value):
+        raise ValueError(
+            f"{who}: the {what} is not finite ({value!r}) although the scores are; the "
+            "scores are too extreme for this calibrator (rescale them)"
+        )
+    return value
+
+
+def _class_frequencies(y: np.ndarray, K: int, w: np.ndarray | None) -> np.ndarray:
+    """(Weighted) class frequencies of the labels, shape (K,)."""
+    counts = np.bincount(y, weights=w, minlength=K).astype(np.float64)
+    return counts / counts.sum()
 
 
 def _ovr_log_odds(L: np.ndarray) -> np.ndarray:
@@ -219,40 +277,106 @@ def _ovr_log_odds(L: np.ndarray) -> np.ndarray:
 
 
 class _Calibrator:
-    """Shared ``fit`` / ``transform`` plumbing (validation, binary form, fitted check)."""
+    """Shared ``fit`` / ``transform`` plumbing and the scikit-learn estimator protocol."""
 
-    _param_names: tuple[str, ...] = ("input",)
-
-    def __init__(self, input: str = "logits") -> None:
+    def __init__(self, input: str = "auto") -> None:
         self.input = input
 
+    # scikit-learn estimator protocol (as sklearn.base.BaseEstimator) ------------------
+    @classmethod
+    def _get_param_names(cls) -> list[str]:
+        sig = inspect.signature(cls.__init__)
+        return sorted(
+            p.name
+            for p in sig.parameters.values()
+            if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        )
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """Return the constructor arguments of this calibrator (scikit-learn convention).
+
+        Parameters
+        ----------
+        deep : bool, default True
+            Also return the parameters of parameters that are estimators themselves, as
+            ``name__param`` (none of the calibrators has such a parameter).
+
+        Returns
+        -------
+        dict
+            Parameter name -> value, as passed to the constructor or :meth:`set_params`.
+        """
+        out: dict[str, Any] = {}
+        for key in self._get_param_names():
+            value = getattr(self, key)
+            if deep and hasattr(value, "get_params") and not isinstance(value, type):
+                out.update((f"{key}__{k}", v) for k, v in value.get_params().items())
+            out[key] = value
+        return out
+
+    def set_params(self, **params: object) -> _Calibrator:
+        """Set constructor arguments (scikit-learn convention); validated by :meth:`fit`.
+
+        Returns
+        -------
+        self
+
+        Raises
+        ------
+        ValueError
+            For a name that is not a constructor argument.
+        """
+        valid = self._get_param_names()
+        for key, value in params.items():
+            if key not in valid:
+                raise ValueError(
+                    f"Invalid parameter {key!r} for estimator {type(self).__name__}; valid "
+                    f"parameters are {valid}"
+                )
+            setattr(self, key, value)
+        return self
+
     def __repr__(self) -> str:
-        args = ", ".join(f"{k}={getattr(self, k)!r}" for k in self._param_names)
+        args = ", ".join(f"{k}={getattr(self, k)!r}" for k in self._get_param_names())
         return f"{type(self).__name__}({args})"
 
-    def get_params(self) -> dict:
-        """Return the constructor arguments as a dict (scikit-learn convention)."""
-        return {k: getattr(self, k) for k in self._param_names}
+    def __sklearn_is_fitted__(self) -> bool:
+        return hasattr(self, "n_classes_")
+
+    def __sklearn_tags__(self) -> Any:
+        from sklearn.utils import InputTags, Tags, TargetTags, TransformerTags
+
+        return Tags(
+            estimator_type=None,
+            target_tags=TargetTags(required=True),
+            transformer_tags=TransformerTags(preserves_dtype=["float64"]),
+            input_tags=InputTags(two_d_array=True),
+        )
 
     # subclasses implement these two on validated log-probabilities -------------------
-    def _fit(self, L: np.ndarray, P: np.ndarray, y: np.ndarray) -> None:  # pragma: no cover
+    def _fit(
+        self, L: np.ndarray, P: np.ndarray, y: np.ndarray, w: np.ndarray | None
+    ) -> None:  # pragma: no cover
         raise NotImplementedError
 
     def _transform(self, L: np.ndarray, P: np.ndarray) -> np.ndarray:  # pragma: no cover
         raise NotImplementedError
 
     # public API ------------------------------------------------------------------------
-    def fit(self, scores: object, labels: object) -> _Calibrator:
+    def fit(self, X: object, y: object, sample_weight: object = None) -> _Calibrator:
         """Fit the calibrator on held-out scores and labels.
 
         Parameters
         ----------
-        scores : array-like, shape (n, K) or (n,)
-            Logits (``input="logits"``) or probabilities (``input="probs"``) of the
-            classifier on the calibration (validation) set; see the module docstring for
-            the binary ``(n,)`` form. At least 2 samples.
-        labels : array-like of int, shape (n,)
-            True classes in ``0..K-1``.
+        X : array-like, shape (n, K) or (n,)
+            The scores (called ``scores`` in messages): logits or probabilities
+            (``input``) of the classifier on the calibration (validation) set; see the
+            module docstring for the binary ``(n,)`` form. At least 2 samples.
+        y : array-like of int, shape (n,)
+            The labels (``labels`` in messages): true classes in ``0..K-1``.
+        sample_weight : array-like, shape (n,), optional
+            Non-negative finite weights of the samples in the fit objective (default: all
+            1); integer weights are equivalent to repeating rows.
 
         Returns
         -------
@@ -262,33 +386,39 @@ class _Calibrator:
         Raises
         ------
         TypeError
-            Non-numeric ``scores`` or ``labels``.
+            Non-numeric ``scores``, ``labels`` or ``sample_weight``.
         ValueError
-            Unknown ``input``; wrong shapes; NaN or infinite scores; probabilities off the
-            simplex (``input="probs"``); labels out of range or not integers; n < 2; and the
-            method-specific cases listed in each class.
+            Unknown ``input``; wrong shapes; NaN or infinite scores; scores that are
+            neither clearly probabilities nor clearly logits (``input="auto"``) or
+            probabilities passed as logits; probabilities off the simplex; labels out of
+            range or not integers; n < 2; bad ``sample_weight``; a non-finite objective;
+            and the method-specific cases listed in each class.
         """
         inp = check_choice(self.input, "input", INPUTS)
-        L, P, _ = _log_probs(scores, inp, MIN_FIT_SAMPLES)
-        y = check_labels(labels, L.shape[0], L.shape[1])
-        if inp == "logits" and _looks_like_probs(scores):
-            warnings.warn(
-                "scores look like probabilities (every row is on the simplex) but "
-                "input='logits'; pass input='probs' if they are probabilities",
-                KdecalWarning,
-                stacklevel=2,
+        if y is None:
+            raise ValueError(
+                f"{type(self).__name__} requires y to be passed, but the target y is None "
+                "(labels, integers in 0..K-1, are needed to fit a calibrator)"
             )
-        self._fit(L, P, y)
+        lp = log_probs(X, inp, "scores", MIN_FIT_SAMPLES)
+        L, P = lp.L, lp.q
+        labels = check_labels(y, L.shape[0], L.shape[1])
+        w = _check_sample_weight(sample_weight, L.shape[0])
+        self._fit(L, P, labels, w)
+        self.input_ = lp.kind
         self.n_classes_ = int(L.shape[1])
+        self.classes_ = np.arange(self.n_classes_)
+        self.n_features_in_ = 1 if lp.binary else self.n_classes_
         return self
 
-    def transform(self, scores: object) -> np.ndarray:
+    def transform(self, X: object) -> np.ndarray:
         """Calibrated probabilities of new scores.
 
         Parameters
         ----------
-        scores : array-like, shape (n, K) or (n,)
-            Scores of the same kind (``input``) and number of classes as in :meth:`fit`.
+        X : array-like, shape (n, K) or (n,)
+            Scores of the kind resolved in :meth:`fit` (``input_``) and with its number of
+            classes.
 
         Returns
         -------
@@ -304,25 +434,50 @@ class _Calibrator:
             Bad ``scores`` (as in :meth:`fit`), or a number of classes different from the
             one seen in :meth:`fit`.
         """
-        if not hasattr(self, "n_classes_"):
+        if not self.__sklearn_is_fitted__():
             raise NotFittedError(
                 f"this {type(self).__name__} instance is not fitted yet; call "
-                "fit(scores, labels) before transform"
+                "fit(X, y) before transform"
             )
-        inp = check_choice(self.input, "input", INPUTS)
-        L, P, binary = _log_probs(scores, inp, 1)
+        lp = log_probs(X, self.input_, "scores", 1)
+        L, P = lp.L, lp.q
         if L.shape[1] != self.n_classes_:
-            shape = np.shape(scores)
+            shape = np.shape(X)  # type: ignore[call-overload]  # (no copy of a dask array)
             raise ValueError(
                 f"scores has K = {L.shape[1]} classes (shape {shape}) but "
-                f"{type(self).__name__} was fitted with K = {self.n_classes_}"
+                f"{type(self).__name__} was fitted with K = {self.n_classes_} (X has "
+                f"{shape[-1] if len(shape) == 2 else 1} features, but {type(self).__name__} "
+                f"is expecting {self.n_features_in_} features as input)"
             )
         Q = np.ascontiguousarray(self._transform(L, P), dtype=np.float64)
-        return Q[:, 1].copy() if binary else Q
+        return Q[:, 1].copy() if lp.binary else Q
 
-    def fit_transform(self, scores: object, labels: object) -> np.ndarray:
-        """``fit(scores, labels).transform(scores)``; see :meth:`fit` and :meth:`transform`."""
-        return self.fit(scores, labels).transform(scores)
+    def predict_proba(self, X: object) -> np.ndarray:
+        """Alias of :meth:`transform`, for code written for scikit-learn classifiers."""
+        return self.transform(X)
+
+    def predict(self, X: object) -> np.ndarray:
+        """Most probable class of the calibrated probabilities (ties to the lower index).
+
+        Parameters
+        ----------
+        X : array-like, shape (n, K) or (n,)
+            As in :meth:`transform`.
+
+        Returns
+        -------
+        ndarray, shape (n,), int64
+            ``argmax`` of :meth:`transform`'s rows (for a 1-D input: 1 where the
+            calibrated ``P(y = 1) > 1/2``).
+        """
+        Q = self.transform(X)
+        if Q.ndim == 1:
+            return (Q > 0.5).astype(np.int64)
+        return np.argmax(Q, axis=1).astype(np.int64)
+
+    def fit_transform(self, X: object, y: object, sample_weight: object = None) -> np.ndarray:
+        """``fit(X, y, sample_weight).transform(X)``; see :meth:`fit` and :meth:`transform`."""
+        return self.fit(X, y, sample_weight).transform(X)
 
 
 # ----------------------------------------------------------------- temperature methods
@@ -340,28 +495,31 @@ class TemperatureScaling(_TemperatureMixin, _Calibrator):
 
     ``T_TS = argmin_T (1/n) sum_i [ log sum_k exp(z_ik / T) - z_{i,y_i} / T ]``
     (Guo et al. 2017; Clarté et al. 2023, Eq. 4, whose extra minus sign is a typo). The NLL
-    is convex in ``beta = 1/T`` (a log-sum-exp of a linear map minus a linear term), so it
-    is minimised over ``log beta`` in ``[1/T_max, 1/T_min]`` with the bounded Brent search of
-    :func:`scipy.optimize.minimize_scalar`, and the result is refined to machine precision
-    by :func:`scipy.optimize.brentq` on the (non-decreasing) analytic derivative
+    is convex in ``beta = 1/T`` (a log-sum-exp of a linear map minus a linear term), so its
+    analytic derivative is non-decreasing in ``beta`` and has at most one sign change in
+    ``[1/T_max, 1/T_min]``; the root is found by :func:`scipy.optimize.brentq` in
+    ``log beta`` (relative precision of T ~ 1e-14, at most 500 iterations)
 
     .. math:: \frac{d\,\mathrm{NLL}}{d\beta} = \frac1n \sum_i \Big(\sum_k p_{ik}(\beta)
        z_{ik} - z_{i,y_i}\Big), \qquad p_i(\beta) = \mathrm{softmax}(\beta z_i).
 
     Parameters
     ----------
-    input : {"logits", "probs"}, default "logits"
+    input : {"auto", "logits", "probs"}, default "auto"
         Kind of scores (see the module docstring).
-    bounds : (float, float), default (1e-3, 1e3)
-        Search interval ``(T_min, T_max)`` for the temperature.
+    bounds : (float, float), default (1e-6, 1e12)
+        Search interval ``(T_min, T_max)`` for the temperature, in the units of the
+        logits (``log q``). The default is wide enough for log-probabilities down to
+        about -1e13 (Gaussian naive Bayes, for example, produces -1e9 and needs T ~ 1e7).
 
     Attributes
     ----------
     temperature_ : float
         The fitted temperature T.
     converged_ : bool
-        False when the NLL has no minimum inside ``bounds`` (see Warns); ``temperature_``
-        is then the bound that the NLL decreases towards.
+        True when ``|d NLL / d log T| <= GRAD_TOL`` (1e-6 nats) at ``temperature_``, an
+        interior optimum; False when the NLL has no minimum inside ``bounds`` (see
+        Warns; ``temperature_`` is then the bound that the NLL decreases towards).
     nll_ : float
         Validation NLL (nats, mean) at ``temperature_``.
     n_classes_ : int
@@ -380,7 +538,7 @@ class TemperatureScaling(_TemperatureMixin, _Calibrator):
           ``mean_i z_{i,y_i} <= mean_i mean_k z_ik``): ``temperature_ = T_max``.
 
         The existence condition is ``dNLL/dbeta(0) < 0 < dNLL/dbeta(infinity)``
-        (Clarté et al. 2023; see ``docs/notes/clarte_2023.md`` section 1.1).
+        (Clarté et al. 2023, Sec. 3).
 
     Notes
     -----
@@ -391,8 +549,8 @@ class TemperatureScaling(_TemperatureMixin, _Calibrator):
 
     References
     ----------
-    Guo et al. 2017, Sec. 4.2; Clarté et al. 2023 [001], Sec. 3, Eq. 4; Ferrer & Ramos 2025
-    [004], Sec. 3 (temperature scaling as affine calibration with beta = 0).
+    Guo et al. 2017, Sec. 4.2; Clarté et al. 2023, Sec. 3, Eq. 4; Ferrer & Ramos 2025,
+    Sec. 3 (temperature scaling as affine calibration with beta = 0).
 
     Examples
     --------
@@ -406,30 +564,31 @@ class TemperatureScaling(_TemperatureMixin, _Calibrator):
     2.0
     """
 
-    _param_names = ("input", "bounds")
-
-    def __init__(self, input: str = "logits", bounds: tuple[float, float] = (1e-3, 1e3)) -> None:
+    def __init__(self, input: str = "auto", bounds: tuple[float, float] = (1e-6, 1e12)) -> None:
         super().__init__(input)
         self.bounds = bounds
 
-    def _fit(self, L: np.ndarray, P: np.ndarray, y: np.ndarray) -> None:
+    def _fit(self, L: np.ndarray, P: np.ndarray, y: np.ndarray, w: np.ndarray | None) -> None:
         t_min, t_max = _check_bounds(self.bounds)
-        n = L.shape[0]
-        ly = L[np.arange(n), y]
+        # work on L / s (s a power of two, 1 unless sums of L could overflow) and
+        # gamma = s / T, searched in u = log gamma
+        s = _overflow_scale(L)
+        Ls = L / s
+        ly = Ls[np.arange(L.shape[0]), y]
 
-        def nll(beta: float) -> float:
-            return _nll(beta * L, y)
+        def grad(u: float) -> float:
+            """Return s * dNLL/dgamma of softmax(gamma * L / s) at gamma = exp(u)."""
+            S = _softmax_rows(Ls, float(np.exp(u)))
+            g = _weighted_mean(np.sum(S * Ls, axis=1) - ly, w)
+            return _finite_or_raise(g, "TemperatureScaling", "NLL gradient")
 
-        def grad(beta: float) -> float:
-            S = _softmax_rows(L, beta)
-            return float(np.mean(np.sum(S * L, axis=1) - ly))
-
-        u_lo, u_hi = np.log(1.0 / t_max), np.log(1.0 / t_min)  # log beta
-        g_lo, g_hi = grad(np.exp(u_lo)), grad(np.exp(u_hi))
+        u_lo = float(np.clip(np.log(s) - np.log(t_max), -_LOG_T_MAX, _LOG_T_MAX))
+        u_hi = float(np.clip(np.log(s) - np.log(t_min), -_LOG_T_MAX, _LOG_T_MAX))
+        g_lo, g_hi = grad(u_lo), grad(u_hi)
         self.converged_ = False
         if g_hi <= 0.0:  # NLL still decreasing at the smallest temperature
             T = t_min
-            if np.all(ly == L.max(axis=1)):
+            if np.all(ly == Ls.max(axis=1)):
                 msg = (
                     "TemperatureScaling: every validation label is a top-scoring class "
                     "(100% validation accuracy): the NLL decreases monotonically as T -> 0 "
@@ -452,19 +611,31 @@ class TemperatureScaling(_TemperatureMixin, _Calibrator):
                 stacklevel=3,
             )
         else:
-            res = optimize.minimize_scalar(
-                lambda u: nll(np.exp(u)),
-                bounds=(u_lo, u_hi),
-                method="bounded",
-                options={"xatol": 1e-10, "maxiter": 500},
+            # the NLL is convex in gamma, so grad is non-decreasing: one sign change
+            u, info = optimize.brentq(
+                grad,
+                u_lo,
+                u_hi,
+                xtol=_BRENT_XTOL,
+                rtol=_BRENT_RTOL,
+                maxiter=_BRENT_MAXITER,
+                full_output=True,
+                disp=False,
             )
-            u = _polish_increasing_root(
-                lambda v: grad(np.exp(v)), float(res.x), u_lo, u_hi, g_lo, g_hi
-            )
-            T = float(np.exp(-u))
-            self.converged_ = True
+            T = float(np.clip(s * np.exp(-u), t_min, t_max))
+            # stationarity in log T: |d NLL / d log T| = gamma * |d NLL / d gamma|
+            gmax = float(abs(np.exp(u) * grad(u)))
+            self.converged_ = bool(info.converged and gmax <= GRAD_TOL)
+            if not self.converged_:
+                warnings.warn(
+                    f"TemperatureScaling: the root search stopped at T = {T:.6g} with "
+                    f"|d NLL / d log T| = {gmax:.3g} > {GRAD_TOL:g} (converged_ = False)",
+                    KdecalWarning,
+                    stacklevel=3,
+                )
         self.temperature_ = float(T)
-        self.nll_ = nll(1.0 / self.temperature_)
+        gamma = float(np.exp(np.clip(np.log(s) - np.log(T), -_LOG_T_MAX, _LOG_T_MAX)))
+        self.nll_ = _finite_or_raise(_nll(Ls * gamma, y, w), "TemperatureScaling", "NLL")
 
 
 class ExpectationConsistency(_TemperatureMixin, _Calibrator):
@@ -489,7 +660,7 @@ class ExpectationConsistency(_TemperatureMixin, _Calibrator):
     top_k : int, default 1
         Use the top-k accuracy and the total probability of the k top-scoring classes;
         ``1 <= top_k < K``. ``top_k = 1`` is the paper's method.
-    input : {"logits", "probs"}, default "logits"
+    input : {"auto", "logits", "probs"}, default "auto"
         Kind of scores (see the module docstring).
 
     Attributes
@@ -523,16 +694,14 @@ class ExpectationConsistency(_TemperatureMixin, _Calibrator):
     index (``numpy.argmax`` for k = 1), used for both the accuracy and the confidence.
     Scale equivariance and shift invariance hold as for :class:`TemperatureScaling`. Under
     a well-specified model (labels drawn from ``softmax(z / T0)``) both T_EC and T_TS are
-    consistent for T0 (``docs/notes/clarte_2023.md`` section 1.3).
+    consistent for T0 (Clarté et al. 2023, Sec. 5).
 
     References
     ----------
-    Clarté et al. 2023 [001], Algorithm 1, Eq. 5, Sec. 3 (top-N variant).
+    Clarté et al. 2023, Algorithm 1, Eq. 5, Sec. 3 (top-N variant).
     """
 
-    _param_names = ("top_k", "input")
-
-    def __init__(self, top_k: int = 1, input: str = "logits") -> None:
+    def __init__(self, top_k: int = 1, input: str = "auto") -> None:
         super().__init__(input)
         self.top_k = top_k
 
@@ -541,20 +710,22 @@ class ExpectationConsistency(_TemperatureMixin, _Calibrator):
         return np.argsort(-L, axis=1, kind="stable")[:, :k]
 
     @staticmethod
-    def _mean_confidence(L: np.ndarray, top: np.ndarray, T: float) -> float:
+    def _mean_confidence(
+        L: np.ndarray, top: np.ndarray, T: float, w: np.ndarray | None = None
+    ) -> float:
         S = _softmax_rows(L, 1.0 / T)
-        return float(np.mean(np.take_along_axis(S, top, axis=1).sum(axis=1)))
+        return _weighted_mean(np.take_along_axis(S, top, axis=1).sum(axis=1), w)
 
-    def _fit(self, L: np.ndarray, P: np.ndarray, y: np.ndarray) -> None:
+    def _fit(self, L: np.ndarray, P: np.ndarray, y: np.ndarray, w: np.ndarray | None) -> None:
         K = L.shape[1]
         k = check_int(self.top_k, "top_k", 1)
         if k >= K:
             raise ValueError(f"top_k must be < K = {K} (k = K is trivial), got {k}")
         top = self._top_sets(L, k)
-        acc = float(np.mean(np.any(top == y[:, None], axis=1)))
+        acc = _weighted_mean(np.any(top == y[:, None], axis=1).astype(np.float64), w)
         is_max = L == L.max(axis=1, keepdims=True)
-        sup = float(
-            np.mean(np.take_along_axis(is_max, top, axis=1).sum(axis=1) / is_max.sum(axis=1))
+        sup = _weighted_mean(
+            np.take_along_axis(is_max, top, axis=1).sum(axis=1) / is_max.sum(axis=1), w
         )
         what = "accuracy" if k == 1 else f"top-{k} accuracy"
         if acc <= k / K:
@@ -575,35 +746,41 @@ class ExpectationConsistency(_TemperatureMixin, _Calibrator):
                 f"largest attainable mean confidence {sup:.6g} (tied top scores), so no "
                 "T_EC exists"
             )
+        s = _overflow_scale(L)  # T = s * exp(u), |u| <= _LOG_T_MAX
+        Ls = L / s
 
-        def f(u: float) -> float:  # decreasing in u = log T
-            return self._mean_confidence(L, top, float(np.exp(u))) - acc
+        def f(u: float) -> float:  # decreasing in u = log(T / s)
+            c = self._mean_confidence(Ls, top, float(np.exp(u)), w)
+            return _finite_or_raise(c - acc, "ExpectationConsistency", "mean confidence")
 
-        # bracket expansion in log T from [-1, 1], doubling the step
+        # bracket expansion in u from [-1, 1], doubling the step (at most ~10 rounds)
         lo, hi, step = -1.0, 1.0, 1.0
         f_lo, f_hi = f(lo), f(hi)
         while f_lo < 0.0 and lo > -_LOG_T_MAX:
             step *= 2.0
-            lo, hi, f_hi = lo - step, lo, f_lo
+            lo, hi, f_hi = max(lo - step, -_LOG_T_MAX), lo, f_lo
             f_lo = f(lo)
         while f_hi > 0.0 and hi < _LOG_T_MAX:
             step *= 2.0
-            lo, hi, f_lo = hi, hi + step, f_hi
+            lo, hi, f_lo = hi, min(hi + step, _LOG_T_MAX), f_hi
             f_hi = f(hi)
         if f_lo == 0.0:
             u = lo
         elif f_hi == 0.0:
             u = hi
         elif f_lo > 0.0 > f_hi:
-            u = optimize.brentq(f, lo, hi, xtol=_BRENT_XTOL, rtol=_BRENT_RTOL, maxiter=500)
-        else:  # pragma: no cover - excluded by the existence checks above
+            u = optimize.brentq(
+                f, lo, hi, xtol=_BRENT_XTOL, rtol=_BRENT_RTOL, maxiter=_BRENT_MAXITER
+            )
+        else:
             raise ValueError(
                 "ExpectationConsistency: could not bracket the temperature in "
-                f"[exp(-{_LOG_T_MAX:g}), exp({_LOG_T_MAX:g})]"
+                f"s * [exp(-{_LOG_T_MAX:g}), exp({_LOG_T_MAX:g})] with s = {s:g} (the mean "
+                f"confidence minus the accuracy is {f_lo:.3g} and {f_hi:.3g} at the ends)"
             )
-        self.temperature_ = float(np.exp(u))
+        self.temperature_ = float(s * np.exp(u))
         self.accuracy_ = acc
-        self.confidence_ = self._mean_confidence(L, top, self.temperature_)
+        self.confidence_ = self._mean_confidence(Ls, top, float(np.exp(u)), w)
         self.converged_ = True
 
 
@@ -611,10 +788,16 @@ class ExpectationConsistency(_TemperatureMixin, _Calibrator):
 
 
 class _LBFGSMixin:
-    """L-BFGS-B fit of ``softmax(A(theta, log q))`` by mean NLL, analytic gradient."""
+    """L-BFGS-B fit of ``softmax(A(theta, log q))`` by mean NLL, analytic gradient.
 
-    def _warn_absent(self, y: np.ndarray, K: int, what: str) -> None:
-        absent = np.flatnonzero(np.bincount(y, minlength=K) == 0)
+    ``converged_`` is decided at the returned point by :data:`GRAD_TOL` on the gradient
+    with respect to the logarithm of each scale parameter and to each bias; while it
+    fails, L-BFGS-B is restarted from its result (at most ``_LBFGS_RESTARTS`` times).
+    """
+
+    def _warn_absent(self, y: np.ndarray, K: int, what: str, w: np.ndarray | None) -> None:
+        weight = np.bincount(y, weights=w, minlength=K)
+        absent = np.flatnonzero(weight <= 0)
         if absent.size:
             warnings.warn(
                 f"{type(self).__name__}: class(es) {absent.tolist()} never occur in the fit "
@@ -624,31 +807,68 @@ class _LBFGSMixin:
                 stacklevel=4,
             )
 
-    def _minimise(self, fun, x0: np.ndarray):
-        res = optimize.minimize(fun, x0, jac=True, method="L-BFGS-B", options=_LBFGS_OPTIONS)
-        self.converged_ = bool(res.success)
-        self.n_iter_ = int(res.nit)
-        if not res.success:
+    def _minimise(self, fun: Callable[..., Any], x0: np.ndarray, n_scale: int) -> np.ndarray:
+        """Minimise ``fun`` (value, gradient) from ``x0``; return the parameters.
+
+        The first ``n_scale`` entries of ``theta`` are scale parameters, judged on
+        ``theta_j * grad_j`` (the gradient with respect to their logarithm).
+        """
+        who = type(self).__name__
+
+        def checked(theta: np.ndarray) -> tuple[float, np.ndarray]:
+            f, g = fun(theta)
+            if not (np.isfinite(f) and np.all(np.isfinite(g))):
+                raise ValueError(
+                    f"{who}: the NLL or its gradient is not finite (NLL {f!r}) at the "
+                    f"parameters {theta.tolist()}; the scores are too extreme for this "
+                    "calibrator"
+                )
+            return f, g
+
+        def stationarity(theta: np.ndarray) -> float:
+            g = checked(theta)[1].copy()
+            g[:n_scale] *= theta[:n_scale]
+            return float(np.max(np.abs(g)))
+
+        x, n_iter = x0, 0
+        res: Any = None
+        for _ in range(1 + _LBFGS_RESTARTS):
+            res = optimize.minimize(
+                checked, x, jac=True, method="L-BFGS-B", options=_LBFGS_OPTIONS
+            )
+            n_iter += int(res.nit)
+            x = res.x
+            gmax = stationarity(x)
+            if gmax <= GRAD_TOL:
+                break
+        self.converged_ = bool(gmax <= GRAD_TOL)
+        self.n_iter_ = n_iter
+        if not self.converged_:
             warnings.warn(
-                f"{type(self).__name__}: L-BFGS-B did not converge ({res.message})",
+                f"{who}: L-BFGS-B stopped at a non-stationary point (largest gradient entry "
+                f"{gmax:.3g} > {GRAD_TOL:g}; {res.message}); converged_ = False",
                 KdecalWarning,
                 stacklevel=4,
             )
-        return res
+        return x
 
 
-def _nll_and_residual(U: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
-    """Mean NLL of softmax(U) and ``(softmax(U) - onehot(y)) / n``."""
+def _nll_and_residual(
+    U: np.ndarray, y: np.ndarray, w: np.ndarray | None = None
+) -> tuple[float, np.ndarray]:
+    """Mean (weighted) NLL of softmax(U) and ``w_i (softmax(U) - onehot(y)) / sum(w)``."""
     n = U.shape[0]
     rows = np.arange(n)
     m = U.max(axis=1, keepdims=True)
     E = np.exp(U - m)
     S = E.sum(axis=1, keepdims=True)
     lse = (m + np.log(S))[:, 0]
-    f = float(np.mean(lse - U[rows, y]))
+    f = _weighted_mean(lse - U[rows, y], w)
     R = E / S
     R[rows, y] -= 1.0
-    return f, R / n
+    if w is None:
+        return f, R / n
+    return f, R * (w / np.sum(w))[:, None]
 
 
 class AffineCalibration(_LBFGSMixin, _Calibrator):
@@ -669,7 +889,7 @@ class AffineCalibration(_LBFGSMixin, _Calibrator):
 
     Parameters
     ----------
-    input : {"logits", "probs"}, default "logits"
+    input : {"auto", "logits", "probs"}, default "auto"
         Kind of scores (see the module docstring).
 
     Attributes
@@ -682,36 +902,42 @@ class AffineCalibration(_LBFGSMixin, _Calibrator):
     nll_ : float
         Validation NLL at the optimum.
     converged_ : bool
-        Whether L-BFGS-B reported success.
+        Whether the returned point is stationary: every entry of the gradient of the NLL
+        with respect to the logarithm of each scale and to each bias is at most
+        ``GRAD_TOL`` (1e-6 nats) in absolute value (judged at the point, not from the
+        solver's stopping rule; L-BFGS-B is restarted up to 3 times until it holds).
     n_iter_ : int
-        L-BFGS-B iterations.
+        L-BFGS-B iterations, restarts included.
     n_classes_ : int
         K seen in :meth:`fit`.
 
     Warns
     -----
     KdecalWarning
-        If L-BFGS-B does not converge, if ``alpha_ <= 0``, or if a class never occurs in
-        the fit labels (its bias then diverges to -infinity at the optimum).
+        If the fit stops at a non-stationary point (``converged_ = False``), if
+        ``alpha_ <= 0``, or if a class never occurs in the fit labels (its bias then
+        diverges to -infinity at the optimum).
 
     References
     ----------
-    Ferrer & Ramos 2025 [004], Sec. 3.1, Eq. 23; reference implementation psrcal
-    ``AffineCalLogLoss`` (see ``docs/notes/ferrer_ramos_2025.md`` section 3.1).
+    Ferrer & Ramos 2025, Sec. 3.1, Eq. 23; reference implementation psrcal
+    ``AffineCalLogLoss``.
     """
 
-    def _fit(self, L: np.ndarray, P: np.ndarray, y: np.ndarray) -> None:
+    def _fit(self, L: np.ndarray, P: np.ndarray, y: np.ndarray, w: np.ndarray | None) -> None:
         K = L.shape[1]
-        self._warn_absent(y, K, "bias")
+        self._warn_absent(y, K, "bias", w)
+        s = _problem_scale(L)  # fit alpha * s on L / s
+        Ls = L / s
 
         def fun(theta: np.ndarray) -> tuple[float, np.ndarray]:
-            f, R = _nll_and_residual(theta[0] * L + theta[1:], y)
-            return f, np.concatenate([[np.sum(R * L)], R.sum(axis=0)])
+            f, R = _nll_and_residual(theta[0] * Ls + theta[1:], y, w)
+            return f, np.concatenate([[np.sum(R * Ls)], R.sum(axis=0)])
 
-        res = self._minimise(fun, np.concatenate([[1.0], np.zeros(K)]))
-        self.alpha_ = float(res.x[0])
-        self.beta_ = res.x[1:] - res.x[1:].mean()
-        self.nll_ = _nll(self.alpha_ * L + self.beta_, y)
+        x = self._minimise(fun, np.concatenate([[s], np.zeros(K)]), 1)
+        self.alpha_ = float(x[0] / s)
+        self.beta_ = x[1:] - x[1:].mean()
+        self.nll_ = _nll(x[0] * Ls + self.beta_, y, w)
         if self.alpha_ <= 0.0:
             warnings.warn(
                 f"AffineCalibration: fitted alpha_ = {self.alpha_:.4g} <= 0; the calibrated "
@@ -721,7 +947,9 @@ class AffineCalibration(_LBFGSMixin, _Calibrator):
             )
 
     def _transform(self, L: np.ndarray, P: np.ndarray) -> np.ndarray:
-        return _softmax_rows(self.alpha_ * L + self.beta_)
+        with np.errstate(over="ignore"):
+            U = self.alpha_ * L + self.beta_
+        return _softmax_rows(U)
 
 
 class VectorScaling(_LBFGSMixin, _Calibrator):
@@ -741,7 +969,7 @@ class VectorScaling(_LBFGSMixin, _Calibrator):
 
     Parameters
     ----------
-    input : {"logits", "probs"}, default "logits"
+    input : {"auto", "logits", "probs"}, default "auto"
         Kind of scores (see the module docstring).
 
     Attributes
@@ -753,17 +981,20 @@ class VectorScaling(_LBFGSMixin, _Calibrator):
     nll_ : float
         Validation NLL at the optimum.
     converged_ : bool
-        Whether L-BFGS-B reported success.
+        Whether the returned point is stationary: every entry of the gradient of the NLL
+        with respect to the logarithm of each scale and to each bias is at most
+        ``GRAD_TOL`` (1e-6 nats) in absolute value (judged at the point, not from the
+        solver's stopping rule; L-BFGS-B is restarted up to 3 times until it holds).
     n_iter_ : int
-        L-BFGS-B iterations.
+        L-BFGS-B iterations, restarts included.
     n_classes_ : int
         K seen in :meth:`fit`.
 
     Warns
     -----
     KdecalWarning
-        If L-BFGS-B does not converge, or if a class never occurs in the fit labels (its
-        bias then diverges to -infinity).
+        If the fit stops at a non-stationary point (``converged_ = False``), or if a class
+        never occurs in the fit labels (its bias then diverges to -infinity).
 
     Notes
     -----
@@ -771,31 +1002,35 @@ class VectorScaling(_LBFGSMixin, _Calibrator):
 
     References
     ----------
-    Guo et al. 2017, Sec. 4.2 (vector scaling); Ferrer & Ramos 2025 [004], Sec. 3.1
+    Guo et al. 2017, Sec. 4.2 (vector scaling); Ferrer & Ramos 2025, Sec. 3.1
     (the affine family it contains).
     """
 
-    def _fit(self, L: np.ndarray, P: np.ndarray, y: np.ndarray) -> None:
+    def _fit(self, L: np.ndarray, P: np.ndarray, y: np.ndarray, w: np.ndarray | None) -> None:
         K = L.shape[1]
-        self._warn_absent(y, K, "bias")
+        self._warn_absent(y, K, "bias", w)
+        s = _problem_scale(L)  # fit w * s on L / s
+        Ls = L / s
 
         def fun(theta: np.ndarray) -> tuple[float, np.ndarray]:
-            f, R = _nll_and_residual(theta[:K] * L + theta[K:], y)
-            return f, np.concatenate([np.sum(R * L, axis=0), R.sum(axis=0)])
+            f, R = _nll_and_residual(theta[:K] * Ls + theta[K:], y, w)
+            return f, np.concatenate([np.sum(R * Ls, axis=0), R.sum(axis=0)])
 
-        res = self._minimise(fun, np.concatenate([np.ones(K), np.zeros(K)]))
-        self.weights_ = res.x[:K].copy()
-        self.bias_ = res.x[K:] - res.x[K:].mean()
-        self.nll_ = _nll(self.weights_ * L + self.bias_, y)
+        x = self._minimise(fun, np.concatenate([np.full(K, s), np.zeros(K)]), K)
+        self.weights_ = x[:K] / s
+        self.bias_ = x[K:] - x[K:].mean()
+        self.nll_ = _nll(x[:K] * Ls + self.bias_, y, w)
 
     def _transform(self, L: np.ndarray, P: np.ndarray) -> np.ndarray:
-        return _softmax_rows(self.weights_ * L + self.bias_)
+        with np.errstate(over="ignore"):
+            U = self.weights_ * L + self.bias_
+        return _softmax_rows(U)
 
 
 # ------------------------------------------------------------- non-parametric methods
 
 
-def _isotonic_regression():
+def _isotonic_regression() -> Callable[..., Any]:
     try:
         from scipy.optimize import isotonic_regression
     except ImportError as exc:  # pragma: no cover - scipy < 1.12
@@ -808,14 +1043,23 @@ def _isotonic_regression():
     return isotonic_regression
 
 
-def _pav(x: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _pav(
+    x: np.ndarray, t: np.ndarray, w: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Isotonic (non-decreasing) fit of targets ``t`` on scores ``x``; ties pooled first.
 
-    Returns the distinct scores (increasing) and the fitted value at each.
+    ``w`` are sample weights (samples of weight 0 are dropped). Returns the distinct
+    scores (increasing) and the fitted value at each.
     """
-    xs, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
-    means = np.bincount(inverse, weights=t, minlength=xs.size) / counts
-    fitted = _isotonic_regression()(means, weights=counts.astype(np.float64)).x
+    if w is not None:
+        keep = w > 0
+        x, t, w = x[keep], t[keep], w[keep]
+    xs, inverse = np.unique(x, return_inverse=True)
+    inverse = inverse.ravel()
+    counts = np.bincount(inverse, weights=w, minlength=xs.size).astype(np.float64)
+    tw = t if w is None else t * w
+    means = np.bincount(inverse, weights=tw, minlength=xs.size) / counts
+    fitted = _isotonic_regression()(means, weights=counts).x
     return xs, np.clip(fitted, 0.0, 1.0)
 
 
@@ -842,7 +1086,7 @@ class IsotonicCalibration(_Calibrator):
 
     Parameters
     ----------
-    input : {"logits", "probs"}, default "logits"
+    input : {"auto", "logits", "probs"}, default "auto"
         Kind of scores (see the module docstring).
 
     Attributes
@@ -866,17 +1110,17 @@ class IsotonicCalibration(_Calibrator):
 
     References
     ----------
-    Ferrer & Ramos 2025 [004], Sec. 3.3 (PAV, binary); Chidambaram & Ge 2024 [002], Sec. 3
+    Ferrer & Ramos 2025, Sec. 3.3 (PAV, binary); Chidambaram & Ge 2024, Sec. 3
     (IR one-vs-rest with renormalisation).
     """
 
-    def _fit(self, L: np.ndarray, P: np.ndarray, y: np.ndarray) -> None:
+    def _fit(self, L: np.ndarray, P: np.ndarray, y: np.ndarray, w: np.ndarray | None) -> None:
         K = L.shape[1]
         R = _ovr_log_odds(L)
-        fits = [_pav(R[:, k], (y == k).astype(np.float64)) for k in range(K)]
+        fits = [_pav(R[:, k], (y == k).astype(np.float64), w) for k in range(K)]
         self.x_thresholds_ = [f[0] for f in fits]
         self.y_thresholds_ = [f[1] for f in fits]
-        self.class_prior_ = np.bincount(y, minlength=K) / y.shape[0]
+        self.class_prior_ = _class_frequencies(y, K, w)
 
     def _transform(self, L: np.ndarray, P: np.ndarray) -> np.ndarray:
         K = L.shape[1]
@@ -912,7 +1156,7 @@ class HistogramBinning(_Calibrator):
     ----------
     n_bins : int, default 15
         Number of equal-width bins M (15 as in Guo et al. 2017 and Chidambaram & Ge 2024).
-    input : {"logits", "probs"}, default "logits"
+    input : {"auto", "logits", "probs"}, default "auto"
         Kind of scores (see the module docstring).
 
     Attributes
@@ -940,36 +1184,36 @@ class HistogramBinning(_Calibrator):
 
     References
     ----------
-    Ferrer & Ramos 2025 [004], Sec. 3.2; Chidambaram & Ge 2024 [002], Sec. 3, Table 1;
+    Ferrer & Ramos 2025, Sec. 3.2; Chidambaram & Ge 2024, Sec. 3, Table 1;
     Guo et al. 2017, Sec. 4.1.
     """
 
-    _param_names = ("n_bins", "input")
-
-    def __init__(self, n_bins: int = 15, input: str = "logits") -> None:
+    def __init__(self, n_bins: int = 15, input: str = "auto") -> None:
         super().__init__(input)
         self.n_bins = n_bins
 
     def _bin_index(self, P: np.ndarray) -> np.ndarray:
-        idx = np.searchsorted(self.bin_edges_, P, side="left") - 1
-        return np.clip(idx, 0, self.bin_edges_.size - 2)
+        # kdecal's one bin rule (right-closed bins), applied to every entry
+        return bin_index(P.ravel(), self.bin_edges_).reshape(P.shape)
 
-    def _fit(self, L: np.ndarray, P: np.ndarray, y: np.ndarray) -> None:
-        M = check_int(self.n_bins, "n_bins", 1)
+    def _fit(self, L: np.ndarray, P: np.ndarray, y: np.ndarray, w: np.ndarray | None) -> None:
+        M = check_n_bins(self.n_bins, L.shape[0])
         K = L.shape[1]
         self.bin_edges_ = np.linspace(0.0, 1.0, M + 1)
         idx = self._bin_index(P)
         centres = (np.arange(M) + 0.5) / M
+        ww = np.ones(L.shape[0]) if w is None else w
         counts = np.zeros((K, M), dtype=np.int64)
         values = np.empty((K, M))
         for k in range(K):
-            counts[k] = np.bincount(idx[:, k], minlength=M)
-            pos = np.bincount(idx[:, k], weights=(y == k).astype(np.float64), minlength=M)
+            counts[k] = np.bincount(idx[:, k], weights=ww > 0, minlength=M).astype(np.int64)
+            mass = np.bincount(idx[:, k], weights=ww, minlength=M)
+            pos = np.bincount(idx[:, k], weights=ww * (y == k), minlength=M)
             with np.errstate(invalid="ignore", divide="ignore"):
-                values[k] = np.where(counts[k] > 0, pos / np.maximum(counts[k], 1), centres)
+                values[k] = np.where(mass > 0, pos / np.where(mass > 0, mass, 1.0), centres)
         self.bin_counts_ = counts
         self.bin_values_ = values
-        self.class_prior_ = np.bincount(y, minlength=K) / y.shape[0]
+        self.class_prior_ = _class_frequencies(y, K, w)
 
     def _transform(self, L: np.ndarray, P: np.ndarray) -> np.ndarray:
         K = L.shape[1]
@@ -1008,7 +1252,7 @@ class MeanReplacement(_Calibrator):
     ----------
     calibration : {"top_label", "canonical"}, default "top_label"
         Which trivial recalibration (see above).
-    input : {"logits", "probs"}, default "logits"
+    input : {"auto", "logits", "probs"}, default "auto"
         Kind of scores (see the module docstring).
 
     Attributes
@@ -1027,20 +1271,18 @@ class MeanReplacement(_Calibrator):
 
     References
     ----------
-    Chidambaram & Ge 2024 [002], Sec. 3 (MRR, Eq. 3.1), Theorem 4.2, Table 1.
+    Chidambaram & Ge 2024, Sec. 3 (MRR, Eq. 3.1), Theorem 4.2, Table 1.
     """
 
-    _param_names = ("calibration", "input")
-
-    def __init__(self, calibration: str = "top_label", input: str = "logits") -> None:
+    def __init__(self, calibration: str = "top_label", input: str = "auto") -> None:
         super().__init__(input)
         self.calibration = calibration
 
-    def _fit(self, L: np.ndarray, P: np.ndarray, y: np.ndarray) -> None:
+    def _fit(self, L: np.ndarray, P: np.ndarray, y: np.ndarray, w: np.ndarray | None) -> None:
         check_choice(self.calibration, "calibration", _MR_CHOICES)
         K = L.shape[1]
-        self.accuracy_ = float(np.mean(np.argmax(L, axis=1) == y))
-        self.class_frequencies_ = np.bincount(y, minlength=K) / y.shape[0]
+        self.accuracy_ = _weighted_mean((np.argmax(L, axis=1) == y).astype(np.float64), w)
+        self.class_frequencies_ = _class_frequencies(y, K, w)
 
     def _transform(self, L: np.ndarray, P: np.ndarray) -> np.ndarray:
         n, K = L.shape

@@ -1,6 +1,6 @@
-"""Proper scoring rules, Bayes risk, calibration loss and bootstrap intervals.
+"""Proper scoring rules, Bayes risk and calibration loss.
 
-The evaluation framework of Ferrer & Ramos (004): the quality of posteriors is measured
+The evaluation framework of Ferrer & Ramos (TMLR 2025): the quality of posteriors is measured
 by expected proper scoring rules (EPSRs) -- the cross-entropy (log loss), the Brier
 score and the Bayes risk of a cost matrix -- preferably normalised by the EPSR of the
 best naive system; calibration is diagnosed by the *calibration loss*, the part of the
@@ -13,55 +13,59 @@ Conventions
   ``kdecal.PROB_EPS = 1e-12`` and renormalised (so one sample adds at most
   ``-log(1e-12) = 27.6`` nats to the log loss). ``input="logits"`` takes unnormalised
   log-probabilities instead (log-softmax applied; (n,) means the log-odds of class 1)
-  and keeps the full precision of very small posteriors, as 004's code does with
+  and keeps the full precision of very small posteriors, as Ferrer & Ramos's code does with
   log-posteriors. ``labels`` are integers in ``0..K-1``.
 - **Priors.** ``priors=None`` uses the empirical test priors ``P_i = N_i / N``.
-  Given ``priors`` (004 App. A, Eq. 36-37), each sample of class ``h`` is weighted by
+  Given ``priors`` (Ferrer & Ramos 2025, App. A, Eq. 36-37), each sample of class ``h`` is weighted by
   ``P_h / (N_h / N)``: the EPSR is ``sum_h P_h * (mean loss over the class-h samples)``,
   which equals the plain average when ``priors`` are the empirical ones.
 - **Naive system.** ``normalize=True`` divides by the same EPSR of the best naive
-  system, the one that outputs the priors for every sample (004 Sec. 2.3.2, citing
+  system, the one that outputs the priors for every sample (Ferrer & Ramos 2025, Sec. 2.3.2, citing
   Brümmer 2010, Sec. 2.4.1: "the prior distribution in the test data"): the empirical
-  test priors, or ``priors`` when given (the code of 004 does the same). This gives
+  test priors, or ``priors`` when given (Ferrer & Ramos's code does the same). This gives
   NCE (normaliser ``-sum_i P_i log P_i``), NBS (``sum_i P_i (1 - P_i)``, divided by K
   under ``convention="mean"``) and NRisk / NEC (``min_j sum_i c_ij P_i``, the cost of
-  always taking the least costly decision, 004 Eq. 7 and below). The naive system
+  always taking the least costly decision, Ferrer & Ramos 2025, Eq. 7 and below). The naive system
   therefore scores exactly 1.
 - **Brier.** ``convention="sum"`` (default): ``sum_i (q_i - y_i)^2`` per sample, in
-  [0, 2] (Brier 1950). ``convention="mean"``: 004 Eq. 9, the same divided by K (in
+  [0, 2] (Brier 1950). ``convention="mean"``: Ferrer & Ramos 2025, Eq. 9, the same divided by K (in
   [0, 1] for K = 2: ``(1 - q_h)^2``). Normalised values are equal.
 - **Cost matrices** are (K, M) arrays ``C[i, j]`` = cost of decision j when the true
   class is i; M may exceed K (e.g. an abstention column). Bayes decisions are
-  ``argmin_j sum_i C[i, j] q_i`` (004 Eq. 1, 22), ties to the lowest index.
+  ``argmin_j sum_i C[i, j] q_i`` (Ferrer & Ramos 2025, Eq. 1, 22), ties to the lowest index.
+
+Cross-validation folds and bootstrap intervals live in :mod:`kdecal.resampling`;
+``cv_folds``, ``bootstrap_ci`` and ``BootstrapCI`` are re-exported here.
 
 References
 ----------
-.. [004] L. Ferrer, D. Ramos. "Evaluating Posterior Probabilities: Decision Theory,
-   Proper Scoring Rules, and Calibration". TMLR 2025. Code:
-   github.com/luferrer/expected_cost and github.com/luferrer/psr-calibration.
-.. [Br10] N. Brümmer. "Measuring, refining and calibrating speaker and language
-   information extracted from speech". PhD thesis, Stellenbosch University, 2010.
+- L. Ferrer, D. Ramos. "Evaluating Posterior Probabilities: Decision Theory,
+  Proper Scoring Rules, and Calibration". TMLR 2025. Code:
+  github.com/luferrer/expected_cost and github.com/luferrer/psr-calibration.
+- N. Brümmer. "Measuring, refining and calibrating speaker and language
+  information extracted from speech". PhD thesis, Stellenbosch University, 2010.
 """
 
 from __future__ import annotations
 
 import copy
-import inspect
 import numbers
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
-from scipy.special import logsumexp, xlogy
+from scipy.special import xlogy
 
 from ._validation import (
     ROW_SUM_ATOL,
     _numeric_array,
+    as_array,
     check_choice,
     check_int,
     check_labels,
-    check_probs,
+    log_probs,
 )
+from .resampling import BootstrapCI, _check_bool, bootstrap_ci, cv_folds
 
 __all__ = [
     "BootstrapCI",
@@ -79,7 +83,7 @@ __all__ = [
     "log_loss",
 ]
 
-_INPUTS = ("probs", "logits")
+_INPUTS = ("auto", "probs", "logits")
 _MODES = ("xv", "tt", "heldout")
 _CONVENTIONS = ("sum", "mean")
 _METRICS = ("log_loss", "brier_score")
@@ -94,37 +98,6 @@ _CALIBRATORS = {
 
 
 # ------------------------------------------------------------------------- validation
-
-
-def _check_bool(value: object, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
-    return bool(value)
-
-
-def _log_probs(x: object, input: str, name: str, min_n: int = 1) -> np.ndarray:
-    """Validate scores; return natural-log probabilities (n, K), float64, rows lse to 0."""
-    check_choice(input, "input", _INPUTS)
-    if input == "probs":
-        return np.log(check_probs(x, name, min_n=min_n).p)
-    z = _numeric_array(x, name).astype(np.float64)
-    if z.size == 0:
-        raise ValueError(f"{name} is empty (shape {z.shape})")
-    if z.ndim == 1:  # binary log-odds of class 1
-        z = np.stack([np.zeros_like(z), z], axis=1)
-    elif z.ndim != 2:
-        raise ValueError(f"{name} must have shape (n, K) or (n,), got shape {z.shape}")
-    elif z.shape[1] == 1:
-        raise ValueError(
-            f"{name} has shape {z.shape}: K = 1 class is not a classification problem; "
-            "pass a 1-D array of log-odds for binary problems"
-        )
-    if not np.all(np.isfinite(z)):
-        idx = tuple(int(i) for i in np.argwhere(~np.isfinite(z))[0])
-        raise ValueError(f"{name} contains a non-finite value {z[idx]!r} at index {idx}")
-    if z.shape[0] < min_n:
-        raise ValueError(f"{name} needs at least {min_n} samples, got n = {z.shape[0]}")
-    return z - logsumexp(z, axis=1, keepdims=True)
 
 
 def _check_priors(priors: object, K: int) -> np.ndarray:
@@ -151,7 +124,7 @@ def _class_weights(y: np.ndarray, K: int, priors: object) -> tuple[np.ndarray, n
         k = int(np.argmax(missing))
         raise ValueError(
             f"priors gives class {k} the prior {P[k]!r} but labels has no sample of class "
-            f"{k}: the prior-weighted average (004 App. A) needs at least one"
+            f"{k}: the prior-weighted average (Ferrer & Ramos 2025, App. A) needs at least one"
         )
     with np.errstate(divide="ignore", invalid="ignore"):
         per_class = np.where(counts > 0, P * N / np.maximum(counts, 1), 0.0)
@@ -226,7 +199,7 @@ def log_loss(
     priors: object = None,
     input: str = "probs",
 ) -> float:
-    """Cross-entropy (log loss) ``CE = -mean_t log q_{h_t}(x_t)``, or NCE (004 Eq. 8).
+    """Cross-entropy (log loss) ``CE = -mean_t log q_{h_t}(x_t)``, or NCE (Ferrer & Ramos 2025, Eq. 8).
 
     Parameters
     ----------
@@ -237,14 +210,15 @@ def log_loss(
         True classes in ``0..K-1``.
     normalize : bool, default False
         Divide by the cross-entropy of the naive system that outputs the priors,
-        ``-sum_i P_i log P_i`` (the prior entropy): the NCE of 004 Sec. 2.3.2. Values
+        ``-sum_i P_i log P_i`` (the prior entropy): the NCE of Ferrer & Ramos 2025, Sec. 2.3.2. Values
         above 1 mean the system is worse than that naive system.
     priors : array-like, shape (K,), optional
-        Target class priors (004 App. A, Eq. 36): ``CE = -sum_t P_{h_t}/N_{h_t}
+        Target class priors (Ferrer & Ramos 2025, App. A, Eq. 36): ``CE = -sum_t P_{h_t}/N_{h_t}
         log q_{h_t}``. Default: the empirical priors ``N_i / N`` (then Eq. 36 is Eq. 8).
         Must sum to 1; every class with a positive prior needs a sample.
-    input : {"probs", "logits"}, default "probs"
-        How to read ``probs``.
+    input : {"probs", "logits", "auto"}, default "probs"
+        How to read ``probs`` (``"auto"`` infers it; ``"logits"`` refuses rows that
+        are all probability vectors).
 
     Returns
     -------
@@ -260,7 +234,7 @@ def log_loss(
         ``priors`` (shape, negative, not summing to 1, prior > 0 for an absent class),
         unknown ``input``, or ``normalize=True`` with a zero normaliser (one class only).
     """
-    logp = _log_probs(probs, input, "probs")
+    logp = log_probs(probs, input, "probs").L
     n, K = logp.shape
     y = check_labels(labels, n, K)
     normalize = _check_bool(normalize, "normalize")
@@ -280,7 +254,7 @@ def brier_score(
     convention: str = "sum",
     input: str = "probs",
 ) -> float:
-    """Brier score ``mean_t sum_i (q_i(x_t) - 1[h_t = i])^2``, or NBS (004 Eq. 9).
+    """Brier score ``mean_t sum_i (q_i(x_t) - 1[h_t = i])^2``, or NBS (Ferrer & Ramos 2025, Eq. 9).
 
     Parameters
     ----------
@@ -290,15 +264,16 @@ def brier_score(
         True classes in ``0..K-1``.
     normalize : bool, default False
         Divide by the Brier score of the naive system that outputs the priors,
-        ``sum_i P_i (1 - P_i)`` (``/ K`` under ``convention="mean"``): NBS, 004
+        ``sum_i P_i (1 - P_i)`` (``/ K`` under ``convention="mean"``): NBS, Ferrer & Ramos 2025
         Sec. 2.3.3. The normalised value does not depend on ``convention``.
     priors : array-like, shape (K,), optional
-        Target class priors (004 App. A, Eq. 37); default the empirical ones.
+        Target class priors (Ferrer & Ramos 2025, App. A, Eq. 37); default the empirical ones.
     convention : {"sum", "mean"}, default "sum"
-        "sum": the squared error summed over the K classes (range [0, 2]); "mean": 004's
+        "sum": the squared error summed over the K classes (range [0, 2]); "mean": Ferrer & Ramos's
         Eq. 9 with the factor 1/K (psrcal's ``Brier``), i.e. "sum" divided by K.
-    input : {"probs", "logits"}, default "probs"
-        How to read ``probs``.
+    input : {"probs", "logits", "auto"}, default "probs"
+        How to read ``probs`` (``"auto"`` infers it; ``"logits"`` refuses rows that
+        are all probability vectors).
 
     Returns
     -------
@@ -311,7 +286,7 @@ def brier_score(
         As :func:`log_loss`, and for an unknown ``convention``.
     """
     check_choice(convention, "convention", _CONVENTIONS)
-    logp = _log_probs(probs, input, "probs")
+    logp = log_probs(probs, input, "probs").L
     n, K = logp.shape
     y = check_labels(labels, n, K)
     normalize = _check_bool(normalize, "normalize")
@@ -330,7 +305,7 @@ def brier_score(
 
 
 def cost_matrix_01(n_classes: int) -> np.ndarray:
-    """Return the 0-1 cost matrix ``c_ij = 1 - delta_ij`` (004 Sec. 2.3.1; "C01" of Table 2).
+    """Return the 0-1 cost matrix ``c_ij = 1 - delta_ij`` (Ferrer & Ramos 2025, Sec. 2.3.1; "C01" of Table 2).
 
     Its expected cost is the error rate; its Bayes decision is the argmax.
 
@@ -354,14 +329,14 @@ def cost_matrix_01(n_classes: int) -> np.ndarray:
 
 
 def cost_matrix_abstain(n_classes: int, abstain_cost: float = 0.1) -> np.ndarray:
-    """0-1 costs plus an abstention decision of fixed cost (004 "NRisk-01r", "Cab").
+    """0-1 costs plus an abstention decision of fixed cost (Ferrer & Ramos 2025, Table 2: "NRisk-01r", "Cab").
 
     Parameters
     ----------
     n_classes : int
         K >= 2.
     abstain_cost : float, default 0.1
-        Cost of the extra last decision "abstain" for every true class; 004 uses 0.1
+        Cost of the extra last decision "abstain" for every true class; Ferrer & Ramos use 0.1
         (Fig. 5-6, Table 2). Finite and >= 0.
 
     Returns
@@ -386,10 +361,10 @@ def cost_matrix_abstain(n_classes: int, abstain_cost: float = 0.1) -> np.ndarray
 def cost_matrix_imbalanced(
     n_classes: int, cost: float = 10.0, costly_class: int = -1
 ) -> np.ndarray:
-    """0-1 costs except that missing one class costs more (004 "NRisk-imb", "Cimb").
+    """0-1 costs except that missing one class costs more (Ferrer & Ramos 2025, Table 2: "NRisk-imb", "Cimb").
 
     ``c_ij = 1`` for ``i != j``, ``c_ii = 0``, except the row of ``costly_class``:
-    ``c_kj = cost`` for ``j != k``. 004's default is the last class with cost 10 (binary:
+    ``c_kj = cost`` for ``j != k``. Ferrer & Ramos's default is the last class with cost 10 (binary:
     ``c_12 = 1``, ``c_21 = 10``; Fig. 5-6, Table 2).
 
     Parameters
@@ -435,7 +410,7 @@ def cost_matrix_imbalanced(
 def bayes_decisions(
     probs: object, cost_matrix: object = None, *, input: str = "probs"
 ) -> np.ndarray:
-    """Bayes decisions ``argmin_j sum_i C[i, j] q_i`` (004 Eq. 1 and 22).
+    """Bayes decisions ``argmin_j sum_i C[i, j] q_i`` (Ferrer & Ramos 2025, Eq. 1 and 22).
 
     Parameters
     ----------
@@ -443,13 +418,14 @@ def bayes_decisions(
         Posteriors (renormalised), or logits with ``input="logits"``.
     cost_matrix : array-like, shape (K, M), optional
         ``C[i, j]``: cost of decision j for true class i. Default: 0-1 costs (argmax).
-    input : {"probs", "logits"}, default "probs"
-        How to read ``probs``.
+    input : {"probs", "logits", "auto"}, default "probs"
+        How to read ``probs`` (``"auto"`` infers it; ``"logits"`` refuses rows that
+        are all probability vectors).
 
     Returns
     -------
     ndarray, shape (n,), int64
-        Decisions in ``0..M-1``; ties go to the lowest index (004 footnote 2 allows any
+        Decisions in ``0..M-1``; ties go to the lowest index (Ferrer & Ramos 2025, footnote 2 allows any
         tie-breaker).
 
     Raises
@@ -457,7 +433,7 @@ def bayes_decisions(
     TypeError, ValueError
         Invalid ``probs``, ``cost_matrix`` of the wrong shape (rows != K) or non-finite.
     """
-    q = np.exp(_log_probs(probs, input, "probs"))
+    q = np.exp(log_probs(probs, input, "probs").L)
     K = q.shape[1]
     C = cost_matrix_01(K) if cost_matrix is None else _check_cost_matrix(cost_matrix, K)
     return np.ascontiguousarray(np.argmin(q @ C, axis=1), dtype=np.int64)
@@ -471,7 +447,7 @@ def expected_cost(
     normalize: bool = False,
     priors: object = None,
 ) -> float:
-    """Compute the expected cost ``EC = sum_ij c_ij P_i R_ij`` of decisions (004 Eq. 7).
+    """Compute the expected cost ``EC = sum_ij c_ij P_i R_ij`` of decisions (Ferrer & Ramos 2025, Eq. 7).
 
     ``R_ij = N_ij / N_i`` is the fraction of class-i samples given decision j. With the
     empirical priors this is the average cost ``mean_t C[h_t, d_t]``; with 0-1 costs it
@@ -487,9 +463,9 @@ def expected_cost(
         ``C[i, j]``: cost of decision j for true class i (e.g. :func:`cost_matrix_01`).
     normalize : bool, default False
         Divide by the cost of the naive system that always takes the least costly
-        decision, ``min_j sum_i C[i, j] P_i`` (NEC; 004 Eq. 7 and below).
+        decision, ``min_j sum_i C[i, j] P_i`` (NEC; Ferrer & Ramos 2025, Eq. 7 and below).
     priors : array-like, shape (K,), optional
-        Target priors ``P_i`` (004 Sec. 2.3.1: EC written with ``P_i``, App. A); default
+        Target priors ``P_i`` (Ferrer & Ramos 2025, Sec. 2.3.1: EC written with ``P_i``, App. A); default
         the empirical ones. Also used in the normaliser.
 
     Returns
@@ -527,7 +503,7 @@ def bayes_risk(
     priors: object = None,
     input: str = "probs",
 ) -> float:
-    """Bayes risk: the expected cost of the Bayes decisions (004 Sec. 2.3.1), or NRisk.
+    """Bayes risk: the expected cost of the Bayes decisions (Ferrer & Ramos 2025, Sec. 2.3.1), or NRisk.
 
     ``expected_cost(labels, bayes_decisions(probs, cost_matrix), cost_matrix)``. An EPSR,
     proper but not strict. With the default 0-1 costs it is the argmax error rate.
@@ -541,12 +517,13 @@ def bayes_risk(
     cost_matrix : array-like, shape (K, M), optional
         Default :func:`cost_matrix_01`.
     normalize : bool, default False
-        NRisk: divide by ``min_j sum_i C[i, j] P_i`` (004 Fig. 5-6, Table 2).
+        NRisk: divide by ``min_j sum_i C[i, j] P_i`` (Ferrer & Ramos 2025, Fig. 5-6, Table 2).
     priors : array-like, shape (K,), optional
         Target priors (see :func:`expected_cost`). They weight the costs only; the
         decisions use ``probs`` as given.
-    input : {"probs", "logits"}, default "probs"
-        How to read ``probs``.
+    input : {"probs", "logits", "auto"}, default "probs"
+        How to read ``probs`` (``"auto"`` infers it; ``"logits"`` refuses rows that
+        are all probability vectors).
 
     Returns
     -------
@@ -558,7 +535,7 @@ def bayes_risk(
     TypeError, ValueError
         As :func:`bayes_decisions` and :func:`expected_cost`.
     """
-    logp = _log_probs(probs, input, "probs")
+    logp = log_probs(probs, input, "probs").L
     n, K = logp.shape
     y = check_labels(labels, n, K)
     C = cost_matrix_01(K) if cost_matrix is None else _check_cost_matrix(cost_matrix, K)
@@ -567,143 +544,6 @@ def bayes_risk(
 
 
 # ------------------------------------------------------------------ calibration loss
-
-
-def _legacy_state(seed: object) -> np.random.RandomState:
-    """``sklearn.utils.check_random_state``: int/None -> new RandomState; RandomState as is."""
-    if isinstance(seed, np.random.RandomState):
-        return seed
-    if seed is None:
-        return np.random.RandomState()
-    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
-        raise TypeError(
-            f"seed must be a non-negative integer, None or a RandomState, got {seed!r}"
-        )
-    if int(seed) < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-    return np.random.RandomState(int(seed))
-
-
-def _stratified_folds(y: np.ndarray, n_folds: int, rs: np.random.RandomState) -> np.ndarray:
-    """Test-fold index per sample, as ``StratifiedKFold(n_folds, shuffle=True)``.
-
-    The allocation of scikit-learn (>= 0.22): classes in order of first appearance,
-    per-class fold counts from a round robin over the sorted labels, then each class's
-    block of fold indices shuffled by ``rs`` (so a RandomState(seed) reproduces
-    ``random_state=seed``, 004's ``calibration_with_crossval``).
-    """
-    _, y_idx, y_inv = np.unique(y, return_index=True, return_inverse=True)
-    _, class_perm = np.unique(y_idx, return_inverse=True)
-    y_enc = class_perm[y_inv.ravel()]
-    n_cls = y_idx.shape[0]
-    counts = np.bincount(y_enc, minlength=n_cls)
-    if np.all(n_folds > counts):
-        raise ValueError(
-            f"n_folds = {n_folds} is larger than the number of samples of every class "
-            f"(class counts {counts.tolist()}); use fewer folds or stratified=False"
-        )
-    y_order = np.sort(y_enc)
-    alloc = np.asarray([np.bincount(y_order[i::n_folds], minlength=n_cls) for i in range(n_folds)])
-    folds = np.empty(y.shape[0], dtype=np.int64)
-    for k in range(n_cls):
-        f = np.arange(n_folds).repeat(alloc[:, k])
-        rs.shuffle(f)
-        folds[y_enc == k] = f
-    return folds
-
-
-def _plain_folds(n: int, n_folds: int, rs: np.random.RandomState) -> np.ndarray:
-    """Test-fold index per sample, as ``KFold(n_folds, shuffle=True)``."""
-    idx = np.arange(n)
-    rs.shuffle(idx)
-    sizes = np.full(n_folds, n // n_folds, dtype=np.int64)
-    sizes[: n % n_folds] += 1
-    folds = np.empty(n, dtype=np.int64)
-    folds[idx] = np.repeat(np.arange(n_folds), sizes)
-    return folds
-
-
-def cv_folds(
-    labels: object,
-    *,
-    n_folds: int = 5,
-    seed: object = 0,
-    stratified: bool = True,
-    groups: object = None,
-) -> np.ndarray:
-    """Cross-validation fold of every sample, as 004's ``calibration_with_crossval`` draws them.
-
-    ``stratified=True`` reproduces scikit-learn's
-    ``StratifiedKFold(n_folds, shuffle=True, random_state=seed)`` exactly (the allocation
-    of scikit-learn >= 0.22: per-class fold counts by a round robin over the sorted
-    labels, each class's block of fold indices shuffled by ``RandomState(seed)``), and
-    ``stratified=False`` ``KFold(n_folds, shuffle=True, random_state=seed)``; 004 uses the
-    former with seed 0 on real data (notes: ``expected_cost.calibration``). scikit-learn
-    is not needed.
-
-    Parameters
-    ----------
-    labels : array-like, shape (n,), int
-        Class labels (the strata).
-    n_folds : int, default 5
-        Number of folds, ``>= 2``.
-    seed : int, None or numpy.random.RandomState, default 0
-        An int or None makes a fresh ``RandomState(seed)``; a RandomState is used and
-        advanced in place (to continue a stream, e.g. after
-        ``make_gaussian_posteriors(..., rng=state)``, as the synthetic experiments of 004
-        did with numpy's global state).
-    stratified : bool, default True
-        Stratify by ``labels``.
-    groups : array-like, shape (n,), optional
-        Group ids: the folds are drawn over the distinct groups (sorted), each
-        stratified by the label of its first sample, so that a group never straddles
-        folds (004 App. E: bootstrap copies of one sample).
-
-    Returns
-    -------
-    ndarray, shape (n,), int64
-        Fold index in ``0..n_folds-1`` of every sample (its test fold). A fold may be
-        empty when a class has fewer samples than folds.
-
-    Raises
-    ------
-    TypeError
-        Non-integer ``n_folds``; bad ``seed``; non-bool ``stratified``.
-    ValueError
-        ``labels`` not a non-empty 1-D integer array; ``n_folds < 2`` or larger than the
-        number of samples (groups), or, stratified, than the count of every class;
-        ``groups`` of the wrong shape.
-    """
-    arr = _numeric_array(labels, "labels")
-    if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"labels must be a non-empty 1-D array, got shape {arr.shape}")
-    if np.issubdtype(arr.dtype, np.floating) and np.any(
-        ~np.isfinite(arr) | (arr != np.round(arr))
-    ):
-        raise ValueError("labels must be integers")
-    y = arr.astype(np.int64)
-    n_folds = check_int(n_folds, "n_folds", 2)
-    stratified = _check_bool(stratified, "stratified")
-    rs = _legacy_state(seed)
-    if groups is None:
-        if y.shape[0] < n_folds:
-            raise ValueError(f"n_folds = {n_folds} exceeds the number of samples n = {y.shape[0]}")
-        if stratified:
-            return _stratified_folds(y, n_folds, rs)
-        return _plain_folds(y.shape[0], n_folds, rs)
-    g = np.asarray(groups)
-    if g.ndim != 1 or g.shape[0] != y.shape[0]:
-        raise ValueError(f"groups must have shape ({y.shape[0]},), got shape {g.shape}")
-    uniq, first, inv = np.unique(g, return_index=True, return_inverse=True)
-    if uniq.shape[0] < n_folds:
-        raise ValueError(
-            f"n_folds = {n_folds} exceeds the number of distinct groups ({uniq.shape[0]})"
-        )
-    if stratified:
-        gf = _stratified_folds(y[first], n_folds, rs)  # stratum: label of the first sample
-    else:
-        gf = _plain_folds(uniq.shape[0], n_folds, rs)
-    return gf[inv.ravel()]
 
 
 def _make_calibrator(calibrator: object, input: str) -> Callable[[], Any]:
@@ -727,15 +567,27 @@ def _make_calibrator(calibrator: object, input: str) -> Callable[[], Any]:
             f"transform(scores), got {type(calibrator).__name__}"
         )
     own = getattr(calibrator, "input", None)
-    if isinstance(own, str) and own != input:
-        raise ValueError(f"calibrator.input is {own!r} but input={input!r}; they must agree")
+    if isinstance(own, str) and own not in ("auto", input):
+        raise ValueError(
+            f"calibrator.input is {own!r} but the scores are {input} (input resolved to "
+            f"{input!r}); they must agree"
+        )
     return lambda: copy.deepcopy(calibrator)
 
 
-def _scores_array(x: object, input: str, name: str, min_n: int = 1) -> np.ndarray:
-    """Validate scores; return them as the calibrators take them, shape (n, K)."""
-    logp = _log_probs(x, input, name, min_n=min_n)
-    return np.exp(logp) if input == "probs" else logp
+def _scores_array(x: object, input: str, name: str, min_n: int = 1) -> tuple[np.ndarray, str]:
+    """Validate scores; return them as the calibrators take them, shape (n, K), and the kind.
+
+    Probabilities are returned as ``exp(log q)`` of the validated values, logits as given
+    (float64; a 1-D array of log-odds ``t`` as the two columns ``(0, t)``).
+    """
+    lp = log_probs(x, input, name, min_n=min_n)
+    if lp.kind == "probs":
+        return np.exp(lp.L), lp.kind
+    z = np.asarray(as_array(x, name), dtype=np.float64)
+    if z.ndim == 1:
+        z = np.stack([np.zeros_like(z), z], axis=1)
+    return z, lp.kind
 
 
 def calibrate_scores(
@@ -746,7 +598,7 @@ def calibrate_scores(
     mode: str = "xv",
     n_folds: int = 5,
     seed: object = 0,
-    input: str = "logits",
+    input: str = "auto",
     val: tuple[object, object] | None = None,
     stratified: bool = True,
     groups: object = None,
@@ -772,18 +624,19 @@ def calibrate_scores(
         See :func:`calibration_loss`.
     """
     check_choice(mode, "mode", _MODES)
-    X = _scores_array(scores, input, "scores")
+    check_choice(input, "input", _INPUTS)
+    X, kind = _scores_array(scores, input, "scores")
     n, K = X.shape
     y = check_labels(labels, n, K)
     n_folds = check_int(n_folds, "n_folds", 2)
     stratified = _check_bool(stratified, "stratified")
-    new = _make_calibrator(calibrator, input)
+    new = _make_calibrator(calibrator, kind)
     if mode == "heldout":
         if val is None:
             raise ValueError("mode='heldout' needs val=(scores, labels) to fit the calibrator on")
         if not (isinstance(val, (tuple, list)) and len(val) == 2):
             raise TypeError("val must be a pair (scores, labels)")
-        Xv = _scores_array(val[0], input, "val scores")
+        Xv, _ = _scores_array(val[0], kind, "val scores")
         if Xv.shape[1] != K:
             raise ValueError(f"val scores have K = {Xv.shape[1]} classes but scores have K = {K}")
         yv = check_labels(val[1], Xv.shape[0], K, name="val labels")
@@ -822,17 +675,17 @@ def calibration_loss(
     n_folds: int = 5,
     seed: object = 0,
     relative: bool = True,
-    input: str = "logits",
+    input: str = "auto",
     val: tuple[object, object] | None = None,
     stratified: bool = True,
     groups: object = None,
 ) -> float:
-    """Calibration loss: the EPSR before minus after a calibrator (004 Sec. 2.5.3, Eq. 30-33).
+    """Calibration loss: the EPSR before minus after a calibrator (Ferrer & Ramos 2025, Sec. 2.5.3, Eq. 30-33).
 
     ``CalLoss = EPSR_raw - EPSR_cal`` with both EPSRs empirical averages over the same
     test samples and labels, ``EPSR_cal`` computed on the calibrated scores ``s_t``;
     ``RCL = 100 (EPSR_raw - EPSR_cal) / EPSR_raw``, the percentage of the EPSR that the
-    calibrator removes (invariant to normalising the EPSR). 004's recommended diagnostic
+    calibrator removes (invariant to normalising the EPSR). Ferrer & Ramos's recommended diagnostic
     is RCL-CE with affine ("DP") calibration trained by 5-fold stratified
     cross-validation on the test data (the defaults here), or on held-out data.
 
@@ -844,8 +697,8 @@ def calibration_loss(
     Parameters
     ----------
     probs_or_logits : array-like, shape (n, K) or (n,), float
-        Test scores: logits / log-probabilities (``input="logits"``; (n,) = binary
-        log-odds) or probabilities (``input="probs"``; (n,) = P(y = 1)).
+        Test scores: logits / log-probabilities ((n,) = binary log-odds) or
+        probabilities ((n,) = P(y = 1)); see ``input``.
     labels : array-like, shape (n,), int
         True classes in ``0..K-1``.
     metric : {"log_loss", "brier_score"} or callable, default "log_loss"
@@ -853,38 +706,43 @@ def calibration_loss(
         (sum convention; RCL does not depend on it). The raw EPSR uses the scores as
         given (``input``); the calibrated one the probabilities the calibrator returns,
         clipped to ``kdecal.PROB_EPS`` (so the exact zeros of isotonic / histogram
-        calibration give a large but finite log loss, where 004's code gives inf). A
+        calibration give a large but finite log loss, where Ferrer & Ramos's code gives inf). A
         callable is called as ``metric(probs, labels) -> float`` with probabilities
         (n, K), e.g. ``functools.partial(bayes_risk, cost_matrix=C)``.
     calibrator : str or object, default "affine"
-        A name -- "affine" (DP: ``softmax(alpha z + beta)``, 004 Eq. 23), "temperature",
+        A name -- "affine" (DP: ``softmax(alpha z + beta)``, Ferrer & Ramos 2025, Eq. 23), "temperature",
         "vector", "isotonic", "histogram" -- of a :mod:`kdecal.recalibration` class, built
         with ``input=input``; or an unfitted object with ``fit(scores, labels)`` and
         ``transform(scores)``, deep-copied before every fit.
     mode : {"xv", "tt", "heldout"}, default "xv"
         "xv": ``n_folds``-fold cross-validation on the test data, each fold transformed
-        by a calibrator fitted on the others (004 Sec. 3.4 "xv"); "tt": fit and transform
-        on the whole test set (optimistic, 004 "tt"); "heldout": fit on ``val``.
+        by a calibrator fitted on the others (Ferrer & Ramos 2025, Sec. 3.4 "xv"); "tt": fit and transform
+        on the whole test set (optimistic; "tt" of Ferrer & Ramos 2025, Sec. 3.4); "heldout": fit on ``val``.
     n_folds : int, default 5
         Number of folds, ``>= 2`` ("xv" only).
     seed : int, None or numpy.random.RandomState, default 0
         Fold shuffling (see :func:`cv_folds`). An int gives exactly the folds of
         scikit-learn's ``StratifiedKFold(n_folds, shuffle=True, random_state=seed)``
-        (``KFold`` with ``stratified=False``), which 004 uses with seed 0 on real data; a
+        (``KFold`` with ``stratified=False``), which Ferrer & Ramos use with seed 0 on real data; a
         RandomState is used (and advanced) as is.
     relative : bool, default True
         Return RCL in percent (NaN when ``EPSR_raw <= 0``); else the absolute CalLoss in
         the metric's units (nats for log loss).
-    input : {"logits", "probs"}, default "logits"
-        How to read the scores (and ``val``'s).
+    input : {"auto", "logits", "probs"}, default "auto"
+        How to read the scores (and ``val``'s, which must be of the same kind):
+        ``"auto"`` infers it (entries outside [0, 1]: logits; entries in [0, 1] with rows
+        summing to 1 within 0.02: probabilities; anything in between raises a
+        ``ValueError`` naming both choices); ``"logits"`` refuses rows that are all
+        probability vectors (it names ``input='probs'``). See
+        ``kdecal._validation.resolve_input``.
     val : (scores, labels), optional
         Held-out calibration data for ``mode="heldout"`` (not allowed otherwise).
     stratified : bool, default True
-        Stratify the folds by class (004's default).
+        Stratify the folds by class (Ferrer & Ramos's default).
     groups : array-like, shape (n,), optional
         Group ids for "xv": all samples of a group fall in the same fold (stratified by
         the label of the group's first sample). :func:`bootstrap_ci` passes the original
-        sample indices here so that copies of a sample never straddle folds (004 App. E).
+        sample indices here so that copies of a sample never straddle folds (Ferrer & Ramos 2025, App. E).
         Ignored by "tt" and "heldout".
 
     Returns
@@ -915,11 +773,11 @@ def calibration_loss(
     elif callable(metric):
 
         def epsr(x: np.ndarray, y: np.ndarray, kind: str) -> float:
-            return float(metric(np.exp(_log_probs(x, kind, "scores")), y))
+            return float(metric(np.exp(log_probs(x, kind, "scores").L), y))
 
     else:
         raise TypeError(f"metric must be 'log_loss', 'brier_score' or a callable, got {metric!r}")
-    X = _scores_array(probs_or_logits, input, "probs_or_logits")
+    X, kind = _scores_array(probs_or_logits, input, "probs_or_logits")
     y = check_labels(labels, X.shape[0], X.shape[1])
     S = calibrate_scores(
         probs_or_logits,
@@ -928,133 +786,15 @@ def calibration_loss(
         mode=mode,
         n_folds=n_folds,
         seed=seed,
-        input=input,
+        input=kind,
         val=val,
         stratified=stratified,
         groups=groups,
     )
-    before = epsr(X, y, input)
+    before = epsr(X, y, kind)
     after = epsr(S, y, "probs")  # calibrators return probabilities
     if not relative:
         return before - after
     if not (np.isfinite(before) and before > 0):
         return float("nan")
     return 100.0 * (before - after) / before
-
-
-# ------------------------------------------------------------------------ bootstrap
-
-
-class BootstrapCI(NamedTuple):
-    """Full-sample estimate and percentile bootstrap interval."""
-
-    estimate: float
-    lower: float
-    upper: float
-
-
-def _accepts_groups(fn: Callable[..., Any]) -> bool:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    p = params.get("groups")
-    return p is not None and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
-
-
-def bootstrap_ci(
-    metric: Callable[..., float],
-    probs: object,
-    labels: object,
-    *,
-    n_boot: int = 100,
-    alpha: float = 0.05,
-    seed: int | np.random.Generator | np.random.SeedSequence | None = 0,
-    **metric_kwargs: Any,
-) -> BootstrapCI:
-    """Percentile bootstrap confidence interval of any metric (004 App. E).
-
-    Draws ``n_boot`` bootstrap sets of n rows with replacement, evaluates
-    ``metric(probs[idx], labels[idx], **metric_kwargs)`` on each, and returns the
-    full-sample value with the ``100 alpha/2`` and ``100 (1 - alpha/2)`` percentiles
-    (linear interpolation, :func:`numpy.percentile`). The system is frozen; anything the
-    metric fits on the test data (the calibrator of :func:`calibration_loss` with
-    ``mode="tt"``/``"xv"``, the bandwidth of ``kdecal.ece_kde(..., bandwidth="auto")``)
-    is refitted inside every bootstrap set, as 004 App. E requires. If ``metric`` has a
-    ``groups`` parameter that is not given, the original row indices are passed as
-    ``groups`` so that cross-validation keeps the copies of a sample in one fold
-    (004 App. E); a given ``groups`` array is resampled with the rows.
-
-    Parameters
-    ----------
-    metric : callable
-        ``metric(probs, labels, **metric_kwargs) -> float``, e.g. :func:`log_loss`,
-        :func:`calibration_loss`, :func:`kdecal.ece_kde` (pass ``bandwidth`` explicitly,
-        or "auto" to reselect it per resample).
-    probs : array-like, shape (n, ...)
-        Scores passed to ``metric`` (probabilities or logits, whatever it expects);
-        rows are resampled.
-    labels : array-like, shape (n,)
-        Labels, resampled with the rows.
-    n_boot : int, default 100
-        Number of bootstrap sets, ``>= 1`` (004 uses 100).
-    alpha : float, default 0.05
-        Significance level in (0, 1): a ``100 (1 - alpha)`` % interval (004's "gamma" is
-        ``100 alpha``).
-    seed : int, Generator, SeedSequence or None, default 0
-        For :func:`numpy.random.default_rng`; the resamples are reproducible.
-    **metric_kwargs
-        Passed to every ``metric`` call (e.g. ``normalize=True``, ``mode="xv"``).
-
-    Returns
-    -------
-    BootstrapCI
-        ``(estimate, lower, upper)``, floats in the metric's units; ``estimate`` is the
-        metric on the full sample (not the bootstrap mean). NaN values of the metric
-        propagate to the bounds.
-
-    Raises
-    ------
-    TypeError
-        ``metric`` not callable; non-integer ``n_boot``; non-real ``alpha``.
-    ValueError
-        ``n_boot < 1``; ``alpha`` outside (0, 1); ``probs`` and ``labels`` of different
-        lengths or empty; whatever ``metric`` raises.
-    """
-    if not callable(metric):
-        raise TypeError(f"metric must be callable, got {type(metric).__name__}")
-    n_boot = check_int(n_boot, "n_boot", 1)
-    if isinstance(alpha, (bool, np.bool_)) or not isinstance(alpha, numbers.Real):
-        raise TypeError(f"alpha must be a float in (0, 1), got {alpha!r}")
-    a = float(alpha)
-    if not 0.0 < a < 1.0:
-        raise ValueError(f"alpha must lie in the open interval (0, 1), got {alpha!r}")
-    X = np.asarray(probs)
-    y = np.asarray(labels)
-    if X.ndim == 0 or y.ndim != 1:
-        raise ValueError(
-            f"probs must be at least 1-D and labels 1-D, got shapes {X.shape} and {y.shape}"
-        )
-    n = y.shape[0]
-    if X.shape[0] != n or n == 0:
-        raise ValueError(
-            f"probs has {X.shape[0]} rows and labels {n} entries; they must be equal and > 0"
-        )
-    groups = metric_kwargs.get("groups")
-    g = None if groups is None else np.asarray(groups)
-    if g is not None and (g.ndim != 1 or g.shape[0] != n):
-        raise ValueError(f"groups must have shape ({n},), got shape {g.shape}")
-    auto_groups = g is None and _accepts_groups(metric)
-    rng = np.random.default_rng(seed)
-    estimate = float(metric(X, y, **metric_kwargs))
-    values = np.empty(n_boot)
-    kw = dict(metric_kwargs)
-    for b in range(n_boot):
-        idx = rng.integers(0, n, size=n)
-        if auto_groups:
-            kw["groups"] = idx
-        elif g is not None:
-            kw["groups"] = g[idx]
-        values[b] = float(metric(X[idx], y[idx], **kw))
-    lower, upper = np.percentile(values, [50.0 * a, 100.0 * (1.0 - a / 2.0)])
-    return BootstrapCI(estimate, float(lower), float(upper))

@@ -14,9 +14,11 @@ as a query point (through ``log f_j``) and as a kernel centre (through ``f_i`` a
 normalising term ``-sum_k lgamma(f_ik / h + 1)``, whose derivative is a digamma term).
 
 Everything that is O(nK) (clipping, the binary problems of top-label and class-wise
-calibration, the estimator on top of the conditional expectation) is written in torch
-operations, so autograd differentiates it; only the leave-one-out conditional expectation
-``E[y | f_j]`` is a custom :class:`torch.autograd.Function`.
+calibration, the estimator on top of the conditional expectation) is the array-API code
+that :mod:`kdecal` runs on NumPy arrays (``kdecal._formulas``), here evaluated on
+tensors, so autograd differentiates it; only the leave-one-out conditional expectation
+``E[y | f_j]`` is a custom :class:`torch.autograd.Function`. This module holds that
+Function, the tensor checks and the ``nn.Module`` wrappers.
 
 Requires torch (``pip install "kdecal[torch]"``) and the compiled core ``kdecal._core``
 (the numba fallback has no backward pass). CPU tensors, float32 or float64. Importing
@@ -24,11 +26,11 @@ Requires torch (``pip install "kdecal[torch]"``) and the compiled core ``kdecal.
 
 References
 ----------
-.. [003] T. Popordanoska, R. Sayer, M. B. Blaschko. "A Consistent and Differentiable
-   L_p Canonical Calibration Error Estimator". NeurIPS 2022.
-.. [000] T. Popordanoska, S. G. Gruber, A. Tiulpin, F. Buettner, M. B. Blaschko.
-   "Consistent and Asymptotically Unbiased Estimation of Proper Calibration Errors".
-   AISTATS 2024.
+- T. Popordanoska, R. Sayer, M. B. Blaschko. "A Consistent and Differentiable
+  L_p Canonical Calibration Error Estimator". NeurIPS 2022.
+- T. Popordanoska, S. G. Gruber, A. Tiulpin, F. Buettner, M. B. Blaschko.
+  "Consistent and Asymptotically Unbiased Estimation of Proper Calibration Errors".
+  AISTATS 2024.
 """
 
 from __future__ import annotations
@@ -37,13 +39,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy.special import digamma, gammaln
+from scipy.special import digamma
 from torch.autograd.function import once_differentiable
 
 from . import _backends
 from . import _estimators as _est
+from . import _formulas as _f
 from . import kde as _kde
-from ._validation import PROB_EPS, check_bandwidth, check_choice, check_labels, check_probs
+from ._validation import check_bandwidth, check_choice, check_labels, check_probs
 
 __all__ = [
     "CalibrationErrorLoss",
@@ -88,18 +91,17 @@ class _LooExpectation(torch.autograd.Function):
     def forward(  # type: ignore[override]
         ctx: Any, points: torch.Tensor, labels: np.ndarray, bandwidth: float
     ) -> torch.Tensor:
-        core = _core()
+        _core()
         kdt = np.float32 if points.dtype == torch.float32 else np.float64
         p64 = np.ascontiguousarray(points.detach().to(torch.float64).numpy())
-        n, D = p64.shape[1:]
-        logq = np.ascontiguousarray(np.log(p64), dtype=kdt)
-        pk = np.ascontiguousarray(p64, dtype=kdt)
+        problem = _est.Problem("canonical", p64, labels, np.dtype(kdt))
+        logq, pk, bias = _est.kernel_inputs(problem, np.array([bandwidth]))
         scale = 1.0 / bandwidth
-        bias = np.ascontiguousarray(-gammaln(p64 * scale + 1.0).sum(axis=-1))  # (B, n)
-        m, S, _, _ = core.loo_reduce(
-            logq, pk, labels, D, np.array([scale]), bias[:, None, :], 1, 0, n,
-            _backends._num_threads,
-        )  # fmt: skip
+        # one engine call; a progress bar for long work, Ctrl-C stops it
+        m, S, _, _ = _backends.loo_reduce(
+            logq, pk, labels, problem.dim, np.array([scale]), bias, backend="cpp"
+        )
+        bias = bias[:, 0]  # (B, n)
         S = S[:, 0]  # (B, n, D)
         S0 = S.sum(axis=-1)  # >= 1: the largest term is exp(0)
         E = S / S0[..., None]
@@ -148,33 +150,6 @@ def _labels_array(labels: object) -> object:
     return labels
 
 
-def _clip(probs: torch.Tensor) -> torch.Tensor:
-    """``(n, K)`` (or ``(n,)`` = P(y = 1)) -> clipped at PROB_EPS, rows renormalised."""
-    x = torch.stack([1.0 - probs, probs], dim=1) if probs.ndim == 1 else probs
-    x = x.clamp_min(PROB_EPS)
-    return x / x.sum(dim=1, keepdim=True)
-
-
-def _binary_points(q: torch.Tensor) -> torch.Tensor:
-    """``(1 - q, q)`` clipped at PROB_EPS and renormalised; q (..., n) -> (..., n, 2)."""
-    v = torch.stack([1.0 - q, q], dim=-1).clamp_min(PROB_EPS)
-    return v / v.sum(dim=-1, keepdim=True)
-
-
-def _problem(P: torch.Tensor, y: np.ndarray, calibration: str) -> tuple[torch.Tensor, np.ndarray]:
-    """Build the kernel problems of a notion (kdecal._estimators.make_problem in torch)."""
-    K = P.shape[1]
-    if calibration == "canonical":
-        return P.unsqueeze(0), y[None]
-    if calibration == "top_label":
-        top = P.detach().argmax(dim=1)
-        q = P.gather(1, top[:, None])[:, 0]
-        correct = (top.numpy() == y).astype(np.int64)
-        return _binary_points(q).unsqueeze(0), correct[None]
-    lab = (y[None, :] == np.arange(K)[:, None]).astype(np.int64)
-    return _binary_points(P.T), np.ascontiguousarray(lab)
-
-
 def _prepare(
     probs: object, labels: object, bandwidth: object, calibration: object
 ) -> tuple[torch.Tensor, np.ndarray, torch.Tensor, np.ndarray, float]:
@@ -188,19 +163,9 @@ def _prepare(
         h = _kde._resolve_bandwidth(checked, y, str(calibration), bandwidth, "cpp", False)
     else:
         h = check_bandwidth(bandwidth)
-    P = _clip(x)
-    points, lab = _problem(P, y, str(calibration))
-    return points, np.ascontiguousarray(lab), P, y, h
-
-
-def _coords(binary: bool) -> slice:
-    return slice(1, 2) if binary else slice(None)
-
-
-def _xlogx(E: torch.Tensor) -> torch.Tensor:
-    """``E log E`` with 0 log 0 = 0 and a finite gradient (0) at E = 0."""
-    pos = E > 0
-    return torch.where(pos, E * torch.log(torch.where(pos, E, torch.ones_like(E))), 0.0)
+    P = _f.simplex_points(x)
+    points, lab = _f.problem_arrays(P, torch.from_numpy(y), str(calibration))
+    return points, np.ascontiguousarray(lab.numpy()), P, y, h
 
 
 # ------------------------------------------------------------------------- public API
@@ -301,9 +266,8 @@ def ece_kde_loss(
         raise ValueError(f"p must be a finite real number >= 1, got {p!r}")
     points, lab, _, _, h = _prepare(probs, labels, bandwidth, calibration)
     E = _LooExpectation.apply(points, lab, h)
-    c = _coords(calibration != "canonical")
-    inner = torch.sum(torch.abs(E[..., c] - points[..., c]) ** float(p), dim=-1)
-    return torch.mean(inner) ** (1.0 / float(p))
+    c = _f.coords(calibration != "canonical")
+    return torch.mean(_f.lp_rows(E[..., c], points[..., c], float(p))) ** (1.0 / float(p))
 
 
 def calibration_error_loss(
@@ -357,21 +321,10 @@ def calibration_error_loss(
     points, lab, _, _, h = _prepare(probs, labels, bandwidth, calibration)
     E = _LooExpectation.apply(points, lab, h)
     binary = calibration != "canonical"
-    c = _coords(binary)
     if estimator == "direct":
-        if divergence == "kl":
-            rows = torch.sum(_xlogx(E) - torch.xlogy(E, points), dim=-1)
-        else:
-            rows = torch.sum((E[..., c] - points[..., c]) ** 2, dim=-1)
-        return torch.mean(rows)
-    lab_t = torch.from_numpy(lab)
-    if divergence == "kl":
-        F = torch.sum(_xlogx(E), dim=-1)
-        risk = -torch.log(points.gather(-1, lab_t[..., None])[..., 0])
-    else:
-        Y = torch.nn.functional.one_hot(lab_t, points.shape[-1]).to(points.dtype)[..., c]
-        F = torch.sum(E[..., c] ** 2, dim=-1)
-        risk = torch.sum((Y - points[..., c]) ** 2 - Y * Y, dim=-1)
+        return torch.mean(_f.divergence_rows(divergence, E, points, binary))
+    F = _f.generator_rows(divergence, E, binary)
+    risk = _f.risk_rows(divergence, points, torch.from_numpy(lab), binary)
     return torch.mean(F) + torch.mean(risk)
 
 

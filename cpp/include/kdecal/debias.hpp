@@ -6,7 +6,7 @@
 //   sum X = S0, sum Y = S_c, sum X^2 = Q0, sum XY = sum Y^2 = Q_c,
 //   sum X^3 = T0, sum X^2 Y = sum Y^2 X = T_c,
 // so every sample moment of the debiasing series is a function of the sums the
-// engine returns (DESIGN.md section 2).  All quantities are invariant to a common
+// engine returns (see loo.hpp).  All quantities are invariant to a common
 // scale of the weights, so the sums may be relative to the row maximum.
 //
 // - ratio of means (Popordanoska et al. 2022, App. C, Eq. 73-75): the conditional

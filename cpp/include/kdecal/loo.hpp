@@ -1,7 +1,8 @@
 // kdecal: streaming leave-one-out Dirichlet-kernel reduction (pure C++17, no Python).
 //
-// For query rows j and centres i != j (Popordanoska et al. 2022, Eq. 3 and 10;
-// kdecal DESIGN.md section 2):
+// For query rows j and centres i != j (Popordanoska et al. 2022, Eq. 3 and 10, with the
+// Dirichlet kernel Dir(f_i / h + 1) evaluated at f_j; its log is a rank-K product plus a
+// per-centre bias):
 //
 //   G_ij = sum_k logq[j,k] * p[i,k]            (a GEMM tile, in the input precision)
 //   L_ij = bias[t,i] + scale[t] * G_ij        (log-kernel up to the constant lgamma(1/h+K))
