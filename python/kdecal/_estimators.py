@@ -613,12 +613,16 @@ def fit_criteria(
         made: dict[float, Estimate] = {}
         for c, (record, sums) in found.items():
             if record.bandwidth not in made:
+                m, S, Q, T = sums[0], sums[1], sums[2], sums[3]
                 made[record.bandwidth] = estimate_from(
                     problem,
                     record.bandwidth,
                     debias,
                     backend,
-                    *sums[:4],
+                    m,
+                    S,
+                    Q,
+                    T,
                     D=sums[4] if len(sums) > 4 else None,
                 )
             out[c] = (made[record.bandwidth], record)
