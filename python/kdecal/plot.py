@@ -21,19 +21,7 @@ holding the arrays and the matplotlib Axes drawn on (``.ax``, None when ``draw=F
 
 References
 ----------
-- T. Popordanoska, R. Sayer, M. B. Blaschko. "A Consistent and Differentiable
-  L_p Canonical Calibration Error Estimator". NeurIPS 2022 (Eq. 3, 9, 10; Sec. 4;
-  Fig. 1, Fig. 7).
-- T. Popordanoska, S. G. Gruber, A. Tiulpin, F. Buettner, M. B. Blaschko.
-  "Consistent and Asymptotically Unbiased Estimation of Proper Calibration Errors".
-  AISTATS 2024 (Eq. 24-25, Fig. 8).
-- M. Chidambaram, R. Ge. "Reassessing How to Compare and Improve the
-  Calibration of Machine Learning Models". arXiv 2406.04068, 2024 (Lemma 4.1,
-  Eq. 5.1, 5.2, Sec. 5 "Estimation and plotting details", Fig. 1, App. A.2, B).
-- L. Ferrer, D. Ramos. "Evaluating Posterior Probabilities: Decision Theory,
-  Proper Scoring Rules, and Calibration". TMLR 2025 (Eq. 8-12, 34, Fig. 4).
-- C. Guo, G. Pleiss, Y. Sun, K. Q. Weinberger. "On Calibration of Modern
-  Neural Networks". ICML 2017 (reliability diagrams, Fig. 1).
+The papers behind every diagram are listed in :mod:`kdecal.curves`, which computes them.
 """
 
 from __future__ import annotations
