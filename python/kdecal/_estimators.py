@@ -189,11 +189,13 @@ CRITERIA = ("brier", "log", "loo-mle")
 SEARCH_GRID = np.logspace(-5.0, 1.0, 73)
 SEARCH_GRID.setflags(write=False)
 
-#: Kernel work (bandwidths x rows / n) the racing stage of the search may add.
-SEARCH_RACE_BUDGET = 4.0
+#: Query rows of the subsampled stages of the search: at least this many, else n / 20
+#: (the coarse stage uses half of them).
+SEARCH_SUBSET_MIN = 500
 
-#: Query rows of the subsampled stages of the search: at least this many, else n / 20.
-SEARCH_SUBSET_MIN = 1000
+#: Memory (bytes) the search may hold in accumulators of candidate bandwidths so that
+#: its last stage doubles as the estimate's pass; above it the estimate runs its own.
+SEARCH_FUSE_BYTES = 2 << 30
 
 
 def cv_risk_rows(problem: Problem, S: np.ndarray, criterion: str, rows: slice) -> np.ndarray:
@@ -238,7 +240,7 @@ class Search:
     criterion: str
     bandwidth: float
     tried: dict[float, float]  # bandwidth -> mean risk on the rows it was evaluated on
-    subset_rows: int  # query rows of the last racing stage
+    subset_rows: int  # query rows of the last stage (all n)
     kernel_work: float  # kernel evaluations, in units of n^2 (one bandwidth, all rows)
 
 
@@ -253,6 +255,92 @@ def search_bandwidth(
     return search_bandwidths(problem, (criterion,), powers, backend, progress)[criterion]
 
 
+class _Evaluations:
+    """Per-row risks of grid bandwidths on the rows ``[0, have)`` of a row-permuted problem.
+
+    Every engine call serves every criterion (the class sums give each one's risk).  With
+    ``keep`` the calls also hold the accumulators with the ``powers`` an estimate needs,
+    so that the accumulators of the chosen bandwidth need no further pass over the rows
+    already evaluated; :meth:`retain` bounds how many bandwidths' accumulators are held.
+    """
+
+    def __init__(
+        self,
+        sub: Problem,
+        criteria: tuple[str, ...],
+        powers: int,
+        backend: str,
+        progress: bool | None,
+    ) -> None:
+        self.sub, self.criteria, self.powers = sub, criteria, powers
+        self.backend, self.progress = backend, progress
+        self.risks: dict[str, dict[int, list[np.ndarray]]] = {c: {} for c in criteria}
+        self.have: dict[int, int] = {}
+        self.blocks: dict[int, list[tuple[int, int, tuple[np.ndarray, ...]]]] = {}
+        self.work = 0.0
+
+    def _engine(self, idx: list[int], r0: int, r1: int, full: bool) -> tuple[np.ndarray, ...]:
+        sums = engine(
+            self.sub,
+            SEARCH_GRID[idx],
+            labelled=True,
+            powers=self.powers if full else 1,
+            backend=self.backend,
+            progress=self.progress,
+            rows=(r0, r1),
+            pairs=full and self.powers >= 2,
+        )
+        self.work += (r1 - r0) / self.sub.n * len(idx)
+        return sums
+
+    def ensure(self, idx: list[int], upto: int, keep: bool) -> None:
+        """Evaluate the grid indices ``idx`` on rows ``[0, upto)`` (only what is missing)."""
+        groups: dict[int, list[int]] = {}
+        for i in idx:
+            if self.have.get(i, 0) < upto:
+                groups.setdefault(self.have.get(i, 0), []).append(i)
+        for r0, group in sorted(groups.items()):
+            sums = self._engine(group, r0, upto, keep)
+            for c in self.criteria:
+                for i, r in zip(group, cv_risk_rows(self.sub, sums[1], c, slice(r0, upto))):
+                    self.risks[c].setdefault(i, []).append(r)
+            for t, i in enumerate(group):
+                self.have[i] = upto
+                if keep:
+                    one = tuple(np.ascontiguousarray(x[:, t]) if x.size else x for x in sums)
+                    self.blocks.setdefault(i, []).append((r0, upto, one))
+
+    def risk(self, c: str, i: int, rows: int) -> np.ndarray:
+        """Per-row risks of grid index ``i`` on the rows ``[0, rows)``."""
+        return np.concatenate(self.risks[c][i])[:rows]
+
+    def retain(self, idx: set[int]) -> None:
+        """Drop the accumulators of every grid index outside ``idx``."""
+        for i in [i for i in self.blocks if i not in idx]:
+            del self.blocks[i]
+
+    def sums(self, i: int) -> tuple[np.ndarray, ...]:
+        """Accumulators of grid index ``i`` on all rows, in the permuted row order."""
+        blocks = sorted(self.blocks.get(i, []), key=lambda blk: blk[0])
+        filled, at = [], 0
+        for r0, r1, one in blocks:
+            if r0 > at:
+                filled.append((at, r0, self._one(i, at, r0)))
+            filled.append((r0, r1, one))
+            at = r1
+        if at < self.sub.n:
+            filled.append((at, self.sub.n, self._one(i, at, self.sub.n)))
+        parts = [one for _, _, one in filled]
+        return tuple(
+            np.concatenate([p[k] for p in parts], axis=1) if parts[0][k].size else parts[0][k]
+            for k in range(len(parts[0]))
+        )
+
+    def _one(self, i: int, r0: int, r1: int) -> tuple[np.ndarray, ...]:
+        sums = self._engine([i], r0, r1, True)
+        return tuple(np.ascontiguousarray(x[:, 0]) if x.size else x for x in sums)
+
+
 def search_bandwidths(
     problem: Problem,
     criteria: tuple[str, ...],
@@ -260,92 +348,72 @@ def search_bandwidths(
     backend: str,
     progress: bool | None = None,
 ) -> dict[str, tuple[Search, tuple[np.ndarray, ...]]]:
-    """Coarse-to-fine minimisation of leave-one-out risks over :data:`SEARCH_GRID`.
+    """Minimise leave-one-out risks over :data:`SEARCH_GRID`: subsets, then a local search.
 
     Several criteria (e.g. "brier" for the L1 / L2 quantities and "log" for the KL ones)
     share every engine pass: the class sums of a bandwidth give every criterion's risk.
-    For each criterion:
+    The query rows are visited in one random order (against all n centres, always), so
+    that the first ``r`` rows are a random subset and every stage reuses the rows the
+    earlier ones evaluated. For each criterion:
 
-    1. every 6th grid value (a ratio of 3.16) on a random subset of query rows (against
-       all n centres);
-    2. the 10 grid values around the best of 1, and around every other local minimum of
+    1. every 6th grid value (a ratio of 3.16) on the first ``m / 2`` rows, where
+       ``m = max(SEARCH_SUBSET_MIN, n // 20)`` (``m = n`` when ``n <= 2 *
+       SEARCH_SUBSET_MIN``);
+    2. the 5 grid values around the best of 1, and around every other local minimum of
        1 whose paired mean risk excess over the best is within 3 standard errors, on
-       the same rows;
-    3. while the candidates whose paired mean risk excess over the best is within 2
-       standard errors span more than one grid step (a flat or two-mode risk curve),
-       the survivors on twice as many rows (up to all n, and up to
-       :data:`SEARCH_RACE_BUDGET` bandwidth-passes of extra work), the window growing
-       towards any unevaluated neighbour of the best;
-    4. the best on all rows, with the ``powers`` the estimate needs.
+       the first ``m`` rows;
+    3. a local search on rows ``m, 2 m, 4 m, ..., n``: at each row count, the best
+       bandwidth's two neighbours are evaluated, and the search steps to a neighbour
+       while it is better, until the best is a local minimum of the risk on those rows.
 
-    Returns, per criterion, the search record (``tried``: the risks on the rows each
-    bandwidth was evaluated on) and the engine accumulators
-    ``(m, S, Q, T)`` of the chosen bandwidth on all rows (shapes (B, n), (B, n, C)),
-    followed by the pair sums ``D`` when ``powers >= 2``, so that the estimate needs no
-    further pass. Stages 1-2 use
-    ``max(SEARCH_SUBSET_MIN, n // 20)`` query rows (all rows when ``n <= 2000``): the
-    risks are averages over query rows and the same rows serve every bandwidth, so
-    their differences, which decide the argmin, carry far less noise than the risks.
-    The whole search costs about 2-3 single-bandwidth passes at n >= 10,000 (more when
-    a flat risk curve needs stage 3).
+    The result is therefore a local minimum of the exact leave-one-out risk on all n
+    rows, over the grid; on the real files of ``tests/test_trust.py`` it is the
+    exhaustive search's argmin. The rows doubling means that the final local search
+    usually starts one step or less from its end, which matters where the risk curve
+    is flat (the top-label and class-wise curves of real classifiers, whose argmin moves
+    by several grid steps between random halves of the data).
+
+    ``powers`` is what the estimate needs (0: no estimate). Stages 2-3 then run with it
+    (while the candidates' accumulators fit in :data:`SEARCH_FUSE_BYTES`), so that the
+    chosen bandwidth's accumulators need a pass over the rows of stage 1 at most.
+    Returns, per criterion, the search record (``tried``: the mean risk on the rows each
+    bandwidth was evaluated on) and the accumulators ``(m, S, Q, T)`` of the chosen
+    bandwidth on all rows (shapes (B, n), (B, n, C)), followed by the pair sums ``D``
+    when ``powers >= 2``; an empty tuple when ``powers == 0``.
     """
     grid = SEARCH_GRID
     G, n = len(grid), problem.n
     m_sub = n if n <= 2 * SEARCH_SUBSET_MIN else max(SEARCH_SUBSET_MIN, n // 20)
+    m_coarse = m_sub if m_sub == n else m_sub // 2
+    perm = None
     sub = problem
     if m_sub < n:
         perm = np.random.default_rng(0).permutation(n)
         sub = Problem(
             problem.calibration, problem.p[:, perm], problem.labels[:, perm], problem.dtype
         )
-    # criterion -> grid index -> per-row risks of consecutive row ranges 0, 1, ...
-    rows_of: dict[str, dict[int, list[np.ndarray]]] = {c: {} for c in criteria}
-    work = 0.0
-
-    def run(idx: list[int], r0: int, r1: int) -> None:
-        nonlocal work
-        if not idx or r1 <= r0:
-            return
-        _, S, _, _ = engine(
-            sub,
-            grid[idx],
-            labelled=True,
-            powers=1,
-            backend=backend,
-            progress=progress,
-            rows=(r0, r1),
-        )
-        work += (r1 - r0) / n * len(idx)
-        for c in criteria:
-            for i, r in zip(idx, cv_risk_rows(sub, S, c, slice(r0, r1))):
-                rows_of[c].setdefault(i, []).append(r)
-
-    def ensure(idx: list[int], upto: int) -> None:
-        """Evaluate the grid indices ``idx`` on rows [0, upto) (only what is missing)."""
-        have: dict[int, list[int]] = {}
-        first = rows_of[criteria[0]]
-        for i in idx:
-            have.setdefault(sum(r.size for r in first.get(i, [])), []).append(i)
-        for start, group in sorted(have.items()):
-            run(group, start, upto)
+    # accumulators on all rows (m; S, Q, T, D as powers asks) of a local search's window
+    # of 3 bandwidths and of the bandwidth an earlier criterion chose
+    held = 4 * (powers + 1) * problem.p.shape[0] * n * (problem.dim + 1) * 8
+    keep = 0 < powers and held <= SEARCH_FUSE_BYTES
+    ev = _Evaluations(sub, criteria, max(powers, 1), backend, progress)
 
     def choose(c: str) -> tuple[int, int]:
-        rows_c = rows_of[c]
-        done = m_sub  # every comparison uses the query rows [0, done)
+        done = m_coarse  # every comparison uses the query rows [0, done)
 
         def risk(i: int) -> float:
-            return float(np.mean(np.concatenate(rows_c[i])[:done]))
+            return float(np.mean(ev.risk(c, i, done)))
 
         def close(i: int, b: int, z: float) -> bool:
             """Whether i's paired mean risk excess over b is within z standard errors."""
-            d = np.concatenate(rows_c[i])[:done] - np.concatenate(rows_c[b])[:done]
+            d = ev.risk(c, i, done) - ev.risk(c, b, done)
             se = float(np.std(d, ddof=1)) / np.sqrt(d.size) if d.size > 1 else np.inf
             return float(np.mean(d)) <= z * se
 
         coarse = list(range(0, G, 6))
         if coarse[-1] != G - 1:
             coarse.append(G - 1)
-        ensure(coarse, m_sub)
+        ev.ensure(coarse, done, False)
         # stage 2 around every local minimum of the coarse curve that the subset cannot
         # tell from the best one (risk curves can have two modes, e.g. a small-h and a
         # large-h regression of nearly equal risk)
@@ -357,71 +425,46 @@ def search_bandwidths(
             if (k == 0 or cr[k] <= cr[k - 1]) and (k == len(coarse) - 1 or cr[k] <= cr[k + 1])
         ]
         modes = [i for i in modes if i == a or close(i, a, 3.0)]
-        cand = sorted({j for i in modes for j in range(max(0, i - 5), min(G, i + 6))})
-        ensure(cand, m_sub)
-        # Racing on more rows while the subset cannot tell the candidates near the
-        # minimum apart: a candidate stays while its paired mean risk excess over the
-        # best is within 2 standard errors; rows double until one grid step resolves the
-        # argmin. When the best has an unevaluated neighbour, the window grows towards it.
-        dropped: dict[int, int] = {}  # grid index -> rows it was dropped at
-        budget = work + SEARCH_RACE_BUDGET
-        for _ in range(4 * G):
-            b = min(cand, key=risk)
-            edge = [
-                b + step * k
-                for step in (-1, 1)
-                if 0 <= b + step < G and b + step not in cand
-                for k in (1, 2, 3)
-                if 0 <= b + step * k < G
-            ]
-            # a neighbour dropped on fewer rows may come back: the best has moved
-            edge = [i for i in edge if i not in cand and dropped.get(i, -1) < done]
-            if edge:
-                ensure(edge, done)
-                cand = sorted({*cand, *edge})
-                continue
-            keep = []
-            for i in cand:
-                if i == b or close(i, b, 2.0):
-                    keep.append(i)
-                else:
-                    dropped[i] = done
-            # at most the 4 best survivors race on (a doubling costs their number)
-            keep.sort(key=risk)
-            dropped.update({i: done for i in keep[4:]})
-            cand = sorted(keep[:4])
-            if done >= n or all(abs(i - b) <= 1 for i in cand):
-                break
-            nxt = min(n, 2 * done)
-            if work + len(cand) * (nxt - done) / n > budget:
-                break
-            ensure(cand, nxt)
-            done = nxt
-        return min(cand, key=risk), done
+        cand = sorted({j for i in modes for j in range(max(0, i - 2), min(G, i + 3))})
+        done = m_sub
+        ev.ensure(cand, done, keep)
+        b = min(cand, key=risk)
+        # stage 3: local search on the first `done` rows, `done` doubling up to n
+        while True:
+            for _ in range(G):
+                need = [i for i in (b - 1, b, b + 1) if 0 <= i < G]
+                ev.ensure(need, done, keep)
+                nb = min(need, key=risk)
+                ev.retain({nb - 1, nb, nb + 1} | winners)
+                if nb == b:
+                    break
+                b = nb
+            if done >= n:
+                return b, done
+            done = min(n, 2 * done)
 
-    chosen = {c: choose(c) for c in criteria}
+    chosen: dict[str, tuple[int, int]] = {}
+    winners: set[int] = set()  # accumulators kept for the criteria already searched
+    for c in criteria:
+        chosen[c] = choose(c)
+        winners.add(chosen[c][0])
     acc: dict[int, tuple[np.ndarray, ...]] = {}
-    for b, _ in chosen.values():
-        if b not in acc:
-            sums = engine(
-                problem,
-                grid[[b]],
-                labelled=True,
-                powers=powers,
-                backend=backend,
-                progress=progress,
-                pairs=powers >= 2,
-            )
-            work += 1.0
-            # m, S, Q, T (and D) of the one bandwidth; Q, T stay empty when not requested
-            acc[b] = tuple(x[:, 0] if x.size else x for x in sums)
+    if powers > 0:
+        if not keep:
+            ev.retain(set())
+        inv = None if perm is None else np.argsort(perm)
+        for b, _ in chosen.values():
+            if b not in acc:
+                # with keep, only the rows before stage 2 are missing (at most m / 2)
+                sums = ev.sums(b)
+                acc[b] = sums if inv is None else tuple(x[:, inv] if x.size else x for x in sums)
     out = {}
     for c, (b, done) in chosen.items():
         tried = {
-            float(grid[i]): float(np.mean(np.concatenate(rows_of[c][i])))
-            for i in sorted(rows_of[c])
+            float(grid[i]): float(np.mean(np.concatenate(ev.risks[c][i])))
+            for i in sorted(ev.risks[c])
         }
-        out[c] = (Search(c, float(grid[b]), tried, done, work), acc[b])
+        out[c] = (Search(c, float(grid[b]), tried, done, ev.work), acc.get(b, ()))
     return out
 
 

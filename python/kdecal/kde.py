@@ -213,7 +213,7 @@ def _resolve_bandwidth(
         return _est.select_bandwidth(
             problem, np.asarray(DEFAULT_BANDWIDTH_GRID), backend, progress
         )
-    record, _ = _est.search_bandwidth(problem, "brier", 1, backend, progress)
+    record, _ = _est.search_bandwidth(problem, "brier", 0, backend, progress)
     _warn_at_grid_end(record.bandwidth, _est.SEARCH_GRID, record.criterion)
     return record.bandwidth
 
@@ -748,7 +748,7 @@ def select_bandwidth(
         h = float(hs[int(np.argmin(risk))])
         _warn_at_grid_end(h, hs, str(criterion))
         return h
-    record, _ = _est.search_bandwidth(problem, str(criterion), 1, be, progress)
+    record, _ = _est.search_bandwidth(problem, str(criterion), 0, be, progress)
     _warn_at_grid_end(record.bandwidth, _est.SEARCH_GRID, record.criterion)
     return record.bandwidth
 
