@@ -100,11 +100,23 @@ def kernel_inputs(problem: Problem, hs: np.ndarray) -> tuple[np.ndarray, np.ndar
     Returns ``logq``, ``pk`` (B, n, D), C-contiguous in ``problem.dtype``, and the
     per-centre bias ``-sum_k lgamma(p_ik / h + 1)`` (B, H, n), float64.
     """
-    p = problem.p
-    logq = np.ascontiguousarray(np.log(p), dtype=problem.dtype)
-    pk = np.ascontiguousarray(p, dtype=problem.dtype)
-    bias = np.stack([-gammaln(p / h + 1.0).sum(axis=-1) for h in hs], axis=1)
+    logq, pk = kernel_points(problem)
+    bias = np.stack([kernel_bias(problem, h) for h in hs], axis=1)
     return logq, pk, np.ascontiguousarray(bias)
+
+
+def kernel_points(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
+    """``log p`` and ``p`` (B, n, D), C-contiguous in ``problem.dtype``."""
+    p = problem.p
+    return (
+        np.ascontiguousarray(np.log(p), dtype=problem.dtype),
+        np.ascontiguousarray(p, dtype=problem.dtype),
+    )
+
+
+def kernel_bias(problem: Problem, h: float) -> np.ndarray:
+    """Per-centre bias ``-sum_k lgamma(p_ik / h + 1)`` of one bandwidth, (B, n) float64."""
+    return np.asarray(-gammaln(problem.p / h + 1.0).sum(axis=-1))
 
 
 def engine(
@@ -117,13 +129,15 @@ def engine(
     progress: bool | None = None,
     rows: tuple[int, int] | None = None,
     pairs: bool = False,
+    inputs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, ...]:
     """One batched leave-one-out pass: m (B, H, R) and S, Q, T (B, H, R, C).
 
     ``rows`` restricts the query rows to ``[start, stop)`` (R of them; default all n),
     always against all n centres; ``pairs`` appends the pair sums D (B, H, R, C).
+    ``inputs``: :func:`kernel_inputs` of ``problem`` and ``hs``, when the caller has them.
     """
-    logq, pk, bias = kernel_inputs(problem, hs)
+    logq, pk, bias = kernel_inputs(problem, hs) if inputs is None else inputs
     if labelled:
         lab, n_groups = problem.labels, problem.dim
     else:
@@ -193,8 +207,17 @@ SEARCH_GRID.setflags(write=False)
 #: (the coarse stage uses half of them).
 SEARCH_SUBSET_MIN = 500
 
+#: ... and at most this many (n / 20 would make the subset stages cost 0.6 passes).
+SEARCH_SUBSET_MAX = 5000
+
+#: Paired standard errors by which a neighbour of the best bandwidth must be worse on
+#: the rows evaluated so far for the search to stop evaluating it on more rows.
+SEARCH_SEPARATED_Z = 4.0
+
 #: Memory (bytes) the search may hold in accumulators of candidate bandwidths so that
-#: its last stage doubles as the estimate's pass; above it the estimate runs its own.
+#: its last stages double as the estimate's pass. Above it, the accumulators farthest
+#: from the current best are dropped (their rows are recomputed if one of them is
+#: chosen); when a window of 3 bandwidths alone exceeds it, the estimate runs its own.
 SEARCH_FUSE_BYTES = 2 << 30
 
 
@@ -278,8 +301,15 @@ class _Evaluations:
         self.have: dict[int, int] = {}
         self.blocks: dict[int, list[tuple[int, int, tuple[np.ndarray, ...]]]] = {}
         self.work = 0.0
+        # the kernel inputs, each bandwidth's bias computed once (n K lgamma calls)
+        self.logq, self.pk = kernel_points(sub)
+        self.bias: dict[int, np.ndarray] = {}
 
     def _engine(self, idx: list[int], r0: int, r1: int, full: bool) -> tuple[np.ndarray, ...]:
+        for i in idx:
+            if i not in self.bias:
+                self.bias[i] = kernel_bias(self.sub, float(SEARCH_GRID[i]))
+        bias = np.ascontiguousarray(np.stack([self.bias[i] for i in idx], axis=1))
         sums = engine(
             self.sub,
             SEARCH_GRID[idx],
@@ -289,6 +319,7 @@ class _Evaluations:
             progress=self.progress,
             rows=(r0, r1),
             pairs=full and self.powers >= 2,
+            inputs=(self.logq, self.pk, bias),
         )
         self.work += (r1 - r0) / self.sub.n * len(idx)
         return sums
@@ -314,9 +345,26 @@ class _Evaluations:
         """Per-row risks of grid index ``i`` on the rows ``[0, rows)``."""
         return np.concatenate(self.risks[c][i])[:rows]
 
-    def retain(self, idx: set[int]) -> None:
-        """Drop the accumulators of every grid index outside ``idx``."""
-        for i in [i for i in self.blocks if i not in idx]:
+    def retain(self, idx: set[int], budget: float = 0.0) -> None:
+        """Drop accumulators, farthest from ``idx`` first, until at most ``budget`` bytes.
+
+        The accumulators of ``idx`` are never dropped.
+        """
+
+        def size(i: int) -> int:
+            return sum(x.nbytes for blk in self.blocks[i] for x in blk[2])
+
+        held = {i: size(i) for i in self.blocks}
+        total = sum(held.values())
+        far = sorted(
+            (i for i in held if i not in idx),
+            key=lambda i: min((abs(i - j) for j in idx), default=0),
+            reverse=True,
+        )
+        for i in far:
+            if total <= budget:
+                break
+            total -= held[i]
             del self.blocks[i]
 
     def sums(self, i: int) -> tuple[np.ndarray, ...]:
@@ -357,21 +405,27 @@ def search_bandwidths(
     earlier ones evaluated. For each criterion:
 
     1. every 6th grid value (a ratio of 3.16) on the first ``m / 2`` rows, where
-       ``m = max(SEARCH_SUBSET_MIN, n // 20)`` (``m = n`` when ``n <= 2 *
-       SEARCH_SUBSET_MIN``);
+       ``m = n // 20`` clipped to [:data:`SEARCH_SUBSET_MIN`, :data:`SEARCH_SUBSET_MAX`]
+       (``m = n`` when ``n <= 2 * SEARCH_SUBSET_MIN``);
     2. the 5 grid values around the best of 1, and around every other local minimum of
        1 whose paired mean risk excess over the best is within 3 standard errors, on
        the first ``m`` rows;
     3. a local search on rows ``m, 2 m, 4 m, ..., n``: at each row count, the best
        bandwidth's two neighbours are evaluated, and the search steps to a neighbour
        while it is better, until the best is a local minimum of the risk on those rows.
+       A neighbour whose paired mean risk excess over the best is at least
+       :data:`SEARCH_SEPARATED_Z` (4) standard errors is not evaluated on more rows
+       while that bandwidth stays the best.
 
-    The result is therefore a local minimum of the exact leave-one-out risk on all n
-    rows, over the grid; on the real files of ``tests/test_trust.py`` it is the
-    exhaustive search's argmin. The rows doubling means that the final local search
-    usually starts one step or less from its end, which matters where the risk curve
-    is flat (the top-label and class-wise curves of real classifiers, whose argmin moves
-    by several grid steps between random halves of the data).
+    The result is therefore a local minimum over the grid of the exact leave-one-out
+    risk on all n rows, up to neighbours that a random subset of the rows already shows
+    worse by 4 standard errors (the chance that all rows reverse such a difference is
+    about 3e-5). On the real files of ``tests/test_trust.py`` and of
+    ``bench/search_real.py`` it is the exhaustive search's argmin. The rows doubling means
+    that the final local search usually starts one step or less from its end, which
+    matters where the risk curve is flat (the top-label and class-wise curves of real
+    classifiers, whose argmin moves by several grid steps between random halves of the
+    data, so that neighbours are never 4 standard errors apart and the result is exact).
 
     ``powers`` is what the estimate needs (0: no estimate). Stages 2-3 then run with it
     (while the candidates' accumulators fit in :data:`SEARCH_FUSE_BYTES`), so that the
@@ -383,7 +437,11 @@ def search_bandwidths(
     """
     grid = SEARCH_GRID
     G, n = len(grid), problem.n
-    m_sub = n if n <= 2 * SEARCH_SUBSET_MIN else max(SEARCH_SUBSET_MIN, n // 20)
+    m_sub = (
+        n
+        if n <= 2 * SEARCH_SUBSET_MIN
+        else min(max(SEARCH_SUBSET_MIN, n // 20), SEARCH_SUBSET_MAX)
+    )
     m_coarse = m_sub if m_sub == n else m_sub // 2
     perm = None
     sub = problem
@@ -404,11 +462,16 @@ def search_bandwidths(
         def risk(i: int) -> float:
             return float(np.mean(ev.risk(c, i, done)))
 
-        def close(i: int, b: int, z: float) -> bool:
-            """Whether i's paired mean risk excess over b is within z standard errors."""
+        def excess(i: int, b: int) -> float:
+            """Paired mean risk excess of i over b, in standard errors (rows [0, done))."""
             d = ev.risk(c, i, done) - ev.risk(c, b, done)
             se = float(np.std(d, ddof=1)) / np.sqrt(d.size) if d.size > 1 else np.inf
-            return float(np.mean(d)) <= z * se
+            mean = float(np.mean(d))
+            return mean / se if se > 0 else (np.inf if mean > 0 else -np.inf if mean < 0 else 0.0)
+
+        def close(i: int, b: int, z: float) -> bool:
+            """Whether i's paired mean risk excess over b is within z standard errors."""
+            return excess(i, b) <= z
 
         coarse = list(range(0, G, 6))
         if coarse[-1] != G - 1:
@@ -429,16 +492,22 @@ def search_bandwidths(
         done = m_sub
         ev.ensure(cand, done, keep)
         b = min(cand, key=risk)
-        # stage 3: local search on the first `done` rows, `done` doubling up to n
+        # stage 3: local search on the first `done` rows, `done` doubling up to n; a
+        # neighbour shown worse than the best by SEARCH_SEPARATED_Z standard errors is
+        # not evaluated on more rows (while that best stays the best)
+        separated: dict[int, int] = {}  # neighbour -> the best it was shown worse than
         while True:
             for _ in range(G):
-                need = [i for i in (b - 1, b, b + 1) if 0 <= i < G]
+                need = [b] + [i for i in (b - 1, b + 1) if 0 <= i < G and separated.get(i) != b]
                 ev.ensure(need, done, keep)
                 nb = min(need, key=risk)
-                ev.retain({nb - 1, nb, nb + 1} | winners)
+                ev.retain({nb - 1, nb, nb + 1} | winners, SEARCH_FUSE_BYTES)
                 if nb == b:
                     break
                 b = nb
+            for i in (b - 1, b + 1):
+                if 0 <= i < G and separated.get(i) != b and excess(i, b) >= SEARCH_SEPARATED_Z:
+                    separated[i] = b
             if done >= n:
                 return b, done
             done = min(n, 2 * done)

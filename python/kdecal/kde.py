@@ -709,11 +709,11 @@ def select_bandwidth(
         Default "brier" with labels, "loo-mle" without.
     grid : array-like, shape (H,), optional
         Candidate bandwidths, all evaluated exactly in one pass (the exhaustive mode).
-        Default: for "brier"/"log", a coarse-to-fine search over 73 log-spaced values
-        in [1e-5, 10] (ratio 1.21) that evaluates about 20 of them, the first stages on
-        a random subset of ``max(1000, n / 20)`` query rows, more rows only where the
-        risk curve is too flat to resolve one grid step, and the last on all rows
-        (see ``kdecal._estimators.search_bandwidth``); for "loo-mle",
+        Default: for "brier"/"log", a search over 73 log-spaced values in [1e-5, 10]
+        (ratio 1.21): coarse, then fine, on a random subset of ``max(500, n / 20)``
+        query rows, then a local search on twice, four times, ... as many rows up to
+        all n, which ends at a local minimum of the exact risk on all rows (see
+        ``kdecal._estimators.search_bandwidths``); for "loo-mle",
         :data:`DEFAULT_BANDWIDTH_GRID` (55 values) exhaustively.
     backend : {"auto", "cpp", "numba", "dask"}, default "auto"
     progress : bool or None, default None
