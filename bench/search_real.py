@@ -84,7 +84,7 @@ def main() -> None:
     ap.add_argument("--notions", default="canonical,top_label,classwise")
     args = ap.parse_args()
     warnings.simplefilter("ignore", kdecal.KdecalWarning)
-    ex = " exhaustive − search (steps) |" if args.exhaustive else ""
+    ex = " search − exhaustive argmin (grid steps) |" if args.exhaustive else ""
     print(f"| data | notion | n | chosen h |{ex} kernel work | auto | fixed | ratio |")
     print("|---|---|---|---|" + ("---|" if args.exhaustive else "") + "---|---|---|---|")
     notions = args.notions.split(",")
