@@ -75,3 +75,20 @@ def test_ece_kde_dtype(benchmark, dtype):
     val = benchmark(kdecal.ece_kde, p.astype(dtype), y, bandwidth=H)
     ref = kdecal.ece_kde(p, y, bandwidth=H)
     assert val == pytest.approx(ref, rel=1e-3 if dtype == "float32" else 1e-12)
+
+
+@pytest.mark.parametrize("what", ["fixed", "auto"])
+def test_auto_bandwidth_vs_fixed(benchmark, what):
+    """ECE^KDE with bandwidth="auto" (search + estimate) vs at the chosen bandwidth.
+
+    The seeds' synthetic protocol, n = 10,000, K = 10, default debiasing; target: auto
+    at most 3x fixed (hard limit 4x). ``bench/search_real.py`` covers the real files.
+    """
+    s = kdecal.datasets.make_seeds_synthetic(10000, 10, seed=0)
+    benchmark.group = "auto bandwidth vs fixed n=10000 K=10 (synthetic)"
+    h = kdecal.select_bandwidth(s.probs, s.labels)
+    if what == "fixed":
+        val = benchmark(kdecal.ece_kde, s.probs, s.labels, bandwidth=h)
+    else:
+        val = benchmark(kdecal.ece_kde, s.probs, s.labels)
+    assert val == pytest.approx(kdecal.ece_kde(s.probs, s.labels, bandwidth=h), rel=1e-12)
