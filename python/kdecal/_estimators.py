@@ -410,17 +410,19 @@ def search_bandwidths(
     2. the 5 grid values around the best of 1, and around every other local minimum of
        1 whose paired mean risk excess over the best is within 3 standard errors, on
        the first ``m`` rows;
-    3. a local search on rows ``m, 2 m, 4 m, ..., n``: at each row count, the best
-       bandwidth's two neighbours are evaluated, and the search steps to a neighbour
-       while it is better, until the best is a local minimum of the risk on those rows.
-       A neighbour whose paired mean risk excess over the best is at least
-       :data:`SEARCH_SEPARATED_Z` (4) standard errors is not evaluated on more rows
-       while that bandwidth stays the best.
+    3. a local search on rows ``m, 2 m, 4 m, ..., n`` from the best of each window of
+       stage 2: at each row count, the best bandwidth's two neighbours are evaluated,
+       and the search steps to a neighbour while it is better, until the best is a
+       local minimum of the risk on those rows. A neighbour whose paired mean risk
+       excess over the best is at least :data:`SEARCH_SEPARATED_Z` (4) standard errors
+       is not evaluated on more rows while that bandwidth stays the best, and a mode
+       whose local minimum is that much worse than the best mode's is dropped; the best
+       local minimum on all n rows is the result.
 
-    The result is therefore a local minimum over the grid of the exact leave-one-out
-    risk on all n rows, up to neighbours that a random subset of the rows already shows
-    worse by 4 standard errors (the chance that all rows reverse such a difference is
-    about 3e-5). On the real files of ``tests/test_trust.py`` and of
+    The result is therefore the best of the local minima (over the grid) of the exact
+    leave-one-out risk on all n rows that the modes lead to, up to neighbours and modes
+    that a random subset of the rows already shows worse by 4 standard errors (the
+    chance that all rows reverse such a difference is about 3e-5). On the real files of ``tests/test_trust.py`` and of
     ``bench/search_real.py`` it is the exhaustive search's argmin. The rows doubling means
     that the final local search usually starts one step or less from its end, which
     matters where the risk curve is flat (the top-label and class-wise curves of real
@@ -491,25 +493,35 @@ def search_bandwidths(
         cand = sorted({j for i in modes for j in range(max(0, i - 2), min(G, i + 3))})
         done = m_sub
         ev.ensure(cand, done, keep)
-        b = min(cand, key=risk)
-        # stage 3: local search on the first `done` rows, `done` doubling up to n; a
-        # neighbour shown worse than the best by SEARCH_SEPARATED_Z standard errors is
-        # not evaluated on more rows (while that best stays the best)
+        # the best of each mode's window (two modes' windows may overlap: one start)
+        starts = sorted({min((j for j in cand if abs(j - i) <= 2), key=risk) for i in modes})
+        # stage 3: a local search from each start on the first `done` rows, `done`
+        # doubling up to n. A neighbour shown worse than its best by SEARCH_SEPARATED_Z
+        # standard errors is not evaluated on more rows (while that best stays a best),
+        # and neither is a mode whose local minimum is that much worse than the best one.
         separated: dict[int, int] = {}  # neighbour -> the best it was shown worse than
         while True:
-            for _ in range(G):
-                need = [b] + [i for i in (b - 1, b + 1) if 0 <= i < G and separated.get(i) != b]
-                ev.ensure(need, done, keep)
-                nb = min(need, key=risk)
-                ev.retain({nb - 1, nb, nb + 1} | winners, SEARCH_FUSE_BYTES)
-                if nb == b:
-                    break
-                b = nb
-            for i in (b - 1, b + 1):
-                if 0 <= i < G and separated.get(i) != b and excess(i, b) >= SEARCH_SEPARATED_Z:
-                    separated[i] = b
+            ends: list[int] = []
+            for b in starts:
+                for _ in range(G):
+                    need = [b] + [
+                        i for i in (b - 1, b + 1) if 0 <= i < G and separated.get(i) != b
+                    ]
+                    ev.ensure(need, done, keep)
+                    nb = min(need, key=risk)
+                    window = {j + k for j in [*ends, nb] for k in (-1, 0, 1)}
+                    ev.retain(window | winners, SEARCH_FUSE_BYTES)
+                    if nb == b:
+                        break
+                    b = nb
+                for i in (b - 1, b + 1):
+                    if 0 <= i < G and separated.get(i) != b and excess(i, b) >= SEARCH_SEPARATED_Z:
+                        separated[i] = b
+                ends.append(b)
+            best = min(ends, key=risk)
             if done >= n:
-                return b, done
+                return best, done
+            starts = sorted({b for b in ends if b == best or excess(b, best) < SEARCH_SEPARATED_Z})
             done = min(n, 2 * done)
 
     chosen: dict[str, tuple[int, int]] = {}
