@@ -214,6 +214,10 @@ SEARCH_SUBSET_MAX = 5000
 #: the rows evaluated so far for the search to stop evaluating it on more rows.
 SEARCH_SEPARATED_Z = 4.0
 
+#: Paired standard errors by which the local minimum of one mode of the risk curve must
+#: be worse than the best mode's for the search to stop following that mode.
+SEARCH_MODE_Z = 2.0
+
 #: Memory (bytes) the search may hold in accumulators of candidate bandwidths so that
 #: its last stages double as the estimate's pass. Above it, the accumulators farthest
 #: from the current best are dropped (their rows are recomputed if one of them is
@@ -521,7 +525,7 @@ def search_bandwidths(
             best = min(ends, key=risk)
             if done >= n:
                 return best, done
-            starts = sorted({b for b in ends if b == best or excess(b, best) < SEARCH_SEPARATED_Z})
+            starts = sorted({b for b in ends if b == best or excess(b, best) < SEARCH_MODE_Z})
             done = min(n, 2 * done)
 
     chosen: dict[str, tuple[int, int]] = {}
