@@ -420,13 +420,14 @@ def search_bandwidths(
        local minimum of the risk on those rows. A neighbour whose paired mean risk
        excess over the best is at least :data:`SEARCH_SEPARATED_Z` (4) standard errors
        is not evaluated on more rows while that bandwidth stays the best, and a mode
-       whose local minimum is that much worse than the best mode's is dropped; the best
-       local minimum on all n rows is the result.
+       whose local minimum is :data:`SEARCH_MODE_Z` (2) standard errors worse than the
+       best mode's is no longer followed; the best local minimum on all n rows is the
+       result.
 
     The result is therefore the best of the local minima (over the grid) of the exact
-    leave-one-out risk on all n rows that the modes lead to, up to neighbours and modes
-    that a random subset of the rows already shows worse by 4 standard errors (the
-    chance that all rows reverse such a difference is about 3e-5). On the real files of ``tests/test_trust.py`` and of
+    leave-one-out risk on all n rows that the modes lead to, up to neighbours that a
+    random subset of the rows already shows worse by 4 standard errors (the chance that
+    all rows reverse such a difference is about 3e-5) and modes shown worse by 2. On the real files of ``tests/test_trust.py`` and of
     ``bench/search_real.py`` it is the exhaustive search's argmin. The rows doubling means
     that the final local search usually starts one step or less from its end, which
     matters where the risk curve is flat (the top-label and class-wise curves of real
