@@ -373,16 +373,14 @@ class _Evaluations:
 
     def sums(self, i: int) -> tuple[np.ndarray, ...]:
         """Accumulators of grid index ``i`` on all rows, in the permuted row order."""
-        blocks = sorted(self.blocks.get(i, []), key=lambda blk: blk[0])
-        filled, at = [], 0
-        for r0, r1, one in blocks:
+        parts, at = [], 0  # the held blocks in row order, gaps computed
+        for r0, r1, one in sorted(self.blocks.get(i, []), key=lambda blk: blk[0]):
             if r0 > at:
-                filled.append((at, r0, self._one(i, at, r0)))
-            filled.append((r0, r1, one))
+                parts.append(self._one(i, at, r0))
+            parts.append(one)
             at = r1
         if at < self.sub.n:
-            filled.append((at, self.sub.n, self._one(i, at, self.sub.n)))
-        parts = [one for _, _, one in filled]
+            parts.append(self._one(i, at, self.sub.n))
         return tuple(
             np.concatenate([p[k] for p in parts], axis=1) if parts[0][k].size else parts[0][k]
             for k in range(len(parts[0]))
