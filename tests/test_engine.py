@@ -86,6 +86,37 @@ def test_row_chunks_equal_full_pass(backend):
         np.testing.assert_array_equal(full[k], np.concatenate([x[k] for x in parts], axis=1))
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_task_size_does_not_change_results(monkeypatch, dtype):
+    """Rows grouped 16, 32, 48 or 64 per task (KDECAL_TASK_ROWS) give the same bits.
+
+    Every row is reduced by one thread in the same order whatever the task size; the
+    row range and n are not multiples of any task size, so partial tasks are covered.
+    """
+    core = kdecal._backends._core
+    if core is None:
+        pytest.skip("compiled core not available")
+    n, K, C = 301, 5, 4
+    P, logq, p, labels, scale, bias = _problem(n, K, C, [0.003, 0.05, 0.4], seed=4, dtype=dtype)
+    runs = {}
+    for rows in ("16", "32", "48", "64"):
+        monkeypatch.setenv("KDECAL_TASK_ROWS", rows)
+        for nt in (1, 2, 3):
+            runs[rows, nt] = core.loo_reduce(
+                logq, p, labels, C, scale, bias, 3, 5, 290, n_threads=nt, pairs=True
+            )
+    first = runs["16", 1]
+    assert len(first) == 5
+    for key, got in runs.items():
+        for k in range(5):
+            np.testing.assert_array_equal(got[k], first[k], err_msg=f"{key} [{k}]")
+    if dtype is np.float64:
+        for t, (rm, rS, rQ, rT) in enumerate(_brute(P, labels, C, scale, bias)):
+            np.testing.assert_allclose(first[0][t], rm[5:290], rtol=1e-12)
+            np.testing.assert_allclose(first[1][t], rS[5:290], rtol=1e-9, atol=1e-9)
+            np.testing.assert_allclose(first[3][t], rT[5:290], rtol=1e-9, atol=1e-9)
+
+
 def test_powers_one_returns_empty_q_t():
     n, K = 40, 3
     _, logq, p, labels, scale, bias = _problem(n, K, K, [0.1])

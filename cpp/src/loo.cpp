@@ -143,12 +143,14 @@ bool loo_reduce_impl(const LooProblem<Real>& prob, const LooResult& out, int n_t
         for (std::int64_t s = 0; s < n; ++s) bias[t * n + s] = prob.bias[t * n + perm[s]];
 
     const int nt = detail::resolve_threads(n_threads);
-    const std::int64_t per_thread = detail::scratch_doubles(K, C, H);
+    const std::int64_t rows = detail::task_rows(prob.row_stop - prob.row_start, C, H, nt);
+    // whole cache lines per thread, so that no two threads write to one line
+    const std::int64_t per_thread = (detail::scratch_doubles(K, C, H, rows) + 7) / 8 * 8;
     std::vector<double> scratch(static_cast<std::size_t>(per_thread * nt));
 
     detail::Prepared<Real> pr{prob.logq, pt.data(), bias.data(), prob.scale, inv.data(),
                               seg.data(), n, n_pad, K, C, H, prob.powers,
-                              prob.row_start, prob.row_stop, control};
+                              prob.row_start, prob.row_stop, control, rows};
     dispatch(pr, out, scratch.data(), per_thread, nt);
     return !detail::cancelled(control);
 }
@@ -156,6 +158,21 @@ bool loo_reduce_impl(const LooProblem<Real>& prob, const LooResult& out, int n_t
 }  // namespace
 
 int detail::isa_level() { return static_cast<int>(cpu_isa()); }
+
+std::int64_t detail::task_rows(std::int64_t rows, std::int64_t C, std::int64_t H,
+                               int n_threads) {
+    if (const char* env = std::getenv("KDECAL_TASK_ROWS")) {
+        const std::int64_t want = std::atoll(env);
+        if (want >= kRowBlock && want <= 16 * kRowBlock && want % kRowBlock == 0)
+            return want;
+    }
+    constexpr std::int64_t kAccBytes = 256 * 1024;  // per-task accumulators: stay in L2
+    std::int64_t blocks = kMaxTaskBlocks;
+    while (blocks > 1 && (6 * H * C * blocks * kRowBlock * 8 > kAccBytes ||
+                          rows < 16 * static_cast<std::int64_t>(n_threads) * blocks * kRowBlock))
+        blocks /= 2;
+    return blocks * kRowBlock;
+}
 
 int detail::resolve_threads(int n_threads) {
     int nt = n_threads;

@@ -196,16 +196,19 @@ inline void fold_range(const Prepared<Real>& pr, const Real* grow, i64 cb, i64 l
                    s3, e1, e2);
 }
 
+// One task: query rows j0 .. j0 + nr (nr <= pr.task_rows).  For every tile of
+// kColBlock centres, the task's rows take the tile in GEMM blocks of kRowBlock rows while
+// it is in cache, so the centres are read from memory once per task rather than once per
+// kRowBlock rows.
 template <int POW, bool EXC, class Real>
-void run_block(const Prepared<Real>& pr, const LooResult& out, i64 j0, double* scratch) {
-    const i64 K = pr.K, C = pr.C, H = pr.H, n = pr.n;
-    const i64 nr = (pr.row_stop - j0) < kRowBlock ? (pr.row_stop - j0) : kRowBlock;
+void run_block(const Prepared<Real>& pr, const LooResult& out, i64 j0, i64 nr, double* scratch) {
+    const i64 K = pr.K, C = pr.C, H = pr.H, n = pr.n, TR = pr.task_rows;
     const i64 R = pr.row_stop - pr.row_start;
-    const i64 nacc = H * kRowBlock * C;
+    const i64 nacc = H * TR * C;
 
     Real* g = reinterpret_cast<Real*>(scratch);                     // kRowBlock x kColBlock
-    Real* lq = reinterpret_cast<Real*>(scratch + kRowBlock * kColBlock);  // kRowBlock x K
-    double* am = scratch + kRowBlock * kColBlock + kRowBlock * K;
+    Real* lq = reinterpret_cast<Real*>(scratch + kRowBlock * kColBlock);  // TR x K
+    double* am = scratch + kRowBlock * kColBlock + TR * K;
     double* a1 = am + nacc;
     double* a2 = a1 + nacc;
     double* a3 = a2 + nacc;
@@ -219,7 +222,8 @@ void run_block(const Prepared<Real>& pr, const LooResult& out, i64 j0, double* s
         x1[i] = 0.0;
         x2[i] = 0.0;
     }
-    for (i64 r = 0; r < kRowBlock; ++r)
+    const i64 nr_pad = (nr + kRowBlock - 1) / kRowBlock * kRowBlock;
+    for (i64 r = 0; r < nr_pad; ++r)
         for (i64 k = 0; k < K; ++k)
             lq[r * K + k] = r < nr ? pr.logq[(j0 + r) * K + k] : Real(0);
 
@@ -227,29 +231,32 @@ void run_block(const Prepared<Real>& pr, const LooResult& out, i64 j0, double* s
         const i64 ce = (cb + kColBlock) < n ? (cb + kColBlock) : n;
         i64 bc = ce - cb;
         bc = (bc + detail::kPad - 1) / detail::kPad * detail::kPad;  // within n_pad
-        for (i64 r0 = 0; r0 < nr; r0 += kMicroRows)
-            gemm_micro(lq + r0 * K, K, pr.pt + cb * K, bc, g + r0 * kColBlock, kColBlock);
-
         // classes overlapping [cb, ce)
         i64 c_first = 0;
         while (c_first < C && pr.seg[c_first + 1] <= cb) ++c_first;
-        for (i64 r = 0; r < nr; ++r) {
-            const Real* grow = g + r * kColBlock;
-            const i64 d = pr.inv[j0 + r];  // sorted position of the query itself
-            for (i64 c = c_first; c < C && pr.seg[c] < ce; ++c) {
-                const i64 lo = pr.seg[c] > cb ? pr.seg[c] : cb;
-                const i64 hi = pr.seg[c + 1] < ce ? pr.seg[c + 1] : ce;
-                if (hi <= lo) continue;
-                for (i64 t = 0; t < H; ++t) {
-                    const i64 ai = (t * kRowBlock + r) * C + c;
-                    if (d >= lo && d < hi) {  // leave one out: skip the diagonal
-                        fold_range<POW, EXC>(pr, grow, cb, lo, d, t, am[ai], a1[ai], a2[ai],
-                                             a3[ai], x1[ai], x2[ai]);
-                        fold_range<POW, EXC>(pr, grow, cb, d + 1, hi, t, am[ai], a1[ai], a2[ai],
-                                             a3[ai], x1[ai], x2[ai]);
-                    } else {
-                        fold_range<POW, EXC>(pr, grow, cb, lo, hi, t, am[ai], a1[ai], a2[ai],
-                                             a3[ai], x1[ai], x2[ai]);
+        for (i64 rb = 0; rb < nr; rb += kRowBlock) {
+            const i64 nb = (nr - rb) < kRowBlock ? (nr - rb) : kRowBlock;
+            for (i64 r0 = 0; r0 < nb; r0 += kMicroRows)
+                gemm_micro(lq + (rb + r0) * K, K, pr.pt + cb * K, bc, g + r0 * kColBlock,
+                           kColBlock);
+            for (i64 r = rb; r < rb + nb; ++r) {
+                const Real* grow = g + (r - rb) * kColBlock;
+                const i64 d = pr.inv[j0 + r];  // sorted position of the query itself
+                for (i64 c = c_first; c < C && pr.seg[c] < ce; ++c) {
+                    const i64 lo = pr.seg[c] > cb ? pr.seg[c] : cb;
+                    const i64 hi = pr.seg[c + 1] < ce ? pr.seg[c + 1] : ce;
+                    if (hi <= lo) continue;
+                    for (i64 t = 0; t < H; ++t) {
+                        const i64 ai = (t * TR + r) * C + c;
+                        if (d >= lo && d < hi) {  // leave one out: skip the diagonal
+                            fold_range<POW, EXC>(pr, grow, cb, lo, d, t, am[ai], a1[ai],
+                                                 a2[ai], a3[ai], x1[ai], x2[ai]);
+                            fold_range<POW, EXC>(pr, grow, cb, d + 1, hi, t, am[ai], a1[ai],
+                                                 a2[ai], a3[ai], x1[ai], x2[ai]);
+                        } else {
+                            fold_range<POW, EXC>(pr, grow, cb, lo, hi, t, am[ai], a1[ai],
+                                                 a2[ai], a3[ai], x1[ai], x2[ai]);
+                        }
                     }
                 }
             }
@@ -260,12 +267,12 @@ void run_block(const Prepared<Real>& pr, const LooResult& out, i64 j0, double* s
     for (i64 t = 0; t < H; ++t) {
         for (i64 r = 0; r < nr; ++r) {
             const i64 row = j0 + r - pr.row_start;
-            const double* mcs = am + (t * kRowBlock + r) * C;
+            const double* mcs = am + (t * TR + r) * C;
             double mx = kNegInf;
             for (i64 c = 0; c < C; ++c) mx = mcs[c] > mx ? mcs[c] : mx;
             out.m[t * R + row] = mx;
             for (i64 c = 0; c < C; ++c) {
-                const i64 ai = (t * kRowBlock + r) * C + c;
+                const i64 ai = (t * TR + r) * C + c;
                 const i64 oi = (t * R + row) * C + c;
                 const bool empty = !(mcs[c] > kNegInf);
                 const double f = empty ? 0.0 : std::exp(mcs[c] - mx);
@@ -286,20 +293,22 @@ void run_block(const Prepared<Real>& pr, const LooResult& out, i64 j0, double* s
 template <int POW, bool EXC, class Real>
 void run_pow(const Prepared<Real>& pr, const LooResult& out, double* scratch, i64 per_thread,
              int n_threads) {
-    const i64 nblocks = (pr.row_stop - pr.row_start + kRowBlock - 1) / kRowBlock;
+    const i64 TR = pr.task_rows;
+    const i64 ntasks = (pr.row_stop - pr.row_start + TR - 1) / TR;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads) if (n_threads > 1)
 #endif
-    for (i64 b = 0; b < nblocks; ++b) {
+    for (i64 b = 0; b < ntasks; ++b) {
 #ifdef _OPENMP
         const int tid = omp_get_thread_num();
 #else
         const int tid = 0;
 #endif
-        if (detail::cancelled(pr.control)) continue;  // skip the remaining blocks
-        const i64 j0 = pr.row_start + b * kRowBlock;
-        run_block<POW, EXC>(pr, out, j0, scratch + tid * per_thread);
-        detail::add_rows(pr.control, (pr.row_stop - j0) < kRowBlock ? (pr.row_stop - j0) : kRowBlock);
+        if (detail::cancelled(pr.control)) continue;  // skip the remaining tasks
+        const i64 j0 = pr.row_start + b * TR;
+        const i64 nr = (pr.row_stop - j0) < TR ? (pr.row_stop - j0) : TR;
+        run_block<POW, EXC>(pr, out, j0, nr, scratch + tid * per_thread);
+        detail::add_rows(pr.control, nr);
     }
     (void)n_threads;
 }

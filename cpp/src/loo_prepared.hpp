@@ -12,7 +12,9 @@
 namespace kdecal {
 namespace detail {
 
-constexpr std::int64_t kRowBlock = 16;    // query rows per task (one thread)
+constexpr std::int64_t kRowBlock = 16;    // query rows per GEMM tile (and per task of the
+                                          // backward and multi-label kernels)
+constexpr std::int64_t kMaxTaskBlocks = 4;  // forward pass: up to 4 x kRowBlock rows per task
 constexpr std::int64_t kMicroRows = 4;    // query rows per register-blocked GEMM step
 constexpr std::int64_t kColBlock = 256;   // centres per tile
 constexpr std::int64_t kPad = 32;         // GEMM columns are computed in multiples of this
@@ -30,6 +32,7 @@ struct Prepared {
     int powers;
     std::int64_t row_start, row_stop;
     Control* control;          // progress and cancellation, or null
+    std::int64_t task_rows;    // query rows per task: a multiple of kRowBlock (task_rows())
 };
 
 /// Progress and cancellation, for the kernels: whether the call was cancelled, and
@@ -47,10 +50,21 @@ int isa_level();
 /// without OpenMP); defined in loo.cpp.
 int resolve_threads(int n_threads);
 
-/// Doubles of scratch one thread needs (the tiles, then the running max, the three power
-/// sums and the two excess sums of every (bandwidth, row, class)).
-inline std::int64_t scratch_doubles(std::int64_t K, std::int64_t C, std::int64_t H) {
-    return kRowBlock * kColBlock + kRowBlock * K + 6 * H * kRowBlock * C + 64;
+/// Query rows per task of the forward pass.  Every task streams all the centre tiles
+/// once, and its rows share each tile while it is in cache: with kRowBlock rows per task
+/// a 16-thread pass at K = 10 reads ~50 GB/s of tiles, enough to make the pass
+/// memory-bound.  Tasks take up to kMaxTaskBlocks GEMM tiles of rows, fewer where the
+/// per-task accumulators (6 H C doubles per row) would leave the L2 cache or where there
+/// would be fewer than 16 tasks per thread to balance.  ``KDECAL_TASK_ROWS`` (a multiple
+/// of kRowBlock, at most kMaxTaskBlocks of them; benchmarks only) overrides the choice.
+std::int64_t task_rows(std::int64_t rows, std::int64_t C, std::int64_t H, int n_threads);
+
+/// Doubles of scratch one thread needs (the GEMM tile and the task's queries, then the
+/// running max, the three power sums and the two excess sums of every (bandwidth, row,
+/// class) of a task of ``rows`` query rows).
+inline std::int64_t scratch_doubles(std::int64_t K, std::int64_t C, std::int64_t H,
+                                    std::int64_t rows) {
+    return kRowBlock * kColBlock + rows * K + 6 * H * rows * C + 64;
 }
 
 }  // namespace detail
