@@ -235,11 +235,15 @@ _CHILD = textwrap.dedent(
     import sys, time
     import numpy as np
     from scipy.special import gammaln
+    import kdecal
     from kdecal import _backends
 
     which, backend = sys.argv[1], sys.argv[2]
     rng = np.random.default_rng(0)
-    n, K, H = 60000, 10, 20
+    # seconds of work on 2 threads and on many: n grows with the root of the threads
+    # (on 16 threads, n = 60,000 makes the single-bandwidth calls end within 1 s)
+    n = int(60000 * max(1.0, kdecal.get_num_threads() / 2) ** 0.5)
+    K, H = 10, 20
     P = rng.dirichlet(np.ones(K), size=n)
     y = rng.integers(0, K, n).astype(np.int64)
     hs = np.geomspace(0.01, 0.5, H)
