@@ -105,12 +105,15 @@ void grad_block(const GradPass<Real>& gp, i64 r0, double* scratch) noexcept {
             if (!(mx >= -kDrop)) continue;
             const i64 d = (gp.diag ? gp.diag[row] : row) - cb;
             if (d >= 0 && d < len) x[d] = kNegInf;  // leave one out
+            const double lo = opaque(-kClamp), hi = opaque(kClamp);
 #pragma omp simd
             for (i64 c = 0; c < len; ++c) {
                 const double v = x[c];
-                const double vc = v < -kClamp ? -kClamp : (v > kClamp ? kClamp : v);
+                double vc = v < lo ? lo : v;  // two selects: GCC 12 if-converts no
+                vc = vc > hi ? hi : vc;       // three-way merge for AVX2
                 const double w = exp_small(vc);
-                x[c] = v < -kClamp ? 0.0 : w;
+                // 0 below -kClamp (the diagonal's -inf included)
+                x[c] = keep_or_zero(v >= lo, w);
             }
             if constexpr (MODE == 0) {
                 const double* crow = gp.coef + row * C;

@@ -82,11 +82,12 @@ inline double log_kernel(const double* b, const Real* g, i64 i, double s) {
 
 // One lane step of the sums: w = exp(max(L - off, -kClamp)) into a1, a2, a3 (POW) and,
 // with TOP, w and w^2 of the terms below off into x1, x2.
+// lo = -kClamp, read through opaque().
 template <int POW, bool TOP, class Real>
-inline void sum_step(const double* b, const Real* g, i64 i, double s, double off, double& a1,
-                     double& a2, double& a3, double& x1, double& x2) {
+inline void sum_step(const double* b, const Real* g, i64 i, double s, double off, double lo,
+                     double& a1, double& a2, double& a3, double& x1, double& x2) {
     double x = log_kernel(b, g, i, s) - off;
-    x = x < -kClamp ? -kClamp : x;
+    x = x < lo ? lo : x;
     const double w = exp_small(x);
     a1 += w;
     if (POW >= 2) a2 = mul_add(w, w, a2);
@@ -111,14 +112,15 @@ inline void range_sums(const double* b, const Real* g, i64 len, double s, double
         x1[v] = 0.0;
         x2[v] = 0.0;
     }
+    const double lo = opaque(-kClamp);
     i64 i = 0;
     for (; i + kLanes <= len; i += kLanes) {
 #pragma omp simd
         for (i64 v = 0; v < kLanes; ++v)
-            sum_step<POW, TOP>(b, g, i + v, s, off, a1[v], a2[v], a3[v], x1[v], x2[v]);
+            sum_step<POW, TOP>(b, g, i + v, s, off, lo, a1[v], a2[v], a3[v], x1[v], x2[v]);
     }
     for (i64 v = 0; i + v < len; ++v)
-        sum_step<POW, TOP>(b, g, i + v, s, off, a1[v], a2[v], a3[v], x1[v], x2[v]);
+        sum_step<POW, TOP>(b, g, i + v, s, off, lo, a1[v], a2[v], a3[v], x1[v], x2[v]);
     r[0] = tree_sum(a1);
     if (POW >= 2) r[1] = tree_sum(a2);
     if (POW >= 3) r[2] = tree_sum(a3);

@@ -189,14 +189,16 @@ void run_group(const MultiPrepared<Real>& mp, i64 q0, double* scratch) noexcept 
                 const double* bias = mp.bias + cb;
                 const double off = mr[r];
                 double mx = kNegInf;
+                const double lo = opaque(-kDrop), hi = opaque(kClamp);
 #pragma omp simd reduction(max : mx)
                 for (i64 i = 0; i < bc; ++i) {
                     double x = bias[i] + s * static_cast<double>(grow[i]) - off;
                     mx = x > mx ? x : mx;
-                    const bool drop = !(x >= -kDrop);
-                    x = drop ? -kDrop : (x > kClamp ? kClamp : x);
+                    const bool drop = !(x >= lo);
+                    x = drop ? lo : x;  // two selects: see loo_grad_isa.cpp
+                    x = x > hi ? hi : x;
                     const double e = exp_small(x);
-                    w[i] = drop ? 0.0 : e;
+                    w[i] = keep_or_zero(!drop, e);
                 }
                 if (diag[r] >= cb && diag[r] < cb + bc) w[diag[r] - cb] = 0.0;
                 any_row = any_row || mx >= -kDrop;
