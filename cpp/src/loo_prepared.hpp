@@ -51,12 +51,14 @@ int isa_level();
 int resolve_threads(int n_threads);
 
 /// Query rows per task of the forward pass.  Every task streams all the centre tiles
-/// once, and its rows share each tile while it is in cache: with kRowBlock rows per task
-/// a 16-thread pass at K = 10 reads ~50 GB/s of tiles, enough to make the pass
-/// memory-bound.  Tasks take up to kMaxTaskBlocks GEMM tiles of rows, fewer where the
-/// per-task accumulators (6 H C doubles per row) would leave the L2 cache or where there
-/// would be fewer than 16 tasks per thread to balance.  ``KDECAL_TASK_ROWS`` (a multiple
-/// of kRowBlock, at most kMaxTaskBlocks of them; benchmarks only) overrides the choice.
+/// once (n (K + H) doubles: 88 MB at n = 10^6, K = 10), and its rows share each tile
+/// while it is in cache, so tasks of 64 rows read a quarter of the tile traffic of tasks
+/// of kRowBlock rows.  (On a 16-core Xeon whose 300 MB L3 holds the tiles, the difference
+/// was within the machine's run-to-run noise; bench/README.md.)  Tasks take up to
+/// kMaxTaskBlocks GEMM tiles of rows, fewer where the per-task accumulators (6 H C
+/// doubles per row) would leave the L2 cache or where there would be fewer than 16
+/// tasks per thread to balance.  ``KDECAL_TASK_ROWS`` (a multiple of kRowBlock, at most
+/// 16 of them; benchmarks only) overrides the choice.
 std::int64_t task_rows(std::int64_t rows, std::int64_t C, std::int64_t H, int n_threads);
 
 /// Doubles of scratch one thread needs (the GEMM tile and the task's queries, then the
