@@ -114,6 +114,7 @@ def test_task_size_does_not_change_results(monkeypatch, dtype):
         for t, (rm, rS, rQ, rT) in enumerate(_brute(P, labels, C, scale, bias)):
             np.testing.assert_allclose(first[0][t], rm[5:290], rtol=1e-12)
             np.testing.assert_allclose(first[1][t], rS[5:290], rtol=1e-9, atol=1e-9)
+            np.testing.assert_allclose(first[2][t], rQ[5:290], rtol=1e-9, atol=1e-9)
             np.testing.assert_allclose(first[3][t], rT[5:290], rtol=1e-9, atol=1e-9)
 
 
