@@ -22,7 +22,6 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 import numpy as np
-from scipy.special import gammaln
 
 from . import _backends
 from . import _estimators as _est
@@ -86,9 +85,10 @@ def replicates(
     powers = 2 if est.debias == "ustat" else 1
     h = est.bandwidth
     chunk = int(max(1, min(R, _CHUNK_BYTES // (8.0 * n * C * powers * B))))
-    logq = [np.ascontiguousarray(np.log(problem.p[b]), dtype=problem.dtype) for b in range(B)]
-    pk = [np.ascontiguousarray(problem.p[b], dtype=problem.dtype) for b in range(B)]
-    bias = [-gammaln(problem.p[b] / h + 1.0).sum(axis=-1) for b in range(B)]
+    logq_all, pk_all = _est.kernel_points(problem)
+    logq = [np.ascontiguousarray(logq_all[b]) for b in range(B)]
+    pk = [np.ascontiguousarray(pk_all[b]) for b in range(B)]
+    bias = list(_est.kernel_bias(problem, h))
     for r0 in range(0, R, chunk):
         r1 = min(R, r0 + chunk)
         w = None if weights is None else np.ascontiguousarray(weights[r0:r1], dtype=np.float64)
