@@ -269,6 +269,7 @@ def test_row_blocks_give_the_same_bits(kd, monkeypatch, threads, shape):
         return -gammaln(a / 0.013 + 1.0).sum(axis=-1)
 
     monkeypatch.setattr(_backends, "ROW_BLOCKS_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(_backends.os, "cpu_count", lambda: 64)  # blocks = threads here
     old = _backends._num_threads
     try:
         kd.set_num_threads(threads)

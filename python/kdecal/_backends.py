@@ -198,9 +198,9 @@ def map_row_blocks(f: Callable[[np.ndarray], np.ndarray], a: np.ndarray) -> np.n
     the GIL), so the result is bitwise ``f(a)`` for any blocking. With one thread, or
     under :data:`ROW_BLOCKS_MIN_ELEMENTS` elements, it is ``f(a)``. Used for the
     per-centre kernel biases (n K lgamma per bandwidth), which would otherwise be the
-    serial part of a bandwidth search on many cores.
+    serial part of a bandwidth search on many cores. At most one thread per core.
     """
-    nt = min(get_num_threads(), a.shape[-2])
+    nt = min(get_num_threads(), os.cpu_count() or 1, a.shape[-2])
     if nt <= 1 or a.size < ROW_BLOCKS_MIN_ELEMENTS:
         return f(a)
     edges = np.linspace(0, a.shape[-2], nt + 1).astype(int)
