@@ -15,23 +15,14 @@ the materialised n x n kernel matrix with the (n, B C) one-hot label matrix.
 from __future__ import annotations
 
 import sys
-import time
 from functools import partial
 
 import numpy as np
 from scipy.special import gammaln
 
 import kdecal
+from conftest import best_of
 from kdecal import _backends
-
-
-def best_of(f, reps=3):
-    best, out = np.inf, None
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        out = f()
-        best = min(best, time.perf_counter() - t0)
-    return best, out
 
 
 def main() -> None:
@@ -80,7 +71,7 @@ def main() -> None:
                 del L
                 Y = np.zeros((n, B * C))
                 Y[np.arange(n)[:, None], np.arange(B)[None, :] * C + resampled.T] = 1.0
-                t, _ = best_of(partial(np.matmul, W, Y), reps=2)
+                t, _ = best_of(partial(np.matmul, W, Y), 2)
                 print(f"    dense BLAS W @ onehot (n x n) @ (n x {B * C}): {t * 1e3:.0f} ms")
                 del W, Y
 

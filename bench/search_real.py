@@ -21,12 +21,12 @@ from __future__ import annotations
 import argparse
 import glob
 import os
-import time
 import warnings
 
 import numpy as np
 
 import kdecal
+from conftest import best_of
 from kdecal import _estimators as E
 from kdecal._validation import check_probs
 
@@ -41,15 +41,6 @@ def load(path: str) -> tuple[np.ndarray, np.ndarray]:
         if pre + "probs" in d.files:
             return d[pre + "probs"].astype(np.float64), y
         return kdecal.softmax(d[pre + "logits"].astype(np.float64)), y
-
-
-def best_of(fn, repeat: int) -> tuple[float, object]:
-    best, out = np.inf, None
-    for _ in range(repeat):
-        t = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t)
-    return best, out
 
 
 def row(name: str, P: np.ndarray, y: np.ndarray, cal: str, args: argparse.Namespace) -> str:
