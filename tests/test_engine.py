@@ -86,6 +86,49 @@ def test_row_chunks_equal_full_pass(backend):
         np.testing.assert_array_equal(full[k], np.concatenate([x[k] for x in parts], axis=1))
 
 
+def test_skipped_chunks_keep_every_class_sum_to_1e12():
+    """At small bandwidths the engine skips chunks of 32 centres whose terms are all below
+    exp(-64) of a row's running class maximum.  Every (row, class) sum must still match the
+    float64 brute force to 1e-12 *relative to itself* (not only to the row's largest sum):
+    what is dropped is below n exp(-64) ~ 1e-25 of the class's own sum.  n spans several
+    tiles of 256 centres, and the bandwidths skip most chunks (0.003) or few (0.3)."""
+    core = kdecal._backends._core
+    if core is None:
+        pytest.skip("compiled core not available")
+    n, K, C = 1100, 4, 3
+    P, logq, p, labels, scale, bias = _problem(n, K, C, [0.003, 0.03, 0.3], seed=7)
+    got = core.loo_reduce(logq, p, labels, C, scale, bias, 3, 0, n)
+    for t, want in enumerate(_brute(P, labels, C, scale, bias)):
+        np.testing.assert_allclose(got[0][t], want[0], rtol=1e-13)
+        for k in (1, 2, 3):
+            assert want[k].min() > 1e-280  # no sum near underflow in the brute force
+            # the log-kernel itself carries a rounding error of about scale * eps (the
+            # K-dot is computed in another order), which the k-th power multiplies by k
+            rtol = 2e-15 * scale[t] * k + 1e-14
+            np.testing.assert_allclose(got[k][t], want[k], rtol=rtol, err_msg=f"{t} {k}")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_row_order_does_not_change_the_bits(dtype):
+    """The engine sums each row's centres in an order of its own (label, predicted class,
+    confidence), so permuting the rows permutes the outputs bit for bit: the results do
+    not depend on the order in which a user's data arrive."""
+    core = kdecal._backends._core
+    if core is None:
+        pytest.skip("compiled core not available")
+    n, K, C = 613, 6, 6
+    _, logq, p, labels, scale, bias = _problem(n, K, C, [0.01, 0.2], seed=8, dtype=dtype)
+    perm = np.random.default_rng(9).permutation(n)
+    a = core.loo_reduce(logq, p, labels, C, scale, bias, 3, 0, n, pairs=True)
+    b = core.loo_reduce(
+        logq[perm], p[perm], labels[perm], C, scale, np.ascontiguousarray(bias[:, perm]), 3,
+        0, n, pairs=True,
+    )
+    assert len(a) == 5
+    for k in range(5):
+        np.testing.assert_array_equal(b[k], a[k][:, perm], err_msg=str(k))
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_task_size_does_not_change_results(monkeypatch, dtype):
     """Rows grouped 16, 32, 48 or 64 per task (KDECAL_TASK_ROWS) give the same bits.

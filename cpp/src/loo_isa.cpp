@@ -27,9 +27,11 @@ using detail::kRowBlock;
 using detail::Prepared;
 
 // Fold centres [0, len) of one class into the running state of one query row.
-// b: bias of those centres, g: their K-dots with the query, s: 1/h.  First the
-// range's maximum; a range entirely more than kDrop below the class's running maximum
-// is skipped (common at small bandwidths); otherwise the sums of exp(L - max), with
+// b: bias of those centres, g: their K-dots with the query, s: 1/h.  First the maximum
+// of every chunk of kLanes centres; a chunk entirely more than kDrop below the class's
+// running maximum is skipped (common at small bandwidths, where the centres' order,
+// by predicted class within each label, puts similar centres in one chunk); the others
+// add their sums of exp(L - max), with
 // arguments clamped at -kClamp so that no exp is subnormal.  The loops keep kLanes
 // independent accumulators so that the reductions are throughput-bound.
 //
@@ -45,15 +47,10 @@ using detail::Prepared;
 // of non-negative parts, free of the cancellation of forming S^2 - Q from S and Q when
 // one neighbour dominates (S = 1 + R with R tiny).
 constexpr i64 kLanes = 32;
+constexpr i64 kChunks = kColBlock / kLanes;  // chunks of a range (at most one tile)
 
-// Pairwise (tree) reductions of kLanes accumulators: vectorised, and no serial chain
+// Pairwise (tree) reduction of kLanes accumulators: vectorised, and no serial chain
 // of kLanes dependent operations at the end of every range.
-inline double tree_max(double* a) {
-    for (i64 w = kLanes / 2; w >= 1; w /= 2)
-        for (i64 v = 0; v < w; ++v) a[v] = a[v + w] > a[v] ? a[v + w] : a[v];
-    return a[0];
-}
-
 inline double tree_sum(double* a) {
     for (i64 w = kLanes / 2; w >= 1; w /= 2)
         for (i64 v = 0; v < w; ++v) a[v] += a[v + w];
@@ -100,10 +97,12 @@ inline void sum_step(const double* b, const Real* g, i64 i, double s, double off
 }
 
 // Sums over centres [0, len) relative to off: r[0..2] of w, w^2, w^3 (as POW asks) and,
-// with TOP, r[3], r[4] of w, w^2 without the terms at L = off.
+// with TOP, r[3], r[4] of w, w^2 without the terms at L = off.  cmx[q] is the maximum of
+// L over chunk q (centres [q kLanes, (q + 1) kLanes)); a chunk whose maximum is more than
+// kDrop below off is skipped (its terms are all below exp(-kDrop) ~ 1.6e-28).
 template <int POW, bool TOP, class Real>
 inline void range_sums(const double* b, const Real* g, i64 len, double s, double off,
-                       double* r) {
+                       const double* cmx, double* r) {
     double a1[kLanes], a2[kLanes], a3[kLanes], x1[kLanes], x2[kLanes];
     for (i64 v = 0; v < kLanes; ++v) {
         a1[v] = 0.0;
@@ -113,14 +112,17 @@ inline void range_sums(const double* b, const Real* g, i64 len, double s, double
         x2[v] = 0.0;
     }
     const double lo = opaque(-kClamp);
+    const double floor = off - kDrop;
     i64 i = 0;
     for (; i + kLanes <= len; i += kLanes) {
+        if (cmx[i / kLanes] < floor) continue;
 #pragma omp simd
         for (i64 v = 0; v < kLanes; ++v)
             sum_step<POW, TOP>(b, g, i + v, s, off, lo, a1[v], a2[v], a3[v], x1[v], x2[v]);
     }
-    for (i64 v = 0; i + v < len; ++v)
-        sum_step<POW, TOP>(b, g, i + v, s, off, lo, a1[v], a2[v], a3[v], x1[v], x2[v]);
+    if (i < len && !(cmx[i / kLanes] < floor))
+        for (i64 v = 0; i + v < len; ++v)
+            sum_step<POW, TOP>(b, g, i + v, s, off, lo, a1[v], a2[v], a3[v], x1[v], x2[v]);
     r[0] = tree_sum(a1);
     if (POW >= 2) r[1] = tree_sum(a2);
     if (POW >= 3) r[2] = tree_sum(a3);
@@ -133,21 +135,29 @@ inline void range_sums(const double* b, const Real* g, i64 len, double s, double
 template <int POW, bool EXC, class Real>
 inline void fold(const double* b, const Real* g, i64 len, double s, double& mc,
                  double& s1, double& s2, double& s3, double& e1, double& e2) {
-    double mxv[kLanes];
-    for (i64 v = 0; v < kLanes; ++v) mxv[v] = kNegInf;
-    i64 i = 0;
-    for (; i + kLanes <= len; i += kLanes) {
-#pragma omp simd
-        for (i64 v = 0; v < kLanes; ++v) {
-            const double l = log_kernel(b, g, i + v, s);
-            mxv[v] = l > mxv[v] ? l : mxv[v];
+    // The maximum of every chunk of kLanes centres, and of the range.  The chunk's
+    // maximum is an OpenMP simd max-reduction, which the compiler finishes in registers
+    // (a tree over an array would pass through memory at every step, at a cost per chunk
+    // comparable to the chunk's exps).  A maximum is exact in any order.
+    double cmx[kChunks];
+    double mx = kNegInf;
+    for (i64 i = 0; i < len; i += kLanes) {
+        double m = kNegInf;
+        if (i + kLanes <= len) {
+#pragma omp simd reduction(max : m)
+            for (i64 v = 0; v < kLanes; ++v) {
+                const double l = log_kernel(b, g, i + v, s);
+                m = l > m ? l : m;
+            }
+        } else {
+            for (i64 v = 0; i + v < len; ++v) {
+                const double l = log_kernel(b, g, i + v, s);
+                m = l > m ? l : m;
+            }
         }
+        cmx[i / kLanes] = m;
+        mx = m > mx ? m : mx;
     }
-    for (i64 v = 0; i + v < len; ++v) {
-        const double l = log_kernel(b, g, i + v, s);
-        mxv[v] = l > mxv[v] ? l : mxv[v];
-    }
-    const double mx = tree_max(mxv);
     if (!(mx > kNegInf)) return;
     bool new_max = false;
     if (mx > mc) {
@@ -168,7 +178,7 @@ inline void fold(const double* b, const Real* g, i64 len, double s, double& mc,
     bool top = false;  // whether this range holds the running maximum (EXC only)
     if constexpr (EXC) top = mx == mc;
     if (top) {
-        range_sums<POW, EXC>(b, g, len, s, mc, r);
+        range_sums<POW, EXC>(b, g, len, s, mc, cmx, r);
         // The terms left out are exactly 1 each (exp_small(0) = 1), so r[0] - r[3] is
         // their count up to a rounding error far below 1/2 (at most kColBlock terms
         // <= 1).  Those other than the maximum itself are ordinary terms of 1; the counts
@@ -178,7 +188,7 @@ inline void fold(const double* b, const Real* g, i64 len, double s, double& mc,
         e1 += r[3] + extra;
         e2 += r[4] + extra;
     } else {
-        range_sums<POW, false>(b, g, len, s, mc, r);
+        range_sums<POW, false>(b, g, len, s, mc, cmx, r);
         if constexpr (EXC) {  // no term at the maximum: the excess is the whole sum
             e1 += r[0];
             e2 += r[1];

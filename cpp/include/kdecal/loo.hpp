@@ -12,11 +12,12 @@
 //   D_c(j) = S_c(j)^2 - Q_c(j) = sum_{i != k, both != j, label_i = label_k = c} w_ij w_kj
 //            (optional; the pair sums of the U-statistic debiasing)
 //
-// The n x n matrix is never formed: centres are sorted by label once, streamed in
-// fixed-size tiles, and every query row keeps one running max and running sums per
-// class (an online log-sum-exp).  Ranges of centres more than kDrop = 64 below the
-// running class maximum are skipped (< 1.6e-28 of it per term) and exp arguments are
-// clamped at -kClamp = -230, which keeps every exp out of the subnormal range.
+// The n x n matrix is never formed: centres are sorted by label (then by predicted class
+// and confidence) once, streamed in fixed-size tiles, and every query row keeps one
+// running max and running sums per class (an online log-sum-exp).  Chunks of 32 centres
+// more than kDrop = 64 below the running class maximum are skipped (< 1.6e-28 of it per
+// term) and exp arguments are clamped at -kClamp = -230, which keeps every exp out of the
+// subnormal range.
 // D is accumulated as excess sums over each class's largest term, which is exactly 1
 // relative to the class maximum and never added (2 e1 + e1^2 - e2 with e1 = S_c - 1,
 // e2 = Q_c - 1 in units of the class maximum), so that it keeps its full relative
