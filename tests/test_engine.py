@@ -120,10 +120,8 @@ def test_row_order_does_not_change_the_bits(dtype):
     _, logq, p, labels, scale, bias = _problem(n, K, C, [0.01, 0.2], seed=8, dtype=dtype)
     perm = np.random.default_rng(9).permutation(n)
     a = core.loo_reduce(logq, p, labels, C, scale, bias, 3, 0, n, pairs=True)
-    b = core.loo_reduce(
-        logq[perm], p[perm], labels[perm], C, scale, np.ascontiguousarray(bias[:, perm]), 3,
-        0, n, pairs=True,
-    )
+    bias_p = np.ascontiguousarray(bias[:, perm])
+    b = core.loo_reduce(logq[perm], p[perm], labels[perm], C, scale, bias_p, 3, 0, n, pairs=True)
     assert len(a) == 5
     for k in range(5):
         np.testing.assert_array_equal(b[k], a[k][:, perm], err_msg=str(k))
