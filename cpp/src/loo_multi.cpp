@@ -1,6 +1,6 @@
 // Dispatcher of the multi-label reduction (multi.hpp): checks the problem, sorts the
-// centres (by the arg max of p) into the transposed tiles of the main engine, orders
-// the query rows (by the arg max of logq), lays the label sets and weights out centre by
+// centres (by the arg max of p, then the largest p) into the transposed tiles of the main
+// engine, orders the query rows (the same, by logq), lays the label sets and weights out centre by
 // centre, allocates the per-thread scratch and calls the kernel of the SIMD path that
 // loo_reduce uses on this CPU.
 #include "kdecal/multi.hpp"
@@ -52,13 +52,32 @@ i64 argmax(const Real* row, i64 K) {
     return best;
 }
 
-// Stable counting sort of idx[0..len) by key[idx[.]] in [0, n_keys).
-std::vector<i64> sort_by_key(const std::vector<i64>& key, const i64* idx, i64 len, i64 n_keys) {
-    std::vector<i64> start(static_cast<std::size_t>(n_keys + 1), 0);
-    for (i64 s = 0; s < len; ++s) ++start[static_cast<std::size_t>(key[idx[s]] + 1)];
-    for (i64 k = 0; k < n_keys; ++k) start[k + 1] += start[k];
+// idx[0..len) sorted by the prediction of its rows x[idx[.]] (length K each): arg max
+// first, then the largest value (a NaN as -inf), then the index itself, a total order.
+// Rows that predict the same class with similar confidence sit together, so at small
+// bandwidths whole tiles of centres fall below exp(-kDrop) for a whole group of rows
+// (the one-dimensional problems of top-label and class-wise calibration above all).
+template <class Real>
+std::vector<i64> sort_by_prediction(const Real* x, i64 K, const i64* idx, i64 len) {
+    struct Key {
+        i64 top;
+        Real value;
+        i64 index;
+    };
+    std::vector<Key> keys(static_cast<std::size_t>(len));
+    for (i64 s = 0; s < len; ++s) {
+        const Real* row = x + idx[s] * K;
+        const i64 top = argmax(row, K);
+        const Real v = row[top] == row[top] ? row[top] : -std::numeric_limits<Real>::infinity();
+        keys[static_cast<std::size_t>(s)] = Key{top, v, idx[s]};
+    }
+    std::sort(keys.begin(), keys.end(), [](const Key& a, const Key& b) {
+        if (a.top != b.top) return a.top < b.top;
+        if (a.value != b.value) return a.value < b.value;
+        return a.index < b.index;
+    });
     std::vector<i64> out(static_cast<std::size_t>(len));
-    for (i64 s = 0; s < len; ++s) out[start[static_cast<std::size_t>(key[idx[s]])]++] = idx[s];
+    for (std::size_t s = 0; s < keys.size(); ++s) out[s] = keys[s].index;
     return out;
 }
 
@@ -137,17 +156,15 @@ bool multi_impl(const MultiProblem<Real>& prob, double* S, double* Q, int n_thre
     }
     if (detail::cancelled(control)) return false;
 
-    // centres sorted by the arg max of p; query rows of the range by that of logq
-    std::vector<i64> key(static_cast<std::size_t>(n)), ident(static_cast<std::size_t>(n));
-    for (i64 i = 0; i < n; ++i) {
-        key[i] = argmax(prob.p + i * K, K);
-        ident[i] = i;
-    }
-    const std::vector<i64> perm = sort_by_key(key, ident.data(), n, K);
+    // centres sorted by the prediction of p; query rows of the range by that of logq
+    // (the same order: log is increasing)
+    std::vector<i64> ident(static_cast<std::size_t>(n));
+    for (i64 i = 0; i < n; ++i) ident[i] = i;
+    const std::vector<i64> perm = sort_by_prediction(prob.p, K, ident.data(), n);
     std::vector<i64> cinv(static_cast<std::size_t>(n));
     for (i64 s = 0; s < n; ++s) cinv[perm[s]] = s;
-    for (i64 j = prob.row_start; j < prob.row_stop; ++j) key[j] = argmax(prob.logq + j * K, K);
-    const std::vector<i64> rows = sort_by_key(key, ident.data() + prob.row_start, R, K);
+    const std::vector<i64> rows =
+        sort_by_prediction(prob.logq, K, ident.data() + prob.row_start, R);
     std::vector<double> mrow(static_cast<std::size_t>(R));
     for (i64 q = 0; q < R; ++q) {
         const double mj = prob.m[rows[q]];
