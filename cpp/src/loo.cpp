@@ -3,10 +3,8 @@
 // calls the SIMD kernel that matches this CPU.
 #include "kdecal/loo.hpp"
 
-#include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <limits>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -17,6 +15,7 @@
 #endif
 
 #include "loo_prepared.hpp"
+#include "order.hpp"
 
 #if defined(KDECAL_HAVE_AVX512)
 KDECAL_DECLARE_ISA(avx512)
@@ -112,19 +111,7 @@ bool loo_reduce_impl(const LooProblem<Real>& prob, const LooResult& out, int n_t
     if (prob.row_stop == prob.row_start) return !detail::cancelled(control);
     if (detail::cancelled(control)) return false;
 
-    // Centres sorted by label, then by predicted class (argmax, ties: the lowest index),
-    // then by confidence (the largest probability), then by index: a total order, so the
-    // result does not depend on the sort.  Within a label, centres with similar
-    // predictions sit together, so at small bandwidths whole chunks of kLanes centres fall
-    // below exp(-kDrop) of a query's running maximum and the kernels skip them (at
-    // h = 0.05 on CIFAR-10 predictions, K = 10, that leaves about 45 % of the exps).
     std::vector<std::int64_t> seg(static_cast<std::size_t>(C + 1), 0);
-    struct Key {
-        std::int64_t label, top;
-        Real conf;
-        std::int64_t index;
-    };
-    std::vector<Key> keys(static_cast<std::size_t>(n));
     for (std::int64_t i = 0; i < n; ++i) {
         const std::int64_t c = prob.labels[i];
         if (c < 0 || c >= C)
@@ -132,25 +119,18 @@ bool loo_reduce_impl(const LooProblem<Real>& prob, const LooResult& out, int n_t
                                         " at index " + std::to_string(i) + " is outside [0, " +
                                         std::to_string(C) + ")");
         ++seg[static_cast<std::size_t>(c + 1)];
-        const Real* row = prob.p + i * K;
-        std::int64_t top = 0;
-        for (std::int64_t k = 1; k < K; ++k) top = row[k] > row[top] ? k : top;
-        const Real conf = row[top] == row[top] ? row[top] : -std::numeric_limits<Real>::infinity();
-        keys[static_cast<std::size_t>(i)] = Key{c, top, conf, i};  // NaN: a total order still
     }
     for (std::int64_t c = 0; c < C; ++c) seg[c + 1] += seg[c];
-    std::sort(keys.begin(), keys.end(), [](const Key& a, const Key& b) {
-        if (a.label != b.label) return a.label < b.label;
-        if (a.top != b.top) return a.top < b.top;
-        if (a.conf != b.conf) return a.conf < b.conf;
-        return a.index < b.index;
-    });
-    std::vector<std::int64_t> inv(static_cast<std::size_t>(n)), perm(static_cast<std::size_t>(n));
-    for (std::int64_t s = 0; s < n; ++s) {
-        perm[s] = keys[static_cast<std::size_t>(s)].index;
-        inv[perm[s]] = s;
-    }
-    keys = std::vector<Key>();
+    const int nt = detail::resolve_threads(n_threads);
+
+    // Centres sorted by label (the class segments), then by prediction (order.hpp): at
+    // small bandwidths the kernel then skips whole chunks of kLanes centres (at h = 0.05
+    // on CIFAR-10 predictions, K = 10, that leaves about 45 % of the exps).
+    std::vector<std::int64_t> inv(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) inv[i] = i;
+    const std::vector<std::int64_t> perm =
+        detail::prediction_order(prob.p, K, prob.labels, C, inv.data(), n, nt);
+    for (std::int64_t s = 0; s < n; ++s) inv[perm[s]] = s;
 
     // centre tiles, each a contiguous (K, kColBlock) block, zero-padded at the end
     const std::int64_t BC = detail::kColBlock;
@@ -165,7 +145,6 @@ bool loo_reduce_impl(const LooProblem<Real>& prob, const LooResult& out, int n_t
     for (std::int64_t t = 0; t < H; ++t)
         for (std::int64_t s = 0; s < n; ++s) bias[t * n + s] = prob.bias[t * n + perm[s]];
 
-    const int nt = detail::resolve_threads(n_threads);
     const std::int64_t rows = detail::task_rows(prob.row_stop - prob.row_start, C, H, nt);
     // whole cache lines per thread, so that no two threads write to one line
     const std::int64_t per_thread = (detail::scratch_doubles(K, C, H, rows) + 7) / 8 * 8;

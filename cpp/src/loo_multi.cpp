@@ -20,6 +20,7 @@
 
 #include "loo_multi_prepared.hpp"
 #include "loo_prepared.hpp"
+#include "order.hpp"
 
 #if defined(KDECAL_HAVE_AVX512)
 KDECAL_DECLARE_MULTI_ISA(avx512)
@@ -42,43 +43,6 @@ std::string num(double x) {
     if (std::isnan(x)) return "nan";
     if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
     return std::to_string(x);
-}
-
-template <class Real>
-i64 argmax(const Real* row, i64 K) {
-    i64 best = 0;
-    for (i64 k = 1; k < K; ++k)
-        if (row[k] > row[best]) best = k;
-    return best;
-}
-
-// idx[0..len) sorted by the prediction of its rows x[idx[.]] (length K each): arg max
-// first, then the largest value (a NaN as -inf), then the index itself, a total order.
-// Rows that predict the same class with similar confidence sit together, so at small
-// bandwidths whole tiles of centres fall below exp(-kDrop) for a whole group of rows
-// (the one-dimensional problems of top-label and class-wise calibration above all).
-template <class Real>
-std::vector<i64> sort_by_prediction(const Real* x, i64 K, const i64* idx, i64 len) {
-    struct Key {
-        i64 top;
-        Real value;
-        i64 index;
-    };
-    std::vector<Key> keys(static_cast<std::size_t>(len));
-    for (i64 s = 0; s < len; ++s) {
-        const Real* row = x + idx[s] * K;
-        const i64 top = argmax(row, K);
-        const Real v = row[top] == row[top] ? row[top] : -std::numeric_limits<Real>::infinity();
-        keys[static_cast<std::size_t>(s)] = Key{top, v, idx[s]};
-    }
-    std::sort(keys.begin(), keys.end(), [](const Key& a, const Key& b) {
-        if (a.top != b.top) return a.top < b.top;
-        if (a.value != b.value) return a.value < b.value;
-        return a.index < b.index;
-    });
-    std::vector<i64> out(static_cast<std::size_t>(len));
-    for (std::size_t s = 0; s < keys.size(); ++s) out[s] = keys[s].index;
-    return out;
 }
 
 template <class Real>
@@ -156,15 +120,17 @@ bool multi_impl(const MultiProblem<Real>& prob, double* S, double* Q, int n_thre
     }
     if (detail::cancelled(control)) return false;
 
-    // centres sorted by the prediction of p; query rows of the range by that of logq
-    // (the same order: log is increasing)
+    // centres sorted by the prediction of p (order.hpp); query rows of the range by that
+    // of logq (the same order: log is increasing)
+    const int nt = detail::resolve_threads(n_threads);
     std::vector<i64> ident(static_cast<std::size_t>(n));
     for (i64 i = 0; i < n; ++i) ident[i] = i;
-    const std::vector<i64> perm = sort_by_prediction(prob.p, K, ident.data(), n);
+    const std::vector<i64> perm = detail::prediction_order(prob.p, K, nullptr, 1, ident.data(),
+                                                           n, nt);
     std::vector<i64> cinv(static_cast<std::size_t>(n));
     for (i64 s = 0; s < n; ++s) cinv[perm[s]] = s;
-    const std::vector<i64> rows =
-        sort_by_prediction(prob.logq, K, ident.data() + prob.row_start, R);
+    const std::vector<i64> rows = detail::prediction_order(
+        prob.logq, K, nullptr, 1, ident.data() + prob.row_start, R, nt);
     std::vector<double> mrow(static_cast<std::size_t>(R));
     for (i64 q = 0; q < R; ++q) {
         const double mj = prob.m[rows[q]];
@@ -185,7 +151,6 @@ bool multi_impl(const MultiProblem<Real>& prob, double* S, double* Q, int n_thre
         bias[s] = prob.bias[perm[s]];
     }
 
-    const int nt = detail::resolve_threads(n_threads);
 
     // Label sets per panel of T tiles, in compressed rows (panel, b, c) of the panel's
     // centres with label c in set b and a non-zero weight (loo_multi_prepared.hpp).
