@@ -1,6 +1,6 @@
 // Dispatcher of the backward pass (loo_grad.hpp): checks the problem, lays out the two
-// passes (centres sorted by label, then by predicted class, in transposed tiles for the
-// query pass; queries sorted by predicted class in transposed tiles for the centre pass),
+// passes (centres sorted by label, then by prediction, in transposed tiles for the query
+// pass; queries sorted by prediction in transposed tiles for the centre pass),
 // allocates the per-thread scratch and calls the kernel of the SIMD path that
 // loo_reduce uses on this CPU.
 #include "kdecal/loo_grad.hpp"
@@ -17,6 +17,7 @@
 
 #include "loo_grad_prepared.hpp"
 #include "loo_prepared.hpp"
+#include "order.hpp"
 
 #if defined(KDECAL_HAVE_AVX512)
 KDECAL_DECLARE_GRAD_ISA(avx512)
@@ -33,30 +34,6 @@ using i64 = std::int64_t;
 
 void check(bool ok, const std::string& what) {
     if (!ok) throw std::invalid_argument("kdecal.loo_grad: " + what);
-}
-
-template <class Real>
-i64 argmax(const Real* row, i64 K) {
-    i64 best = 0;
-    for (i64 k = 1; k < K; ++k)
-        if (row[k] > row[best]) best = k;
-    return best;
-}
-
-// Stable counting sort of keys in [0, n_keys): perm[s] = index at sorted position s,
-// inv[i] = sorted position of index i.
-void counting_sort(const i64* key, i64 n, i64 n_keys, std::vector<i64>& perm,
-                   std::vector<i64>& inv) {
-    std::vector<i64> start(static_cast<std::size_t>(n_keys + 1), 0);
-    for (i64 i = 0; i < n; ++i) ++start[static_cast<std::size_t>(key[i] + 1)];
-    for (i64 k = 0; k < n_keys; ++k) start[k + 1] += start[k];
-    perm.assign(static_cast<std::size_t>(n), 0);
-    inv.assign(static_cast<std::size_t>(n), 0);
-    for (i64 i = 0; i < n; ++i) {
-        const i64 pos = start[static_cast<std::size_t>(key[i])]++;
-        inv[i] = pos;
-        perm[pos] = i;
-    }
 }
 
 // rows (n, K) in the order given by `order` (null: identity) -> tiles of kColBlock
@@ -111,10 +88,11 @@ bool loo_grad_impl(const LooGradProblem<Real>& prob, const LooGradResult& out, i
     if (!query && !centre) return !detail::cancelled(control);
     if (detail::cancelled(control)) return false;
 
-    // Column orders.  Query pass: centres sorted by label (the class segments), and
-    // within a label by the arg max of p; centre pass: queries sorted by the arg max of
-    // logq.  Points that predict the same class sit together, so at small bandwidths
-    // whole tiles fall below exp(-kDrop) for a row and are skipped.
+    // Column orders (order.hpp).  Query pass: centres sorted by label (the class
+    // segments), and within a label by their prediction; centre pass: queries sorted by
+    // their prediction.  Points that predict the same class with similar confidence sit
+    // together, so at small bandwidths whole tiles fall below exp(-kDrop) for a row and
+    // are skipped.
     for (i64 i = 0; i < n; ++i) {
         const i64 c = prob.labels[i];
         if (c < 0 || c >= C)
@@ -122,14 +100,17 @@ bool loo_grad_impl(const LooGradProblem<Real>& prob, const LooGradResult& out, i
                                         " at index " + std::to_string(i) + " is outside [0, " +
                                         std::to_string(C) + ")");
     }
-    std::vector<i64> key(static_cast<std::size_t>(n)), top_q(static_cast<std::size_t>(n));
-    for (i64 i = 0; i < n; ++i) {
-        key[i] = prob.labels[i] * K + argmax(prob.p + i * K, K);
-        top_q[i] = argmax(prob.logq + i * K, K);
+    const int nt = detail::resolve_threads(n_threads);
+    std::vector<i64> inv(static_cast<std::size_t>(n)), inv_q(static_cast<std::size_t>(n));
+    for (i64 i = 0; i < n; ++i) inv[i] = i;
+    const std::vector<i64> perm =
+        detail::prediction_order(prob.p, K, prob.labels, C, inv.data(), n, nt);
+    const std::vector<i64> perm_q =
+        detail::prediction_order(prob.logq, K, nullptr, 1, inv.data(), n, nt);
+    for (i64 s = 0; s < n; ++s) {
+        inv[perm[s]] = s;
+        inv_q[perm_q[s]] = s;
     }
-    std::vector<i64> perm, inv, perm_q, inv_q;
-    counting_sort(key.data(), n, C * K, perm, inv);
-    counting_sort(top_q.data(), n, K, perm_q, inv_q);
     std::vector<i64> seg(static_cast<std::size_t>(C + 1), 0);
     for (i64 i = 0; i < n; ++i) ++seg[static_cast<std::size_t>(prob.labels[i] + 1)];
     for (i64 c = 0; c < C; ++c) seg[c + 1] += seg[c];
@@ -139,7 +120,6 @@ bool loo_grad_impl(const LooGradProblem<Real>& prob, const LooGradResult& out, i
     std::vector<double> neg_lse(static_cast<std::size_t>(n));  // query pass rows
     for (i64 j = 0; j < n; ++j) neg_lse[j] = -prob.lse[j];
 
-    const int nt = detail::resolve_threads(n_threads);
     const i64 per_thread = detail::grad_scratch_doubles(K);
     std::vector<double> scratch(static_cast<std::size_t>(per_thread * nt));
 
