@@ -1,8 +1,8 @@
 // Dispatcher of the multi-label reduction (multi.hpp): checks the problem, sorts the
 // centres (by the arg max of p, then the largest p) into the transposed tiles of the main
-// engine, orders the query rows (the same, by logq), lays the label sets and weights out centre by
-// centre, allocates the per-thread scratch and calls the kernel of the SIMD path that
-// loo_reduce uses on this CPU.
+// engine, orders the query rows (the same, by logq), lays the label sets and weights out
+// centre by centre, allocates the per-thread scratch and calls the kernel of the SIMD
+// path that loo_reduce uses on this CPU.
 #include "kdecal/multi.hpp"
 
 #include <algorithm>

@@ -2,11 +2,11 @@
 // from the dispatcher (loo_multi.cpp, baseline ISA) to a kernel compiled once per ISA
 // (loo_multi_isa.cpp).  Plain data only (see loo_prepared.hpp for why).
 //
-// Centres are sorted by the arg max of p and kept in the transposed, zero-padded tiles
-// of the main engine; the query rows of [row_start, row_stop) are processed in groups
-// of kMultiRows, in the order of the arg max of logq, so that at small bandwidths the
-// rows of a group share their near centres and a tile negligible for the whole group
-// is skipped.
+// Centres are sorted by the arg max of p, then the largest p (order.hpp), and kept in the
+// transposed, zero-padded tiles of the main engine; the query rows of [row_start,
+// row_stop) are processed in groups of kMultiRows, in the same order of logq, so that at
+// small bandwidths the rows of a group share their near centres and a tile negligible for
+// the whole group is skipped.
 //
 // The label sets are stored per panel of panel_tiles consecutive tiles as a sparse
 // (label set b, class c) x (centre) matrix in compressed rows: for panel t, set b and
