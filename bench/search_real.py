@@ -8,12 +8,16 @@ n = 10,000 and 100,000 (``--synthetic``):
   default debiasing (the search plus the estimate's accumulators), one criterion
   ("brier"), or both ("brier", "log") as ``kdecal evaluate`` runs them (``--both``);
 - ``fixed``: one estimate at the chosen bandwidth (``kdecal._estimators.estimate``);
+- ``--synthetic``: the seeds' synthetic protocol (K = 10) at ``--sizes`` rows (default
+  10,000 and 100,000; canonical unless ``--notions`` says otherwise); ``--resampled``:
+  the resampled CIFAR-10 logits of ``bench/large_n.py`` at the same sizes;
 - with ``--exhaustive``, the argmin of the exact leave-one-out risk over the whole
   search grid and the search's distance from it in grid steps (slow: 73 bandwidths).
 
 Times are the best of ``--repeat`` runs (default 3). Prints a markdown table.
 
-Usage: python bench/search_real.py [--exhaustive] [--both] [--synthetic] [--repeat R] [FILE ...]
+Usage: python bench/search_real.py [--exhaustive] [--both] [--synthetic] [--resampled]
+       [--sizes N,...] [--notions canonical,top_label,classwise] [--repeat R] [FILE ...]
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import warnings
 import numpy as np
 
 import kdecal
-from conftest import best_of
+from conftest import best_of, cifar10_probs
 from kdecal import _estimators as E
 from kdecal._validation import check_probs
 
@@ -72,18 +76,25 @@ def main() -> None:
     ap.add_argument("--both", action="store_true")
     ap.add_argument("--synthetic", action="store_true")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--notions", default="canonical,top_label,classwise")
+    ap.add_argument("--resampled", action="store_true")
+    ap.add_argument("--sizes", default="10000,100000")
+    ap.add_argument("--notions", default=None)
     args = ap.parse_args()
     warnings.simplefilter("ignore", kdecal.KdecalWarning)
     ex = " search − exhaustive argmin (grid steps) |" if args.exhaustive else ""
     print(f"| data | notion | n | chosen h |{ex} kernel work | auto | fixed | ratio |")
     print("|---|---|---|---|" + ("---|" if args.exhaustive else "") + "---|---|---|---|")
-    notions = args.notions.split(",")
-    if args.synthetic:
-        for n in (10_000, 100_000):
-            s = kdecal.datasets.make_seeds_synthetic(n, 10, seed=0)
-            print(row("synthetic K = 10", s.probs, s.labels, "canonical", args), flush=True)
+    if args.synthetic or args.resampled:
+        for n in (int(v) for v in args.sizes.split(",")):
+            for cal in (args.notions or "canonical").split(","):
+                if args.synthetic:
+                    s = kdecal.datasets.make_seeds_synthetic(n, 10, seed=0)
+                    print(row("synthetic K = 10", s.probs, s.labels, cal, args), flush=True)
+                if args.resampled:
+                    P, y = cifar10_probs(n)
+                    print(row("CIFAR-10, resampled", P, y, cal, args), flush=True)
         return
+    notions = (args.notions or "canonical,top_label,classwise").split(",")
     files = args.files or sorted(glob.glob(os.path.join(REAL, "*.npz")))
     for path in files:
         P, y = load(path)
