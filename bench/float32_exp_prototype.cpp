@@ -24,7 +24,7 @@ constexpr i64 kLanes = 32;
 using kdecal::proto::exp_small;
 using kdecal::proto::opaque;
 
-// float32 exp for x in [-80, 0] (Cephes expf coefficients)
+// float32 exp for x in [-80, 0]
 static inline float exp32(float x) {
     const float kLog2e = 1.44269504f, kShift = 12582912.0f;
     const float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
