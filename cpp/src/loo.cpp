@@ -3,6 +3,7 @@
 // calls the SIMD kernel that matches this CPU.
 #include "kdecal/loo.hpp"
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -202,6 +203,30 @@ bool loo_reduce(const LooProblem<double>& prob, const LooResult& out, int n_thre
 bool loo_reduce(const LooProblem<float>& prob, const LooResult& out, int n_threads,
                 Control* control) {
     return loo_reduce_impl(prob, out, n_threads, control);
+}
+
+void kernel_bias(const double* p, std::int64_t rows, std::int64_t D, double scale, double* out,
+                 int n_threads) {
+    if (!(std::isfinite(scale) && scale > 0.0))
+        throw std::invalid_argument("kdecal.kernel_bias: scale must be finite and > 0, got " +
+                                    std::to_string(scale));
+    std::int64_t n_bad = 0;  // a reduction first (vectorised), the position only on failure
+    for (std::int64_t j = 0; j < rows * D; ++j) n_bad += !(p[j] >= 0.0 && p[j] <= 1.0);
+    for (std::int64_t j = 0; n_bad > 0 && j < rows * D; ++j)
+        if (!(p[j] >= 0.0 && p[j] <= 1.0))  // also NaN
+            throw std::invalid_argument(
+                "kdecal.kernel_bias: p must lie in [0, 1]; p[" + std::to_string(j / D) + ", " +
+                std::to_string(j % D) + "] = " + std::to_string(p[j]));
+    const int nt = detail::resolve_threads(n_threads);
+    const Isa isa = cpu_isa();
+#if defined(KDECAL_HAVE_AVX512)
+    if (isa == Isa::avx512) return avx512::kernel_bias(p, rows, D, scale, out, nt);
+#endif
+#if defined(KDECAL_HAVE_AVX2)
+    if (isa == Isa::avx2) return avx2::kernel_bias(p, rows, D, scale, out, nt);
+#endif
+    (void)isa;
+    baseline::kernel_bias(p, rows, D, scale, out, nt);
 }
 
 const char* simd_path() { return isa_name(cpu_isa()); }

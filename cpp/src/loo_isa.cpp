@@ -344,6 +344,53 @@ void run(const Prepared<Real>& pr, const LooResult& out, double* scratch, i64 pe
 
 }  // namespace
 
+void kernel_bias(const double* p, std::int64_t rows, std::int64_t D, double scale, double* out,
+                 int n_threads) {
+    // Blocks of rows whose lgamma values fit one stack buffer (a row longer than it is
+    // taken in chunks); each row's sum is then a simd reduction, the same for any blocking
+    // and thread count.
+    constexpr i64 kBuf = 2048;
+    const i64 kc = D < kBuf ? D : kBuf;  // columns per chunk
+    const i64 per = kBuf / kc;           // rows per block (1 when D >= kBuf)
+    const i64 nblocks = (rows + per - 1) / per;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(n_threads) \
+    if (n_threads > 1 && rows * D >= (i64{1} << 15))
+#endif
+    for (i64 blk = 0; blk < nblocks; ++blk) {
+        double tmp[kBuf];
+        const i64 r0 = blk * per;
+        const i64 r1 = (r0 + per) < rows ? (r0 + per) : rows;
+        if (kc == D) {  // whole rows, contiguous: one loop over the block
+            const double* src = p + r0 * D;
+            const i64 m = (r1 - r0) * D;
+#pragma omp simd
+            for (i64 j = 0; j < m; ++j) tmp[j] = lgamma_ge1(src[j] * scale + 1.0);
+            for (i64 r = r0; r < r1; ++r) {
+                const double* t = tmp + (r - r0) * D;
+                double acc = 0.0;
+#pragma omp simd reduction(+ : acc)
+                for (i64 k = 0; k < D; ++k) acc += t[k];
+                out[r] = -acc;
+            }
+        } else {  // one row (r1 = r0 + 1) in chunks of kc columns
+            const double* src = p + r0 * D;
+            double acc = 0.0;
+            for (i64 k0 = 0; k0 < D; k0 += kc) {
+                const i64 w = (D - k0) < kc ? (D - k0) : kc;
+#pragma omp simd
+                for (i64 k = 0; k < w; ++k) tmp[k] = lgamma_ge1(src[k0 + k] * scale + 1.0);
+                double part = 0.0;
+#pragma omp simd reduction(+ : part)
+                for (i64 k = 0; k < w; ++k) part += tmp[k];
+                acc += part;
+            }
+            out[r0] = -acc;
+        }
+    }
+    (void)n_threads;
+}
+
 void run_f64(const Prepared<double>& pr, const LooResult& out, double* scratch,
              std::int64_t per_thread, int n_threads) {
     run(pr, out, scratch, per_thread, n_threads);

@@ -80,5 +80,7 @@ inline std::int64_t scratch_doubles(std::int64_t K, std::int64_t C, std::int64_t
                  double* scratch, std::int64_t scratch_per_thread, int n_threads);      \
     void run_f32(const detail::Prepared<float>& pr, const LooResult& out,              \
                  double* scratch, std::int64_t scratch_per_thread, int n_threads);      \
+    void kernel_bias(const double* p, std::int64_t rows, std::int64_t D, double scale, \
+                     double* out, int n_threads);                                       \
     }                                                                                  \
     }

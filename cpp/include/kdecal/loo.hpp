@@ -88,6 +88,14 @@ bool loo_reduce(const LooProblem<double>& prob, const LooResult& out, int n_thre
 bool loo_reduce(const LooProblem<float>& prob, const LooResult& out, int n_threads,
                 Control* control = nullptr);
 
+/// Per-centre kernel bias of one bandwidth: out[i] = -sum_k lgamma(p[i, k] * scale + 1)
+/// for the rows of p (rows x D, row-major), on the SIMD path of this CPU and n_threads
+/// OpenMP threads (<= 0: the default); the same bits for any thread count.  Throws
+/// std::invalid_argument (before any parallel work) unless scale is finite and positive
+/// and every p[i, k] lies in [0, 1].
+void kernel_bias(const double* p, std::int64_t rows, std::int64_t D, double scale, double* out,
+                 int n_threads);
+
 /// Name of the SIMD code path the dispatcher picks on this CPU ("avx512", "avx2",
 /// "baseline"); the environment variable KDECAL_ISA can force a lower one.
 const char* simd_path();
