@@ -117,12 +117,12 @@ inline double log_pos(double v) {
     return e * kLn2Hi + ((2.0 * f) * (q * f2) + (2.0 * f + e * kLn2Lo));
 }
 
-// lgamma(x) for 1 <= x < 2^52 (the kernel biases' arguments p / h + 1), absolute error
-// within 64 ulp of max(1, |lgamma(x)|): about 30 near x = 1-2, where lgamma(x + 8) and the
-// log of the product cancel, about 12 for large x (tests/test_backends.py).  Stirling's series to the z^-13 term for z = x (x >= 8) or
-// z = x + 8 with lgamma(x) = lgamma(x + 8) - log(x (x + 1) ... (x + 7)) (x < 8); its
-// truncation is below 8.4e-16 for z >= 8 (half an ulp of lgamma(8)).  Branch-free for the
-// vectoriser.
+// lgamma(x) for 1 <= x <= 1e300 (the kernel biases' arguments p / h + 1, h >= 1e-300).
+// Stirling's series to the z^-13 term for z = x (x >= 8), or z = x + 8 with
+// lgamma(x) = lgamma(x + 8) - log(x (x + 1) ... (x + 7)) (x < 8); the truncation is below
+// 8.4e-16 for z >= 8 (half an ulp of lgamma(8)).  Absolute error against mpmath: 1 ulp
+// for x >= 100, up to 26 ulp of max(1, |lgamma(x)|) for x < 8, where the shift cancels
+// (bounded at 64 in tests/test_backends.py).  Branch-free for the vectoriser.
 inline double lgamma_ge1(double x) {
     const bool small = x < 8.0;  // selects by bit masks (keep_or_zero)
     const double z = x + keep_or_zero(small, 8.0);
