@@ -326,8 +326,8 @@ def test_loo_log_likelihood_default_grid(kd, dataset, backend):
     # The log density is lgamma(1/h + D) plus the centres' biases -sum_k lgamma(p_ik/h + 1)
     # plus ...: at small h, terms of size lgamma(1/h + D) (1.6e5 at h = 5e-5) cancel to a
     # value near 0, so two correct implementations whose lgamma round differently (the
-    # engine's own and SciPy's, each within 2 ulp) differ by a few ulp of that size
-    # (measured: up to 2.3 on real-adrenal-K2).
+    # engine's own and SciPy's, each within 2 ulp at these large arguments) differ by a
+    # few ulp of that size (measured: up to 2.3 on real-adrenal-K2).
     D = dataset.probs.shape[1] if dataset.probs.ndim == 2 else 2  # a binary vector: D = 2
     floor = 8 * np.finfo(float).eps * gammaln(1.0 / grid + D)
     err = np.abs(got - want)

@@ -197,8 +197,9 @@ def map_row_blocks(f: Callable[[np.ndarray], np.ndarray], a: np.ndarray) -> np.n
     (elementwise NumPy or SciPy ufuncs, then a reduction over the last axis: they release
     the GIL), so the result is bitwise ``f(a)`` for any blocking. With one thread, or
     under :data:`ROW_BLOCKS_MIN_ELEMENTS` elements, it is ``f(a)``. Used for the
-    per-centre kernel biases (n K lgamma per bandwidth), which would otherwise be the
-    serial part of a bandwidth search on many cores. At most one thread per core.
+    per-centre kernel biases (n K lgamma per bandwidth) when the compiled core, which
+    computes them itself, is not built: otherwise they would be the serial part of a
+    bandwidth search on many cores. At most one thread per core.
     """
     nt = min(get_num_threads(), os.cpu_count() or 1, a.shape[-2])
     if nt <= 1 or a.size < ROW_BLOCKS_MIN_ELEMENTS:

@@ -117,7 +117,7 @@ def kernel_points(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
 def kernel_bias(problem: Problem, h: float) -> np.ndarray:
     """Per-centre bias ``-sum_k lgamma(p_ik / h + 1)`` of one bandwidth, (B, n) float64.
 
-    With the compiled core, its vectorised lgamma (``kdecal._core.kernel_bias``, about 10x
+    With the compiled core, its vectorised lgamma (``kdecal._core.kernel_bias``, about 6x
     ``scipy.special.gammaln`` per value: a bandwidth search needs n K values per bandwidth
     tried); without it, ``gammaln`` on row blocks. Either way in the engine's threads,
     bitwise the same for any number of them.
