@@ -293,11 +293,30 @@ def test_minimising_the_penalty_reduces_it():
     assert values[-1] < 0.6 * values[0]
 
 
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
+def test_half_precision_is_computed_in_float32(half):
+    rng = np.random.default_rng(5)
+    # multiples of 1/64: exact in both half formats, so the rows still sum to 1
+    P = np.stack([rng.multinomial(64, rng.dirichlet(np.ones(4))) for _ in range(60)]) / 64
+    y = rng.integers(0, 4, 60)
+    Ph = torch.tensor(P, dtype=half, requires_grad=True)
+    loss = kt.ece_kde_loss(Ph, y, bandwidth=0.1)
+    loss.backward()
+    # the same as the float32 loss of the rounded values, gradient in the input's dtype
+    P32 = Ph.detach().to(torch.float32).requires_grad_(True)
+    ref = kt.ece_kde_loss(P32, y, bandwidth=0.1)
+    ref.backward()
+    assert loss.dtype == torch.float32
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-6)
+    assert Ph.grad.dtype == half
+    np.testing.assert_allclose(Ph.grad.float().numpy(), P32.grad.to(half).float().numpy())
+
+
 @pytest.mark.parametrize(
     "call,exc,match",
     [
         (lambda P, y: kt.ece_kde_loss(P.numpy(), y, bandwidth=0.1), TypeError, "torch.Tensor"),
-        (lambda P, y: kt.ece_kde_loss(P.half(), y, bandwidth=0.1), TypeError, "float32"),
+        (lambda P, y: kt.ece_kde_loss(P.to(torch.int64), y, bandwidth=0.1), TypeError, "float32"),
         (lambda P, y: kt.ece_kde_loss(P, y.double(), bandwidth=0.1), TypeError, "integer"),
         (lambda P, y: kt.ece_kde_loss(P.to("meta"), y, bandwidth=0.1), ValueError, "CPU"),
         (lambda P, y: kt.ece_kde_loss(P, y, p=0.5, bandwidth=0.1), ValueError, "p must"),

@@ -3,9 +3,12 @@
 Backends return the same per-query accumulators (running max ``m`` and power sums
 ``S``, ``Q``, ``T``; see :func:`loo_reduce`), so every estimator is written once on top;
 :func:`loo_reduce_multi` gives the class sums of many label sets at one bandwidth.
-``"auto"`` picks ``"cpp"`` (the compiled core) when it imports, else ``"numba"``;
-``"dask"`` runs the compiled core on the workers of the current ``dask.distributed``
-client, one task per block of query rows (:mod:`kdecal._dask`), with the same results.
+``"auto"`` picks ``"cuda"`` for arrays on a CUDA device (when the GPU engine is usable),
+else ``"cpp"`` (the compiled core) when it imports, else ``"numba"``; ``"cuda"`` runs
+the numba-cuda kernels of :mod:`kdecal._cuda` (``pip install "kdecal[cuda]"``, an NVIDIA
+GPU, or numba's CUDA simulator); ``"dask"`` runs the compiled core on the workers of the
+current ``dask.distributed`` client, one task per block of query rows
+(:mod:`kdecal._dask`), with the same results.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ import numpy as np
 
 from .warnings import BackendFallbackWarning
 
-Backend = Literal["auto", "cpp", "numba", "dask"]
-BACKENDS = ("cpp", "numba")
+Backend = Literal["auto", "cpp", "numba", "cuda", "dask"]
+BACKENDS = ("cpp", "numba", "cuda")
 
 _core_error: BaseException | None = None
 try:
@@ -38,6 +41,8 @@ except ImportError as exc:  # pragma: no cover - exercised by the fallback test
 
 _numba_mod: Any = None
 _numba_error: BaseException | None = None
+_cuda_mod: Any = None
+_cuda_error: BaseException | str | None = None
 _warned = False
 _num_threads: int = 0  # 0: library default (all cores)
 
@@ -52,25 +57,62 @@ def _load_numba() -> Any:
     return _numba_mod
 
 
+def _load_cuda() -> Any:
+    """Return :mod:`kdecal._cuda` when a CUDA device (or the simulator) is usable, else None.
+
+    Probed once: importing numba's CUDA target and asking the driver for a device.
+    """
+    global _cuda_mod, _cuda_error
+    if _cuda_mod is None and _cuda_error is None:
+        if importlib.util.find_spec("numba") is None:
+            _cuda_error = 'numba is not installed (pip install "kdecal[cuda]")'
+            return None
+        try:
+            mod = importlib.import_module("kdecal._cuda")
+        except Exception as exc:  # noqa: BLE001 - a missing or broken numba-cuda
+            _cuda_error = exc
+            return None
+        if mod.is_available():
+            _cuda_mod = mod
+        else:
+            _cuda_error = (
+                "no CUDA device is usable (an NVIDIA GPU with its driver, and numba-cuda: "
+                'pip install "kdecal[cuda]"; or numba\'s simulator, NUMBA_ENABLE_CUDASIM=1)'
+            )
+    return _cuda_mod
+
+
+def is_device_array(x: object) -> bool:
+    """Whether ``x`` is an array on a CUDA device (``__cuda_array_interface__``)."""
+    return hasattr(x, "__cuda_array_interface__") or (
+        type(x).__module__.startswith("numba.cuda") and hasattr(x, "copy_to_host")
+    )
+
+
 def available_backends() -> list[str]:
     """Names of the backends that work in this installation.
 
     Returns
     -------
     list of str
-        A subset of ``["cpp", "numba"]``, fastest first.
+        A subset of ``["cpp", "numba", "cuda"]``: ``"cuda"`` only where a CUDA device
+        (or numba's CUDA simulator) is usable.
     """
     out = []
     if _core is not None:
         out.append("cpp")
     if importlib.util.find_spec("numba") is not None:
         out.append("numba")
+    if _load_cuda() is not None:
+        out.append("cuda")
     return out
 
 
-def resolve_backend(backend: object) -> str:
+def resolve_backend(backend: object, *data: object) -> str:
     """Turn ``"auto"`` into a concrete backend and check that it is available.
 
+    ``"auto"`` picks ``"cuda"`` when one of ``data`` (the caller's arrays, as given) is
+    a CUDA array and the GPU engine is usable; otherwise the compiled core, else numba.
     ``"dask"`` is never chosen by ``"auto"``; asked for, it needs dask.distributed, a
     current client and the compiled core.
 
@@ -89,7 +131,16 @@ def resolve_backend(backend: object) -> str:
 
         _dask.check_available()
         return "dask"
-    avail = available_backends()
+    on_device = backend == "auto" and any(is_device_array(x) for x in data)
+    if on_device and _load_cuda() is not None:
+        return "cuda"
+    if backend == "cuda":
+        if _load_cuda() is None:
+            raise ValueError(f"backend 'cuda' is not available here: {_cuda_error}")
+        return "cuda"
+    # the CPU engines only: probing for a GPU costs an import of numba's CUDA target
+    has_numba = importlib.util.find_spec("numba") is not None
+    avail = [b for b, ok in (("cpp", _core is not None), ("numba", has_numba)) if ok]
     if backend == "auto":
         if "cpp" in avail:
             return "cpp"
@@ -111,7 +162,7 @@ def resolve_backend(backend: object) -> str:
     if backend not in BACKENDS:
         raise ValueError(
             f"unknown backend {backend!r}; choose 'auto', one of the available backends "
-            f"{avail}, or 'dask' (a dask.distributed cluster)"
+            f"{available_backends()}, or 'dask' (a dask.distributed cluster)"
         )
     if backend not in avail:
         why = _core_error if backend == "cpp" else "numba is not installed"
@@ -218,6 +269,15 @@ def _call(backend: str) -> Callable[..., tuple[np.ndarray, ...]]:
     all), and ``pairs`` (append the pair sums ``D``).  Either backend stops on Ctrl-C
     (``KeyboardInterrupt``) within about a second.
     """
+    if backend == "cuda":
+        cu = _load_cuda()
+
+        def run_cuda(
+            *args: Any, progress: Callable[[int], object] | None = None, pairs: bool = False
+        ) -> tuple[np.ndarray, ...]:
+            return tuple(cu.loo_reduce(*args, progress=progress, pairs=pairs))
+
+        return run_cuda
     if backend == "cpp":
         nt = _num_threads
 
@@ -349,7 +409,7 @@ def loo_reduce(
         ``-sum_k lgamma(p[i, k] / h + 1)`` for each bandwidth and centre.
     powers : {1, 2, 3}
         Which power sums to return.
-    backend : {"cpp", "numba"}
+    backend : {"cpp", "numba", "cuda", "dask"}
         A resolved backend name.
     progress : bool or None
         Show a progress bar; ``None`` shows one for long work only.
@@ -421,27 +481,35 @@ def loo_grad(
     coef: np.ndarray,
     *,
     progress: bool | None = None,
+    backend: str = "cpp",
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Streaming backward pass of the leave-one-out conditional expectation (C++ only).
+    """Streaming backward pass of the leave-one-out conditional expectation (C++ or CUDA).
 
     ``kdecal._core.loo_grad`` (see its docstring for the arguments and the returned
     ``(grad_logq, grad_p, grad_bias, row_sum)``) with the engine's thread count, a
     progress bar (``progress``: bool, or ``None`` for long work only) over its two
-    passes, and Ctrl-C stopping it within about a second.
+    passes, and Ctrl-C stopping it within about a second.  ``backend="cuda"`` runs
+    :func:`kdecal._cuda.loo_grad` instead (CUDA arrays in and out).
 
     Raises
     ------
     RuntimeError
         If the compiled core is not available (the numba backend has no backward pass).
     """
+    n = p.shape[-2]
+    n_problems = p.shape[0] if len(p.shape) == 3 else 1
+    work = 2.0 * n * n * n_problems  # two passes over the pairs
+    if backend == "cuda":
+        with _bar(_show_bar(work, progress), 2 * n * n_problems, "kdecal LOO backward") as cb:
+            g = _load_cuda().loo_grad(
+                logq, p, labels, n_classes, scale, bias, lse, coef, cb, device_out=True
+            )
+            return g[0], g[1], g[2], g[3]
     if _core is None:
         raise RuntimeError(
             f"the backward pass needs kdecal's compiled core, which could not be imported "
             f"({_core_error})"
         )
-    n = p.shape[-2]
-    n_problems = p.shape[0] if p.ndim == 3 else 1
-    work = 2.0 * n * n * n_problems  # two passes over the pairs
     with _bar(_show_bar(work, progress), 2 * n * n_problems, "kdecal LOO backward") as cb:
         out = _core.loo_grad(
             logq, p, labels, n_classes, scale, bias, lse, coef, _num_threads, progress=cb
@@ -553,7 +621,7 @@ def loo_reduce_multi(
         Centre weights of each set (finite, >= 0); ``None`` means all 1.
     powers : {1, 2}
         Whether to return ``Q`` too.
-    backend : {"cpp", "numba", "dask", "auto"}
+    backend : {"cpp", "numba", "cuda", "dask", "auto"}
         Engine to use.
     row_start, row_stop : int
         Query rows ``[row_start, row_stop)``; ``row_stop=None`` means ``n``.
@@ -636,6 +704,10 @@ def loo_reduce_multi(
             S, Q = _core.loo_reduce_multi(*args, row_start, row_stop, _num_threads, progress=cb)
         return S, Q
     _check_multi_values(m, labels, n_classes, weights, row_start, row_stop)
+    if be == "cuda":
+        with _bar(show, R, "kdecal LOO resampling") as cb:
+            S, Q = _load_cuda().loo_reduce_multi(*args, row_start, row_stop, progress=cb)
+        return S, Q
     mod = _load_numba()
     if mod is None:  # pragma: no cover
         raise ValueError(f"the numba backend failed to import: {_numba_error}")

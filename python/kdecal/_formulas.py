@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 import scipy.special
-from array_api_compat import array_namespace, is_numpy_namespace, is_torch_namespace
+from array_api_compat import array_namespace, device, is_numpy_namespace, is_torch_namespace
 
 from ._validation import PROB_EPS
 
@@ -79,7 +79,7 @@ def problem_arrays(P: Array, y: Array, calibration: str) -> tuple[Array, Array]:
         q = xp.take_along_axis(P, top[:, None], axis=1)[:, 0]
         return binary_points(q)[None, ...], xp.astype(top == y, xp.int64)[None, ...]
     K = P.shape[1]
-    labels = xp.astype(y[None, :] == xp.arange(K)[:, None], xp.int64)
+    labels = xp.astype(y[None, :] == xp.arange(K, device=device(y))[:, None], xp.int64)
     return binary_points(P.T), labels
 
 
@@ -91,7 +91,7 @@ def coords(binary: bool) -> slice:
 def one_hot(labels: Array, D: int, dtype: Any = None) -> Array:
     """Labels (..., n) as one-hot vectors (..., n, D), float64 unless ``dtype``."""
     xp = array_namespace(labels)
-    hit = labels[..., None] == xp.arange(D)
+    hit = labels[..., None] == xp.arange(D, device=device(labels))
     return xp.astype(hit, xp.float64 if dtype is None else dtype)
 
 

@@ -20,9 +20,14 @@ tensors, so autograd differentiates it; only the leave-one-out conditional expec
 ``E[y | f_j]`` is a custom :class:`torch.autograd.Function`. This module holds that
 Function, the tensor checks and the ``nn.Module`` wrappers.
 
-Requires torch (``pip install "kdecal[torch]"``) and the compiled core ``kdecal._core``
-(the numba fallback has no backward pass). CPU tensors, float32 or float64. Importing
-:mod:`kdecal` does not import torch; import this module explicitly.
+Requires torch (``pip install "kdecal[torch]"``) and, for CPU tensors, the compiled core
+``kdecal._core`` (the numba fallback has no backward pass). CUDA tensors run the forward
+and the backward pass on their device with the GPU engine (:mod:`kdecal._cuda`,
+``pip install "kdecal[cuda]"``): the kernel sums, the gradient and every O(nK) step stay
+on the device; only the validation reads the predictions and labels (O(nK)) on the host.
+float32 or float64 tensors; float16 and bfloat16 are converted to float32 (differentiably,
+so the gradient comes back in the input's dtype). Importing :mod:`kdecal` does not import
+torch; import this module explicitly.
 
 References
 ----------
@@ -82,15 +87,19 @@ class _LooExpectation(torch.autograd.Function):
     """Leave-one-out kernel conditional expectation of a batch of problems.
 
     ``points`` (B, n, D) on the simplex (already clipped), ``labels`` (B, n) int64 in
-    ``0..D-1`` (constants), bandwidth h. Returns E (B, n, D) in the dtype of ``points``.
-    The backward pass is ``kdecal._core.loo_grad`` chained through ``logq = log f`` and
-    ``bias = -sum_k lgamma(f_k / h + 1)``.
+    ``0..D-1`` (constants), bandwidth h, and the engine: ``"cpp"`` or ``"cuda"`` (the
+    points' device for CUDA tensors). Returns E (B, n, D) in the dtype of ``points``.
+    The backward pass is ``kdecal._core.loo_grad`` (or its CUDA twin) chained through
+    ``logq = log f`` and ``bias = -sum_k lgamma(f_k / h + 1)``.
     """
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, points: torch.Tensor, labels: np.ndarray, bandwidth: float
+        ctx: Any, points: torch.Tensor, labels: np.ndarray, bandwidth: float, backend: str
     ) -> torch.Tensor:
+        ctx.backend = backend
+        if backend == "cuda":
+            return _cuda_forward(ctx, points, labels, bandwidth)
         _core()
         kdt = np.float32 if points.dtype == torch.float32 else np.float64
         p64 = np.ascontiguousarray(points.detach().to(torch.float64).numpy())
@@ -111,7 +120,9 @@ class _LooExpectation(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad_E: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad_E: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:  # type: ignore[override]
+        if ctx.backend == "cuda":
+            return _cuda_backward(ctx, grad_E), None, None, None
         logq, pk, p64, labels, bias, lse, E, scale = ctx.kdecal
         g = grad_E.detach().to(torch.float64).numpy()
         # dloss/dL_ij = w_ij * coef[j, y_i], coef = g - <g, E> (the softmax Jacobian)
@@ -121,24 +132,86 @@ class _LooExpectation(torch.autograd.Function):
         g_logq, g_p, g_bias, _ = _backends.loo_grad(logq, pk, labels, D, scale, bias, lse, coef)
         # query role through log f, centre role through f and through the bias
         grad = g_logq / p64 + g_p - (scale * g_bias)[..., None] * digamma(p64 * scale + 1.0)
-        return torch.from_numpy(grad).to(grad_E.dtype), None, None
+        return torch.from_numpy(grad).to(grad_E.dtype), None, None, None
+
+
+def _cuda_forward(ctx: Any, points: torch.Tensor, labels: np.ndarray, h: float) -> torch.Tensor:
+    """Run the forward pass of :class:`_LooExpectation` on the tensor's CUDA device.
+
+    The same inputs as on the CPU (``log f`` and ``f`` in the kernel dtype, the float64
+    bias ``-sum_k lgamma(f_k / h + 1)``), made with torch operations on the device; the
+    engine's outputs are wrapped without a copy.
+    """
+    kdt = torch.float32 if points.dtype == torch.float32 else torch.float64
+    p64 = points.detach().to(torch.float64).contiguous()
+    logq = torch.log(p64).to(kdt).contiguous()
+    pk = p64.to(kdt).contiguous()
+    scale = 1.0 / h
+    bias = -torch.lgamma(p64 * scale + 1.0).sum(dim=-1)  # (B, n)
+    m, S = _backends._load_cuda().loo_reduce(
+        logq, pk, labels, p64.shape[-1], np.array([scale]), bias[:, None, :], device_out=True
+    )[:2]
+    m = _from_device(m, points.device)[:, 0]
+    S = _from_device(S, points.device)[:, 0]
+    S0 = S.sum(dim=-1)  # >= 1: the largest term is exp(0)
+    E = S / S0[..., None]
+    lab = torch.as_tensor(labels, device=points.device)
+    ctx.kdecal = (logq, pk, p64, lab, bias.contiguous(), m + torch.log(S0), E, scale)
+    return E.to(points.dtype)
+
+
+def _from_device(x: Any, device: torch.device) -> torch.Tensor:
+    """Wrap an engine output (a numba device array) as a tensor, without a copy on CUDA.
+
+    Under numba's CUDA simulator (the tests without a GPU) the arrays are host arrays.
+    """
+    if hasattr(x, "__cuda_array_interface__"):
+        return torch.as_tensor(x, device=device)
+    return torch.from_numpy(np.asarray(x.copy_to_host())).to(device)
+
+
+def _cuda_backward(ctx: Any, grad_E: torch.Tensor) -> torch.Tensor:
+    """Run the backward pass of :class:`_LooExpectation` on the tensor's CUDA device."""
+    logq, pk, p64, labels, bias, lse, E, scale = ctx.kdecal
+    g = grad_E.detach().to(torch.float64)
+    coef = (g - torch.sum(g * E, dim=-1, keepdim=True)).contiguous()
+    g_logq, g_p, g_bias, _ = (
+        _from_device(x, grad_E.device)
+        for x in _backends.loo_grad(
+            logq, pk, labels, E.shape[-1], scale, bias, lse.contiguous(), coef, backend="cuda"
+        )
+    )
+    grad = g_logq / p64 + g_p - (scale * g_bias)[..., None] * torch.digamma(p64 * scale + 1.0)
+    return grad.to(grad_E.dtype)
 
 
 # ------------------------------------------------------------------------- validation
 
 
 def _check_tensor(probs: object) -> torch.Tensor:
+    """Check the tensor's type, device and dtype; half precision becomes float32."""
     if not isinstance(probs, torch.Tensor):
         raise TypeError(
-            f"probs must be a torch.Tensor (float32 or float64, CPU), got {type(probs).__name__}"
+            "probs must be a torch.Tensor (float32 or float64; CPU or CUDA), got "
+            f"{type(probs).__name__}"
         )
-    if probs.device.type != "cpu":
+    if probs.device.type not in ("cpu", "cuda"):
         raise ValueError(
-            f"probs is on device {probs.device}; kdecal.torch supports CPU tensors only "
+            f"probs is on device {probs.device}; kdecal.torch supports CPU and CUDA tensors "
             "(move it with .cpu())"
         )
+    if probs.is_cuda and _backends._load_cuda() is None:
+        raise ValueError(
+            f"probs is on device {probs.device}, but kdecal's GPU engine is not usable here: "
+            f"{_backends._cuda_error}; move the tensor with .cpu()"
+        )
+    if probs.dtype in (torch.float16, torch.bfloat16):
+        return probs.to(torch.float32)  # differentiable: the gradient returns in half
     if probs.dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"probs must be a float32 or float64 tensor, got dtype {probs.dtype}")
+        raise TypeError(
+            "probs must be a float32 or float64 tensor (float16 and bfloat16 are computed "
+            f"in float32), got dtype {probs.dtype}"
+        )
     return probs
 
 
@@ -152,20 +225,26 @@ def _labels_array(labels: object) -> object:
 
 def _prepare(
     probs: object, labels: object, bandwidth: object, calibration: object
-) -> tuple[torch.Tensor, np.ndarray, torch.Tensor, np.ndarray, float]:
-    """Validate; return points (B, n, D), labels (B, n), clipped P, y and the bandwidth."""
-    _core()
+) -> tuple[torch.Tensor, np.ndarray, torch.Tensor, np.ndarray, float, str]:
+    """Validate; return the problem and its engine.
+
+    Returns points (B, n, D), labels (B, n), clipped P, y, the bandwidth and the engine
+    ("cuda" for CUDA tensors, else "cpp").
+    """
     x = _check_tensor(probs)
+    if not x.is_cuda:
+        _core()
     check_choice(calibration, "calibration", _est.CALIBRATIONS)
     checked = check_probs(x.detach().cpu().numpy())  # shapes, NaN, negatives, row sums
     y = check_labels(_labels_array(labels), checked.n, checked.n_classes)
+    be = "cuda" if x.is_cuda else "cpp"
     if isinstance(bandwidth, str):
-        h = _kde._resolve_bandwidth(checked, y, str(calibration), bandwidth, "cpp", False)
+        h = _kde._resolve_bandwidth(checked, y, str(calibration), bandwidth, be, False)
     else:
         h = check_bandwidth(bandwidth)
     P = _f.simplex_points(x)
-    points, lab = _f.problem_arrays(P, torch.from_numpy(y), str(calibration))
-    return points, np.ascontiguousarray(lab.numpy()), P, y, h
+    points, lab = _f.problem_arrays(P, torch.from_numpy(y).to(x.device), str(calibration))
+    return points, np.ascontiguousarray(lab.cpu().numpy()), P, y, h, be
 
 
 # ------------------------------------------------------------------------- public API
@@ -183,7 +262,8 @@ def conditional_expectation(
 
     Parameters
     ----------
-    probs : torch.Tensor, shape (n, K) or (n,), float32 or float64, CPU
+    probs : torch.Tensor, shape (n, K) or (n,), floating point, CPU or CUDA
+        float32 or float64; float16 and bfloat16 are computed in float32.
         Predicted probabilities (rows on the simplex), or P(y = 1) of a binary problem.
         Clipped at 1e-12 and renormalised (differentiably) before the kernel.
     labels : torch.Tensor or array-like, shape (n,), int
@@ -201,12 +281,13 @@ def conditional_expectation(
     ------
     TypeError, ValueError
         Invalid input, as :func:`kdecal.conditional_expectation`, a tensor that is not
-        float32/float64 or not on the CPU.
+        not floating point, or on a device other than the CPU
+        or a usable CUDA device.
     RuntimeError
         If the compiled core is not available.
     """
-    points, lab, _, _, h = _prepare(probs, labels, bandwidth, "canonical")
-    return _LooExpectation.apply(points, lab, h)[0]  # type: ignore[no-any-return]
+    points, lab, _, _, h, be = _prepare(probs, labels, bandwidth, "canonical")
+    return _LooExpectation.apply(points, lab, h, be)[0]  # type: ignore[no-any-return]
 
 
 def ece_kde_loss(
@@ -228,7 +309,8 @@ def ece_kde_loss(
 
     Parameters
     ----------
-    probs : torch.Tensor, shape (n, K) or (n,), float32 or float64, CPU
+    probs : torch.Tensor, shape (n, K) or (n,), floating point, CPU or CUDA
+        float32 or float64; float16 and bfloat16 are computed in float32.
         Predicted probabilities of a batch (rows on the simplex within 1e-3), or P(y = 1).
         Clipped at 1e-12 and renormalised with torch operations, so the gradient includes
         that Jacobian (zero for the clipped entries). n >= 3.
@@ -256,7 +338,8 @@ def ece_kde_loss(
     ------
     TypeError, ValueError
         Invalid input (as :func:`kdecal.ece_kde`), ``p < 1``, a tensor that is not
-        float32/float64 or not on the CPU.
+        not floating point, or on a device other than the CPU
+        or a usable CUDA device.
     RuntimeError
         If the compiled core ``kdecal._core`` is not available.
     """
@@ -264,8 +347,8 @@ def ece_kde_loss(
         raise TypeError(f"p must be a real number >= 1, got {p!r}")
     if not np.isfinite(p) or p < 1:
         raise ValueError(f"p must be a finite real number >= 1, got {p!r}")
-    points, lab, _, _, h = _prepare(probs, labels, bandwidth, calibration)
-    E = _LooExpectation.apply(points, lab, h)
+    points, lab, _, _, h, be = _prepare(probs, labels, bandwidth, calibration)
+    E = _LooExpectation.apply(points, lab, h, be)
     c = _f.coords(calibration != "canonical")
     return torch.mean(_f.lp_rows(E[..., c], points[..., c], float(p))) ** (1.0 / float(p))
 
@@ -286,7 +369,8 @@ def calibration_error_loss(
 
     Parameters
     ----------
-    probs : torch.Tensor, shape (n, K) or (n,), float32 or float64, CPU
+    probs : torch.Tensor, shape (n, K) or (n,), floating point, CPU or CUDA
+        float32 or float64; float16 and bfloat16 are computed in float32.
         Predicted probabilities (see :func:`ece_kde_loss`).
     labels : torch.Tensor or array-like, shape (n,), int
         True classes in ``0..K-1``.
@@ -312,19 +396,20 @@ def calibration_error_loss(
     ------
     TypeError, ValueError
         Invalid input, divergence, estimator or calibration; a tensor that is not
-        float32/float64 or not on the CPU.
+        not floating point, or on a device other than the CPU
+        or a usable CUDA device.
     RuntimeError
         If the compiled core ``kdecal._core`` is not available.
     """
     check_choice(divergence, "divergence", DIVERGENCES)
     check_choice(estimator, "estimator", ESTIMATORS)
-    points, lab, _, _, h = _prepare(probs, labels, bandwidth, calibration)
-    E = _LooExpectation.apply(points, lab, h)
+    points, lab, _, _, h, be = _prepare(probs, labels, bandwidth, calibration)
+    E = _LooExpectation.apply(points, lab, h, be)
     binary = calibration != "canonical"
     if estimator == "direct":
         return torch.mean(_f.divergence_rows(divergence, E, points, binary))
     F = _f.generator_rows(divergence, E, binary)
-    risk = _f.risk_rows(divergence, points, torch.from_numpy(lab), binary)
+    risk = _f.risk_rows(divergence, points, torch.from_numpy(lab).to(points.device), binary)
     return torch.mean(F) + torch.mean(risk)
 
 

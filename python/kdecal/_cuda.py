@@ -1,0 +1,909 @@
+"""CUDA backend of the kdecal engine, written with numba-cuda.
+
+The GPU twin of the compiled core's primitives, with the same accumulators, so that
+every estimator on top is unchanged:
+
+* :func:`loo_reduce`: per-query maximum ``m`` and per-class power sums ``S``, ``Q``,
+  ``T`` and pair sums ``D`` of the leave-one-out Dirichlet-kernel reduction, for one or
+  several bandwidths and a batch of problems (``kdecal._core.loo_reduce``);
+* :func:`loo_reduce_multi`: the class sums of ``B`` label sets (and centre weights) at
+  one bandwidth, for the bootstrap and the consistency resampling
+  (``kdecal._core.loo_reduce_multi``);
+* :func:`loo_grad`: the streaming backward pass of the leave-one-out conditional
+  expectation (``kdecal._core.loo_grad``);
+* :func:`kernel_bias`: the per-centre bias ``-sum_k lgamma(p_ik / h + 1)``.
+
+The kernels are compiled by numba-cuda at first use (one specialisation per number of
+coordinates ``K``, dtype and options) and run unchanged under numba's CUDA simulator
+(``NUMBA_ENABLE_CUDASIM=1``, set before numba is imported), where the tests run them on
+the CPU.
+
+Layout.  One thread per query row; the centres of each problem are put in class order
+once per call (on the device) and stream through shared memory in tiles of
+:data:`TILE` centres, transposed (``K x TILE``), so that every thread of a block reads
+the same centre at the same time (a broadcast).  Each thread keeps its query's
+``log q`` in registers, computes the K-dot, the log-kernel ``L_ij`` in float64 and,
+class by class in one pass, the sums of ``exp(L_ij - M)`` (clamped at ``-230`` as in
+the numba engine, so that no subnormal enters the cubes), their squares and cubes,
+relative to the running class maximum ``M``: the terms below it are summed, the terms
+equal to it counted, so that the pair sums ``D = S^2 - Q`` come without cancellation,
+and a new maximum rescales what was summed (see :func:`_forward_kernel_qb`).  A second,
+O(nC) kernel puts the class sums relative to the row maximum.  Nothing of size
+``n x n`` is formed: memory is ``O(B n (K + H C))``.
+
+Precision.  The dtype of ``logq`` and ``p`` chooses the mode:
+
+* float64: everything in float64.  Agrees with the CPU engine to about 1e-13 relative
+  (the log-kernel's own rounding, ``eps * |L_ij|``, and the order of the sums).
+* float32 ("fast"): the K-dot and the exponential in float32, the log-kernel, the
+  maxima and every sum in float64.  The K-dot is taken of the differences from the
+  query's own point, ``sum_k log q_jk (p_ik - p_jk)``, with the query's part
+  ``sum_k log q_jk p_jk`` added in float64, so that its rounding is relative to the
+  small differences of the centres near the query, which carry the weight.  A weight
+  ``exp(L - M)`` is then off by about ``u32 (scale sum_k |log q_jk| |p_ik - p_jk| +
+  |L - M|)`` relative (``u32 = 6e-8``).  Measured against the float64 engine on the same
+  float32 inputs (``bench/gpu.py`` on five real files): ``E = S / sum S`` within
+  1.0e-5 at ``h >= 0.01`` (8e-7 at 0.1) and within 3e-6 to 7.7e-5 at ``h = 1e-3``.  The
+  rounding of the inputs to float32 adds as much again at ``h = 1e-3``; the compiled
+  core's float32 mode rounds its inputs the same way.
+
+Arrays.  NumPy arrays are copied to the device and the results back.  Objects with
+``__cuda_array_interface__`` (torch CUDA tensors, CuPy, numba device arrays) are used
+in place; the functions with ``device_out=True`` return numba device arrays, which torch
+and CuPy wrap without a copy (``torch.as_tensor(x, device="cuda")``).  Only the labels
+(``n`` integers per problem) travel to the host and back, to build the class order.
+
+Interruption.  Query rows go through in launches of about :data:`LAUNCH_PAIRS` kernel
+evaluations, synchronised one by one, so that progress is reported and Ctrl-C
+(``KeyboardInterrupt``) is seen between two launches.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from numba import config as _numba_config
+from numba import cuda, float32, float64
+
+# Small problems launch few blocks on purpose; numba would warn on each such launch.
+_numba_config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
+
+__all__ = [
+    "is_available",
+    "kernel_bias",
+    "loo_grad",
+    "loo_reduce",
+    "loo_reduce_multi",
+]
+
+#: Under the simulator every thread of a block is a Python thread: small blocks.
+SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
+
+#: Threads per block (query rows per block) and centres per shared-memory tile.
+TILE = 8 if SIMULATOR else 128
+
+#: Query rows per thread of the forward kernel. One: on an H100 at K = 10, two and four
+#: rows per thread (fewer shared-memory reads per pair, more registers) were 5-10 % and
+#: 10-95 % slower (``bench/gpu.py``, "variants").
+QUERIES_PER_THREAD = 1
+
+#: Kernel evaluations (query rows x centres x bandwidths) per launch: a launch of this
+#: many takes about 0.1-0.5 s on a current GPU, so that Ctrl-C is seen within a second.
+LAUNCH_PAIRS = 2e11
+
+#: Log-kernel differences below this are clamped (exp(-3 * 230) is still a normal double).
+_CLAMP = -230.0
+
+#: Terms below this (relative to the row maximum) are dropped by the multi-label pass,
+#: as in the compiled core (each is below 1.6e-28 of the largest term).
+_DROP = -64.0
+
+_INF = math.inf
+
+
+def is_available() -> bool:
+    """Whether a CUDA device (or numba's CUDA simulator) is usable."""
+    try:
+        return bool(cuda.is_available())
+    except Exception:  # noqa: BLE001 - a broken driver or toolkit reads as no device
+        return False
+
+
+# ----------------------------------------------------------------------- array helpers
+
+
+def _on_device(a: object) -> bool:
+    """Tell whether ``a`` lives on a CUDA device.
+
+    True for ``__cuda_array_interface__`` objects and numba device arrays (also the
+    simulator's).
+    """
+    return hasattr(a, "__cuda_array_interface__") or hasattr(a, "copy_to_host")
+
+
+def _dev(a: Any) -> Any:
+    """Return a device view of ``a`` (no copy for CUDA arrays), or a device copy."""
+    if hasattr(a, "copy_to_host"):  # a numba device array (the simulator's too)
+        return a
+    if hasattr(a, "__cuda_array_interface__"):
+        return cuda.as_cuda_array(a)
+    return cuda.to_device(np.ascontiguousarray(a))
+
+
+def _host(a: Any) -> np.ndarray:
+    if _on_device(a):
+        return np.asarray(_dev(a).copy_to_host())
+    return np.asarray(a)
+
+
+def _launch_rows(n: int, per_row: float, unit: int = TILE) -> int:
+    """Return the query rows per launch.
+
+    About :data:`LAUNCH_PAIRS` kernel evaluations, in whole blocks of ``unit`` rows.
+    """
+    rows = int(LAUNCH_PAIRS / max(1.0, n * per_row))
+    return max(unit, (rows // unit) * unit)
+
+
+def _class_order(labels: Any, n_classes: int) -> tuple[Any, Any, Any]:
+    """Return the class order of each problem, on the device.
+
+    ``order`` (B, n) (sorted position -> row), ``pos`` (B, n) (row -> sorted position)
+    and the segment bounds ``seg`` (B, C + 1); stable, so that ties keep the row order.
+    """
+    lab = _host(labels).astype(np.int64, copy=False)
+    order = np.argsort(lab, axis=-1, kind="stable")
+    pos = np.empty_like(order)
+    np.put_along_axis(pos, order, np.arange(lab.shape[-1])[None, :], axis=-1)
+    counts = np.stack([np.bincount(r, minlength=n_classes)[:n_classes] for r in lab])
+    seg = np.zeros((lab.shape[0], n_classes + 1), dtype=np.int64)
+    np.cumsum(counts, axis=-1, out=seg[:, 1:])
+    return cuda.to_device(order), cuda.to_device(pos), cuda.to_device(seg)
+
+
+# ---------------------------------------------------------------------------- kernels
+
+
+@cuda.jit
+def _gather_T(src, order, dst):  # pragma: no cover - runs on the device
+    # dst[b, k, i] = src[b, order[b, i], k]: the centres in class order, transposed
+    i, b = cuda.grid(2)
+    if b < src.shape[0] and i < src.shape[1]:
+        r = order[b, i]
+        for k in range(src.shape[2]):
+            dst[b, k, i] = src[b, r, k]
+
+
+@cuda.jit
+def _gather_bias(src, order, dst):  # pragma: no cover - runs on the device
+    # dst[b, t, i] = src[b, t, order[b, i]]
+    i, b = cuda.grid(2)
+    if b < src.shape[0] and i < src.shape[2]:
+        r = order[b, i]
+        for t in range(src.shape[1]):
+            dst[b, t, i] = src[b, t, r]
+
+
+@cuda.jit
+def _query_shift(logq, p, cj):  # pragma: no cover - runs on the device
+    # cj[b, j] = sum_k logq[b, j, k] p[b, j, k] in float64 (the fast mode's shift)
+    j, b = cuda.grid(2)
+    if b < p.shape[0] and j < p.shape[1]:
+        acc = 0.0
+        for k in range(p.shape[2]):
+            acc += float64(logq[b, j, k]) * float64(p[b, j, k])
+        cj[b, j] = acc
+
+
+@cuda.jit
+def _bias_kernel(p, scale, out):  # pragma: no cover - runs on the device
+    # out[t, r] = -sum_k lgamma(p[r, k] * scale[t] + 1)
+    r, t = cuda.grid(2)
+    if t < scale.shape[0] and r < p.shape[0]:
+        s = scale[t]
+        acc = 0.0
+        for k in range(p.shape[1]):
+            acc -= math.lgamma(float64(p[r, k]) * s + 1.0)
+        out[t, r] = acc
+
+
+def _forward_kernel(K: int, fast: bool, powers: int, pairs: bool) -> tuple[Any, int]:
+    """Return the forward kernel for K coordinates, and its query rows per thread."""
+    qb = int(QUERIES_PER_THREAD)
+    return _forward_kernel_qb(K, fast, powers, pairs, qb), qb
+
+
+@functools.cache
+def _forward_kernel_qb(K: int, fast: bool, powers: int, pairs: bool, QB: int) -> Any:
+    """Compile the forward kernel for K coordinates and QB query rows per thread.
+
+    K is a compile-time constant, so that each thread keeps its queries' ``log q`` in
+    registers; each thread holds ``QB`` query rows, so that every centre read from
+    shared memory serves QB K-dots (:data:`QUERIES_PER_THREAD`).  One pass over the centres of each class
+    with an online maximum: the sums are kept relative to the running class maximum
+    ``M`` as the terms below it (``x1 = sum e``, ``x2 = sum e^2``, ``x3 = sum e^3``) and
+    the count of terms equal to it (``ties``), so that ``S_c = x1 + ties`` and the pair
+    sums ``D = S^2 - Q = (2 e1 - e2) + e1^2`` with ``e1 = x1 + ties - 1``,
+    ``e2 = x2 + ties - 1`` come without cancellation; a new maximum rescales them
+    (rarely: about log n_c times per class in random order).  The class sums are written
+    relative to their class maximum (kept in ``mc``); :data:`_rescale` puts them
+    relative to the row maximum afterwards.
+
+    Fast mode: the K-dot is taken of the differences from the query's own point,
+    ``G'_ij = sum_k log q_jk (p_ik - p_jk)`` in float32, and
+    ``L_ij = bias_i + scale * (c_j + G'_ij)`` in float64 with
+    ``c_j = sum_k log q_jk p_jk`` computed in float64 beforehand: the terms of ``G'``
+    are small for the centres near the query, which carry the weight, so the float32
+    rounding of the dot is relative to ``|G'|``, not to ``|G|``.
+    """
+    dt = float32 if fast else float64
+    TB = TILE
+
+    @cuda.jit(device=True, inline=True)
+    def expd(x):  # pragma: no cover - runs on the device
+        if fast:
+            return float64(math.exp(float32(x)))
+        return math.exp(x)
+
+    @cuda.jit
+    def kern(logq, pq, cj, pT, bs, seg, pos, scale, t, row0, row1, mc, m_out, S, Q, T, D):
+        # logq, pq (B, n, K) and cj (B, n) in query order; pT (B, K, n) and bs (B, H, n)
+        # in class order; seg (B, C + 1); pos (B, n); launch row r is query row0 + r:
+        # mc (B, R, C) and the outputs (B, H, R[, C]) are this launch's rows.
+        b = cuda.blockIdx.y
+        tid = cuda.threadIdx.x
+        first = row0 + cuda.blockIdx.x * (TB * QB)
+        C = seg.shape[1] - 1
+        psh = cuda.shared.array((K, TB), dt)
+        bsh = cuda.shared.array(TB, float64)
+        lq = cuda.local.array((QB, K), dt)
+        pv = cuda.local.array((QB, K), dt)
+        pj = cuda.local.array(QB, np.int64)
+        sc = cuda.local.array(QB, float64)
+        mrow = cuda.local.array(QB, float64)
+        Mc = cuda.local.array(QB, float64)
+        x1 = cuda.local.array(QB, float64)
+        x2 = cuda.local.array(QB, float64)
+        x3 = cuda.local.array(QB, float64)
+        ties = cuda.local.array(QB, float64)
+        st = scale[t]
+        for q in range(QB):
+            j = first + q * TB + tid
+            mrow[q] = -_INF
+            if j < row1:
+                pj[q] = pos[b, j]
+                sc[q] = st * cj[b, j] if fast else 0.0
+                for k in range(K):
+                    lq[q, k] = logq[b, j, k]
+                    pv[q, k] = pq[b, j, k] if fast else 0
+            else:  # no query: matches no centre position, its sums are never written
+                pj[q] = -1
+                sc[q] = 0.0
+                for k in range(K):
+                    lq[q, k] = 0
+                    pv[q, k] = 0
+        for c in range(C):
+            lo = seg[b, c]
+            hi = seg[b, c + 1]
+            for q in range(QB):
+                Mc[q] = -_INF
+                x1[q] = 0.0
+                x2[q] = 0.0
+                x3[q] = 0.0
+                ties[q] = 0.0
+            for i0 in range(lo, hi, TB):
+                w = min(TB, hi - i0)
+                if tid < w:
+                    for k in range(K):
+                        psh[k, tid] = pT[b, k, i0 + tid]
+                    bsh[tid] = bs[b, t, i0 + tid]
+                cuda.syncthreads()
+                for ii in range(w):
+                    bi = bsh[ii]
+                    for q in range(QB):
+                        if fast:
+                            g = lq[q, 0] * (psh[0, ii] - pv[q, 0])
+                            for k in range(1, K):
+                                g = cuda.fma(lq[q, k], psh[k, ii] - pv[q, k], g)
+                        else:
+                            g = lq[q, 0] * psh[0, ii]
+                            for k in range(1, K):
+                                g += lq[q, k] * psh[k, ii]
+                        L = cuda.fma(st, float64(g), bi + sc[q])
+                        if i0 + ii != pj[q]:
+                            d = L - Mc[q]
+                            if d > 0.0:  # a new class maximum (the first term too)
+                                r = math.exp(-d)
+                                x1[q] = (x1[q] + ties[q]) * r
+                                if powers >= 2 or pairs:
+                                    x2[q] = (x2[q] + ties[q]) * (r * r)
+                                if powers >= 3:
+                                    x3[q] = (x3[q] + ties[q]) * (r * r * r)
+                                ties[q] = 1.0
+                                Mc[q] = L
+                            elif d == 0.0:
+                                ties[q] += 1.0
+                            else:
+                                e = expd(max(d, _CLAMP))
+                                x1[q] += e
+                                if powers >= 2 or pairs:
+                                    x2[q] += e * e
+                                if powers >= 3:
+                                    x3[q] += e * e * e
+                cuda.syncthreads()
+            for q in range(QB):
+                j = first + q * TB + tid
+                if j < row1:
+                    r = j - row0
+                    mc[b, r, c] = Mc[q]
+                    mrow[q] = max(mrow[q], Mc[q])
+                    S[b, t, r, c] = x1[q] + ties[q]
+                    if powers >= 2:
+                        Q[b, t, r, c] = x2[q] + ties[q]
+                    if powers >= 3:
+                        T[b, t, r, c] = x3[q] + ties[q]
+                    if pairs:
+                        e1 = x1[q] + (ties[q] - 1.0)
+                        e2 = x2[q] + (ties[q] - 1.0)
+                        D[b, t, r, c] = (2.0 * e1 - e2) + e1 * e1
+        for q in range(QB):
+            j = first + q * TB + tid
+            if j < row1:
+                m_out[b, t, j - row0] = mrow[q]
+
+    return kern
+
+
+@cuda.jit
+def _rescale(mc, t, m, S, Q, T, D, powers, pairs):  # pragma: no cover - runs on the device
+    # class sums relative to the class maximum -> relative to the row maximum
+    r, b = cuda.grid(2)
+    if b < mc.shape[0] and r < mc.shape[1]:
+        mr = m[b, t, r]
+        for c in range(mc.shape[2]):
+            v = mc[b, r, c]
+            f = v - mr if v > -_INF else 0.0
+            e = math.exp(f) if v > -_INF else 0.0
+            S[b, t, r, c] *= e
+            if powers >= 2:
+                Q[b, t, r, c] *= e * e
+            if powers >= 3:
+                T[b, t, r, c] *= e * e * e
+            if pairs:
+                D[b, t, r, c] *= e * e
+
+
+@functools.cache
+def _multi_kernel(K: int, C: int, fast: bool, powers: int) -> Any:
+    """Compile the multi-label kernel.
+
+    One block per query row; thread ``tid`` of block ``(r, y)`` owns label set
+    ``y * TILE + tid`` and, in turn, computes the weight of one centre of each tile.
+    """
+    dt = float32 if fast else float64
+    TB = TILE
+
+    @cuda.jit
+    def kern(logq, pq, cj, pT, m, labT, wT, scale, bias, row0, S, Q):  # pragma: no cover
+        # logq, pq (n, K); cj (n,); pT (K, n); m, bias (n,); labT (n, B) int32;
+        # wT (n, B) float64; S, Q (B, R, C).  Fast mode: the centred K-dot of the forward
+        # kernel, so that the weights are those the forward pass summed.
+        n = pT.shape[1]
+        B = labT.shape[1]
+        tid = cuda.threadIdx.x
+        r = cuda.blockIdx.x
+        j = row0 + r
+        bset = cuda.blockIdx.y * TB + tid
+        lqs = cuda.shared.array(K, dt)
+        pqs = cuda.shared.array(K, dt)
+        wsh = cuda.shared.array(TB, float64)
+        acc = cuda.local.array(C, float64)
+        acc2 = cuda.local.array(C, float64)
+        for c in range(C):
+            acc[c] = 0.0
+            acc2[c] = 0.0
+        if tid == 0:
+            for k in range(K):
+                lqs[k] = logq[j, k]
+                pqs[k] = pq[j, k]
+        cuda.syncthreads()
+        mj = m[j]
+        sj = scale * cj[j] if fast else 0.0
+        if mj > -_INF:
+            for i0 in range(0, n, TB):
+                i = i0 + tid
+                wv = 0.0
+                if i < n and i != j:
+                    if fast:
+                        g = lqs[0] * (pT[0, i] - pqs[0])
+                        for k in range(1, K):
+                            g = cuda.fma(lqs[k], pT[k, i] - pqs[k], g)
+                    else:
+                        g = lqs[0] * pT[0, i]
+                        for k in range(1, K):
+                            g += lqs[k] * pT[k, i]
+                    x = cuda.fma(scale, float64(g), bias[i] + sj) - mj
+                    if x >= _DROP:
+                        if fast:
+                            wv = float64(math.exp(float32(min(x, 0.0))))
+                        else:
+                            wv = math.exp(min(x, 0.0))
+                wsh[tid] = wv
+                cuda.syncthreads()
+                if bset < B:
+                    for ii in range(min(TB, n - i0)):
+                        wv = wsh[ii]
+                        if wv != 0.0:
+                            lab = labT[i0 + ii, bset]
+                            v = wT[i0 + ii, bset] * wv
+                            acc[lab] += v
+                            if powers >= 2:
+                                acc2[lab] += v * wv
+                cuda.syncthreads()
+        if bset < B:
+            for c in range(C):
+                S[bset, r, c] = acc[c]
+                if powers >= 2:
+                    Q[bset, r, c] = acc2[c]
+
+    return kern
+
+
+@functools.cache
+def _grad_kernels(K: int, C: int, fast: bool) -> tuple[Any, Any]:
+    """Compile the two passes of the backward pass: query-major, then centre-major."""
+    dt = float32 if fast else float64
+    TB = TILE
+
+    @cuda.jit
+    def by_query(logq, p, cj, labels, scale, bias, lse, coef, g_logq, row_sum):  # pragma: no cover
+        # g_logq[b, j, k] = scale sum_{i != j} w_ij coef[b, j, y_i] p[b, i, k]
+        # row_sum[b, j]   = sum_{i != j} w_ij coef[b, j, y_i]
+        b = cuda.blockIdx.y
+        tid = cuda.threadIdx.x
+        n = p.shape[1]
+        j = cuda.blockIdx.x * TB + tid
+        active = j < n
+        psh = cuda.shared.array((K, TB), dt)
+        bsh = cuda.shared.array(TB, float64)
+        lsh = cuda.shared.array(TB, np.int32)
+        lq = cuda.local.array(K, dt)
+        pv = cuda.local.array(K, dt)
+        acc = cuda.local.array(K, float64)
+        cf = cuda.local.array(C, float64)
+        lj = 0.0
+        sj = 0.0
+        for k in range(K):
+            acc[k] = 0.0
+            lq[k] = logq[b, j, k] if active else 0
+            pv[k] = p[b, j, k] if (active and fast) else 0
+        for c in range(C):
+            cf[c] = coef[b, j, c] if active else 0.0
+        if active:
+            lj = lse[b, j]
+            if fast:
+                sj = scale * cj[b, j]
+        rs = 0.0
+        for i0 in range(0, n, TB):
+            w = min(TB, n - i0)
+            if tid < w:
+                for k in range(K):
+                    psh[k, tid] = p[b, i0 + tid, k]
+                bsh[tid] = bias[b, i0 + tid]
+                lsh[tid] = labels[b, i0 + tid]
+            cuda.syncthreads()
+            if active:
+                for ii in range(w):
+                    if i0 + ii != j:
+                        if fast:
+                            g = lq[0] * (psh[0, ii] - pv[0])
+                            for k in range(1, K):
+                                g = cuda.fma(lq[k], psh[k, ii] - pv[k], g)
+                        else:
+                            g = lq[0] * psh[0, ii]
+                            for k in range(1, K):
+                                g += lq[k] * psh[k, ii]
+                        x = cuda.fma(scale, float64(g), bsh[ii] + sj) - lj
+                        if fast:
+                            wv = float64(math.exp(float32(min(x, 0.0))))
+                        else:
+                            wv = math.exp(min(x, 0.0))
+                        v = wv * cf[lsh[ii]]
+                        rs += v
+                        for k in range(K):
+                            acc[k] += v * psh[k, ii]
+            cuda.syncthreads()
+        if active:
+            row_sum[b, j] = rs
+            for k in range(K):
+                g_logq[b, j, k] = scale * acc[k]
+
+    @cuda.jit
+    def by_centre(logq, p, cj, labels, scale, bias, lse, coef, g_p, g_bias):  # pragma: no cover
+        # g_p[b, i, k] = scale sum_{j != i} w_ij coef[b, j, y_i] logq[b, j, k]
+        # g_bias[b, i] = sum_{j != i} w_ij coef[b, j, y_i]
+        b = cuda.blockIdx.y
+        tid = cuda.threadIdx.x
+        n = p.shape[1]
+        i = cuda.blockIdx.x * TB + tid
+        active = i < n
+        qsh = cuda.shared.array((K, TB), dt)
+        qpsh = cuda.shared.array((K, TB), dt)
+        lsesh = cuda.shared.array(TB, float64)
+        csh = cuda.shared.array((C, TB), float64)
+        pi = cuda.local.array(K, dt)
+        acc = cuda.local.array(K, float64)
+        yi = 0
+        bi = 0.0
+        for k in range(K):
+            acc[k] = 0.0
+            pi[k] = p[b, i, k] if active else 0
+        if active:
+            yi = labels[b, i]
+            bi = bias[b, i]
+        gb = 0.0
+        for j0 in range(0, n, TB):
+            w = min(TB, n - j0)
+            if tid < w:
+                for k in range(K):
+                    qsh[k, tid] = logq[b, j0 + tid, k]
+                    qpsh[k, tid] = p[b, j0 + tid, k] if fast else 0
+                # the query's shift enters through lse: x = bias_i + s (c_j + G') - lse_j
+                lsesh[tid] = lse[b, j0 + tid] - (scale * cj[b, j0 + tid] if fast else 0.0)
+                for c in range(C):
+                    csh[c, tid] = coef[b, j0 + tid, c]
+            cuda.syncthreads()
+            if active:
+                for jj in range(w):
+                    if j0 + jj != i:
+                        if fast:
+                            g = qsh[0, jj] * (pi[0] - qpsh[0, jj])
+                            for k in range(1, K):
+                                g = cuda.fma(qsh[k, jj], pi[k] - qpsh[k, jj], g)
+                        else:
+                            g = qsh[0, jj] * pi[0]
+                            for k in range(1, K):
+                                g += qsh[k, jj] * pi[k]
+                        x = cuda.fma(scale, float64(g), bi) - lsesh[jj]
+                        if fast:
+                            wv = float64(math.exp(float32(min(x, 0.0))))
+                        else:
+                            wv = math.exp(min(x, 0.0))
+                        v = wv * csh[yi, jj]
+                        gb += v
+                        for k in range(K):
+                            acc[k] += v * qsh[k, jj]
+            cuda.syncthreads()
+        if active:
+            g_bias[b, i] = gb
+            for k in range(K):
+                g_p[b, i, k] = scale * acc[k]
+
+    return by_query, by_centre
+
+
+# ---------------------------------------------------------------------- entry points
+
+
+def _batched(a: Any, ndim: int) -> tuple[Any, bool]:
+    """Add the problem axis B to an unbatched array (a view, host or device).
+
+    Host arrays of other libraries (CPU tensors) become NumPy arrays.
+    """
+    if not _on_device(a):
+        a = np.asarray(a)
+    if len(a.shape) == ndim:
+        return a, True
+    if _on_device(a):
+        d = _dev(a)
+        return d.reshape(1, *d.shape), False
+    return np.asarray(a)[None, ...], False
+
+
+def kernel_bias(p: Any, scale: Any, *, device_out: bool = False) -> Any:
+    """Per-centre bias ``-sum_k lgamma(p[r, k] * scale[t] + 1)`` on the device.
+
+    Parameters
+    ----------
+    p : array, shape (R, K), float32 or float64 (host or CUDA array)
+        Points on the simplex (every entry in [0, 1]).
+    scale : array-like, shape (H,), float64
+        ``1 / h`` for each bandwidth.
+    device_out : bool
+        Return a numba device array instead of a NumPy array.
+
+    Returns
+    -------
+    array, shape (H, R), float64
+    """
+    dp = _dev(p)
+    ds = cuda.to_device(np.ascontiguousarray(scale, dtype=np.float64))
+    R, H = dp.shape[0], ds.shape[0]
+    out = cuda.device_array((H, R), dtype=np.float64)
+    if R and H:
+        _bias_kernel[((R + TILE - 1) // TILE, H), (TILE, 1)](dp, ds, out)
+    return out if device_out else out.copy_to_host()
+
+
+def loo_reduce(
+    logq: Any,
+    p: Any,
+    labels: Any,
+    n_classes: int,
+    scale: Any,
+    bias: Any,
+    powers: int = 1,
+    row_start: int = 0,
+    row_stop: int | None = None,
+    progress: Callable[[int], object] | None = None,
+    pairs: bool = False,
+    *,
+    device_out: bool = False,
+) -> tuple[Any, ...]:
+    """Leave-one-out Dirichlet-kernel reduction on the GPU (``kdecal._core.loo_reduce``).
+
+    Parameters
+    ----------
+    logq, p : array, shape (n, K) or (B, n, K), float32 or float64 (the same)
+        Log query probabilities and centre probabilities; host or CUDA arrays.
+    labels : array, shape (n,) or (B, n), integer
+        Group of each centre, in ``0..n_classes-1``.
+    n_classes : int
+        Number of groups C.
+    scale : array-like, shape (H,), float64
+        ``1 / h`` for each bandwidth.
+    bias : array, shape (H, n) or (B, H, n), float64
+        ``-sum_k lgamma(p[i, k] / h + 1)`` for each bandwidth and centre.
+    powers : {1, 2, 3}
+        Which power sums to return.
+    row_start, row_stop : int
+        Query rows ``[row_start, row_stop)`` (default all).
+    progress : callable or None
+        Called with the number of query rows done so far, counted over the batch.
+    pairs : bool
+        Also return the pair sums ``D`` (needs ``powers >= 2``).
+    device_out : bool
+        Return numba device arrays (no copy to the host).
+
+    Returns
+    -------
+    m : array, shape ([B,] H, R), float64
+    S, Q, T : array, shape ([B,] H, R, C), float64 (``Q``, ``T``: shape (0, 0, 0) unless
+        requested)
+    D : array, shape ([B,] H, R, C), float64, only with ``pairs``
+        The same accumulators as the compiled core (see :func:`kdecal._backends.loo_reduce`).
+
+    Notes
+    -----
+    Nothing is validated here but the shapes (the caller validates the values).
+    """
+    logq, batched = _batched(logq, 3)
+    p, _ = _batched(p, 3)
+    labels, _ = _batched(labels, 2)
+    bias, _ = _batched(bias, 3)
+    Bn, n, K = (int(s) for s in p.shape)
+    C = int(n_classes)
+    scale_h = np.ascontiguousarray(scale, dtype=np.float64).reshape(-1)
+    H = scale_h.shape[0]
+    r0 = int(row_start)
+    r1 = n if row_stop is None else int(row_stop)
+    R = r1 - r0
+    if pairs and powers < 2:
+        raise ValueError(f"pairs=True needs powers >= 2, got powers = {powers}")
+    dlogq, dp, dbias = _dev(logq), _dev(p), _dev(bias)
+    fast = dp.dtype == np.float32
+    order, pos, seg = _class_order(labels, C)
+    pT = cuda.device_array((Bn, K, n), dtype=dp.dtype)
+    bs = cuda.device_array((Bn, H, n), dtype=np.float64)
+    cj = cuda.device_array((Bn, n), dtype=np.float64)
+    if n and Bn:
+        grid = ((n + TILE - 1) // TILE, Bn)
+        _gather_T[grid, (TILE, 1)](dp, order, pT)
+        _gather_bias[grid, (TILE, 1)](dbias, order, bs)
+        _query_shift[grid, (TILE, 1)](dlogq, dp, cj)
+    dscale = cuda.to_device(scale_h)
+    m = cuda.device_array((Bn, H, R), dtype=np.float64)
+    shp = (Bn, H, R, C)
+    S = cuda.device_array(shp, dtype=np.float64)
+    empty = (1, 1, 1, 1)  # placeholders of the kernel's signature, never written
+    Q = cuda.device_array(shp if powers >= 2 else empty, dtype=np.float64)
+    T = cuda.device_array(shp if powers >= 3 else empty, dtype=np.float64)
+    D = cuda.device_array(shp if pairs else empty, dtype=np.float64)
+    if R > 0 and H > 0 and Bn > 0:
+        kern, QB = _forward_kernel(K, fast, int(powers), bool(pairs))
+        step = _launch_rows(n, H * Bn, TILE * QB)
+        mc = cuda.device_array((Bn, min(step, R), C), dtype=np.float64)
+        for a in range(r0, r1, step):
+            b_ = min(a + step, r1)
+            # each launch writes its rows' slice of the outputs (offset a - r0)
+            sl = slice(a - r0, b_ - r0)
+            mv = m[:, :, sl]
+            Sv = S[:, :, sl, :]
+            Qv = Q[:, :, sl, :] if powers >= 2 else Q
+            Tv = T[:, :, sl, :] if powers >= 3 else T
+            Dv = D[:, :, sl, :] if pairs else D
+            blocks = ((b_ - a + TILE * QB - 1) // (TILE * QB), Bn)
+            rblocks = ((b_ - a + TILE - 1) // TILE, Bn)
+            for t in range(H):
+                kern[blocks, (TILE, 1)](
+                    dlogq, dp, cj, pT, bs, seg, pos, dscale, t, a, b_, mc, mv, Sv, Qv, Tv, Dv
+                )
+                _rescale[rblocks, (TILE, 1)](mc, t, mv, Sv, Qv, Tv, Dv, int(powers), bool(pairs))
+            cuda.synchronize()
+            if progress is not None:
+                progress((b_ - r0) * Bn)
+    outs = [m, S, Q if powers >= 2 else None, T if powers >= 3 else None]
+    if pairs:
+        outs.append(D)
+    return tuple(_finish(o, batched, device_out) for o in outs)
+
+
+def _finish(o: Any, batched: bool, device_out: bool) -> Any:
+    """Host copy (unless ``device_out``), missing outputs as (0, 0, 0), batch axis dropped."""
+    if o is None:
+        return cuda.device_array((0, 0, 0)) if device_out else np.zeros((0, 0, 0))
+    if not device_out:
+        o = o.copy_to_host()
+    return o if batched else o[0]
+
+
+def loo_reduce_multi(
+    logq: Any,
+    p: Any,
+    m: Any,
+    labels: Any,
+    n_classes: int,
+    scale: float,
+    bias: Any,
+    weights: Any = None,
+    powers: int = 1,
+    row_start: int = 0,
+    row_stop: int | None = None,
+    progress: Callable[[int], object] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Class sums of B label sets at one bandwidth on the GPU (``kdecal._core.loo_reduce_multi``).
+
+    Parameters
+    ----------
+    logq, p : array, shape (n, K), float32 or float64 (the same); host or CUDA arrays
+    m : array, shape (n,), float64
+        Row maxima of the log-kernel over ``i != j`` (from :func:`loo_reduce`).
+    labels : array, shape (B, n), integer, values in ``0..n_classes-1``
+    n_classes : int
+    scale : float
+        ``1 / h``.
+    bias : array, shape (n,), float64
+    weights : array, shape (B, n), float64, or None (all 1)
+    powers : {1, 2}
+    row_start, row_stop : int
+        Query rows ``[row_start, row_stop)``.
+    progress : callable or None
+        Called with the number of query rows done so far.
+
+    Returns
+    -------
+    S : ndarray, shape (B, R, n_classes), float64
+    Q : ndarray, shape (B, R, n_classes), float64, or shape (0, 0, 0) if ``powers == 1``
+
+    Notes
+    -----
+    Terms with ``L_ij - m[j] < -64`` are dropped, as in the compiled core. Nothing is
+    validated here (the caller validates).
+    """
+    lab_h = _host(labels).astype(np.int32)
+    B, n = lab_h.shape
+    C = int(n_classes)
+    r0 = int(row_start)
+    r1 = n if row_stop is None else int(row_stop)
+    R = r1 - r0
+    w_h = np.ones((B, n)) if weights is None else _host(weights).astype(np.float64)
+    dp = _dev(p)
+    K = int(dp.shape[1])
+    fast = dp.dtype == np.float32
+    pT = cuda.to_device(np.ascontiguousarray(_host(p).T))
+    labT = cuda.to_device(np.ascontiguousarray(lab_h.T))
+    wT = cuda.to_device(np.ascontiguousarray(w_h.T))
+    dlogq, dm, dbias = _dev(logq), _dev(m), _dev(bias)
+    cj = cuda.device_array((1, n), dtype=np.float64)
+    if n:
+        _query_shift[((n + TILE - 1) // TILE, 1), (TILE, 1)](
+            dlogq.reshape(1, n, K), dp.reshape(1, n, K), cj
+        )
+    S = cuda.device_array((B, R, C), dtype=np.float64)
+    Q = cuda.device_array((B, R, C) if powers >= 2 else (0, 0, 0), dtype=np.float64)
+    if R > 0 and B > 0:
+        kern = _multi_kernel(K, C, fast, int(powers))
+        step = _launch_rows(n, 1.0 + B / 32.0)
+        nby = (B + TILE - 1) // TILE
+        for a in range(r0, r1, step):
+            b_ = min(a + step, r1)
+            sl = slice(a - r0, b_ - r0)
+            Sv = S[:, sl, :]
+            Qv = Q[:, sl, :] if powers >= 2 else cuda.device_array((1, 1, 1))
+            kern[(b_ - a, nby), (TILE, 1)](
+                dlogq, dp, cj[0], pT, dm, labT, wT, float(scale), dbias, a, Sv, Qv
+            )
+            cuda.synchronize()
+            if progress is not None:
+                progress(b_ - r0)
+    return S.copy_to_host(), (Q.copy_to_host() if powers >= 2 else np.zeros((0, 0, 0)))
+
+
+def loo_grad(
+    logq: Any,
+    p: Any,
+    labels: Any,
+    n_classes: int,
+    scale: float,
+    bias: Any,
+    lse: Any,
+    coef: Any,
+    progress: Callable[[int], object] | None = None,
+    *,
+    device_out: bool = False,
+) -> tuple[Any, Any, Any, Any]:
+    """Streaming backward pass on the GPU (``kdecal._core.loo_grad``).
+
+    With ``L_ij = bias[i] + scale * <logq_j, p_i>``, ``w_ij = exp(L_ij - lse[j])`` for
+    ``i != j`` and ``coef[j, c] = dloss/dE[j, c] - <E_j, dloss/dE_j>``, returns::
+
+        grad_logq[j, k] = scale * sum_{i != j} w_ij coef[j, labels_i] p[i, k]
+        grad_p[i, k]    = scale * sum_{j != i} w_ij coef[j, labels_i] logq[j, k]
+        grad_bias[i]    = sum_{j != i} w_ij coef[j, labels_i]
+        row_sum[j]      = sum_{i != j} w_ij coef[j, labels_i]
+
+    Parameters
+    ----------
+    logq, p : array, shape (n, K) or (B, n, K), float32 or float64 (the same)
+    labels : array, shape (n,) or (B, n), integer, values in ``0..n_classes-1``
+    n_classes : int
+    scale : float
+        ``1 / h``.
+    bias, lse : array, shape (n,) or (B, n), float64
+    coef : array, shape (n, C) or (B, n, C), float64
+    progress : callable or None
+        Called with the rows done so far, counted over both passes and the batch.
+    device_out : bool
+        Return numba device arrays (no copy to the host).
+
+    Returns
+    -------
+    grad_logq, grad_p : array, shape ([B,] n, K), float64
+    grad_bias, row_sum : array, shape ([B,] n), float64
+    """
+    logq, batched = _batched(logq, 3)
+    p, _ = _batched(p, 3)
+    labels, _ = _batched(labels, 2)
+    bias, _ = _batched(bias, 2)
+    lse, _ = _batched(lse, 2)
+    coef, _ = _batched(coef, 3)
+    Bn, n, K = (int(s) for s in p.shape)
+    C = int(n_classes)
+    dp, dlogq, dbias, dlse, dcoef = _dev(p), _dev(logq), _dev(bias), _dev(lse), _dev(coef)
+    dlab = cuda.to_device(_host(labels).astype(np.int32))
+    fast = dp.dtype == np.float32
+    cj = cuda.device_array((Bn, n), dtype=np.float64)
+    g_logq = cuda.device_array((Bn, n, K), dtype=np.float64)
+    g_p = cuda.device_array((Bn, n, K), dtype=np.float64)
+    g_bias = cuda.device_array((Bn, n), dtype=np.float64)
+    row_sum = cuda.device_array((Bn, n), dtype=np.float64)
+    if n and Bn:
+        by_query, by_centre = _grad_kernels(K, C, fast)
+        grid = ((n + TILE - 1) // TILE, Bn)
+        _query_shift[grid, (TILE, 1)](dlogq, dp, cj)
+        args = (dlogq, dp, cj, dlab, float(scale), dbias, dlse, dcoef)
+        by_query[grid, (TILE, 1)](*args, g_logq, row_sum)
+        cuda.synchronize()
+        if progress is not None:
+            progress(Bn * n)
+        by_centre[grid, (TILE, 1)](*args, g_p, g_bias)
+        cuda.synchronize()
+        if progress is not None:
+            progress(2 * Bn * n)
+    g = [_finish(o, batched, device_out) for o in (g_logq, g_p, g_bias, row_sum)]
+    return g[0], g[1], g[2], g[3]
