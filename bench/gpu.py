@@ -133,14 +133,17 @@ def forward_table(sizes, Ks, budget, results):
 
 
 def variants(results):
-    """Query rows per thread of the forward kernel: time, registers, local memory."""
+    """Forward kernel variants: query rows per thread and the layout of a centre tile
+    (K x TILE, or TILE x K padded: contiguous coordinates): time, registers, local memory.
+    """
     h, K = 0.05, 10
     for n in (100_000, 1_000_000):
         P, y = _data(n, K)
         for mode, dt in (("fast", np.float32), ("float64", np.float64)):
             logq, p, bias = _inputs(P, h, dt)
-            for qb in (1, 2, 4):
+            for qb, rows in ((1, False), (1, True), (2, True)):
                 _cuda.QUERIES_PER_THREAD = qb
+                _cuda.CENTRE_ROWS = rows
 
                 def run(logq=logq, p=p, y=y, K=K, bias=bias):
                     return _cuda.loo_reduce(
@@ -153,14 +156,24 @@ def variants(results):
                 regs = list(kern.get_regs_per_thread().values())
                 local = list(kern.get_local_mem_per_thread().values())
                 results["variants"].append(
-                    {"n": n, "mode": mode, "qb": qb, "seconds": t, "regs": regs, "local": local}
+                    {
+                        "n": n,
+                        "mode": mode,
+                        "qb": qb,
+                        "rows": rows,
+                        "seconds": t,
+                        "regs": regs,
+                        "local": local,
+                    }
                 )
                 print(
-                    f"variant n = {n:>8} {mode:>7} QB = {qb}: {t:.4f} s, registers {regs}, "
+                    f"variant n = {n:>8} {mode:>7} QB = {qb} rows {rows:d}: {t:.4f} s, "
+                    f"registers {regs}, "
                     f"local memory {local} B",
                     flush=True,
                 )
     _cuda.QUERIES_PER_THREAD = 1
+    _cuda.CENTRE_ROWS = False
 
 
 def materialised(sizes, results):

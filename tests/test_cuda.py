@@ -128,6 +128,25 @@ def test_forward_float64_equals_the_cpu_engine(n, K, C, hs, opts):
         _close(a, b, 1e-10, name, np.maximum(fl, 1e-300))
 
 
+@pytest.mark.parametrize("qb,rows", [(2, False), (3, True), (1, True)])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_kernel_variants_equal_the_brute_force(monkeypatch, qb, rows, dtype):
+    # several query rows per thread (a partial last group), the row layout of the tile
+    monkeypatch.setattr(cu, "QUERIES_PER_THREAD", qb)
+    monkeypatch.setattr(cu, "CENTRE_ROWS", rows)
+    P, y = _points(27, 3, seed=qb, ties=True)
+    hs = np.array([0.05, 0.8])
+    logq, p, bias = _inputs(P, hs, dtype)
+    out = cu.loo_reduce(logq, p, y, 3, 1.0 / hs, bias, 3, 1, 27, pairs=True)
+    ref = _brute(logq, p, y, 3, 1.0 / hs, bias, 1, 27)
+    tol = 1e-11 if dtype == np.float64 else 2e-5
+    S = ref[1]
+    for name, a, b, fl in zip(
+        "mSQTD", out, ref, (1e-300, 1e-300, 1e-6 * S**2, 1e-6 * S**3, 1e-6 * S**2)
+    ):
+        _close(a, b, tol, f"{name} qb={qb} rows={rows}", np.maximum(fl, 1e-300))
+
+
 def test_batched_problems_and_powers():
     P, y = _points(21, 2, seed=3)
     # two problems of one batch (as class-wise calibration makes them)

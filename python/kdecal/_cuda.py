@@ -92,6 +92,11 @@ TILE = 8 if SIMULATOR else 128
 #: 10-95 % slower (``bench/gpu.py``, "variants").
 QUERIES_PER_THREAD = 1
 
+#: Layout of a centre tile in shared memory: False, ``(K, TILE)``; True, ``(TILE, KP)``
+#: with K padded to whole 16-byte words, so that one centre's coordinates are contiguous
+#: and aligned and the compiler may read them with vector loads (``bench/gpu.py``).
+CENTRE_ROWS = False
+
 #: Kernel evaluations (query rows x centres x bandwidths) per launch: a launch of this
 #: many takes about 0.1-0.5 s on a current GPU, so that Ctrl-C is seen within a second.
 LAUNCH_PAIRS = 2e11
@@ -215,11 +220,13 @@ def _bias_kernel(p, scale, out):  # pragma: no cover - runs on the device
 def _forward_kernel(K: int, fast: bool, powers: int, pairs: bool) -> tuple[Any, int]:
     """Return the forward kernel for K coordinates, and its query rows per thread."""
     qb = int(QUERIES_PER_THREAD)
-    return _forward_kernel_qb(K, fast, powers, pairs, qb), qb
+    return _forward_kernel_qb(K, fast, powers, pairs, qb, bool(CENTRE_ROWS)), qb
 
 
 @functools.cache
-def _forward_kernel_qb(K: int, fast: bool, powers: int, pairs: bool, QB: int) -> Any:
+def _forward_kernel_qb(
+    K: int, fast: bool, powers: int, pairs: bool, QB: int, rows: bool = False
+) -> Any:
     """Compile the forward kernel for K coordinates and QB query rows per thread.
 
     K is a compile-time constant, so that each thread keeps its queries' ``log q`` in
@@ -243,6 +250,8 @@ def _forward_kernel_qb(K: int, fast: bool, powers: int, pairs: bool, QB: int) ->
     """
     dt = float32 if fast else float64
     TB = TILE
+    per_word = 4 if fast else 2  # values per 16 bytes
+    KP = -(-K // per_word) * per_word
 
     @cuda.jit(device=True, inline=True)
     def expd(x):  # pragma: no cover - runs on the device
@@ -259,7 +268,7 @@ def _forward_kernel_qb(K: int, fast: bool, powers: int, pairs: bool, QB: int) ->
         tid = cuda.threadIdx.x
         first = row0 + cuda.blockIdx.x * (TB * QB)
         C = seg.shape[1] - 1
-        psh = cuda.shared.array((K, TB), dt)
+        psh = cuda.shared.array((TB, KP) if rows else (K, TB), dt)
         bsh = cuda.shared.array(TB, float64)
         lq = cuda.local.array((QB, K), dt)
         pv = cuda.local.array((QB, K), dt)
@@ -300,13 +309,25 @@ def _forward_kernel_qb(K: int, fast: bool, powers: int, pairs: bool, QB: int) ->
                 w = min(TB, hi - i0)
                 if tid < w:
                     for k in range(K):
-                        psh[k, tid] = pT[b, k, i0 + tid]
+                        if rows:
+                            psh[tid, k] = pT[b, k, i0 + tid]
+                        else:
+                            psh[k, tid] = pT[b, k, i0 + tid]
                     bsh[tid] = bs[b, t, i0 + tid]
                 cuda.syncthreads()
                 for ii in range(w):
                     bi = bsh[ii]
                     for q in range(QB):
-                        if fast:
+                        if rows:
+                            if fast:
+                                g = lq[q, 0] * (psh[ii, 0] - pv[q, 0])
+                                for k in range(1, K):
+                                    g = cuda.fma(lq[q, k], psh[ii, k] - pv[q, k], g)
+                            else:
+                                g = lq[q, 0] * psh[ii, 0]
+                                for k in range(1, K):
+                                    g += lq[q, k] * psh[ii, k]
+                        elif fast:
                             g = lq[q, 0] * (psh[0, ii] - pv[q, 0])
                             for k in range(1, K):
                                 g = cuda.fma(lq[q, k], psh[k, ii] - pv[q, k], g)
