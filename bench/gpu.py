@@ -132,6 +132,17 @@ def forward_table(sizes, Ks, budget, results):
                 )
 
 
+#: (query rows per thread, centre tile as rows, threads per block, fast math)
+VARIANTS = [
+    (1, False, 128, False),
+    (1, True, 128, False),
+    (2, True, 128, False),
+    (1, False, 64, False),
+    (1, False, 256, False),
+    (1, False, 128, True),
+]
+
+
 def variants(results):
     """Forward kernel variants: query rows per thread and the layout of a centre tile
     (K x TILE, or TILE x K padded: contiguous coordinates): time, registers, local memory.
@@ -141,9 +152,13 @@ def variants(results):
         P, y = _data(n, K)
         for mode, dt in (("fast", np.float32), ("float64", np.float64)):
             logq, p, bias = _inputs(P, h, dt)
-            for qb, rows in ((1, False), (1, True), (2, True)):
+            for qb, rows, tb, fm in VARIANTS:
+                if fm and mode != "fast":
+                    continue
                 _cuda.QUERIES_PER_THREAD = qb
                 _cuda.CENTRE_ROWS = rows
+                _cuda.FORWARD_TILE = tb
+                _cuda.FAST_MATH = fm
 
                 def run(logq=logq, p=p, y=y, K=K, bias=bias):
                     return _cuda.loo_reduce(
@@ -161,19 +176,24 @@ def variants(results):
                         "mode": mode,
                         "qb": qb,
                         "rows": rows,
+                        "tile": tb,
+                        "fastmath": fm,
                         "seconds": t,
                         "regs": regs,
                         "local": local,
                     }
                 )
                 print(
-                    f"variant n = {n:>8} {mode:>7} QB = {qb} rows {rows:d}: {t:.4f} s, "
+                    f"variant n = {n:>8} {mode:>7} QB = {qb} rows {rows:d} tile {tb:>3} "
+                    f"fastmath {fm:d}: {t:.4f} s, "
                     f"registers {regs}, "
                     f"local memory {local} B",
                     flush=True,
                 )
     _cuda.QUERIES_PER_THREAD = 1
-    _cuda.CENTRE_ROWS = False
+    _cuda.CENTRE_ROWS = True
+    _cuda.FORWARD_TILE = _cuda.TILE
+    _cuda.FAST_MATH = False
 
 
 def materialised(sizes, results):

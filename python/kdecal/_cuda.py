@@ -87,15 +87,22 @@ SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
 #: Threads per block (query rows per block) and centres per shared-memory tile.
 TILE = 8 if SIMULATOR else 128
 
-#: Query rows per thread of the forward kernel. One: on an H100 at K = 10, two and four
-#: rows per thread (fewer shared-memory reads per pair, more registers) were 5-10 % and
-#: 10-95 % slower (``bench/gpu.py``, "variants").
+#: Query rows per thread of the forward kernel. One: at K = 10, two and four rows per
+#: thread (fewer shared-memory reads per pair, more registers) were 5-19 % and 8-95 %
+#: slower on an H100 and an H200 (``bench/gpu.py``, "variants").
 QUERIES_PER_THREAD = 1
 
-#: Layout of a centre tile in shared memory: False, ``(K, TILE)``; True, ``(TILE, KP)``
-#: with K padded to whole 16-byte words, so that one centre's coordinates are contiguous
-#: and aligned and the compiler may read them with vector loads (``bench/gpu.py``).
-CENTRE_ROWS = False
+#: Layout of a centre tile in shared memory: True, ``(TILE, KP)`` with K padded to whole
+#: 16-byte words, so that one centre's coordinates are contiguous and aligned and the
+#: compiler reads them with vector loads; False, ``(K, TILE)``. Rows were 4-10 % faster
+#: on an H200 at K = 10 (``bench/gpu.py``, "variants").
+CENTRE_ROWS = True
+
+#: Threads (query rows) per block of the forward kernel, and the centres of its tiles.
+FORWARD_TILE = TILE
+
+#: Compile the fast mode's forward kernel with fast math (the approximate ``exp``).
+FAST_MATH = False
 
 #: Kernel evaluations (query rows x centres x bandwidths) per launch: a launch of this
 #: many takes about 0.1-0.5 s on a current GPU, so that Ctrl-C is seen within a second.
@@ -220,12 +227,21 @@ def _bias_kernel(p, scale, out):  # pragma: no cover - runs on the device
 def _forward_kernel(K: int, fast: bool, powers: int, pairs: bool) -> tuple[Any, int]:
     """Return the forward kernel for K coordinates, and its query rows per thread."""
     qb = int(QUERIES_PER_THREAD)
-    return _forward_kernel_qb(K, fast, powers, pairs, qb, bool(CENTRE_ROWS)), qb
+    fm = bool(FAST_MATH) and fast
+    kern = _forward_kernel_qb(K, fast, powers, pairs, qb, bool(CENTRE_ROWS), FORWARD_TILE, fm)
+    return kern, qb
 
 
 @functools.cache
 def _forward_kernel_qb(
-    K: int, fast: bool, powers: int, pairs: bool, QB: int, rows: bool = False
+    K: int,
+    fast: bool,
+    powers: int,
+    pairs: bool,
+    QB: int,
+    rows: bool = False,
+    TB: int = TILE,
+    fastmath: bool = False,
 ) -> Any:
     """Compile the forward kernel for K coordinates and QB query rows per thread.
 
@@ -249,7 +265,6 @@ def _forward_kernel_qb(
     rounding of the dot is relative to ``|G'|``, not to ``|G|``.
     """
     dt = float32 if fast else float64
-    TB = TILE
     per_word = 4 if fast else 2  # values per 16 bytes
     KP = -(-K // per_word) * per_word
 
@@ -259,7 +274,7 @@ def _forward_kernel_qb(
             return float64(math.exp(float32(x)))
         return math.exp(x)
 
-    @cuda.jit
+    @cuda.jit(fastmath=fastmath)
     def kern(logq, pq, cj, pT, bs, seg, pos, scale, t, row0, row1, mc, m_out, S, Q, T, D):
         # logq, pq (B, n, K) and cj (B, n) in query order; pT (B, K, n) and bs (B, H, n)
         # in class order; seg (B, C + 1); pos (B, n); launch row r is query row0 + r:
@@ -737,7 +752,8 @@ def loo_reduce(
     D = cuda.device_array(shp if pairs else empty, dtype=np.float64)
     if R > 0 and H > 0 and Bn > 0:
         kern, QB = _forward_kernel(K, fast, int(powers), bool(pairs))
-        step = _launch_rows(n, H * Bn, TILE * QB)
+        TB = FORWARD_TILE
+        step = _launch_rows(n, H * Bn, TB * QB)
         mc = cuda.device_array((Bn, min(step, R), C), dtype=np.float64)
         for a in range(r0, r1, step):
             b_ = min(a + step, r1)
@@ -748,10 +764,10 @@ def loo_reduce(
             Qv = Q[:, :, sl, :] if powers >= 2 else Q
             Tv = T[:, :, sl, :] if powers >= 3 else T
             Dv = D[:, :, sl, :] if pairs else D
-            blocks = ((b_ - a + TILE * QB - 1) // (TILE * QB), Bn)
+            blocks = ((b_ - a + TB * QB - 1) // (TB * QB), Bn)
             rblocks = ((b_ - a + TILE - 1) // TILE, Bn)
             for t in range(H):
-                kern[blocks, (TILE, 1)](
+                kern[blocks, (TB, 1)](
                     dlogq, dp, cj, pT, bs, seg, pos, dscale, t, a, b_, mc, mv, Sv, Qv, Tv, Dv
                 )
                 _rescale[rblocks, (TILE, 1)](mc, t, mv, Sv, Qv, Tv, Dv, int(powers), bool(pairs))
