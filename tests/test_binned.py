@@ -503,7 +503,7 @@ def test_bad_options_and_p():
         binned.ece(HAND_P, HAND_Y, calibration="canonical")
     with pytest.raises(ValueError, match="calibration"):
         binned.binned_statistics(HAND_P, HAND_Y, calibration="marginal")
-    for p in (0.5, 0, -1, float("nan"), float("inf")):
+    for p in (0.5, 0, -1, float("nan"), -float("inf")):
         with pytest.raises(ValueError, match="p must"):
             binned.ece(HAND_P, HAND_Y, p=p)
         with pytest.raises(ValueError, match="p must"):
@@ -537,3 +537,170 @@ def test_bad_inputs(probs, labels, exc):
     for fn in (binned.ece, binned.binned_statistics, binned.simplex_ece):
         with pytest.raises(exc):
             fn(probs, labels)
+
+
+# -------------------------------------------- issue 28: MCE, debiased, sweep binning
+def ref_bins(conf, outcome, n_bins, binning):
+    """(count, mean confidence, frequency) of every non-empty bin, in order, by loops."""
+    conf = np.asarray(conf, dtype=np.float64)
+    outcome = np.asarray(outcome, dtype=np.float64)
+    n = conf.shape[0]
+    if binning == "uniform":
+        edges = [b / n_bins for b in range(n_bins + 1)]
+    else:  # order statistics x_(1), x_(ceil(j n / B)), ties merged
+        xs = sorted(conf)
+        edges = sorted({xs[0]} | {xs[-(-j * n // n_bins) - 1] for j in range(1, n_bins + 1)})
+        if len(edges) == 1:
+            edges = edges * 2
+    out = []
+    B = len(edges) - 1
+    for b in range(B):
+        mask = (conf > edges[b]) & (conf <= edges[b + 1])
+        if b == 0:
+            mask |= conf <= edges[0]
+        if b == B - 1:
+            mask |= conf > edges[-1]
+        if mask.any():
+            out.append((int(mask.sum()), conf[mask].mean(), outcome[mask].mean()))
+    assert sum(c for c, _, _ in out) == n
+    return out
+
+
+def ref_problems(P, y, calibration):
+    if calibration == "top_label":
+        pred = P.argmax(axis=1)
+        return [(P.max(axis=1), (pred == y).astype(float))]
+    return [(P[:, c], (y == c).astype(float)) for c in range(P.shape[1])]
+
+
+def ref_sweep(conf, outcome, binning):
+    best = 1
+    for b in range(2, max(len(conf), 1000) + 1):
+        freq = [f for _, _, f in ref_bins(conf, outcome, b, binning)]
+        if any(f1 < f0 for f0, f1 in zip(freq[:-1], freq[1:])):
+            break
+        best = b
+    return best
+
+
+@pytest.mark.parametrize("calibration", ["top_label", "classwise"])
+@pytest.mark.parametrize("binning", ["uniform", "quantile"])
+def test_mce_matches_definition(calibration, binning):
+    P, y = sample_problem(300, 4, seed=21, temperature=2.0)
+    ref = max(
+        abs(mc - fr)
+        for conf, out in ref_problems(P, y, calibration)
+        for _, mc, fr in ref_bins(conf, out, 10, binning)
+    )
+    got = binned.ece(P, y, n_bins=10, binning=binning, calibration=calibration, p=np.inf)
+    assert got == pytest.approx(ref, abs=1e-15)
+    # the limit of the L_p error as p grows
+    big = binned.ece(P, y, n_bins=10, binning=binning, calibration=calibration, p=400)
+    assert got >= big > 0.97 * got
+
+
+def test_simplex_ece_inf_is_max_norm():
+    P, y = sample_problem(200, 3, seed=22, temperature=2.0)
+    got = binned.simplex_ece(P, y, n_bins_per_side=4, p=np.inf)
+    cell = binned._simplex_cells(P, 4)
+    H = np.array([np.eye(3)[y[cell == cell[i]]].mean(axis=0) for i in range(200)])
+    assert got == pytest.approx(float(np.max(np.abs(H - P))), abs=1e-15)
+    assert got >= binned.simplex_ece(P, y, n_bins_per_side=4, p=200) > 0.95 * got
+
+
+def ref_debiased_sq(conf, outcome, n_bins, binning):
+    n = len(conf)
+    return sum(
+        c / n * ((mc - fr) ** 2 - fr * (1 - fr) / (c - 1))
+        for c, mc, fr in ref_bins(conf, outcome, n_bins, binning)
+        if c >= 2
+    )
+
+
+@pytest.mark.parametrize("calibration", ["top_label", "classwise"])
+@pytest.mark.parametrize("binning", ["uniform", "quantile"])
+@pytest.mark.parametrize("temperature", [1.0, 2.0])
+def test_debiased_matches_definition(calibration, binning, temperature):
+    # T = 1: calibrated, the estimate is often negative (reported as the signed root)
+    P, y = sample_problem(150, 3, seed=23, temperature=temperature)
+    v = np.mean([ref_debiased_sq(c, o, 12, binning) for c, o in ref_problems(P, y, calibration)])
+    got = binned.ece(P, y, n_bins=12, binning=binning, calibration=calibration, p=2, debias=True)
+    assert got == pytest.approx(math.copysign(math.sqrt(abs(v)), v), abs=1e-12)
+
+
+def test_debiased_is_unbiased_for_the_binned_error():
+    # given the bins (one bin here: n_b = n), E[(conf - acc)^2 - acc(1 - acc)/(n - 1)] over
+    # Bernoulli(q) labels equals (conf - q)^2 exactly: enumerate all 2^n outcomes
+    conf = np.array([0.55, 0.6, 0.62, 0.7, 0.8, 0.66])
+    q = 0.5
+    total = 0.0
+    for bits in itertools.product((0, 1), repeat=6):
+        w = q ** sum(bits) * (1 - q) ** (6 - sum(bits))
+        v = binned.ece(conf, np.array(bits), n_bins=1, calibration="classwise", p=2, debias=True)
+        total += w * math.copysign(v * v, v)
+    # class-wise averages the two columns, which have the same squared gap
+    assert total == pytest.approx((conf.mean() - q) ** 2, abs=1e-15)
+
+
+@pytest.mark.parametrize("mode", ["top-label", "marginal"])
+def test_debiased_matches_uncertainty_calibration(mode):
+    cal = pytest.importorskip("calibration")
+    P, y = sample_problem(2000, 4, seed=24, temperature=2.5)
+    ref = cal.utils.lower_bound_scaling_ce(
+        P,
+        y,
+        p=2,
+        debias=True,
+        num_bins=15,
+        binning_scheme=cal.utils.get_equal_prob_bins,
+        mode=mode,
+    )
+    kw = {"calibration": "top_label" if mode == "top-label" else "classwise"}
+    assert ref > 0.01  # where its clip at 0 does not act
+    assert binned.ece(P, y, n_bins=15, p=2, debias=True, **kw) == pytest.approx(ref, abs=1e-12)
+    plug = cal.utils.lower_bound_scaling_ce(
+        P,
+        y,
+        p=2,
+        debias=False,
+        num_bins=15,
+        binning_scheme=cal.utils.get_equal_prob_bins,
+        mode=mode,
+    )
+    assert binned.ece(P, y, n_bins=15, p=2, **kw) == pytest.approx(plug, abs=1e-12)
+
+
+@pytest.mark.parametrize("calibration", ["top_label", "classwise"])
+@pytest.mark.parametrize("binning", ["uniform", "quantile"])
+def test_sweep_matches_definition(calibration, binning):
+    P, y = sample_problem(400, 3, seed=25, temperature=1.5)
+    terms, chosen = [], []
+    for conf, out in ref_problems(P, y, calibration):
+        b = ref_sweep(conf, out, binning)
+        chosen.append(b)
+        terms.append(
+            sum(c / 400 * (mc - fr) ** 2 for c, mc, fr in ref_bins(conf, out, b, binning))
+        )
+    assert max(chosen) > 1  # the sweep does something here
+    got = binned.ece(P, y, n_bins="sweep", binning=binning, calibration=calibration, p=2)
+    assert got == pytest.approx(math.sqrt(np.mean(terms)), abs=1e-12)
+    # with one problem, it is the ECE with the chosen number of bins
+    if calibration == "top_label":
+        fixed = binned.ece(P, y, n_bins=chosen[0], binning=binning, p=2)
+        assert got == pytest.approx(fixed, abs=1e-15)
+    # the sweep also combines with the debiased and the max estimators
+    for kw in ({"p": 2, "debias": True}, {"p": np.inf}, {"p": 1}):
+        assert np.isfinite(binned.ece(P, y, n_bins="sweep", binning=binning, **kw))
+
+
+def test_new_options_bad_input():
+    with pytest.raises(ValueError, match="debias"):
+        binned.ece(HAND_P, HAND_Y, debias=True)  # p = 1
+    with pytest.raises(ValueError, match="debias"):
+        binned.ece(HAND_P, HAND_Y, p=np.inf, debias=True)
+    with pytest.raises(TypeError, match="debias"):
+        binned.ece(HAND_P, HAND_Y, p=2, debias="yes")
+    with pytest.raises(TypeError, match="sweep"):
+        binned.ece(HAND_P, HAND_Y, n_bins="auto")
+    with pytest.raises(ValueError, match="p must"):
+        binned.ece(HAND_P, HAND_Y, p=-np.inf)

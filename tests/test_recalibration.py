@@ -752,3 +752,98 @@ def test_extreme_logits_property(seed, log_scale, K, extreme):
                 g = vector_grad(z, y, cal.weights_, cal.bias_)
                 assert np.max(np.abs(g[:K] * cal.weights_)) <= 1e-6
                 assert np.max(np.abs(g[K:])) <= 1e-6
+
+
+# ------------------------------------------------- probabilities as given (issue 28)
+def _ts_mle_brute(L, y):
+    """Exact temperature MLE on log-probabilities L: the root of dNLL/dT, by brentq.
+
+    With Z = L / T and S = softmax(Z), dNLL/dT = mean(Z_y - sum_k S_k Z_k) / T.
+    """
+
+    def dnll(u):
+        Z = L * np.exp(-u)
+        S = softmax(Z, axis=1)
+        return float(np.mean(Z[np.arange(len(y)), y] - np.sum(S * Z, axis=1)))
+
+    u = optimize.brentq(dnll, np.log(1e-2), np.log(1e4), xtol=1e-15, rtol=1e-15)
+    return float(np.exp(u))
+
+
+def test_ts_fits_probabilities_as_given_below_prob_eps():
+    # a third of the probabilities are below PROB_EPS = 1e-12: clipping them moved T
+    z, y = make_logits(n=800, K=4, scale=20.0, T0=3.0, seed=5)
+    P = softmax(z, axis=1)
+    assert np.mean(P < 1e-12) > 0.3
+    T = rc.TemperatureScaling(input="probs").fit(P, y).temperature_
+    T_exact = _ts_mle_brute(np.log(P), y)
+    T_clipped = _ts_mle_brute(np.log(np.clip(P, 1e-12, None)), y)
+    assert T == pytest.approx(T_exact, rel=1e-8)
+    assert abs(T_clipped - T_exact) > 1e-3 * T_exact  # the data tell the two apart
+    # and the probabilities give the map of their logits
+    np.testing.assert_allclose(
+        rc.TemperatureScaling(input="probs").fit(P, y).transform(P),
+        rc.TemperatureScaling(input="logits").fit(z, y).transform(z),
+        rtol=1e-7,
+        atol=1e-300,
+    )
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_exact_zero_probability_is_smallest_subnormal(dtype):
+    z, y = make_logits(n=300, K=3, seed=2)
+    P = softmax(z, axis=1).astype(dtype)
+    P[0, (y[0] + 1) % 3] = 0.0  # a zero of a wrong class and of the true class
+    P[1, y[1]] = 0.0
+    P = P / P.sum(axis=1, keepdims=True, dtype=np.float64).astype(dtype)
+    tiny = float(np.finfo(dtype).smallest_subnormal)
+    L = np.log(np.where(P == 0, tiny, P.astype(np.float64)))
+    assert np.isfinite(L).all() and L.min() == pytest.approx(np.log(tiny))
+    T = rc.TemperatureScaling(input="probs").fit(P, y).temperature_
+    assert T == pytest.approx(_ts_mle_brute(L, y), rel=1e-8)
+    Q = rc.TemperatureScaling(input="probs").fit(P, y).transform(P)
+    assert np.all(np.isfinite(Q)) and np.all(Q[0] > 0)
+
+
+def test_ts_real_file_exact_mle():
+    # issue 28: T = 2.05170 with clipping at 1e-12; the exact MLE is 2.05255
+    with np.load(real_file("cifar10_wideresnet164_netcal.npz"), allow_pickle=False) as d:
+        P = d["probs"]
+        y = d["labels"].astype(np.int64)
+    T = rc.TemperatureScaling().fit(P, y).temperature_
+    assert T == pytest.approx(_ts_mle_brute(np.log(P.astype(np.float64)), y), rel=1e-7)
+    assert T == pytest.approx(2.05255, abs=1e-5)
+
+
+# ------------------------------------------------- NotFittedError and scikit-learn
+def _run_python(code):
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    return out.stdout.strip()
+
+
+def test_not_fitted_error_without_sklearn_and_no_eager_import():
+    # scikit-learn hidden: the class has scikit-learn's bases and still works
+    out = _run_python(
+        "import sys; sys.modules['sklearn'] = None\n"
+        "from kdecal import recalibration as rc\n"
+        "print([b.__name__ for b in rc.NotFittedError.__bases__])\n"
+        "try:\n"
+        "    rc.TemperatureScaling().transform([[0.2, 0.8]])\n"
+        "except ValueError as e:\n"
+        "    print(type(e) is rc.NotFittedError, isinstance(e, AttributeError))\n"
+    )
+    assert out.splitlines() == ["['ValueError', 'AttributeError']", "True True"]
+    # importing kdecal and fitting a calibrator do not import scikit-learn
+    out = _run_python(
+        "import sys\n"
+        "import kdecal\n"
+        "from kdecal import recalibration as rc\n"
+        "rc.TemperatureScaling().fit([[0.2, 0.8], [0.7, 0.3]], [1, 0])\n"
+        "print('sklearn' in sys.modules)\n"
+    )
+    assert out == "False"

@@ -48,11 +48,10 @@ _COMMON = {
     "check_sample_weights_not_an_array": _GENERIC_DATA,
     "check_sample_weights_list": _GENERIC_DATA,
     "check_sample_weights_shape": _GENERIC_DATA,
+    "check_sample_weights_pandas_series": _GENERIC_DATA,
     "check_sample_weights_not_overwritten": _GENERIC_DATA,
     "check_sample_weight_equivalence_on_dense_data": _GENERIC_DATA
     + " (the equivalence is tested in test_integer_weights_equal_repeated_rows)",
-    "check_estimators_unfitted": "kdecal.recalibration.NotFittedError has scikit-learn's "
-    "bases (ValueError, AttributeError) but is not its class (no runtime dependency)",
     "check_complex_data": "complex scores raise TypeError (kdecal's rule for a bad dtype)",
     "check_dtype_object": "object scores raise TypeError (kdecal's rule for a bad dtype)",
     "check_estimators_empty_data_messages": "kdecal's own message for empty scores",
@@ -204,3 +203,54 @@ def test_probs_and_logits_through_sklearn_clone():
         rtol=1e-6,
         atol=1e-9,
     )
+
+
+# ------------------------------------------------------------- issue 28: the edges
+def test_not_fitted_error_is_sklearns():
+    assert issubclass(rc.NotFittedError, sklearn.exceptions.NotFittedError)
+    assert issubclass(rc.NotFittedError, ValueError)
+    assert issubclass(rc.NotFittedError, AttributeError)
+    assert rc.NotFittedError is rc.NotFittedError  # made once
+    z, _ = _data(20)
+    with pytest.raises(sklearn.exceptions.NotFittedError, match="not fitted yet") as info:
+        rc.TemperatureScaling().transform(z)
+    assert type(info.value) is rc.NotFittedError
+    import pickle
+
+    e = pickle.loads(pickle.dumps(info.value))
+    assert type(e) is rc.NotFittedError and str(e) == str(info.value)
+
+
+@pytest.mark.parametrize("cls", ALL, ids=IDS)
+def test_score_is_negative_log_loss(cls):
+    from sklearn.metrics import log_loss
+
+    z, y = _data(400, K=3, seed=4)
+    est = cls().fit(z[:200], y[:200])
+    w = np.random.default_rng(2).random(200)
+    Q = est.predict_proba(z[200:])
+    for sw in (None, w):
+        ref = -log_loss(y[200:], Q, sample_weight=sw, labels=[0, 1, 2])
+        assert est.score(z[200:], y[200:], sample_weight=sw) == pytest.approx(ref, rel=1e-12)
+    # binary 1-D scores: the calibrated P(y = 1) is scored as the two columns
+    t = z[:, 1] - z[:, 0]
+    yb = (y == 1).astype(np.int64)
+    eb = cls().fit(t[:200], yb[:200])
+    ref = -log_loss(yb[200:], eb.predict_proba(t[200:]), labels=[0, 1])
+    assert eb.score(t[200:], yb[200:]) == pytest.approx(ref, rel=1e-12)
+
+
+def test_grid_search_without_scoring_uses_score():
+    from sklearn.model_selection import KFold
+
+    z, y = _data(600)
+    gs = GridSearchCV(rc.HistogramBinning(), {"n_bins": [2, 5, 20]}, cv=KFold(3)).fit(z, y)
+    means = []
+    for nb in (2, 5, 20):
+        folds = [
+            rc.HistogramBinning(n_bins=nb).fit(z[tr], y[tr]).score(z[te], y[te])
+            for tr, te in KFold(3).split(z)
+        ]
+        means.append(np.mean(folds))
+    np.testing.assert_allclose(gs.cv_results_["mean_test_score"], means, rtol=1e-12)
+    assert gs.best_params_["n_bins"] == (2, 5, 20)[int(np.argmax(means))]

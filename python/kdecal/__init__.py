@@ -9,7 +9,7 @@ differentiable training losses.
 
 from __future__ import annotations
 
-from . import binned, curves, datasets, plot, recalibration, resampling, scores
+from . import binned, curves, datasets, plot, recalibration, resampling, scores, skce, smooth
 from ._backends import available_backends, get_num_threads, set_num_threads
 from ._compare import Comparison, compare
 from ._report import CalibrationReport
@@ -36,6 +36,8 @@ from .kde import (
     sharpness,
     softmax,
 )
+from .skce import skce_test
+from .smooth import smooth_ece
 from .warnings import BackendFallbackWarning, KdecalWarning, RenormalizationWarning
 
 __version__ = "0.1.0"
@@ -79,6 +81,10 @@ __all__ = [
     "select_bandwidth",
     "set_num_threads",
     "sharpness",
+    "skce",
+    "skce_test",
+    "smooth",
+    "smooth_ece",
     "softmax",
 ]
 

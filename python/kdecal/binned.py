@@ -3,8 +3,10 @@
 These are the classical reference estimators that ECE^KDE is compared with:
 
 * :func:`ece` -- the binned expected calibration error ECE^bin of Guo et al. (2017),
-  top-label or class-wise (Kull et al. 2019), with equal-width or equal-mass bins and
-  an L_p norm;
+  top-label or class-wise (Kull et al. 2019), with equal-width or equal-mass bins, a
+  fixed number of bins or the monotone sweep of Roelofs et al. (2022), an L_p norm
+  (``p = np.inf``: the maximum calibration error, MCE, of Naeini et al. 2015) and the
+  debiased squared error of Kumar, Liang & Ma (2019);
 * :func:`binned_statistics` -- the per-bin statistics behind it (reliability diagram);
 * :func:`simplex_ece` -- the canonical binned estimator of Popordanoska et al. (2022),
   Sec. 4 / Fig. 1: the simplex is cut into equal-volume simplices and E[y | f(x)] is
@@ -33,17 +35,24 @@ References
   Fig. 2a, App. F).
 - D. P. Doane. "Aesthetic frequency classifications". The American
   Statistician 30(4):181-183, 1976.
+- A. Kumar, P. Liang, T. Ma. "Verified Uncertainty Calibration". NeurIPS 2019
+  (the debiased estimator of the squared L2 calibration error).
+- R. Roelofs, N. Cain, J. Shlens, M. C. Mozer. "Mitigating Bias in Calibration Error
+  Estimation". AISTATS 2022 (the monotonic sweep estimator ECE_sweep).
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
+from typing import Literal, Union
 
 import numpy as np
 
 from ._estimators import power_scale
 from ._validation import (
+    MAX_BINS_FLOOR,
     ROW_SUM_ATOL,
     as_array,
     check_choice,
@@ -59,6 +68,28 @@ __all__ = ["BinStats", "bin_index", "binned_statistics", "ece", "simplex_ece"]
 
 _BINNINGS = ("uniform", "quantile")
 _CALIBRATIONS = ("top_label", "classwise")
+
+#: The binning options (equal-width, equal-mass).
+Binning = Literal["uniform", "quantile"]
+#: The 1-D notions of calibration the binned ECE measures.
+Calibration = Literal["top_label", "classwise"]
+#: A number of bins, or ``"sweep"`` (Roelofs et al. 2022).
+NBins = Union[int, Literal["sweep"]]
+
+
+def _check_p_inf(p: object) -> float:
+    """:func:`check_p`, but ``p = inf`` (the maximum error) is accepted."""
+    if (
+        isinstance(p, numbers.Real)
+        and not isinstance(p, (bool, np.bool_))
+        and math.isinf(float(p))
+        and float(p) > 0
+    ):
+        return math.inf
+    try:
+        return check_p(p)
+    except ValueError:
+        raise ValueError(f"p must be a real number >= 1 or np.inf, got {p!r}") from None
 
 
 # ------------------------------------------------------------------------------ checks
@@ -355,14 +386,52 @@ def binned_statistics(
     return _statistics(P, y, n_bins, binning, calibration, class_index)
 
 
+def _sweep_bins(conf: np.ndarray, outcome: np.ndarray, binning: str, limit: int) -> int:
+    """Roelofs et al.'s (2022) number of bins: the largest b with monotone frequencies.
+
+    ``b`` runs from 1 up; the first ``b`` whose non-empty bins' frequencies are not
+    non-decreasing (in increasing confidence) stops the sweep, and the previous ``b`` is
+    returned (so every ``b' <= b`` is monotone).
+    """
+    best = 1
+    for b in range(2, limit + 1):
+        _, counts, _, freq = _bin_one(conf, outcome, b, binning)
+        f = freq[counts > 0]
+        if np.any(np.diff(f) < 0.0):
+            break
+        best = b
+    return best
+
+
+def _problem_terms(
+    conf: np.ndarray, outcome: np.ndarray, n_bins: int, binning: str, debias: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Weights ``n_b / n``, ``|gap_b|`` and the debiased squares of one binary problem.
+
+    The debiased square of bin b is ``gap_b^2 - freq_b (1 - freq_b) / (n_b - 1)`` for
+    ``n_b >= 2`` and 0 for ``n_b < 2`` (Kumar et al. 2019); empty bins have weight 0.
+    """
+    _, counts, mconf, freq = _bin_one(conf, outcome, n_bins, binning)
+    nonempty = counts > 0
+    w = counts / conf.shape[0]
+    gap = np.abs(np.where(nonempty, mconf - freq, 0.0))
+    sq = np.zeros_like(gap)
+    if debias:
+        big = counts >= 2
+        fr = freq[big]
+        sq[big] = gap[big] ** 2 - fr * (1.0 - fr) / (counts[big] - 1.0)
+    return w, gap, sq
+
+
 def ece(
     probs: object,
     labels: object,
     *,
-    n_bins: int = 15,
-    binning: str = "uniform",
-    calibration: str = "top_label",
+    n_bins: NBins = 15,
+    binning: Binning = "uniform",
+    calibration: Calibration = "top_label",
     p: float = 1,
+    debias: bool = False,
 ) -> float:
     r"""Binned expected calibration error ECE^bin (top-label or class-wise), L_p.
 
@@ -377,48 +446,104 @@ def ece(
     ``(1/K sum_c sum_b n_cb/n |freq_cb - conf_cb|^p)^(1/p)``.  Empty bins contribute 0.
     A binary (n,) input has K = 2 classes, so class-wise averages the two columns.
 
+    ``p = np.inf`` is the maximum calibration error (MCE; Naeini et al. 2015):
+    ``max_b |acc_b - conf_b|`` over the non-empty bins, and class-wise the maximum over
+    the classes too (the limit of the class-wise formula as p grows).
+
+    ``debias=True`` (p = 2 only) is the debiased estimator of Kumar, Liang & Ma (2019;
+    ``unbiased_square_ce`` of their package ``uncertainty-calibration``): the
+    square of each bin's gap is corrected by the variance of its frequency,
+
+    .. math:: \widehat{\mathrm{ECE}^2} = \sum_{b:\,n_b \ge 2} \frac{n_b}{n}\Big(
+              (\mathrm{acc}_b - \mathrm{conf}_b)^2
+              - \frac{\mathrm{acc}_b(1 - \mathrm{acc}_b)}{n_b - 1}\Big),
+
+    (bins with fewer than two samples contribute 0), class-wise averaged over the
+    classes.  This is unbiased for the squared binned L2 error of the bins' population
+    (given the bin sizes); following kdecal's rule for squared errors
+    (``kdecal._estimators.SQUARED_RULE``) it is not clipped: the result is the signed
+    root ``sign(v) sqrt(|v|)``, negative when the error is indistinguishable from 0 at
+    this n.  uncertainty-calibration returns ``sqrt(max(v, 0))`` instead (per class for
+    class-wise), which is the same number whenever it is positive.
+
     Parameters
     ----------
     probs : array-like, shape (n, K) or (n,)
         Predicted probabilities (see :func:`binned_statistics`); used unclipped.
     labels : array-like of int, shape (n,)
         True classes in ``0..K-1``.
-    n_bins : int, default 15
-        Number of bins, an integer in ``1..max(n, 1000)``.
+    n_bins : int or "sweep", default 15
+        Number of bins, an integer in ``1..max(n, 1000)``; or ``"sweep"``: the number of
+        bins of Roelofs et al. (2022, ECE_sweep), the largest ``b`` such that
+        the frequencies of the non-empty bins are non-decreasing in the confidence for
+        every number of bins ``1..b`` (found by increasing ``b`` from 1 until the first
+        violation, at most ``max(n, 1000)``), chosen separately for each class
+        (class-wise).  Their recommended ``ECE_sweep`` is ``binning="quantile"`` (equal
+        mass) with ``p = 2``; any ``binning`` and ``p`` may be combined with it.
     binning : {"uniform", "quantile"}, default "uniform"
         Equal-width right-closed bins or equal-mass bins; the rules are those of
         :func:`binned_statistics`.
     calibration : {"top_label", "classwise"}, default "top_label"
         Which binary problem(s) to bin.
     p : float, default 1
-        Order of the error, a finite real >= 1.
+        Order of the error, a real ``>= 1`` or ``np.inf`` (the maximum error).
+    debias : bool, default False
+        Return the debiased estimate of Kumar et al. (2019); needs ``p = 2``.
 
     Returns
     -------
     float
-        The estimate, a fraction in [0, 1] (not percent).
+        The estimate, a fraction in [0, 1] (not percent); with ``debias=True`` in
+        [-1, 1] (see above).
 
     Raises
     ------
     ValueError
-        Invalid ``probs``/``labels``; ``n_bins`` not in ``1..max(n, 1000)``; unknown
-        ``binning`` or ``calibration``; ``p < 1`` or not finite (any finite ``p >= 1``
-        works: the p-th root is taken in a scaled form, so ``|gap|^p`` never underflows).
+        Invalid ``probs``/``labels``; ``n_bins`` neither ``"sweep"`` nor in
+        ``1..max(n, 1000)``; unknown ``binning`` or ``calibration``; ``p < 1`` or NaN
+        (any finite ``p >= 1`` works: the p-th root is taken in a scaled form, so
+        ``|gap|^p`` never underflows); ``debias=True`` with ``p != 2``.
     TypeError
-        Non-numeric ``probs``/``labels``/``p``.
+        Non-numeric ``probs``/``labels``/``p``; ``n_bins`` not an integer or
+        ``"sweep"``; ``debias`` not a bool.
+
+    Notes
+    -----
+    Cost: ``O(n)`` after an ``O(n log n)`` sort for quantile bins; the sweep bins the
+    data once per candidate number of bins, ``O(n b*)`` in all.
 
     References
     ----------
-    Guo et al. (2017), Sec. 2; Naeini et al. (2015); Kull et al. (2019).
+    Guo et al. (2017), Sec. 2; Naeini et al. (2015) (MCE); Kull et al. (2019);
+    Kumar, Liang & Ma (2019) (debiased estimator); Roelofs et al. (2022)
+    (ECE_sweep).
     """
     P, y = _validated(probs, labels)
-    n_bins = check_n_bins(n_bins, P.shape[0])
+    sweep = isinstance(n_bins, str) and n_bins == "sweep"
+    if isinstance(n_bins, str) and not sweep:
+        raise TypeError(f"n_bins must be a positive integer or 'sweep', got {n_bins!r}")
+    limit = check_n_bins(n_bins if not sweep else 1, P.shape[0])
+    if sweep:
+        limit = max(P.shape[0], MAX_BINS_FLOOR)
     check_choice(binning, "binning", _BINNINGS)
     check_choice(calibration, "calibration", _CALIBRATIONS)
-    p = check_p(p)
-    stats = _statistics(P, y, n_bins, binning, calibration, None)
-    scale = power_scale(_abs_gaps(stats), p)  # any finite p: no under/overflow of |gap|^p
-    return float(scale * np.mean(_ce_pp(stats, p, scale)) ** (1.0 / p))
+    q = _check_p_inf(p)
+    if not isinstance(debias, (bool, np.bool_)):
+        raise TypeError(f"debias must be a bool, got {debias!r}")
+    if debias and q != 2.0:
+        raise ValueError(f"debias=True is the debiased squared (p = 2) error; got p = {p!r}")
+    terms = []
+    for conf, out in _problems(P, y, calibration, None):
+        b = _sweep_bins(conf, out, binning, limit) if sweep else limit
+        terms.append(_problem_terms(conf, out, b, binning, bool(debias)))
+    if math.isinf(q):
+        return float(max(np.max(gap, initial=0.0) for _, gap, _ in terms))
+    if debias:
+        v = float(np.mean([np.sum(w * sq) for w, _, sq in terms]))
+        return math.copysign(math.sqrt(abs(v)), v)
+    scale = power_scale(np.concatenate([gap for _, gap, _ in terms]), q)
+    pp = [np.sum(w * (gap / scale) ** q) for w, gap, _ in terms]
+    return float(scale * float(np.mean(pp)) ** (1.0 / q))
 
 
 # ---------------------------------------------------------------- simplex binning
@@ -527,7 +652,8 @@ def simplex_ece(
         averaged over the K classes and rounded up -- the rule of Popordanoska et al.
         (2022, App. F), which chooses the number of bins per class with Doane's formula.
     p : float, default 1
-        Order of the error, a finite real >= 1.
+        Order of the error, a real >= 1, or ``np.inf``: the maximum error
+        ``max_i ||H(f(x_i)) - f(x_i)||_inf`` (the limit of the formula as p grows).
 
     Returns
     -------
@@ -538,7 +664,7 @@ def simplex_ece(
     ------
     ValueError
         Invalid ``probs``/``labels``; ``n_bins_per_side`` not a positive integer;
-        ``p < 1`` or not finite.
+        ``p < 1`` or NaN.
     TypeError
         Non-numeric ``probs``/``labels``/``p``.
 
@@ -575,7 +701,7 @@ def simplex_ece(
     Popordanoska et al. (2022), Eq. 1, Sec. 4, Fig. 1, Fig. 2a, App. F; Doane (1976).
     """
     P, y = _validated(probs, labels)
-    p = check_p(p)
+    p = _check_p_inf(p)
     if n_bins_per_side is None:
         m = _default_bins_per_side(P)
     else:
@@ -587,6 +713,8 @@ def simplex_ece(
     label_counts = np.bincount(cell * K + y, minlength=n_cells * K).reshape(n_cells, K)
     H = label_counts[cell] / counts[cell, None]
     d = np.abs(H - P)
+    if math.isinf(p):
+        return float(np.max(d))
     scale = power_scale(d, p)
     err = np.sum((d / scale) ** p, axis=1)
     return float(scale * np.mean(err) ** (1.0 / p))

@@ -23,8 +23,11 @@ Common conventions
 ------------------
 - ``scores`` is any array object (NumPy, pandas, torch, ...; see
   ``kdecal._validation.as_array``). ``input`` says what it holds: ``"logits"`` (real
-  logits, shape ``(n, K)``), ``"probs"`` (rows on the simplex, checked, renormalised and
-  clipped to ``kdecal.PROB_EPS`` exactly like every other kdecal function) or ``"auto"``
+  logits, shape ``(n, K)``), ``"probs"`` (rows on the simplex, checked and renormalised
+  like every other kdecal function, but *not* clipped to ``kdecal.PROB_EPS``: the
+  calibrators fit on the logarithms of the probabilities as given, and only an exact 0,
+  a probability that underflowed, is read as the smallest positive number of its dtype,
+  ``4.9e-324`` in float64 and ``1.4e-45`` in float32) or ``"auto"``
   (the default): scores with an entry outside [0, 1] are logits, scores in [0, 1] whose
   rows sum to 1 within 0.02 are probabilities, and anything in between raises a
   ``ValueError`` that names both choices. Probabilities passed with ``input="logits"``
@@ -34,7 +37,7 @@ Common conventions
 - Since ``softmax`` is invariant to a constant added to a row, a row of logits and the
   log of its softmax describe the same prediction; every calibrator works on the
   log-probabilities ``log q = log_softmax(z)``, so the two inputs give the same fitted map
-  (up to the clipping). Logits up to the float64 range (+-1e308) are accepted: log q is
+  (up to rounding). Logits up to the float64 range (+-1e308) are accepted: log q is
   kept finite, and the optimisers work on a rescaled copy of it when its typical
   magnitude is far from 1.
 - Binary problems: a 1-D ``scores`` of shape ``(n,)`` is the logit ``log(p / (1 - p))`` of
@@ -81,15 +84,17 @@ References
 from __future__ import annotations
 
 import inspect
+import sys
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 from scipy import optimize
 from scipy.special import logsumexp
 
 from ._validation import (
+    LogProbs,
     _numeric_array,
     check_choice,
     check_int,
@@ -99,6 +104,11 @@ from ._validation import (
 )
 from .binned import bin_index
 from .warnings import KdecalWarning
+
+if sys.version_info >= (3, 11):
+    from typing import Self
+elif TYPE_CHECKING:  # typing_extensions is not a dependency: for the type checker only
+    from typing_extensions import Self
 
 __all__ = [
     "AffineCalibration",
@@ -113,6 +123,8 @@ __all__ = [
 
 #: Accepted values of the ``input`` argument.
 INPUTS = ("auto", "logits", "probs")
+#: The type of the ``input`` argument.
+Input = Literal["auto", "logits", "probs"]
 #: Fewest samples :meth:`fit` accepts.
 MIN_FIT_SAMPLES = 2
 #: L-BFGS-B options of the affine and vector-scaling fits (max |gradient| ~ 1e-8 at the end
@@ -135,8 +147,70 @@ _BRENT_MAXITER = 500
 _LOG_T_MAX = 700.0
 
 
-class NotFittedError(ValueError, AttributeError):
-    """A calibrator was used before :meth:`fit` (same bases as scikit-learn's)."""
+_NOT_FITTED_DOC = """A calibrator was used before :meth:`fit`.
+
+    A subclass of ``sklearn.exceptions.NotFittedError`` when scikit-learn is installed (so
+    ``except sklearn.exceptions.NotFittedError`` catches it), else of its bases
+    ``ValueError`` and ``AttributeError``.  kdecal does not import scikit-learn when it is
+    imported itself: the class is made on first use (the first access to
+    ``kdecal.recalibration.NotFittedError`` or the first unfitted call), once.
+    """
+_not_fitted: list[type[ValueError]] = []
+
+
+def _not_fitted_error() -> type[ValueError]:
+    """Return the class :class:`NotFittedError`, made on the first call (see its doc)."""
+    if not _not_fitted:
+        try:
+            from sklearn.exceptions import NotFittedError as base
+
+            bases: tuple[type, ...] = (base,)
+        except ImportError:
+            bases = (ValueError, AttributeError)
+        cls = type("NotFittedError", bases, {"__doc__": _NOT_FITTED_DOC, "__module__": __name__})
+        cls.__qualname__ = "NotFittedError"
+        _not_fitted.append(cast("type[ValueError]", cls))
+    return _not_fitted[0]
+
+
+if TYPE_CHECKING:
+
+    class NotFittedError(ValueError, AttributeError):
+        """A calibrator was used before :meth:`fit` (see ``_NOT_FITTED_DOC``)."""
+
+else:
+
+    def __getattr__(name: str) -> object:
+        if name == "NotFittedError":
+            return _not_fitted_error()
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _as_given(X: object, lp: LogProbs) -> tuple[np.ndarray, np.ndarray]:
+    """Log-probabilities and probabilities of validated scores, probabilities unclipped.
+
+    Logits: ``lp`` as it is.  Probabilities: the values as given in float64, with what
+    :func:`check_probs` does to every input (entries within its range tolerance of
+    [0, 1] clipped into it, with its warning; every row divided by its sum) but without
+    its clipping to ``PROB_EPS``; their logarithms, except that an exact 0 (a probability
+    that underflowed) has the log of the smallest positive (subnormal) number of the
+    input's floating dtype (float64 for other dtypes): ``log(1.4e-45) = -103.3`` for
+    float32, ``log(4.9e-324) = -744.4`` for float64.  (Dividing a row by its sum adds a
+    constant to its logarithms, which changes no softmax-based calibrator.)
+    """
+    if lp.kind != "probs":
+        return lp.L, lp.q
+    arr = _numeric_array(X, "scores")
+    dt = arr.dtype if arr.dtype.kind == "f" and arr.dtype.itemsize <= 8 else np.dtype(np.float64)
+    a = np.clip(arr.astype(np.float64), 0.0, 1.0)
+    if a.ndim == 1:
+        a = np.stack([1.0 - a, a], axis=1)
+    a = np.ascontiguousarray(a / a.sum(axis=1, keepdims=True))
+    zero = a <= 0.0
+    with np.errstate(divide="ignore"):
+        L = np.log(np.where(zero, 1.0, a))
+    L[zero] = np.log(float(np.finfo(dt).smallest_subnormal))
+    return L, a
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -279,7 +353,7 @@ def _ovr_log_odds(L: np.ndarray) -> np.ndarray:
 class _Calibrator:
     """Shared ``fit`` / ``transform`` plumbing and the scikit-learn estimator protocol."""
 
-    def __init__(self, input: str = "auto") -> None:
+    def __init__(self, input: Input = "auto") -> None:
         self.input = input
 
     # scikit-learn estimator protocol (as sklearn.base.BaseEstimator) ------------------
@@ -314,7 +388,7 @@ class _Calibrator:
             out[key] = value
         return out
 
-    def set_params(self, **params: object) -> _Calibrator:
+    def set_params(self, **params: object) -> Self:
         """Set constructor arguments (scikit-learn convention); validated by :meth:`fit`.
 
         Returns
@@ -363,7 +437,7 @@ class _Calibrator:
         raise NotImplementedError
 
     # public API ------------------------------------------------------------------------
-    def fit(self, X: object, y: object, sample_weight: object = None) -> _Calibrator:
+    def fit(self, X: object, y: object, sample_weight: object = None) -> Self:
         """Fit the calibrator on held-out scores and labels.
 
         Parameters
@@ -401,7 +475,7 @@ class _Calibrator:
                 "(labels, integers in 0..K-1, are needed to fit a calibrator)"
             )
         lp = log_probs(X, inp, "scores", MIN_FIT_SAMPLES)
-        L, P = lp.L, lp.q
+        L, P = _as_given(X, lp)
         labels = check_labels(y, L.shape[0], L.shape[1])
         w = _check_sample_weight(sample_weight, L.shape[0])
         self._fit(L, P, labels, w)
@@ -435,12 +509,12 @@ class _Calibrator:
             one seen in :meth:`fit`.
         """
         if not self.__sklearn_is_fitted__():
-            raise NotFittedError(
+            raise _not_fitted_error()(
                 f"this {type(self).__name__} instance is not fitted yet; call "
                 "fit(X, y) before transform"
             )
         lp = log_probs(X, self.input_, "scores", 1)
-        L, P = lp.L, lp.q
+        L, P = _as_given(X, lp)
         if L.shape[1] != self.n_classes_:
             shape = np.shape(X)  # type: ignore[call-overload]  # (no copy of a dask array)
             raise ValueError(
@@ -478,6 +552,46 @@ class _Calibrator:
     def fit_transform(self, X: object, y: object, sample_weight: object = None) -> np.ndarray:
         """``fit(X, y, sample_weight).transform(X)``; see :meth:`fit` and :meth:`transform`."""
         return self.fit(X, y, sample_weight).transform(X)
+
+    def score(self, X: object, y: object, sample_weight: object = None) -> float:
+        """Negative mean log loss of the calibrated probabilities (higher is better).
+
+        ``sum_i w_i log q_i[y_i] / sum_i w_i`` with ``q = transform(X)`` clipped to
+        ``[eps, 1 - eps]`` (``eps`` the float64 machine epsilon, 2.2e-16), i.e.
+        ``-sklearn.metrics.log_loss(y, predict_proba(X), sample_weight=sample_weight,
+        labels=classes_)``, the value of scikit-learn's ``"neg_log_loss"`` scorer; it is
+        what ``GridSearchCV`` and ``cross_val_score`` maximise when no ``scoring`` is
+        given.
+
+        Parameters
+        ----------
+        X : array-like, shape (n, K) or (n,)
+            Scores, as in :meth:`transform`.
+        y : array-like of int, shape (n,)
+            True classes in ``0..K-1``.
+        sample_weight : array-like, shape (n,), optional
+            Non-negative finite weights (default: all 1).
+
+        Returns
+        -------
+        float
+            The negative log loss, in nats per sample (<= 0).
+
+        Raises
+        ------
+        NotFittedError
+            If :meth:`fit` has not been called.
+        TypeError, ValueError
+            Bad ``scores`` (as in :meth:`transform`), ``labels`` or ``sample_weight``.
+        """
+        Q = self.transform(X)
+        if Q.ndim == 1:
+            Q = np.stack([1.0 - Q, Q], axis=1)
+        labels = check_labels(y, Q.shape[0], Q.shape[1])
+        w = _check_sample_weight(sample_weight, Q.shape[0])
+        eps = float(np.finfo(np.float64).eps)
+        q = np.clip(Q[np.arange(Q.shape[0]), labels], eps, 1.0 - eps)
+        return _weighted_mean(np.log(q), w)
 
 
 # ----------------------------------------------------------------- temperature methods
@@ -544,8 +658,8 @@ class TemperatureScaling(_TemperatureMixin, _Calibrator):
     -----
     ``argmax`` (accuracy) does not depend on T. Scaling the logits by ``c > 0`` scales the
     fitted T by ``c``; adding a constant to a row changes nothing; so ``input="logits"``
-    and ``input="probs"`` on ``softmax(z)`` give the same T (up to the ``PROB_EPS``
-    clipping of the probabilities).
+    and ``input="probs"`` on ``softmax(z)`` give the same T (up to rounding: the
+    probabilities are not clipped, see the module docstring).
 
     References
     ----------
@@ -564,7 +678,7 @@ class TemperatureScaling(_TemperatureMixin, _Calibrator):
     2.0
     """
 
-    def __init__(self, input: str = "auto", bounds: tuple[float, float] = (1e-6, 1e12)) -> None:
+    def __init__(self, input: Input = "auto", bounds: tuple[float, float] = (1e-6, 1e12)) -> None:
         super().__init__(input)
         self.bounds = bounds
 
@@ -701,7 +815,7 @@ class ExpectationConsistency(_TemperatureMixin, _Calibrator):
     Clarté et al. 2023, Algorithm 1, Eq. 5, Sec. 3 (top-N variant).
     """
 
-    def __init__(self, top_k: int = 1, input: str = "auto") -> None:
+    def __init__(self, top_k: int = 1, input: Input = "auto") -> None:
         super().__init__(input)
         self.top_k = top_k
 
@@ -1188,7 +1302,7 @@ class HistogramBinning(_Calibrator):
     Guo et al. 2017, Sec. 4.1.
     """
 
-    def __init__(self, n_bins: int = 15, input: str = "auto") -> None:
+    def __init__(self, n_bins: int = 15, input: Input = "auto") -> None:
         super().__init__(input)
         self.n_bins = n_bins
 
@@ -1274,7 +1388,9 @@ class MeanReplacement(_Calibrator):
     Chidambaram & Ge 2024, Sec. 3 (MRR, Eq. 3.1), Theorem 4.2, Table 1.
     """
 
-    def __init__(self, calibration: str = "top_label", input: str = "auto") -> None:
+    def __init__(
+        self, calibration: Literal["top_label", "canonical"] = "top_label", input: Input = "auto"
+    ) -> None:
         super().__init__(input)
         self.calibration = calibration
 

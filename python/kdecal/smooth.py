@@ -1,0 +1,389 @@
+"""Smooth ECE (smECE) of Błasiok & Nakkiran (ICLR 2024).
+
+The smooth calibration error smooths the residuals ``y_i - f_i`` of a binary problem
+with the reflected Gaussian kernel on [0, 1] and integrates the absolute value of the
+result; its bandwidth is the fixed point ``smECE_sigma = sigma``.  See
+:func:`smooth_ece` for the definition, the quadrature and the difference from relplot.
+
+References
+----------
+- J. Błasiok, P. Nakkiran. "Smooth ECE: Principled Reliability Diagrams via Kernel
+  Smoothing". ICLR 2024 (arXiv:2309.12236).  Reference code: the ``relplot`` package
+  (apple/ml-calibration).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+from scipy.optimize import brentq
+
+from ._validation import check_choice
+from .binned import _problems, _validated
+
+__all__ = ["smooth_ece", "smooth_ece_bandwidth"]
+
+_CALIBRATIONS = ("top_label", "classwise")
+
+# the kernel mass beyond 9 sigma, 2 Phi(-9) = 2.3e-19, is below float64 resolution
+_REACH = 9.0
+# Gauss-Legendre nodes per panel; panels are at most sigma wide
+_GL_NODES = 20
+_GL_X, _GL_W = np.polynomial.legendre.leggauss(_GL_NODES)
+# the fixed-point search does not go below this bandwidth (see smooth_ece, Notes)
+SIGMA_MIN = 1e-4
+_BLOCK = 1 << 20  # kernel evaluations per block (memory ~ 8 MiB per temporary)
+
+
+def _check_sigma(sigma: object) -> float:
+    if isinstance(sigma, (bool, np.bool_)) or not isinstance(sigma, (int, float, np.number)):
+        raise TypeError(f"sigma must be a real number in (0, 1] or None, got {sigma!r}")
+    s = float(sigma)
+    if not (math.isfinite(s) and 0.0 < s <= 1.0):
+        raise ValueError(f"sigma must be a finite real number in (0, 1], got {sigma!r}")
+    return s
+
+
+# smECE_sigma uses the cosine series of the kernel from this bandwidth up (see Notes)
+_FOURIER_SIGMA = 0.01
+# exp(-(pi m sigma)^2 / 2) < exp(-45) = 2.9e-20 beyond m = sqrt(90) / (pi sigma)
+_FOURIER_CUT = math.sqrt(90.0) / math.pi
+
+
+class _Residuals:
+    """One binary problem's residuals ``r_i = y_i - f_i`` (sorted by ``f``) over ``n``."""
+
+    def __init__(self, f: np.ndarray, r: np.ndarray) -> None:
+        order = np.argsort(f, kind="stable")
+        self.f = np.ascontiguousarray(f[order])
+        self.w = np.ascontiguousarray(r[order]) / f.shape[0]
+        self._images: tuple[float, np.ndarray, np.ndarray] | None = None
+        self._sums = np.zeros(0)
+        self.mean = math.fsum(self.w)
+
+    def images(self, sigma: float) -> tuple[np.ndarray, np.ndarray]:
+        """Centres ``+-f + 2k`` within ``_REACH sigma`` of [0, 1], with their weights."""
+        if self._images is not None and self._images[0] == sigma:
+            return self._images[1], self._images[2]
+        reach = _REACH * sigma
+        kmax = math.ceil((reach + 2.0) / 2.0)
+        cs, ws = [], []
+        for k in range(-kmax, kmax + 1):
+            for c in (self.f + 2.0 * k, -self.f + 2.0 * k):
+                keep = (c >= -reach) & (c <= 1.0 + reach)
+                if np.any(keep):
+                    cs.append(c[keep])
+                    ws.append(self.w[keep])
+        c = np.concatenate(cs)
+        w = np.concatenate(ws)
+        order = np.argsort(c, kind="stable")
+        self._images = (sigma, c[order], w[order])
+        return self._images[1], self._images[2]
+
+    def coefficients(self, sigma: float) -> np.ndarray:
+        """Cosine coefficients ``a_m``, ``m = 0..M``, of ``g`` (see :func:`smooth_ece`)."""
+        M = math.ceil(_FOURIER_CUT / sigma)
+        have = self._sums.shape[0]
+        if M > have:  # sum_i w_i cos(pi m f_i) does not depend on sigma: extend the cache
+            m = np.arange(have + 1, max(M, 2 * have) + 1, dtype=np.float64)
+            s = np.zeros(m.shape[0])
+            rows = max(1, _BLOCK // m.shape[0])
+            for i in range(0, self.f.shape[0], rows):
+                fm = self.f[i : i + rows, None] * m[None, :]
+                s += self.w[i : i + rows] @ np.cos(math.pi * fm)
+            self._sums = np.concatenate([self._sums, s])
+        m = np.arange(1, M + 1, dtype=np.float64)
+        a = np.empty(M + 1)
+        a[0] = self.mean
+        a[1:] = 2.0 * np.exp(-0.5 * (math.pi * sigma * m) ** 2) * self._sums[:M]
+        return a
+
+    def smoothed(self, t: np.ndarray, sigma: float) -> np.ndarray:
+        """``g(t) = (1/n) sum_i r_i K^R_sigma(t, f_i)`` at sorted points ``t``."""
+        if sigma >= _FOURIER_SIGMA:
+            a = self.coefficients(sigma)
+            m = np.arange(1, a.shape[0], dtype=np.float64)
+            out = np.empty(t.shape[0])
+            rows = max(1, _BLOCK // m.shape[0])
+            for i in range(0, t.shape[0], rows):
+                out[i : i + rows] = a[0] + np.cos(math.pi * t[i : i + rows, None] * m) @ a[1:]
+            return out
+        c, w = self.images(sigma)
+        reach = _REACH * sigma
+        norm = 1.0 / (math.sqrt(2.0 * math.pi) * sigma)
+        out = np.empty(t.shape[0])
+        start = 0
+        while start < t.shape[0]:
+            lo = int(np.searchsorted(c, t[start] - reach, side="left"))
+            # grow the block of points while the kernel matrix stays within _BLOCK
+            stop = start + 1
+            step = 64
+            while stop < t.shape[0]:
+                nxt = min(stop + step, t.shape[0])
+                hi = int(np.searchsorted(c, t[nxt - 1] + reach, side="right"))
+                if (nxt - start) * (hi - lo) > _BLOCK:
+                    break
+                stop = nxt
+                step *= 2
+            hi = int(np.searchsorted(c, t[stop - 1] + reach, side="right"))
+            z = (t[start:stop, None] - c[None, lo:hi]) / sigma
+            out[start:stop] = np.exp(-0.5 * z * z) @ w[lo:hi] * norm
+            start = stop
+        return out
+
+
+def _panels(f: np.ndarray, sigma: float) -> np.ndarray:
+    """Edges (m, 2) of the panels of [0, 1] (width <= sigma) near some prediction."""
+    m = max(math.ceil(1.0 / sigma), 4)
+    edges = np.linspace(0.0, 1.0, m + 1)
+    reach = _REACH * sigma
+    # a panel [a, b] is needed when some f_i is in [a - reach, b + reach]; the images of
+    # f_i are never closer to [0, 1] than f_i itself
+    lo = np.searchsorted(f, edges[:-1] - reach, side="left")
+    hi = np.searchsorted(f, edges[1:] + reach, side="right")
+    keep = hi > lo
+    return np.stack([edges[:-1][keep], edges[1:][keep]], axis=1)
+
+
+def _gl_points(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    half = 0.5 * (b - a)
+    t = (0.5 * (a + b))[:, None] + half[:, None] * _GL_X[None, :]
+    wt = half[:, None] * _GL_W[None, :]
+    return t, wt
+
+
+def _smece_sigma(res: _Residuals, sigma: float) -> float:
+    """``smECE_sigma = int_0^1 |g(t)| dt`` by Gauss-Legendre panels split at the roots."""
+    pan = _panels(res.f, sigma)
+    if pan.shape[0] == 0:
+        return 0.0
+    a, b = pan[:, 0], pan[:, 1]
+    t, wt = _gl_points(a, b)
+    ends = np.unique(np.concatenate([a, b]))
+    g = res.smoothed(t.ravel(), sigma).reshape(t.shape)
+    g_ends = res.smoothed(ends, sigma)
+    ga = g_ends[np.searchsorted(ends, a)]
+    gb = g_ends[np.searchsorted(ends, b)]
+    vals = np.concatenate([ga[:, None], g, gb[:, None]], axis=1)
+    # values within rounding of 0 have no sign: a "root" there is noise (|g| below it
+    # adds at most that much to the integral), and exactly cancelling data would
+    # otherwise send Brent's method after every rounding error
+    noise = 1e-14 * float(np.sum(np.abs(res.w))) * (1.0 + 1.0 / (math.sqrt(2 * math.pi) * sigma))
+    s = np.sign(np.where(np.abs(vals) <= noise, 0.0, vals))
+    changes = np.any(s[:, 1:] * s[:, :-1] < 0, axis=1)
+    total = float(np.sum(np.abs(g[~changes]) * wt[~changes]))
+    if not np.any(changes):
+        return total
+
+    def g1(x: float) -> float:
+        return float(res.smoothed(np.array([x]), sigma)[0])
+
+    tt = np.concatenate([a[:, None], t, b[:, None]], axis=1)
+    pieces_a: list[float] = []
+    pieces_b: list[float] = []
+    for i in np.flatnonzero(changes):
+        cuts = [float(a[i])]
+        for j in np.flatnonzero(s[i, 1:] * s[i, :-1] < 0):
+            x0, x1 = float(tt[i, j]), float(tt[i, j + 1])
+            g0, g1_ = g1(x0), g1(x1)
+            if g0 * g1_ < 0.0:
+                cuts.append(brentq(g1, x0, x1, xtol=1e-15, rtol=1e-15))
+            # else: a sign change within rounding (|g| ~ 1e-17 there), nothing to split
+        cuts.append(float(b[i]))
+        pieces_a.extend(cuts[:-1])
+        pieces_b.extend(cuts[1:])
+    t2, wt2 = _gl_points(np.array(pieces_a), np.array(pieces_b))
+    order = np.argsort(t2.ravel(), kind="stable")
+    g2 = np.empty(t2.size)
+    g2[order] = res.smoothed(t2.ravel()[order], sigma)
+    return total + float(np.sum(np.abs(g2) * wt2.ravel()))
+
+
+def _fixed_point(res: _Residuals) -> float:
+    """Solve ``smECE_sigma = sigma`` for the bandwidth ``sigma*`` (SIGMA_MIN at least)."""
+
+    def h(s: float) -> float:
+        return _smece_sigma(res, s) - s
+
+    # |mean r| <= smECE_sigma <= mean |r| <= 1 for every sigma (the kernel integrates to
+    # 1 in t), so the fixed point is in [|mean r|, mean |r|]
+    lo = abs(res.mean)
+    hi = min(math.fsum(np.abs(res.w)), 1.0)
+    if hi <= SIGMA_MIN:
+        return SIGMA_MIN
+    if hi - lo <= 1e-15 * hi:
+        return hi
+    if lo < SIGMA_MIN or h(lo) < 0.0:  # only where mean r is (nearly) 0
+        lo = hi / 2.0
+        while h(lo) < 0.0:
+            hi = lo
+            if lo <= SIGMA_MIN:
+                return SIGMA_MIN
+            lo = max(lo / 4.0, SIGMA_MIN)
+    if h(hi) >= 0.0:
+        return hi
+    return float(brentq(h, lo, hi, xtol=1e-15, rtol=1e-13))
+
+
+def _binary_problems(
+    probs: object, labels: object, calibration: str
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    check_choice(calibration, "calibration", _CALIBRATIONS)
+    P, y = _validated(probs, labels)
+    return _problems(P, y, calibration, None)
+
+
+def smooth_ece_bandwidth(
+    probs: object,
+    labels: object,
+    *,
+    calibration: Literal["top_label", "classwise"] = "top_label",
+) -> float | np.ndarray:
+    """Bandwidth ``sigma*`` of the smooth ECE: the fixed point ``smECE_sigma = sigma``.
+
+    Parameters
+    ----------
+    probs : array-like, shape (n, K) or (n,), float
+        Predicted probabilities, as for :func:`smooth_ece`.
+    labels : array-like of int, shape (n,)
+        True classes in ``0..K-1``.
+    calibration : {"top_label", "classwise"}, default "top_label"
+        Which binary problem(s), as for :func:`smooth_ece`.
+
+    Returns
+    -------
+    float or ndarray, shape (K,), float64
+        ``sigma*`` in ``[SIGMA_MIN, 1]`` of the top-label problem (a float), or of each
+        class's one-vs-rest problem (class-wise, shape (K,)).
+
+    Raises
+    ------
+    ValueError, TypeError
+        As for :func:`smooth_ece`.
+
+    References
+    ----------
+    Błasiok & Nakkiran (ICLR 2024): the bandwidth as the fixed point
+    ``sigma* = smECE_sigma*``.
+    """
+    probs_ = _binary_problems(probs, labels, calibration)
+    sig = [_fixed_point(_Residuals(c, o - c)) for c, o in probs_]
+    return sig[0] if calibration == "top_label" else np.array(sig)
+
+
+def smooth_ece(
+    probs: object,
+    labels: object,
+    *,
+    sigma: float | None = None,
+    calibration: Literal["top_label", "classwise"] = "top_label",
+) -> float:
+    r"""Smooth expected calibration error smECE (Błasiok & Nakkiran, ICLR 2024).
+
+    For a binary problem with predictions ``f_i`` in [0, 1] and outcomes ``y_i`` in
+    {0, 1} (top-label: the confidence and whether the prediction is right), the
+    residuals ``r_i = y_i - f_i`` are smoothed with the reflected Gaussian kernel
+
+    .. math:: K^R_\sigma(t, f) = \sum_{k \in \mathbb Z} \big[\varphi_\sigma(t - f - 2k)
+              + \varphi_\sigma(t + f - 2k)\big],
+
+    (the Gaussian of standard deviation ``sigma`` folded onto [0, 1] by reflection at 0
+    and 1, so that ``int_0^1 K^R_sigma(t, f) dt = 1``), and
+
+    .. math:: \mathrm{smECE}_\sigma = \int_0^1 \Big|\frac1n \sum_i r_i\,
+              K^R_\sigma(t, f_i)\Big|\,dt
+              = \int_0^1 |\hat r_\sigma(t)|\,\hat\delta_\sigma(t)\,dt,
+
+    with ``hat r`` the Nadaraya-Watson smoothed residual and ``hat delta`` the kernel
+    density of the predictions (Błasiok & Nakkiran 2024: their definition of the
+    SmoothECE at bandwidth sigma, with their reflected Gaussian kernel).  smECE_sigma is
+    non-increasing in
+    sigma, and the reported smECE is ``smECE_sigma*`` at the unique fixed point
+    ``smECE_sigma* = sigma*`` (their hyperparameter-free choice of bandwidth), i.e. the value
+    returned equals the bandwidth.
+
+    Parameters
+    ----------
+    probs : array-like, shape (n, K) or (n,), float
+        Predicted probabilities; rows must sum to 1 (see
+        :func:`kdecal.binned.binned_statistics`; used unclipped, in float64).  A 1-D array
+        is P(y = 1) of a binary problem, i.e. the columns ``(1 - p, p)``: top-label then
+        smooths the confidence ``max(p, 1 - p)``, class-wise both columns (which give the
+        same value, the smECE of ``(p, y)`` that relplot's ``smECE(p, y)`` computes).
+    labels : array-like of int, shape (n,)
+        True classes in ``0..K-1``.
+    sigma : float, optional
+        A fixed bandwidth in (0, 1]: return ``smECE_sigma`` (relplot's ``smECE_sigma``).
+        Default: the fixed point ``sigma*`` of each binary problem.
+    calibration : {"top_label", "classwise"}, default "top_label"
+        ``"top_label"``: the binary problem (max probability, prediction correct) of
+        Błasiok & Nakkiran's experiments.  ``"classwise"``: the mean over the K classes of
+        the smECE of ``(p_c, 1[y = c])``, each with its own fixed point.
+
+    Returns
+    -------
+    float
+        The smooth ECE, a fraction in [0, 1] (not percent).
+
+    Raises
+    ------
+    ValueError
+        Invalid ``probs``/``labels`` (shapes, non-finite values, rows not summing to 1,
+        labels out of range); ``sigma`` not in (0, 1]; unknown ``calibration``.
+    TypeError
+        Non-numeric ``probs``/``labels``/``sigma``.
+
+    Notes
+    -----
+    **Which smECE.**  kdecal computes the published definition exactly, up to
+    floating-point rounding (checked against a materialised float64 evaluation of the
+    definition with adaptive quadrature to 1e-9 in ``tests/test_smooth.py``; measured
+    agreement ~1e-16).  The smoothed residual ``g(t)`` is evaluated exactly: for
+    ``sigma >= 0.01`` through the cosine series of the reflected kernel (Poisson
+    summation of the images),
+
+    .. math:: K^R_\sigma(t, f) = 1 + 2 \sum_{m \ge 1} e^{-\pi^2 m^2 \sigma^2 / 2}
+              \cos(\pi m t) \cos(\pi m f),
+
+    truncated where the factor is below ``e^-45``; for smaller sigma as the sum over the
+    reflected images ``+-f_i + 2k`` within ``9 sigma`` of ``t`` (the kernel mass beyond is
+    below ``2.3e-19``).  The integral uses 20-point Gauss-Legendre panels at most
+    ``sigma`` wide, split at the roots of ``g`` (Brent's method) so that ``|g|`` is smooth
+    on every piece, over the panels within ``9 sigma`` of a prediction; the fixed point
+    is solved by Brent's method on ``[|mean r|, mean |r|]`` (which brackets it) to
+    ``1e-13`` relative.  The reference code, relplot's ``smECE``, instead rounds the
+    data linearly onto a grid of ``max(2000, 20 / sigma) / 2 + 1`` points, convolves
+    with the discretised kernel, integrates with a ``max(200, 10 / sigma)``-point
+    Riemann sum, and finds ``sigma*`` by 10 bisection steps from 1 (to within
+    ``2^-10``, the upper end of its last interval).  The two agree to the size of that
+    discretisation: on the tests' data (n = 2000) relplot's ``smECE_sigma`` is 1.3e-4 to
+    1.2e-3 relative below kdecal's at sigma = 0.02, 0.05, 0.1, and 8.7e-6 with relplot's
+    grids refined to 10001 and 20000 points; its ``smECE`` (fixed point) is 2.1e-3
+    relative below.
+
+    A sample whose residuals cancel exactly at tied predictions can have a fixed point
+    below ``SIGMA_MIN = 1e-4``; the search stops there and returns
+    ``smECE_SIGMA_MIN``, itself below ``1e-4``.
+
+    Cost: per bandwidth ``O(n M)`` for the cosine sums (``M ~ 3 / sigma``, shared by
+    all bandwidths once computed) or ``O(n m sigma)`` for the image sums, with
+    ``m ~ 20 / sigma`` quadrature points; about 10 to 15 bandwidths for the fixed point;
+    memory ``O(n + m)`` plus blocks of at most 2^20 kernel values.  Measured (2-core
+    machine, one binary problem, fixed point): 0.07 s for n = 10^4, 0.4 s for 10^5.
+
+    References
+    ----------
+    J. Błasiok, P. Nakkiran. "Smooth ECE: Principled Reliability Diagrams via Kernel
+    Smoothing". ICLR 2024 (arXiv:2309.12236): smECE_sigma, the reflected Gaussian kernel,
+    monotonicity in sigma and the fixed-point bandwidth.
+    """
+    if sigma is not None:
+        s = _check_sigma(sigma)
+    probs_ = _binary_problems(probs, labels, calibration)
+    vals = []
+    for c, o in probs_:
+        res = _Residuals(c, o - c)
+        vals.append(_smece_sigma(res, s if sigma is not None else _fixed_point(res)))
+    return float(np.mean(vals))
