@@ -693,12 +693,15 @@ REPORT_FIELDS = {
 
 
 def ref_notion_quantity(name, problems, calibration, debias):
-    """Expected value of a named quantity and whether CE_p^p < 0 (then 0 and a warning)."""
+    """Expected value of a named quantity, and False (no quantity warns any more).
+
+    A negative debiased CE_2^2 (issue 26) gives the signed root ``-sqrt(-CE_2^2)``.
+    """
     if name.startswith("ece_p"):
         p = float(name[len("ece_p") :])
         pp = ref_notion_ce_pp(problems, calibration, p)
         if pp < 0.0:
-            return 0.0, True
+            return -((-pp) ** (1.0 / p)), False
         return pp ** (1.0 / p), False
     kind, *rest = name.split("_")
     if kind == "ce":

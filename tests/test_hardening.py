@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -18,10 +19,12 @@ from hypothesis import strategies as st
 
 import kdecal
 from kdecal import binned
-from kdecal._io import MAX_CSV_LINE, InputFileError, load_predictions
+from kdecal._io import MAX_CSV_LINE, InputFileError, bundled_example_path, load_predictions
 from kdecal._validation import (
+    INFER_RANGE_ATOL,
     INFER_ROW_SUM_ATOL,
     MIN_BANDWIDTH,
+    PROBS_RANGE_ATOL,
     PROBS_ROW_SUM_ATOL,
     as_array,
     resolve_input,
@@ -144,24 +147,158 @@ def test_rounded_probabilities_never_become_logits(k, decimals, seed, conc):
     shift=st.floats(-5.0, 5.0),
 )
 def test_inference_is_never_a_near_miss(k, seed, scale, shift):
-    """Whatever the scores, "auto" gives logits only when some entry is outside [0, 1],
-    probabilities only when every row sums to 1 within INFER_ROW_SUM_ATOL, and raises
-    otherwise; it never picks logits for scores inside [0, 1]."""
+    """Whatever the scores, "auto" gives probabilities only when every entry lies in
+    [0, 1] and every row sums to 1 within INFER_ROW_SUM_ATOL, logits only when some entry
+    lies further than INFER_RANGE_ATOL outside [0, 1] or the median row is further than
+    PROBS_ROW_SUM_ATOL from summing to 1, and raises otherwise, naming the choices; it
+    never picks logits for probability rows with entries within INFER_RANGE_ATOL of
+    [0, 1]."""
     rng = np.random.default_rng(seed)
     Z = rng.normal(loc=shift, scale=scale, size=(20, k))
     if rng.uniform() < 0.5:
         Z = np.clip(Z, 0.0, 1.0)  # force the ambiguous region often
     inside = bool(np.all((Z >= 0) & (Z <= 1)))
     dev = np.abs(Z.sum(axis=1) - 1).max()
+    near = bool(np.all((Z >= -INFER_RANGE_ATOL) & (Z <= 1 + INFER_RANGE_ATOL)))
+    near = near and np.median(np.abs(Z.sum(axis=1) - 1)) <= PROBS_ROW_SUM_ATOL
     try:
         kind, _ = resolve_input(Z, "auto")
     except ValueError as exc:
-        assert inside and dev > INFER_ROW_SUM_ATOL
-        assert "input='probs'" in str(exc) and "input='logits'" in str(exc)
+        assert not (inside and dev <= INFER_ROW_SUM_ATOL)
+        assert "input='logits'" in str(exc)
+        if near:
+            assert "input='probs'" in str(exc)
         return
     assert kind == ("probs" if inside else "logits")
     if kind == "probs":
         assert dev <= INFER_ROW_SUM_ATOL
+    else:
+        assert not near
+
+
+def _corrupt(P, how, rng, delta):
+    """Probabilities turned into what a careless file holds; the expected message."""
+    n, k = P.shape
+    r, c = int(rng.integers(n)), int(rng.integers(k))
+    Z = P.copy()
+    if how == "above":  # one cell a hair above 1 (the row's others shrink to keep it)
+        Z[r] = 0.0
+        Z[r, c] = 1.0 + delta
+        return Z, re.escape(f"row {r}, column {c} holds {float(Z[r, c])!r}")
+    if how == "below":
+        Z[r, c] = -delta
+        return Z, re.escape(f"row {r}, column {c} holds {-delta!r}")
+    if how == "percent":
+        return 100.0 * Z, "percentages"
+    if how == "fold":  # an integer column 0..4 (folds, counts, ids) beside the scores
+        fold = np.arange(n) % 5
+        return np.insert(Z, c, fold, axis=1), rf"column {c} holds only integers"
+    if how == "weight":  # a fractional column outside [0, 1] (weights) after the scores
+        w = 1.0 + rng.uniform(0.1, 3.0, size=n)
+        return np.column_stack([Z, w]), rf"column {k} lies outside \[0, 1\]"
+    raise AssertionError(how)
+
+
+@SETTINGS
+@given(
+    k=st.integers(2, 40),
+    seed=st.integers(0, 2**32 - 1),
+    conc=st.floats(0.05, 5.0),
+    how=st.sampled_from(["above", "below", "percent", "fold", "weight"]),
+    delta=st.floats(1e-12, INFER_RANGE_ATOL),
+)
+def test_careless_probabilities_are_never_read_as_logits(k, seed, conc, how, delta):
+    """Issue 26: a probability file with one cell 1.0000001 or -1e-7, percentages, or an
+    extra fold or weight column was read as logits (ECE 0.385 instead of 0.189, exit 0).
+    Each is refused, naming the offending row and column and input='logits'."""
+    rng = np.random.default_rng(seed)
+    P = rng.dirichlet(np.full(k, conc), size=30)
+    Z, where = _corrupt(P, how, rng, delta)
+    with pytest.raises(ValueError, match=where) as info:
+        resolve_input(Z, "auto")
+    msg = str(info.value)
+    assert "input='logits'" in msg and "\n" not in msg
+    if how in ("above", "below", "percent"):
+        assert "input='probs'" in msg
+    # binary P(y = 1) columns: the same cases in 1-D
+    if how in ("above", "below", "percent"):
+        z, _ = _corrupt(P[:, :1], how, rng, delta)
+        with pytest.raises(ValueError, match="input='logits'"):
+            resolve_input(z[:, 0], "auto")
+
+
+def test_real_logits_stay_logits():
+    """The refusals leave logits alone: real logit files, log-posteriors, logits with a
+    zero reference column and tempered logits all read as logits."""
+    z = np.load(bundled_example_path())["probs"]  # probabilities: the control
+    assert resolve_input(z, "auto")[0] == "probs"
+    rng = np.random.default_rng(3)
+    L = rng.normal(scale=3.0, size=(200, 10))
+    for Z in (L, L - np.log(np.exp(L).sum(1, keepdims=True)), L / 10, np.abs(L)):
+        assert resolve_input(Z, "auto")[0] == "logits"
+    Z = np.column_stack([np.zeros(200), L[:, 0]])  # binary logits (0, t)
+    assert resolve_input(Z, "auto")[0] == "logits"
+    assert resolve_input(L / 300, "auto")[0] == "logits"  # all within 0.05 of 0
+    assert resolve_input(L[:, 0], "auto")[0] == "logits"
+    data = os.path.join(os.path.dirname(__file__), "data")
+    seen = 0
+    for name in sorted(os.listdir(data)):
+        if name.endswith(".npz"):
+            with np.load(os.path.join(data, name)) as z:
+                for key in z.files:
+                    if key.endswith(("logits", "probs")):
+                        want = "logits" if key.endswith("logits") else "probs"
+                        assert resolve_input(z[key], "auto")[0] == want, (name, key)
+                        seen += 1
+    assert seen >= 8
+
+
+def test_stray_probabilities_with_probs_flag(tmp_path, capsys):
+    """A CSV of probabilities with one cell 1.0000001 and one -1e-7: refused without a
+    flag (naming the file, row and column); with --probs clipped, with a warning, to the
+    numbers of the clean file."""
+    P, y = _calibrated(5)
+    f = tmp_path / "stray.csv"
+    Q = P.copy()
+    Q[7] = [1.0000001, 0.0, 0.0, 0.0]
+    Q[9, 3] += Q[9, 2] + 1e-7
+    Q[9, 2] = -1e-7
+    _write_csv(f, Q, y, 9)
+    code, out, err = _cli(capsys, "evaluate", str(f), "--quiet", "--n-resamples", "0")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "stray.csv" in err and "row 7, column 0 ('c0') holds 1.0000001" in err
+    assert "--probs" in err and "--logits" in err
+    argv = ["evaluate", str(f), "--probs", "--json", "--quiet", "--bandwidth", "0.1"]
+    code, out, err = _cli(capsys, *argv, "--n-resamples", "0")
+    assert code == 0, err
+    assert "2 of 1600 entries lie outside [0, 1]" in err
+    clean = np.clip(np.round(Q, 9), 0.0, 1.0)
+    want = kdecal.ece_kde(clean / clean.sum(1, keepdims=True), y, bandwidth=0.1)
+    assert json.loads(out)["ece_kde_l1"] == pytest.approx(want, rel=1e-12)
+    # beyond PROBS_RANGE_ATOL a negative entry is an error even with --probs
+    Q[9, 2] = -2 * PROBS_RANGE_ATOL
+    _write_csv(f, Q, y, 9)
+    code, out, err = _cli(capsys, *argv, "--n-resamples", "0")
+    assert code == 2 and "stray.csv" in err and "negative probability -0.02" in err
+
+
+def test_extra_columns_in_files_are_named(tmp_path, capsys):
+    """A fold column in a CSV, and a missing value in a score column: refused, naming the
+    column by its header (an 'NA' cell used to drop its column silently)."""
+    P, y = _calibrated(6, k=3)
+    f = tmp_path / "fold.csv"
+    rows = (
+        ",".join(f"{v:.6f}" for v in r) + f",{i % 5},{c}" for i, (r, c) in enumerate(zip(P, y))
+    )
+    f.write_text("\n".join(["a,b,c,fold,label", *rows]) + "\n")
+    code, _, err = _cli(capsys, "evaluate", str(f), "--quiet", "--n-resamples", "0")
+    assert code == 2 and "column 3 ('fold') holds only integers (0, 1, 2, 3, 4)" in err
+    g = tmp_path / "na.csv"
+    lines = f.read_text().splitlines()
+    lines[5] = "0.5,NA,0.5,0," + lines[5].split(",")[-1]
+    g.write_text("\n".join(lines) + "\n")
+    code, _, err = _cli(capsys, "evaluate", str(g), "--quiet", "--n-resamples", "0")
+    assert code == 2 and "column 'b' holds numbers but 'NA' on line 6" in err
 
 
 def test_explicit_probs_tolerance_and_message():

@@ -1,9 +1,11 @@
 """Compare the calibration of several models' predictions on the same labels.
 
-:func:`compare` estimates each model's calibration errors (each at its own automatic
-bandwidth), bootstrap intervals, and paired bootstrap differences: the same resampled
-rows for every model, so that the interval of a difference reflects how much the two
-models' errors move together.
+:func:`compare` estimates every model's calibration errors at one common bandwidth
+(chosen on the pooled criterion, see :func:`compare`), bootstrap intervals, and paired
+bootstrap differences: the same resampled rows for every model, so that the interval of
+a difference reflects how much the two models' errors move together.  A difference is
+also recomputed at other bandwidths (each model's own choice, half and twice the common
+one) and flagged when its sign depends on the bandwidth.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from ._result import _check_level, _check_quantity, bootstrap_counts
-from ._result import percentile_interval as _interval
-from ._validation import check_choice, check_int, check_probs
+from . import _estimators as _est
+from . import _resample
+from ._report import format_pvalue
+from ._result import _check_level, _check_quantity, bootstrap_distributions, centred_interval
+from ._validation import check_choice, check_labels, check_probs
 from .warnings import KdecalWarning
 
 __all__ = ["Comparison", "compare"]
@@ -36,14 +40,22 @@ class Comparison:
         Quantities compared (keys of ``kdecal.QUANTITIES``).
     estimates : dict
         ``estimates[model][quantity] = {"value", "low", "high"}`` (bootstrap percentile
-        interval at ``level``) plus ``estimates[model]["bandwidth"]``.
+        interval at ``level``) plus ``estimates[model]["bandwidth"]`` (the common
+        bandwidth) and ``estimates[model]["own_bandwidth"]`` (the model's own choice
+        under the same rule; equal to the common one for a fixed bandwidth).
     differences : list of dict
         One per pair (A, B) and quantity: ``{"a", "b", "quantity", "difference"
         (A - B), "low", "high" (paired bootstrap interval), "pvalue" (two-sided paired
-        bootstrap), "significant" (the interval excludes 0)}``.
+        bootstrap), "significant" (the interval excludes 0), "by_bandwidth" ({h:
+        difference at h} for the bandwidths checked), "sensitive" (the difference
+        changes sign at one of them)}``.
     level : float
     n_resamples : int
     calibration : str
+    bandwidth : float
+        The one bandwidth every model is evaluated at.
+    bandwidth_rule : str
+        How it was chosen (see :func:`compare`).
     """
 
     names: list[str]
@@ -54,17 +66,25 @@ class Comparison:
     n_resamples: int
     calibration: str
     bootstrap: dict[str, dict[str, np.ndarray]] = field(repr=False, default_factory=dict)
+    bandwidth: float = math.nan
+    bandwidth_rule: str = "fixed"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (no arrays)."""
+        diffs = [
+            {**d, "by_bandwidth": [[h, v] for h, v in d["by_bandwidth"].items()]}
+            for d in self.differences
+        ]
         return {
             "names": list(self.names),
             "quantities": list(self.quantities),
             "calibration": self.calibration,
+            "bandwidth": self.bandwidth,
+            "bandwidth_rule": self.bandwidth_rule,
             "level": self.level,
             "n_resamples": self.n_resamples,
             "estimates": self.estimates,
-            "differences": self.differences,
+            "differences": diffs,
         }
 
     def __str__(self) -> str:
@@ -75,27 +95,39 @@ class Comparison:
                 f"kdecal model comparison ({self.calibration}; {pct} bootstrap intervals, "
                 f"{self.n_resamples} paired resamples)"
             ),
+            f"every model at bandwidth h = {self.bandwidth:.4g} ({self.bandwidth_rule})",
             "",
         ]
-        head = f"{'model':<{w}}  {'bandwidth':>9}"
+        head = f"{'model':<{w}}  {'own h':>9}"
         for q in self.quantities:
             head += f"  {q + ' [CI]':<32}"
         lines.append(head)
         for name in self.names:
-            row = f"{name:<{w}}  {self.estimates[name]['bandwidth']:>9.4g}"
+            row = f"{name:<{w}}  {self.estimates[name]['own_bandwidth']:>9.4g}"
             for q in self.quantities:
                 e = self.estimates[name][q]
                 row += f"  {e['value']:.5f} [{e['low']:.5f}, {e['high']:.5f}]".ljust(34)
             lines.append(row)
+        lines.append("(own h: the bandwidth the rule picks for the model alone; not used)")
         if self.differences:
             lines.append("")
-            lines.append("paired differences (A - B):")
+            lines.append(f"paired differences (A - B) at h = {self.bandwidth:.4g}:")
             for d in self.differences:
                 mark = "significant" if d["significant"] else "not significant"
+                p = format_pvalue(d["pvalue"], self.n_resamples)
                 lines.append(
                     f"  {d['quantity']:<11} {d['a']} - {d['b']}: {d['difference']:+.5f} "
-                    f"[{d['low']:+.5f}, {d['high']:+.5f}], p = {d['pvalue']:.3g} ({mark})"
+                    f"[{d['low']:+.5f}, {d['high']:+.5f}], p {'' if p[0] == '<' else '= '}"
+                    f"{p} ({mark})"
                 )
+                if d["sensitive"]:
+                    alt = ", ".join(
+                        f"{v:+.5f} at h = {h:.4g}" for h, v in d["by_bandwidth"].items()
+                    )
+                    lines.append(
+                        f"    sensitive to the bandwidth: the difference changes sign ({alt}); "
+                        "the verdict holds at this bandwidth only"
+                    )
         return "\n".join(lines)
 
 
@@ -114,13 +146,26 @@ def compare(
 ) -> Comparison:
     """Compare several models' calibration on the same labels, with paired intervals.
 
-    Each model gets its own estimate (:func:`kdecal.estimate`, its own automatic
-    bandwidth); then the same ``n_resamples`` bootstrap row samples are applied to every
-    model (a paired bootstrap), giving percentile intervals of each quantity and of each
-    pairwise difference, and a two-sided bootstrap p-value
-    ``min(1, 2 min(P*(d <= 0), P*(d >= 0)))`` per difference (percentile intervals and
+    Every model is evaluated at one common bandwidth, so that a difference measures the
+    models and not their bandwidths (the L1 ECE^KDE of one model can triple between
+    h = 0.9 and h = 1.9; two models at their own bandwidths can swap places). With
+    ``bandwidth="auto"`` (or "loo-mle") each model's own bandwidth is chosen by that
+    rule (:func:`kdecal.select_bandwidth`), and the common bandwidth is the candidate
+    among them with the best pooled criterion: the smallest sum over the models of the
+    exact leave-one-out Brier risk of the kernel regression ("auto"), or the largest
+    sum of the leave-one-out log-likelihoods ("loo-mle"). A float is used as it is.
+    The KL quantities use the same bandwidth.
+
+    Then the same ``n_resamples`` bootstrap row samples are applied to every model (a
+    paired bootstrap), giving intervals of each quantity and of each pairwise
+    difference (percentile intervals centred on the estimate, as
+    :meth:`CalibrationEstimate.confidence_interval`), and a two-sided bootstrap p-value
+    ``min(1, 2 min(P*(d <= 0), P*(d >= 0)))`` per difference, ``d`` the paired
+    replicates' differences centred on the observed one (percentile intervals and
     the paired bootstrap of Efron & Tibshirani, "An Introduction to the Bootstrap",
-    Chapman & Hall 1993, Ch. 13 and 16). The estimators are those of
+    Chapman & Hall 1993, Ch. 13 and 16). Each difference is also computed at the
+    models' own bandwidths and at half and twice the common one, and flagged
+    ``sensitive`` when its sign differs at one of them. The estimators are those of
     :func:`kdecal.estimate` (Popordanoska et al. 2022, Eq. 9; 2024, Eq. 9-10).
 
     Parameters
@@ -134,10 +179,10 @@ def compare(
         Keys of ``kdecal.QUANTITIES``.
     calibration : {"canonical", "classwise", "top_label"}, default "canonical"
     bandwidth : float, "auto" or "loo-mle", default "auto"
-        Passed to :func:`kdecal.estimate` for every model.
+        The common bandwidth, or the rule of the candidates (see above).
     debias : {"none", "ustat"}, default "ustat"
     n_resamples : int, default 200
-        Paired bootstrap samples (>= 2).
+        Paired bootstrap samples (2 to 1,000,000).
     level : float, default 0.95
     seed : int or None, default 0
     backend : {"auto", "cpp", "numba"}, default "auto"
@@ -151,7 +196,7 @@ def compare(
     ------
     TypeError, ValueError
         Fewer than one model, models of different shapes, invalid labels, an unknown
-        quantity, ``level`` outside (0, 1) or ``n_resamples < 2``.
+        quantity, ``level`` outside (0, 1) or ``n_resamples`` outside 2..1,000,000.
     """
     from .kde import estimate
 
@@ -174,46 +219,110 @@ def compare(
     if not qs:
         raise ValueError("quantities is empty")
     level = _check_level(level)
-    R = check_int(n_resamples, "n_resamples", 2)
-    shapes = {k: check_probs(v, f"models[{k!r}]").p.shape for k, v in items}
+    R = _resample.check_resamples(n_resamples, "n_resamples", 2)
+    checked = {k: check_probs(v, f"models[{k!r}]") for k, v in items}
+    shapes = {k: P.p.shape for k, P in checked.items()}
     if len(set(shapes.values())) != 1:
         raise ValueError(f"every model must have predictions of the same shape, got {shapes}")
-    ests = {
-        k: estimate(
-            v, labels, bandwidth=bandwidth, calibration=calibration, debias=debias, backend=backend
-        )
-        for k, v in items
-    }
-    n = next(iter(ests.values())).n
-    counts = bootstrap_counts(n, R, np.random.default_rng(seed))
-    boot = {k: e._bootstrap(qs, counts) for k, e in ests.items()}
+    n, K = next(iter(shapes.values()))
+    y = check_labels(labels, n, K)
+
+    def at(h: float | str, criterion: str = "auto") -> dict[str, Any]:
+        return {
+            k: estimate(
+                v,
+                y,
+                bandwidth=h,
+                calibration=calibration,
+                debias=debias,
+                criterion=criterion,
+                backend=backend,
+            )
+            for k, v in items
+        }
+
+    if isinstance(bandwidth, str):
+        own = at(bandwidth, "brier")  # the rule's choice for each model alone
+        own_h = {k: e.bandwidth for k, e in own.items()}
+        h, rule = _pooled_bandwidth(checked, y, str(calibration), bandwidth, own_h, backend)
+    else:
+        ests = at(bandwidth)
+        h = next(iter(ests.values())).bandwidth
+        own_h = {k: h for k in names}
+        rule = "fixed"
+    ests = at(h)
+    boot_list = bootstrap_distributions(list(ests.values()), qs, R, np.random.default_rng(seed))
+    boot = dict(zip(ests, boot_list))
     estimates: dict[str, dict[str, Any]] = {}
     for k, e in ests.items():
-        row: dict[str, Any] = {"bandwidth": e.bandwidth}
+        row: dict[str, Any] = {"bandwidth": e.bandwidth, "own_bandwidth": own_h[k]}
         for q in qs:
-            lo, hi = _interval(boot[k][q], level)
-            row[q] = {"value": _quiet_value(e, q), "low": lo, "high": hi}
+            value = _quiet_value(e, q)
+            lo, hi = centred_interval(boot[k][q], value, level)
+            row[q] = {"value": value, "low": lo, "high": hi}
         estimates[k] = row
+    # the same differences at the other bandwidths a user might have used
+    others = sorted({*own_h.values(), h / 2.0, 2.0 * h} - {h})
+    values_at = {h: {k: {q: estimates[k][q]["value"] for q in qs} for k in names}}
+    for g in others:
+        values_at[g] = {k: {q: _quiet_value(e, q) for q in qs} for k, e in at(float(g)).items()}
     diffs = []
     for i, a in enumerate(names):
         for b in names[i + 1 :]:
             for q in qs:
+                diff = estimates[a][q]["value"] - estimates[b][q]["value"]
+                # the paired replicates' spread, centred on the difference (as the
+                # intervals of the estimates); the p-value from the same distribution
                 d = boot[a][q] - boot[b][q]
-                lo, hi = _interval(d, level)
+                d = diff + (d - float(np.median(d)))
+                lo, hi = centred_interval(d, diff, level)
                 p = min(1.0, 2.0 * min(np.mean(d <= 0.0), np.mean(d >= 0.0)))
+                by_h = {g: v[a][q] - v[b][q] for g, v in sorted(values_at.items())}
+                signs = {np.sign(v) for v in by_h.values()}
                 diffs.append(
                     {
                         "a": a,
                         "b": b,
                         "quantity": q,
-                        "difference": estimates[a][q]["value"] - estimates[b][q]["value"],
+                        "difference": diff,
                         "low": lo,
                         "high": hi,
                         "pvalue": float(max(p, 1.0 / (R + 1))),
                         "significant": bool(lo > 0.0 or hi < 0.0),
+                        "by_bandwidth": by_h,
+                        "sensitive": bool(1.0 in signs and -1.0 in signs),
                     }
                 )
-    return Comparison(names, qs, estimates, diffs, level, R, str(calibration), boot)
+    return Comparison(
+        names, qs, estimates, diffs, level, R, str(calibration), boot, float(h), rule
+    )
+
+
+def _pooled_bandwidth(
+    checked: dict[str, Any],
+    y: np.ndarray,
+    calibration: str,
+    rule: str,
+    own: dict[str, float],
+    backend: str,
+) -> tuple[float, str]:
+    """Return the candidate bandwidth (the models' own) with the best pooled criterion."""
+    from . import _backends
+
+    candidates = np.array(sorted(set(own.values())), dtype=np.float64)
+    if candidates.size == 1:
+        return float(candidates[0]), f"{rule}: every model's own choice"
+    be = _backends.resolve_backend(backend)
+    total = np.zeros(candidates.size)
+    for P in checked.values():
+        problem = _est.make_problem(P, y, calibration)
+        if rule == "loo-mle":
+            total -= _est.loo_log_likelihood(problem, candidates, be).sum(axis=0)
+        else:
+            total += _est.cv_risk_grid(problem, candidates, "brier", be)
+    best = float(candidates[int(np.argmin(total))])
+    what = "leave-one-out log-likelihood" if rule == "loo-mle" else "leave-one-out Brier risk"
+    return best, f"{rule}: the models' own bandwidths, best pooled {what}"
 
 
 def _quiet_value(est: Any, q: str) -> float:

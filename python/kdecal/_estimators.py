@@ -605,6 +605,8 @@ class Estimate:
         """
         x = np.asarray(x, dtype=np.float64)
         w = None if self.row_weights is None else np.asarray(self.row_weights, np.float64)
+        if w is not None and not np.sum(w) > 0.0:  # no row left (a bootstrap replicate)
+            return math.nan
         if not np.all(np.isfinite(x)):  # inf or nan: as np.mean has it
             return float(np.mean(x) if w is None else np.mean(np.sum(x * w, -1) / np.sum(w)))
         try:
@@ -623,7 +625,10 @@ class Estimate:
         if self.row_weights is None:
             return np.asarray(Y.mean(axis=1, keepdims=True))
         w = self.row_weights[None, :, None]
-        return np.asarray(np.sum(Y * w, axis=1, keepdims=True) / np.sum(self.row_weights))
+        total = np.sum(self.row_weights)
+        if total == 0.0:  # no row left (a bootstrap replicate): undefined
+            return np.full((Y.shape[0], 1, Y.shape[2]), np.nan)
+        return np.asarray(np.sum(Y * w, axis=1, keepdims=True) / total)
 
     def simplex_E(self) -> np.ndarray:
         """E projected on the simplex (clip at 0, renormalise) for generators needing it."""
@@ -879,7 +884,15 @@ class CustomGenerator(Generator):
 
 
 def ce_p(est: Estimate, p: float) -> float:
-    """``(mean_b mean_j sum_coords |E - f|^p)^(1/p)``; p = 2 uses the debiased squares."""
+    """``(mean_b mean_j sum_coords |E - f|^p)^(1/p)``; p = 2 uses the debiased squares.
+
+    With the debiased squares, the mean estimates ``CE_2^2`` without bias and may be
+    negative when the error is close to 0, meaning "indistinguishable from 0 at this n"
+    (the one rule for squared errors of issue 26, README "Debiasing"): it is reported
+    unclipped, and the root keeps its sign, ``-sqrt(-mean)``, so that ``sign(v) v^2`` is
+    the squared L2 calibration error of the same estimate (to rounding) in the API, the
+    report, its JSON and the bootstrap replicates alike.
+    """
     c = est.problem.coords
     f = est.problem.p[..., c]
     E = est.E[..., c]
@@ -891,14 +904,24 @@ def ce_p(est: Estimate, p: float) -> float:
         scale = power_scale(d, p)
         inner = np.sum((d / scale) ** p, axis=-1)
     value = est.mean(inner)
-    if value < 0.0:  # a debiased estimate of a (near-)zero error can be negative
-        warnings.warn(
-            f"the debiased estimate of CE_{p:g}^{p:g} is negative ({value:.3g}); returning 0",
-            KdecalWarning,
-            stacklevel=3,
-        )
-        return 0.0
+    if value < 0.0:  # only the debiased squares can be negative
+        return -math.sqrt(-value)
     return scale * value ** (1.0 / p)
+
+
+#: The one rule of kdecal for debiased squared errors (issue 26), stated in the README
+#: ("Debiasing"), the docstrings and every report: the U-statistic (and App. D)
+#: estimates of a squared L2 calibration error are unbiased and are reported unclipped,
+#: so they can be negative when the error is close to 0; a negative value means
+#: "indistinguishable from 0 at this n". The L2 ECE^KDE (p = 2) is the signed root
+#: ``sign(v) sqrt(|v|)`` of the same value v, so that ``ece_kde(p=2) ** 2 ==
+#: abs(calibration_error(divergence="l2"))`` (to rounding), both with the sign of v, in
+#: the API, the report, its JSON and the bootstrap replicates alike.
+SQUARED_RULE = (
+    "squared L2 errors are unbiased estimates reported unclipped: a negative value "
+    "means the error is indistinguishable from 0 at this n; the L2 ECE^KDE is its "
+    "signed square root"
+)
 
 
 def power_scale(d: np.ndarray, p: float) -> float:

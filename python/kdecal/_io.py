@@ -174,6 +174,7 @@ def load_predictions(
         raise _fail(path, f"{problem} (expected .npz, .npy, .csv or .parquet)")
     if split is not None and ext != ".npz":
         raise _fail(path, f"split={split!r} applies only to .npz files with val_/test_ keys")
+    columns: list[str] | None = None
     try:
         if ext == ".npz":
             scores, labels, key_logits, desc = _read_npz(p, path, split, logits)
@@ -181,10 +182,10 @@ def load_predictions(
             scores, labels, desc = _read_npy(p, path)
             key_logits = None
         elif ext == ".csv":
-            scores, labels, desc = _read_csv(p, path)
+            scores, labels, desc, columns = _read_csv(p, path)
             key_logits = None
         else:
-            scores, labels, desc = _read_parquet(p, path)
+            scores, labels, desc, columns = _read_parquet(p, path)
             key_logits = None
     except InputFileError:
         raise
@@ -201,7 +202,7 @@ def load_predictions(
     else:
         requested = "auto"
     try:
-        kind, how = resolve_input(scores, requested, "the scores", _FLAGS)
+        kind, how = resolve_input(scores, requested, "the scores", _FLAGS, columns)
     except ValueError as exc:
         raise _fail(path, str(exc)) from None
     if logits is None and key_logits is not None:
@@ -266,6 +267,9 @@ def _as_int_labels(labels: np.ndarray, path: str | os.PathLike[str]) -> np.ndarr
     if labels.dtype == np.bool_:
         return labels.astype(np.int64)
     if np.issubdtype(labels.dtype, np.integer):
+        if labels.dtype == np.uint64 and labels.size and labels.max() > np.iinfo(np.int64).max:
+            bad = labels[np.argmax(labels > np.iinfo(np.int64).max)]
+            raise _fail(path, f"labels must be class indices 0..K-1, found {int(bad)}")
         return labels.astype(np.int64, copy=False)
     if np.issubdtype(labels.dtype, np.floating):
         ok = np.isfinite(labels) & (labels == np.round(labels))
@@ -338,6 +342,14 @@ def _declared_bytes(
 def _read_npz(
     p: Path, path: str | os.PathLike[str], split: str | None, logits: bool | None
 ) -> tuple[np.ndarray, np.ndarray, bool, str]:
+    with open(p, "rb") as fh:
+        magic = fh.read(6)
+    if magic.startswith(b"\x93NUMPY"):
+        raise _fail(
+            path, "is not a .npz archive (it holds a single array; use the .npy extension)"
+        )
+    if not magic.startswith((b"PK\x03\x04", b"PK\x05\x06")):
+        raise _fail(path, "is not a .npz file (not a zip archive: no 'PK' signature)")
     try:
         archive = np.load(p, allow_pickle=False)
     except ValueError as exc:
@@ -525,7 +537,9 @@ def _bounded_lines(fh: Any, path: str | os.PathLike[str]) -> Iterator[str]:
         yield line
 
 
-def _read_csv(p: Path, path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray, str]:
+def _read_csv(
+    p: Path, path: str | os.PathLike[str]
+) -> tuple[np.ndarray, np.ndarray, str, list[str] | None]:
     _check_memory(path, p.stat().st_size * _CSV_BYTES_PER_BYTE, "parsing it")
     old_limit = csv.field_size_limit()
     try:
@@ -571,7 +585,17 @@ def _read_csv(p: Path, path: str | os.PathLike[str]) -> tuple[np.ndarray, np.nda
     for i in candidates:
         cells = [r[i].strip() for r in body]
         parsed = [_parse_float(c) if c else None for c in cells]
-        if any(v is None and c for v, c in zip(parsed, cells)):
+        text = [k for k, (v, c) in enumerate(zip(parsed, cells)) if v is None and c]
+        if text:
+            if len(text) < len(cells) and any(v is not None for v in parsed):
+                # numbers with a stray word ("NA", "n/a", "-"): a score column with a
+                # missing value, never a text column to drop silently
+                k = text[0]
+                raise _fail(
+                    path,
+                    f"column '{header[i]}' holds numbers but {cells[k]!r} on line "
+                    f"{linenos[k]} (a missing value?); fill it in or drop the column",
+                )
             ignored.append(header[i])  # a non-numeric column
             continue
         if any(v is None for v in parsed):
@@ -583,7 +607,8 @@ def _read_csv(p: Path, path: str | os.PathLike[str]) -> tuple[np.ndarray, np.nda
         raise _fail(path, "has no numeric score columns besides the label column")
     scores = np.array(columns, dtype=np.float64).T
     labels = np.array(label_vals, dtype=np.float64)
-    return scores, labels, _table_description(p, header, score_cols, label_col, ignored)
+    names = [header[i] for i in score_cols]
+    return scores, labels, _table_description(p, header, score_cols, label_col, ignored), names
 
 
 def _table_description(
@@ -606,7 +631,9 @@ def _table_description(
 # ----------------------------- parquet ----------------------------------- #
 
 
-def _read_parquet(p: Path, path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray, str]:
+def _read_parquet(
+    p: Path, path: str | os.PathLike[str]
+) -> tuple[np.ndarray, np.ndarray, str, list[str] | None]:
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -683,7 +710,7 @@ def _read_parquet(p: Path, path: str | os.PathLike[str]) -> tuple[np.ndarray, np
             + (f"; ignored: {', '.join(repr(n) for n in ignored)}" if ignored else "")
             + "]"
         )
-        return scores, labels, desc
+        return scores, labels, desc, None
     if not score_cols:
         raise _fail(path, "has no numeric score columns besides the label column")
     columns = []
@@ -693,4 +720,5 @@ def _read_parquet(p: Path, path: str | os.PathLike[str]) -> tuple[np.ndarray, np
             raise _fail(path, f"score column '{names[i]}' has missing values")
         columns.append(col.to_numpy().astype(np.float64))
     scores = np.column_stack(columns)
-    return scores, labels, _table_description(p, names, score_cols, label_col, ignored)
+    desc = _table_description(p, names, score_cols, label_col, ignored)
+    return scores, labels, desc, [names[i] for i in score_cols]

@@ -29,6 +29,18 @@ _REFERENCES: dict[str, str] = {
 }
 
 
+def format_pvalue(p: float, n_resamples: int) -> str:
+    """Format a Monte Carlo p-value for tables: ``"< 0.0099"`` at the floor ``1 / (R + 1)``.
+
+    At the floor no resample reached the statistic: the p-value is below the
+    resolution of ``n_resamples`` resamples, not equal to it.
+    """
+    floor = 1.0 / (n_resamples + 1)
+    if p <= floor * (1.0 + 1e-9):
+        return f"< {floor:.2g}"
+    return f"{p:.3g}"
+
+
 def _notion_line(name: str, row: dict[str, Any]) -> str:
     def cell(q: str) -> str:
         v = row.get(q)
@@ -41,10 +53,16 @@ def _notion_line(name: str, row: dict[str, Any]) -> str:
             text += f" ({_format_value(null)})"
         return text
 
-    pv = row.get("pvalue")
+    pv, R = row.get("pvalue"), row.get("n_resamples")
+    if pv is None:
+        p_text = "n/a"
+    elif isinstance(R, int):
+        p_text = format_pvalue(float(pv), R)
+    else:
+        p_text = _format_value(pv)
     return (
         f"{name:<11} {_format_value(row.get('bandwidth')):>9}  {cell('ece_kde_l1'):<44} "
-        f"{cell('ce_l2'):<44} {_format_value(pv) if pv is not None else 'n/a'}"
+        f"{cell('ce_l2'):<44} {p_text}"
     )
 
 
@@ -125,13 +143,16 @@ class CalibrationReport:
     ece_kde_l2 : float
         KDE estimate of the canonical L2 calibration error,
         ``(mean_j sum_c (E[y|f_j]_c - f_jc)^2)^(1/2)`` (Popordanoska et al. 2022),
-        a fraction.
+        a fraction: the signed square root of ``ce_l2`` (negative when ``ce_l2`` is).
     ce_kl : float
         Proper calibration error induced by the log loss,
         ``mean_j KL(E[y|f_j] || f_j)`` (Popordanoska et al. 2024), in nats.
     ce_l2 : float
         Proper calibration error induced by the Brier score,
-        ``mean_j ||E[y|f_j] - f_j||^2`` (Popordanoska et al. 2024), a fraction.
+        ``mean_j ||E[y|f_j] - f_j||^2`` (Popordanoska et al. 2024), a fraction. With
+        ``debias="ustat"`` or ``"ratio"`` an unbiased estimate, reported unclipped: a
+        negative value means the error is indistinguishable from 0 at this n (the same
+        value in the API, this report and its JSON; a note says so).
     refinement_kl : float
         Refinement term of the log loss, ``-mean_j F(E[y|f_j])`` with
         ``F(p) = sum_c p_c log p_c``, i.e. the mean entropy of ``E[y|f]``, in nats.
@@ -182,8 +203,11 @@ class CalibrationReport:
         Per notion ("canonical", "top_label", "classwise"): ``bandwidth``,
         ``ece_kde_l1`` and ``ce_l2`` with bootstrap 95 % intervals (``*_ci``, [low,
         high]) and consistency-resampling null means (``*_null_mean``: what a perfectly
-        calibrated model with these predictions scores on average), and ``pvalue`` of
-        the calibration test with the ``ce_l2`` statistic.
+        calibrated model with these predictions scores on average), ``pvalue`` of
+        the calibration test with the ``ce_l2`` statistic and its ``n_resamples`` (the
+        table prints a p-value at the floor ``1 / (n_resamples + 1)`` as
+        ``< 0.0099``), for the notions resampled; ``resampling_skipped`` (the reason)
+        where resampling is undefined (every row of a replicate lost its neighbours).
     notes : list of str
         Plain-language warnings, e.g. when an estimate is dominated by its bias.
 

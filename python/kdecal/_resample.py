@@ -13,7 +13,8 @@ class sums of many label vectors (and centre multiplicities) at once.
 - The bootstrap (rows resampled with replacement): centre multiplicities ``v_i`` enter
   the class sums and the row means; the copies of a query row are left out with it, so
   each replicate is the same leave-one-out estimator on the resampled rows, ties
-  removed. The bandwidth is kept fixed.
+  removed; the U-statistic of the squares counts the copies of a centre as one point
+  (``sum v_i^2 w_ij^2``). The bandwidth is kept fixed.
 """
 
 from __future__ import annotations
@@ -29,15 +30,72 @@ from . import _estimators as _est
 #: Memory budget (bytes) of the class sums of one chunk of label sets.
 _CHUNK_BYTES = 64e6
 
+#: Memory budget (bytes) of the resampled labels and row multiplicities drawn at once:
+#: resampling holds O(n + chunk x n) memory whatever ``n_resamples`` is (issue 26: the
+#: R x n multiplicities used to be built in full about three times).
+DRAW_CHUNK_BYTES = 32e6
+
+#: Most resamples accepted by any resampling function.  Each costs at least one kernel
+#: pass over n^2 pairs; a count beyond this is a typo (``10**12``), refused before
+#: anything is allocated.
+MAX_RESAMPLES = 1_000_000
+
+
+def check_resamples(value: object, name: str, minimum: int) -> int:
+    """Check a number of resamples: an integer in ``minimum..MAX_RESAMPLES``.
+
+    Raises
+    ------
+    TypeError
+        If it is not an integer.
+    ValueError
+        If it is below ``minimum`` or above :data:`MAX_RESAMPLES`.
+    """
+    from ._validation import check_int
+
+    r = check_int(value, name, minimum)
+    if r > MAX_RESAMPLES:
+        raise ValueError(
+            f"{name} = {r} is more than {MAX_RESAMPLES:,} resamples, each a kernel pass "
+            "over all pairs of rows; a few hundred give stable 95 % intervals and p-values"
+        )
+    return r
+
+
+def draw_chunk(n: int, per_row: int, total: int) -> int:
+    """How many resamples of n rows to draw at once (``per_row`` int64 values per row)."""
+    return int(max(1, min(total, DRAW_CHUNK_BYTES // (8.0 * n * max(1, per_row)))))
+
 
 def draw_consistency_labels(P: np.ndarray, n_sets: int, rng: np.random.Generator) -> np.ndarray:
-    """``n_sets`` label vectors ``y*_i ~ Categorical(P_i)``, shape (n_sets, n), int64."""
+    """``n_sets`` label vectors ``y*_i ~ Categorical(P_i)``, shape (n_sets, n), int64.
+
+    Drawing in several calls consumes ``rng`` exactly as one call with the total does.
+    """
     cdf = np.cumsum(P, axis=1)
     cdf[:, -1] = 1.0
     u = rng.random((n_sets, P.shape[0]))
     out = np.empty((n_sets, P.shape[0]), dtype=np.int64)
     for s in range(n_sets):
         out[s] = (u[s][:, None] > cdf).sum(axis=1)
+    return out
+
+
+def draw_bootstrap_counts(n: int, n_sets: int, rng: np.random.Generator) -> np.ndarray:
+    """Row multiplicities of ``n_sets`` bootstrap samples of n rows, (n_sets, n) int64.
+
+    A sample is n rows drawn with replacement, conditioned on holding at least two
+    distinct rows (the fewest a leave-one-out estimate is defined on; a sample of one
+    row repeated, probability ``n^(1-n)``, is drawn again: at n = 4 one sample in 64).
+    Drawing in several calls consumes ``rng`` exactly as one call with the total does.
+    """
+    out = np.empty((n_sets, n), dtype=np.int64)
+    for s in range(n_sets):
+        while True:
+            c = np.bincount(rng.integers(0, n, n), minlength=n)
+            if n < 2 or np.count_nonzero(c) >= 2:
+                break
+        out[s] = c
     return out
 
 
@@ -83,21 +141,34 @@ def replicates(
     R, B, n = labels.shape
     C = problem.dim
     powers = 2 if est.debias == "ustat" else 1
+    # With multiplicities v the U-statistic needs sum v_i^2 w_ij^2 (the copies of one
+    # centre are one point, whose pairs with itself are left out), not the engine's
+    # sum v_i w_ij^2: each replicate runs twice in the same pass, with weights v (for S)
+    # and v^2 (for Q). Issue 26: with sum v w^2 the pairs of copies of a centre entered
+    # the U-statistic, shifting every bootstrap replicate of a squared error upwards.
+    twice = weights is not None and powers == 2
     h = est.bandwidth
-    chunk = int(max(1, min(R, _CHUNK_BYTES // (8.0 * n * C * powers * B))))
+    per = 8.0 * n * C * powers * B * (2 if twice else 1)
+    chunk = int(max(1, min(R, _CHUNK_BYTES // per)))
     logq_all, pk_all = _est.kernel_points(problem)
     logq = [np.ascontiguousarray(logq_all[b]) for b in range(B)]
     pk = [np.ascontiguousarray(pk_all[b]) for b in range(B)]
     bias = list(_est.kernel_bias(problem, h))
     for r0 in range(0, R, chunk):
         r1 = min(R, r0 + chunk)
+        c = r1 - r0
         w = None if weights is None else np.ascontiguousarray(weights[r0:r1], dtype=np.float64)
+        if twice:
+            assert w is not None
+            w = np.ascontiguousarray(np.concatenate([w, w * w]))
         parts = [
             _backends.loo_reduce_multi(
                 logq[b],
                 pk[b],
                 np.ascontiguousarray(est.m[b], dtype=np.float64),
-                np.ascontiguousarray(labels[r0:r1, b]),
+                np.ascontiguousarray(
+                    np.tile(labels[r0:r1, b], (2, 1)) if twice else labels[r0:r1, b]
+                ),
                 C,
                 1.0 / h,
                 np.ascontiguousarray(bias[b]),
@@ -110,7 +181,7 @@ def replicates(
         for k in range(r1 - r0):
             S = np.stack([parts[b][0][k] for b in range(B)])
             Q = (
-                np.stack([parts[b][1][k] for b in range(B)])
+                np.stack([parts[b][1][c + k if twice else k] for b in range(B)])
                 if powers == 2
                 else np.zeros((0, 0, 0))
             )

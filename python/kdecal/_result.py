@@ -10,10 +10,24 @@ import numpy as np
 
 from . import _estimators as _est
 from . import _resample
-from ._validation import check_int, check_p
+from ._validation import check_p
 from .warnings import KdecalWarning
 
-__all__ = ["QUANTITIES", "CalibrationEstimate", "CalibrationTestResult", "ConfidenceInterval"]
+__all__ = [
+    "QUANTITIES",
+    "CalibrationEstimate",
+    "CalibrationTestResult",
+    "ConfidenceInterval",
+    "ResamplingError",
+]
+
+
+class ResamplingError(ValueError):
+    """A bootstrap replicate on which the estimator is undefined.
+
+    Every row of the replicate lost its neighbours: a bandwidth far too small for the
+    sample.
+    """
 
 
 def _q(kind: str, arg: object) -> Callable[[_est.Estimate], float]:
@@ -66,7 +80,7 @@ def _quiet(fn: Callable[[_est.Estimate], float], e: _est.Estimate) -> float:
 
 @dataclass(frozen=True)
 class ConfidenceInterval:
-    """A bootstrap percentile interval of one quantity.
+    """A bootstrap interval of one quantity (percentile, centred on the estimate).
 
     Attributes
     ----------
@@ -76,12 +90,15 @@ class ConfidenceInterval:
         The point estimate on the data.
     low, high : float
         The ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles of the bootstrap
-        distribution.
+        distribution, moved so that its median is ``estimate``
+        (``estimate + q - median``): the interval always contains the estimate, and
+        covers what the estimator reports on average (the truth plus the estimator's
+        bias, e.g. the null mean for a calibrated model; see bench/README.md).
     level : float
         Confidence level, e.g. 0.95.
     bootstrap_distribution : ndarray, shape (n_resamples,), float64
         The quantity on each bootstrap replicate (rows resampled with replacement, the
-        bandwidth fixed, the copies of a query row left out with it).
+        bandwidth fixed, the copies of a query row left out with it), not centred.
     """
 
     quantity: str
@@ -131,8 +148,51 @@ class CalibrationTestResult:
 
 
 def bootstrap_counts(n: int, n_resamples: int, rng: np.random.Generator) -> np.ndarray:
-    """Row multiplicities of ``n_resamples`` bootstrap samples of n rows, (R, n) int64."""
-    return np.stack([np.bincount(rng.integers(0, n, n), minlength=n) for _ in range(n_resamples)])
+    """Row multiplicities of ``n_resamples`` bootstrap samples of n rows, (R, n) int64.
+
+    All at once, for tests; the estimators draw them in chunks
+    (:func:`kdecal._resample.draw_bootstrap_counts`), which gives the same samples.
+    """
+    return _resample.draw_bootstrap_counts(n, n_resamples, rng)
+
+
+def bootstrap_distributions(
+    estimates: list[CalibrationEstimate],
+    names: list[str],
+    n_resamples: int,
+    rng: np.random.Generator,
+) -> list[dict[str, np.ndarray]]:
+    """Compute ``names`` of every estimate on the same bootstrap row samples.
+
+    The samples (:func:`kdecal._resample.draw_bootstrap_counts`) are drawn a chunk at a
+    time and applied to every estimate (a paired bootstrap when there are several), so
+    memory is O(n + chunk x n) for any ``n_resamples``.
+
+    Raises
+    ------
+    ValueError
+        When a replicate has no query row with a neighbour of non-negligible kernel
+        weight (a bandwidth far too small for the sample).
+    """
+    R = n_resamples
+    n = estimates[0].n
+    dists = [{q: np.empty(R) for q in names} for _ in estimates]
+    widest = max(e._est.problem.labels.shape[0] for e in estimates)
+    step = _resample.draw_chunk(n, widest + 2, R)
+    for r0 in range(0, R, step):
+        counts = _resample.draw_bootstrap_counts(n, min(step, R - r0), rng)
+        for est, dist in zip(estimates, dists):
+            est._bootstrap_chunk(names, counts, dist, r0)
+    for est, dist in zip(estimates, dists):
+        for q in names:
+            bad = ~np.isfinite(dist[q])
+            if np.any(bad):
+                raise ResamplingError(
+                    f"bootstrap replicate {int(np.argmax(bad))} of {q}: no row of the "
+                    f"resampled data keeps a neighbour of non-negligible kernel weight at "
+                    f"bandwidth {est._for(q).bandwidth:g} (n = {n}); pass a larger bandwidth"
+                )
+    return dists
 
 
 def percentile_interval(dist: np.ndarray, level: float) -> tuple[float, float]:
@@ -140,6 +200,22 @@ def percentile_interval(dist: np.ndarray, level: float) -> tuple[float, float]:
     a = (1.0 - level) / 2.0
     lo, hi = np.quantile(dist, [a, 1.0 - a])
     return float(lo), float(hi)
+
+
+def centred_interval(dist: np.ndarray, estimate: float, level: float) -> tuple[float, float]:
+    """Return the percentile interval of ``dist`` moved so that its median is ``estimate``.
+
+    ``estimate + q_a - median``, ``estimate + q_(1-a) - median`` with ``a = (1 - level)
+    / 2``: the spread of the bootstrap distribution around the point estimate, which the
+    interval therefore always contains. A kernel replicate's plug-in sees noisier class
+    sums than the estimate (multiplicities ~ Poisson(1) halve the effective number of
+    neighbours), so the L1 and KL replicates are biased upwards by more than the
+    estimate is and the plain percentile interval sat above the estimate (issue 26);
+    their spread matches the estimator's sampling spread (bench/README.md).
+    """
+    lo, hi = percentile_interval(dist, level)
+    med = float(np.median(dist))
+    return estimate + (lo - med), estimate + (hi - med)
 
 
 class CalibrationEstimate:
@@ -282,12 +358,15 @@ class CalibrationEstimate:
         n_resamples: int = 200,
         seed: int | np.random.Generator | None = None,
     ) -> ConfidenceInterval:
-        """Bootstrap percentile interval of a quantity.
+        """Bootstrap interval of a quantity: the percentile interval centred on the estimate.
 
         Rows are resampled with replacement ``n_resamples`` times; each replicate is the
         same leave-one-out estimator on the resampled rows at the same bandwidth (the
         copies of a query row are left out with it), computed from the kernel of this
-        estimate in multi-label engine passes.
+        estimate in multi-label engine passes. The interval is the ``(1 -+ level) / 2``
+        quantiles of the replicates moved so that their median is the estimate
+        (:func:`centred_interval`): it contains the estimate and covers the estimator's
+        expectation (for L1 and KL, the truth plus the estimator's noise bias).
 
         Parameters
         ----------
@@ -309,7 +388,7 @@ class CalibrationEstimate:
         """
         name = _check_quantity(quantity)
         level = _check_level(level)
-        R = check_int(n_resamples, "n_resamples", 2)
+        R = _resample.check_resamples(n_resamples, "n_resamples", 2)
         return self.confidence_intervals([name], level=level, n_resamples=R, seed=seed)[name]
 
     def confidence_intervals(
@@ -323,28 +402,29 @@ class CalibrationEstimate:
         """Bootstrap intervals of several quantities from the same replicates."""
         names = [_check_quantity(q) for q in quantities]
         level = _check_level(level)
-        R = check_int(n_resamples, "n_resamples", 2)
-        counts = bootstrap_counts(self.n, R, np.random.default_rng(seed))
-        dist = self._bootstrap(names, counts)
+        R = _resample.check_resamples(n_resamples, "n_resamples", 2)
+        dist = bootstrap_distributions([self], names, R, np.random.default_rng(seed))[0]
         out = {}
         for q in names:
-            lo, hi = percentile_interval(dist[q], level)
-            out[q] = ConfidenceInterval(q, self.value(q), lo, hi, level, dist[q])
+            value = _quiet(QUANTITIES[q], self._for(q))
+            lo, hi = centred_interval(dist[q], value, level)
+            out[q] = ConfidenceInterval(q, value, lo, hi, level, dist[q])
         return out
 
-    def _bootstrap(self, names: list[str], counts: np.ndarray) -> dict[str, np.ndarray]:
-        """Compute the quantities on bootstrap replicates given by row multiplicities (R, n)."""
-        R = counts.shape[0]
-        dist = {q: np.empty(R) for q in names}
+    def _bootstrap_chunk(
+        self, names: list[str], counts: np.ndarray, dist: dict[str, np.ndarray], r0: int
+    ) -> None:
+        """Fill ``dist[q][r0:r0 + c]`` with the quantities on the row samples ``counts`` (c, n)."""
+        c = counts.shape[0]
+        weights = counts.astype(np.float64)
         for base, group in self._groups(names):
-            labels = np.broadcast_to(base.problem.labels, (R, *base.problem.labels.shape))
-            reps = _resample.replicates(
-                base, np.ascontiguousarray(labels), counts.astype(np.float64), self.backend
+            labels = np.ascontiguousarray(
+                np.broadcast_to(base.problem.labels, (c, *base.problem.labels.shape))
             )
+            reps = _resample.replicates(base, labels, weights, self.backend)
             for r, rep in enumerate(reps):
                 for q in group:
-                    dist[q][r] = _quiet(QUANTITIES[q], rep)
-        return dist
+                    dist[q][r0 + r] = _quiet(QUANTITIES[q], rep)
 
     def _groups(self, names: list[str]) -> list[tuple[_est.Estimate, list[str]]]:
         """Group the quantities by the estimate they are computed on."""
@@ -378,17 +458,20 @@ class CalibrationEstimate:
     ) -> dict[str, CalibrationTestResult]:
         """Run the test for several statistics on the same resampled label sets."""
         names = [_check_quantity(s, "statistic") for s in statistics]
-        R = check_int(n_resamples, "n_resamples", 1)
+        R = _resample.check_resamples(n_resamples, "n_resamples", 1)
         rng = np.random.default_rng(seed)
-        ystar = _resample.draw_consistency_labels(self._probs, R, rng)
-        labels = np.stack(
-            [_resample.problem_labels(self.calibration, self._probs, ystar[r]) for r in range(R)]
-        )
         dist = {s: np.empty(R) for s in names}
-        for base, group in self._groups(names):
-            for r, rep in enumerate(_resample.replicates(base, labels, None, self.backend)):
-                for s in group:
-                    dist[s][r] = _quiet(QUANTITIES[s], rep)
+        B = self._est.problem.labels.shape[0]
+        step = _resample.draw_chunk(self.n, B + 1, R)
+        for r0 in range(0, R, step):  # memory O(n + chunk x n), any R
+            ystar = _resample.draw_consistency_labels(self._probs, min(step, R - r0), rng)
+            labels = np.stack(
+                [_resample.problem_labels(self.calibration, self._probs, ys) for ys in ystar]
+            )
+            for base, group in self._groups(names):
+                for r, rep in enumerate(_resample.replicates(base, labels, None, self.backend)):
+                    for s in group:
+                        dist[s][r0 + r] = _quiet(QUANTITIES[s], rep)
         out = {}
         for s in names:
             t = _quiet(QUANTITIES[s], self._for(s))

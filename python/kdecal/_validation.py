@@ -38,6 +38,14 @@ INFER_ROW_SUM_ATOL = 0.02
 #: 2 decimals at K = 10, for example); they are renormalised with a
 #: :class:`~kdecal.warnings.RenormalizationWarning` that says by how much.
 PROBS_ROW_SUM_ATOL = 0.1
+#: With ``input="auto"``, scores whose entries all lie within this of [0, 1] but not all
+#: inside it (``1.0000001``, ``-1e-7``: probabilities with a rounding error, or logits
+#: that happen to be small) are refused as ambiguous rather than read as logits.
+INFER_RANGE_ATOL = 0.05
+#: Probabilities passed as such may stray outside [0, 1] by up to this (float rounding
+#: in a softmax, a CSV written with too few digits); such entries are clipped to [0, 1]
+#: with a :class:`~kdecal.warnings.RenormalizationWarning`; further out is an error.
+PROBS_RANGE_ATOL = 0.01
 
 
 def _type_name(x: object) -> str:
@@ -69,8 +77,14 @@ def as_array(x: object, name: str) -> np.ndarray:
     TypeError
         If ``x`` cannot be read as an array; the message names the argument and the type.
     """
+    if isinstance(x, np.ma.MaskedArray):
+        if np.ma.getmaskarray(x).any():
+            idx = tuple(int(i) for i in np.argwhere(np.ma.getmaskarray(x))[0])
+            raise ValueError(f"{name} is a masked array with a masked entry at index {idx}")
+        return np.asarray(x.data)
     if isinstance(x, np.ndarray):
-        return x
+        # a subclass (np.matrix) keeps its own semantics (2-D rows, matrix sums): drop it
+        return x if type(x) is np.ndarray else np.asarray(x)
     module = type(x).__module__.split(".")[0]
     try:
         if module == "torch" and hasattr(x, "detach"):
@@ -95,6 +109,13 @@ def as_array(x: object, name: str) -> np.ndarray:
         # e.g. a container that exposes DLPack and an __array__ that yields objects
         with contextlib.suppress(Exception):  # else the caller's dtype error
             return np.from_dlpack(x)
+    if arr.dtype == object and hasattr(x, "to_numpy"):
+        # pandas nullable dtypes (Float64, Int64) give objects; missing values become NaN,
+        # which the caller reports with their index
+        with contextlib.suppress(Exception):  # else the caller's dtype error
+            return np.asarray(x.to_numpy(dtype=np.float64, na_value=np.nan))
+    if type(arr) is not np.ndarray:  # np.asarray keeps no subclass; a custom __array__ may
+        arr = np.asarray(arr).view(np.ndarray)
     return arr
 
 
@@ -184,11 +205,101 @@ def _on_simplex(a: np.ndarray) -> tuple[bool, float, int]:
     return True, float(dev[worst]), worst
 
 
+def _entry(a: np.ndarray, idx: tuple[int, ...], columns: list[str] | None) -> str:
+    """Name one entry of the scores for a message: row, column (by name) and value."""
+    value = float(a[idx])
+    if a.ndim == 1:
+        return f"row {idx[0]} holds {value!r}"
+    col = f"column {idx[1]}" + (f" ({columns[idx[1]]!r})" if columns else "")
+    return f"row {idx[0]}, {col} holds {value!r}"
+
+
+def _column_list(cols: list[int], columns: list[str] | None) -> str:
+    names = [f"{c} ({columns[c]!r})" if columns else str(c) for c in cols]
+    return ("column " if len(names) == 1 else "columns ") + ", ".join(names)
+
+
+def _not_logits(
+    a: np.ndarray, name: str, flags: dict[str, str], columns: list[str] | None
+) -> str | None:
+    """Why scores with an entry outside [0, 1] must not be read as logits, or None.
+
+    Four shapes of data look like logits to a range test but are not (issue 26):
+    probabilities with entries just outside [0, 1] (:data:`INFER_RANGE_ATOL`; 2-D: the
+    median row summing to 1 within :data:`PROBS_ROW_SUM_ATOL`),
+    percentages, probability columns beside an extra column (a fold, a weight, an id),
+    and rows that sum to 1 exactly as only probabilities do.
+    """
+    choose = f"Pass {flags['logits']} if they are logits"
+    outside = (a < 0) | (a > 1)
+    first = _first_bad(outside)
+    tol = INFER_RANGE_ATOL
+    # rows like probabilities: the typical row sums to 1 within what --probs accepts
+    # (logits of a small scale, all within tol of 0, sum to about 0; a few broken rows
+    # of a probability file do not make it logits)
+    rows_like = a.ndim == 1 or float(np.median(_row_sum_deviation(a))) <= PROBS_ROW_SUM_ATOL
+    if rows_like and np.all((a >= -tol) & (a <= 1 + tol)):
+        return (
+            f"cannot tell whether {name} are probabilities or logits: every entry lies "
+            f"within {tol:g} of [0, 1] but {_entry(a, first, columns)}, outside [0, 1] (a "
+            f"rounding error in probabilities?). Pass {flags['probs']} if they are "
+            f"probabilities (entries within {PROBS_RANGE_ATOL:g} of [0, 1] are clipped, "
+            f"with a warning), or {flags['logits']} if they are logits."
+        )
+    in_pct = bool(np.all((a >= 0) & (a <= 100)))
+    if in_pct and a.ndim == 1:
+        return (
+            f"{name} look like percentages (every value in [0, 100], {_entry(a, first, None)})"
+            f": divide them by 100 for probabilities of class 1. {choose} (log-odds)."
+        )
+    if a.ndim != 2:
+        return None
+    sums = a.sum(axis=1, dtype=np.float64)
+    if in_pct and np.all(np.abs(sums - 100.0) <= 100.0 * INFER_ROW_SUM_ATOL):
+        return (
+            f"{name} look like percentages (entries in [0, 100], rows summing to 100; "
+            f"{_entry(a, first, columns)}): divide them by 100 and pass {flags['probs']}. "
+            f"{choose}."
+        )
+    col_out = outside.any(axis=0)
+    integer = np.all(a == np.round(a), axis=0)
+    extra = [int(c) for c in np.flatnonzero(col_out & integer)]
+    if extra and not np.all(integer):
+        vals = np.unique(a[:, extra[0]])
+        shown = ", ".join(f"{v:g}" for v in vals[:5]) + (", ..." if vals.size > 5 else "")
+        return (
+            f"{name}: {_column_list(extra, columns)} holds only integers ({shown}) beside "
+            f"fractional scores: an extra column (a fold, a weight, an id, a count) read "
+            f"as one more class? Remove it, or pass {flags['logits']} if every column is "
+            "a logit."
+        )
+    inside = [int(c) for c in np.flatnonzero(~col_out)]
+    if len(inside) >= 2:
+        dev = np.abs(a[:, inside].sum(axis=1, dtype=np.float64) - 1.0)
+        if np.all(dev <= INFER_ROW_SUM_ATOL):
+            others = [int(c) for c in np.flatnonzero(col_out)]
+            return (
+                f"{name}: {_column_list(inside, columns)} are probabilities (rows summing "
+                f"to 1) but {_column_list(others, columns)} "
+                f"{'lies' if len(others) == 1 else 'lie'} outside [0, 1] "
+                f"({_entry(a, first, columns)}): extra columns read as more classes? "
+                f"Remove them, or pass {flags['logits']} if every column is a logit."
+            )
+    if np.all(np.abs(sums - 1.0) <= ROW_SUM_ATOL):
+        return (
+            f"{name}: every row sums to 1, as probabilities do, but "
+            f"{_entry(a, first, columns)}, outside [0, 1]. Pass {flags['logits']} if "
+            f"they are logits; probabilities ({flags['probs']}) must lie in [0, 1]."
+        )
+    return None
+
+
 def resolve_input(
     scores: np.ndarray,
     input: str,
     name: str = "scores",
     flags: dict[str, str] | None = None,
+    columns: list[str] | None = None,
 ) -> tuple[str, str]:
     """Decide whether ``scores`` hold probabilities or logits: the one rule of kdecal.
 
@@ -199,13 +310,21 @@ def resolve_input(
     input : {"auto", "probs", "logits"}
         What the caller said.  ``"auto"``: scores whose entries all lie in [0, 1] are
         probabilities when every row sums to 1 within :data:`INFER_ROW_SUM_ATOL` (a
-        1-D array in [0, 1] is ``P(y = 1)``); scores with any entry outside [0, 1] are
-        logits.  Logits are never inferred from a near miss of the simplex.
+        1-D array in [0, 1] is ``P(y = 1)``); scores with an entry outside [0, 1] are
+        logits, unless they look like something else, which is refused: every entry
+        within :data:`INFER_RANGE_ATOL` of [0, 1] and (2-D) the median row summing to 1
+        within :data:`PROBS_ROW_SUM_ATOL` (a rounding error in probabilities), percentages (entries in [0, 100] with rows summing to 100; a
+        1-D array in [0, 100]), a column of integers beside fractional scores (a fold,
+        weight or id column), columns in [0, 1] summing to 1 beside columns outside
+        it, or rows that all sum to 1 (within :data:`ROW_SUM_ATOL`).  Logits are never
+        inferred from a near miss of the simplex.
     name : str
         Argument name for messages.
     flags : dict, optional
         How to name the two choices in messages (``{"probs": "--probs", ...}`` for the
         command line); default ``input='probs'`` / ``input='logits'``.
+    columns : list of str, optional
+        Column names (a table's header), to name an offending column in messages.
 
     Returns
     -------
@@ -216,10 +335,10 @@ def resolve_input(
     Raises
     ------
     ValueError
-        ``input="auto"`` and the entries lie in [0, 1] but some row sums to 1 only within
-        more than :data:`INFER_ROW_SUM_ATOL` (ambiguous: the message names both flags);
-        or ``input="logits"`` and every row of a 2-D ``scores`` lies on the simplex
-        (probabilities passed as logits would be softmaxed into wrong numbers).
+        ``input="auto"`` and the scores are ambiguous (see above; the message names
+        both choices and the offending row and column); or ``input="logits"`` and
+        every row of a 2-D ``scores`` lies on the simplex (probabilities passed as
+        logits would be softmaxed into wrong numbers).
     """
     flags = INPUT_FLAGS if flags is None else flags
     check_choice(input, "input", ("auto", "probs", "logits"))
@@ -236,21 +355,26 @@ def resolve_input(
                 "probabilities."
             )
         return "logits", "as specified"
+    if a.size and not np.all(np.isfinite(a)):
+        return "logits", "inferred: values outside [0, 1]"  # the caller refuses them
     if a.ndim == 1:
         if a.size and np.all((a >= 0) & (a <= 1)):
             return "probs", "inferred: values in [0, 1]"
-        return "logits", "inferred: values outside [0, 1]"
-    if not in_range:
-        return "logits", "inferred: values outside [0, 1]"
-    if dev <= INFER_ROW_SUM_ATOL:
-        return "probs", "inferred: rows on the probability simplex"
-    raise ValueError(
-        f"cannot tell whether {name} are probabilities or logits: every entry lies in "
-        f"[0, 1] but row {worst} sums to {float(a[worst].sum(dtype=np.float64))!r} (more "
-        f"than {INFER_ROW_SUM_ATOL} from 1). Pass {flags['probs']} if they are "
-        f"probabilities (rows within {PROBS_ROW_SUM_ATOL} of 1 are renormalised) or "
-        f"{flags['logits']} if they are logits."
-    )
+    elif in_range:
+        if dev <= INFER_ROW_SUM_ATOL:
+            return "probs", "inferred: rows on the probability simplex"
+        raise ValueError(
+            f"cannot tell whether {name} are probabilities or logits: every entry lies in "
+            f"[0, 1] but row {worst} sums to {float(a[worst].sum(dtype=np.float64))!r} "
+            f"(more than {INFER_ROW_SUM_ATOL} from 1). Pass {flags['probs']} if they are "
+            f"probabilities (rows within {PROBS_ROW_SUM_ATOL} of 1 are renormalised) or "
+            f"{flags['logits']} if they are logits."
+        )
+    if a.size:
+        problem = _not_logits(a.astype(np.float64, copy=False), name, flags, columns)
+        if problem is not None:
+            raise ValueError(problem)
+    return "logits", "inferred: values outside [0, 1]"
 
 
 def check_probs(probs: object, name: str = "probs", min_n: int = 3) -> Probs:
@@ -274,17 +398,35 @@ def check_probs(probs: object, name: str = "probs", min_n: int = 3) -> Probs:
     a = arr.astype(np.float64)
     if not np.all(np.isfinite(a)):
         idx = _first_bad(~np.isfinite(a))
-        raise ValueError(f"{name} contains a non-finite value {a[idx]!r} at index {idx}")
-    if np.any(a < 0):
-        idx = _first_bad(a < 0)
-        raise ValueError(f"{name} contains a negative probability {a[idx]!r} at index {idx}")
-    if binary:
-        if np.any(a > 1):
-            idx = _first_bad(a > 1)
-            raise ValueError(f"binary {name} must lie in [0, 1], got {a[idx]!r} at index {idx}")
-        a = np.stack([1.0 - a, a], axis=1)
-    else:
+        raise ValueError(f"{name} contains a non-finite value {float(a[idx])!r} at index {idx}")
+    low, high = -PROBS_RANGE_ATOL, 1.0 + PROBS_RANGE_ATOL
+    if np.any(a < low):
+        idx = _first_bad(a < low)
+        raise ValueError(
+            f"{name} contains a negative probability {float(a[idx])!r} at index {idx}"
+        )
+    if binary and np.any(a > high):
+        idx = _first_bad(a > high)
+        raise ValueError(f"binary {name} must lie in [0, 1], got {float(a[idx])!r} at index {idx}")
+    if not binary:
         _check_row_sums(a, name, PROBS_ROW_SUM_ATOL)
+        if np.any(a > high):
+            idx = _first_bad(a > high)
+            raise ValueError(
+                f"{name} contains a probability above 1, {float(a[idx])!r} at index {idx}"
+            )
+    stray = (a < 0) | (a > 1)
+    if np.any(stray):
+        idx = _first_bad(stray)
+        warn_user(
+            f"{name}: {int(stray.sum())} of {a.size} entries lie outside [0, 1], by at "
+            f"most {PROBS_RANGE_ATOL:g} (first {float(a[idx])!r} at index {idx}); they "
+            "were clipped to [0, 1]",
+            RenormalizationWarning,
+        )
+        a = np.clip(a, 0.0, 1.0)
+    if binary:
+        a = np.stack([1.0 - a, a], axis=1)
     if a.shape[0] < min_n:
         raise ValueError(f"{name} needs at least {min_n} samples, got n = {a.shape[0]}")
     a = np.maximum(a, PROB_EPS)
@@ -304,12 +446,15 @@ def check_labels(labels: object, n: int, n_classes: int, name: str = "labels") -
     if np.issubdtype(arr.dtype, np.floating):
         if not np.all(np.isfinite(arr)):
             idx = _first_bad(~np.isfinite(arr))
-            raise ValueError(f"{name} contains a non-finite value {arr[idx]!r} at index {idx}")
+            raise ValueError(
+                f"{name} contains a non-finite value {arr[idx].item()!r} at index {idx}"
+            )
         frac = arr != np.round(arr)
         if np.any(frac):
             idx = _first_bad(frac)
             raise ValueError(
-                f"{name} must be integers in 0..{n_classes - 1}, got {arr[idx]!r} at index {idx}"
+                f"{name} must be integers in 0..{n_classes - 1}, got {arr[idx].item()!r} at "
+                f"index {idx}"
             )
     # compare in the input's own type before casting: 1e20 or 2**64 - 1 must be
     # reported as themselves, not as what int64 wraps them to

@@ -28,7 +28,7 @@ from scipy.special import xlogy
 from . import _backends
 from . import _estimators as _est
 from ._report import CalibrationReport
-from ._result import CalibrationEstimate, CalibrationTestResult
+from ._result import CalibrationEstimate, CalibrationTestResult, ResamplingError
 from ._validation import (
     Probs,
     _numeric_array,
@@ -252,7 +252,7 @@ def _run_criteria(
     check_choice(debias, "debias", _est.DEBIAS_MODES)
     P = check_probs(probs)
     y = check_labels(labels, P.n, P.n_classes)
-    be = _backends.resolve_backend(backend)
+    be = _backends.resolve_backend(backend, probs)
     h = _check_bandwidth_spec(bandwidth)
     problem = _est.make_problem(P, y, str(calibration))
     fits = _est.fit_criteria(problem, h, str(debias), be, progress, criteria)
@@ -516,6 +516,9 @@ def ece_kde(
     -------
     float
         CE_p, in probability units (a fraction in [0, 2^(1/p)], not a percentage).
+        At p = 2 with debiasing, the signed square root of the unbiased estimate of
+        CE_2^2, negative when that is (the error is then indistinguishable from 0 at
+        this n): ``sign(e) e^2`` equals ``calibration_error(divergence="l2")``.
 
     Raises
     ------
@@ -569,7 +572,9 @@ def calibration_error(
     Returns
     -------
     float
-        CE_F in nats for "kl", squared probability units for "l2".
+        CE_F in nats for "kl", squared probability units for "l2". The debiased "l2"
+        estimate is unbiased and unclipped: it can be negative when the error is close
+        to 0 (indistinguishable from 0 at this n).
 
     Raises
     ------
@@ -672,7 +677,7 @@ def loo_log_likelihood(probs: object, bandwidths: object, *, backend: str = "aut
     """
     P = check_probs(probs)
     hs = check_bandwidths(bandwidths)
-    be = _backends.resolve_backend(backend)
+    be = _backends.resolve_backend(backend, probs)
     problem = _est.make_problem(P, None, "canonical")
     return np.asarray(_est.loo_log_likelihood(problem, hs, be)[0])
 
@@ -737,7 +742,7 @@ def select_bandwidth(
     if criterion != "loo-mle" and labels is None:
         raise ValueError(f"criterion={criterion!r} needs labels; pass labels or 'loo-mle'")
     y = None if labels is None else check_labels(labels, P.n, P.n_classes)
-    be = _backends.resolve_backend(backend)
+    be = _backends.resolve_backend(backend, probs)
     problem = _est.make_problem(P, y, str(calibration))
     if criterion == "loo-mle":
         hs = DEFAULT_BANDWIDTH_GRID if grid is None else check_bandwidths(grid, "grid")
@@ -766,13 +771,40 @@ def _notion_summary(
     for q in names:
         row[q] = est.value(q)
     if n_resamples > 0:
-        cis = est.confidence_intervals(names, n_resamples=n_resamples, seed=seed)
+        try:
+            cis = est.confidence_intervals(names, n_resamples=n_resamples, seed=seed)
+        except ResamplingError as exc:
+            row["resampling_skipped"] = str(exc)
+            return row
         tests = est.calibration_tests(names, n_resamples=n_resamples, seed=seed)
         for q in names:
             row[f"{q}_ci"] = [cis[q].low, cis[q].high]
             row[f"{q}_null_mean"] = tests[q].null_mean
         row["pvalue"] = tests["ce_l2"].pvalue
+        row["n_resamples"] = n_resamples
     return row
+
+
+def _squared_notes(ce_l2: float, notions: dict[str, dict[str, object]]) -> list[str]:
+    """Return a note on every negative squared L2 estimate (reported unclipped)."""
+    neg = [("ce_l2", ce_l2)] if ce_l2 < 0 else []
+    for name, row in notions.items():
+        v = row.get("ce_l2")
+        if isinstance(v, float) and v < 0:
+            neg.append((f"{name.replace('_', '-')}", v))
+    if not neg:
+        return []
+    which = "; ".join(f"{w} {v:.3g}" for w, v in neg)
+    note = (
+        f"Negative squared L2 calibration error ({which}): the estimate is unbiased and "
+        "reported unclipped, so a negative value means the error is indistinguishable "
+        "from 0 at this n; ece_kde_l2 is its signed square root."
+    )
+    return [note]
+
+
+#: Cross-validation folds of the calibration loss in :func:`evaluate`.
+_CAL_LOSS_FOLDS = 5
 
 
 def _rule(bandwidth: object) -> str:
@@ -843,12 +875,15 @@ def evaluate(
         Notions summarised (estimate and bandwidth); None or () for none.
     resample_notions : sequence of str or None, default ("canonical", "top_label")
         Those of ``notions`` that also get bootstrap intervals and the calibration test
-        (not with ``debias="ratio"``, whose third power sums resampling does not keep).
+        (not with ``debias="ratio"``, whose third power sums resampling does not keep);
+        the notion ``calibration`` always does. A notion whose resampling is undefined
+        (every row of a replicate lost its neighbours: a bandwidth far too small) gets
+        a note instead.
         Class-wise resampling costs K one-vs-rest problems per resample (about 45 s
         for 100 resamples of the bundled K = 10 example on 2 cores), so it is opt-in.
     n_resamples : int, default 100
-        Bootstrap replicates and resampled label sets per notion; 0 skips intervals
-        and tests.
+        Bootstrap replicates and resampled label sets per notion (at most 1,000,000);
+        0 skips intervals and tests.
     seed : int or None, default 0
         Seed of the resampling (the default makes reports reproducible).
     calibration_loss : bool, default True
@@ -863,12 +898,12 @@ def evaluate(
     ------
     TypeError, ValueError
         Invalid input (see :func:`conditional_expectation`), an unknown notion, or
-        ``n_resamples < 0``.
+        ``n_resamples`` outside 0..1,000,000.
     """
-    from ._validation import check_int
+    from ._resample import check_resamples
 
     t0 = time.perf_counter()
-    R = check_int(n_resamples, "n_resamples", 0)
+    R = check_resamples(n_resamples, "n_resamples", 0)
     wanted = tuple(notions or ())
     for name in wanted:
         check_choice(name, "notions", _est.CALIBRATIONS)
@@ -903,16 +938,28 @@ def evaluate(
                 progress=progress,
             )
         )
-        # resampling has no third power sums: debias="ratio" gets estimates only
-        resample = name in resampled and str(debias) != "ratio"
+        # resampling has no third power sums: debias="ratio" gets estimates only; the
+        # notion asked for with `calibration` is always resampled
+        resample = (name in resampled or name == calibration) and str(debias) != "ratio"
         summaries[name] = _notion_summary(e, R if resample else 0, seed)
     from . import binned, scores
 
     cal_loss = None
+    notes: list[str] = []
     if calibration_loss and K >= 2 and np.unique(y).size >= 2:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            cal_loss = float(scores.calibration_loss(P, y, input="probs", relative=False, seed=0))
+        if np.bincount(y).max() < _CAL_LOSS_FOLDS:
+            notes.append(
+                f"calibration_loss skipped: its {_CAL_LOSS_FOLDS}-fold stratified "
+                f"cross-validation needs a class with at least {_CAL_LOSS_FOLDS} rows "
+                f"(class counts {np.bincount(y, minlength=K).tolist()[:20]})."
+            )
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                cal_loss = float(
+                    scores.calibration_loss(P, y, input="probs", relative=False, seed=0)
+                )
+    ce_l2 = _est.calibration_error(est, l2, "direct")
     report = CalibrationReport(
         n=n,
         n_classes=K,
@@ -920,7 +967,7 @@ def evaluate(
         ece_kde_l1=_est.ce_p(est, 1.0),
         ece_kde_l2=_est.ce_p(est, 2.0),
         ce_kl=_est.calibration_error(main._est_kl, kl, "direct"),
-        ce_l2=_est.calibration_error(est, l2, "direct"),
+        ce_l2=ce_l2,
         refinement_kl=_est.refinement(main._est_kl, kl),
         refinement_l2=_est.refinement(est, l2),
         sharpness_kl=_est.sharpness(main._est_kl, kl),
@@ -938,6 +985,13 @@ def evaluate(
         bandwidth_kl=main.bandwidth_kl,
         calibration_loss=cal_loss,
         notions=summaries,
-        notes=_bias_notes(summaries),
+        notes=_bias_notes(summaries)
+        + _squared_notes(ce_l2, summaries)
+        + [
+            f"No intervals or test for {name.replace('_', '-')}: {row['resampling_skipped']}"
+            for name, row in summaries.items()
+            if "resampling_skipped" in row
+        ]
+        + notes,
     )
     return report

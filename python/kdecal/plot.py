@@ -900,7 +900,13 @@ def evaluation_page(
         from .kde import evaluate
 
         report = evaluate(probs, labels, bandwidth=bandwidth, backend=backend, progress=False)
-    canon_h = report.bandwidth if report.calibration == "canonical" else "auto"
+    # the canonical panel at the table's canonical bandwidth (issue 26: they disagreed)
+    notions = getattr(report, "notions", {}) or {}
+    if "canonical" in notions:
+        canon_h: float | str = float(notions["canonical"]["bandwidth"])
+    else:
+        canon_h = report.bandwidth if report.calibration == "canonical" else "auto"
+    table_top_h = notions.get("top_label", {}).get("bandwidth")
     rb = _reliability_arrays(probs, labels, "binned", "top_label", None, 15, "auto", 200, backend)
     rk = _reliability_arrays(
         probs, labels, "kernel", "top_label", None, 15, _PAGE_TOP_LABEL_H, 200, backend
@@ -921,6 +927,11 @@ def evaluation_page(
             (
                 f"top-label, LOO Beta kernel (h = {rk.bandwidth:.3g})\n"
                 f"ECE$^{{KDE}}$ (L1, top-label) = {float(rk.ece):.4f}"
+                + (
+                    ""
+                    if table_top_h is None or float(table_top_h) == rk.bandwidth
+                    else f" at this h (table: h = {float(table_top_h):.3g})"
+                )
             ),
             None,
         ),
@@ -934,13 +945,19 @@ def evaluation_page(
 
     lines = []
     for line in str(report).splitlines():  # long reference lines: wrapped, indented
-        lines.extend(textwrap.wrap(line, 112, subsequent_indent="      ") or [""])
+        width = 130 if len(line) <= 130 else 112  # table rows whole, references wrapped
+        lines.extend(textwrap.wrap(line, width, subsequent_indent="      ") or [""])
+    # a font size at which every line fits the panel (it was clipped at the bottom):
+    # monospace glyphs are about 0.6 em wide, lines 1.2 em apart
+    box = a_tab.get_position()
+    w_pt, h_pt = box.width * 18 * 72, box.height * 12 * 72
+    size = min(9.5, h_pt / (1.2 * len(lines)), w_pt / (0.6 * max(map(len, lines))))
     a_tab.text(
         0.0,
         1.0,
         "\n".join(lines),
         family="monospace",
-        fontsize=9.5,
+        fontsize=size,
         va="top",
         ha="left",
         transform=a_tab.transAxes,

@@ -244,12 +244,14 @@ def bootstrap_ci(
     TypeError
         ``metric`` not callable; non-integer ``n_boot``; non-real ``alpha``.
     ValueError
-        ``n_boot < 1``; ``alpha`` outside (0, 1); ``probs`` and ``labels`` of different
+        ``n_boot`` outside 1..1,000,000; ``alpha`` outside (0, 1); ``probs`` and ``labels`` of different
         lengths or empty; whatever ``metric`` raises.
     """
     if not callable(metric):
         raise TypeError(f"metric must be callable, got {type(metric).__name__}")
-    n_boot = check_int(n_boot, "n_boot", 1)
+    from ._resample import check_resamples
+
+    n_boot = check_resamples(n_boot, "n_boot", 1)
     if isinstance(alpha, (bool, np.bool_)) or not isinstance(alpha, numbers.Real):
         raise TypeError(f"alpha must be a float in (0, 1), got {alpha!r}")
     a = float(alpha)

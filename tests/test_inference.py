@@ -1,0 +1,431 @@
+"""Statistics users can rely on (issue 26): one rule for squared errors, small n, bounded
+resampling, and comparisons at one common bandwidth.
+
+Every number is checked against an independent computation: the squared errors against
+the brute-force reference, bootstrap replicates of a 4-row sample against a float64
+brute force over every possible resample (enumerated exactly), the pooled bandwidth
+against the brute-force leave-one-out risk, and compare's values against separate
+estimator calls.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import tracemalloc
+import warnings
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import _reference as ref
+import kdecal
+from kdecal import _resample, binned, scores
+from kdecal._report import _format_value
+from kdecal._result import ResamplingError, bootstrap_counts
+from kdecal._validation import check_probs
+from kdecal.cli import main
+from kdecal.datasets import make_seeds_synthetic, temperature_scale
+
+
+def _calibrated(n=300, K=3, seed=0):
+    rng = np.random.default_rng(seed)
+    P = rng.dirichlet(np.ones(K), size=n)
+    y = np.array([rng.choice(K, p=row) for row in P])
+    return P, y
+
+
+def _quiet(fn, *args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", kdecal.KdecalWarning)
+        return fn(*args, **kwargs)
+
+
+# ------------------------------------------------------------- one rule for squared errors
+
+
+@pytest.mark.parametrize("calibration", ["canonical", "classwise", "top_label"])
+def test_squared_errors_one_value_everywhere(calibration):
+    """Issue 26: on 300 calibrated rows at h = 0.01 the debiased squared L2 CE is about
+    -0.0043; ``ece_kde(p=2)`` returned 0 with a warning, ``evaluate`` printed ce_l2
+    -0.004295 beside ece_kde_l2 0.000000. Now: the unclipped value everywhere (API,
+    estimate, report, JSON, notion row), its signed root as the L2 ECE^KDE, a note."""
+    P, y = _calibrated()
+    h = 0.01
+    _, problems = ref.ref_notion_estimates(P, y, calibration, h, "ustat")
+    want = ref.ref_notion_ce_pp(problems, calibration, 2)
+    assert want < 0  # the precondition: an unbiased estimate below 0
+    kw = {"bandwidth": h, "calibration": calibration}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "returning 0" warning any more
+        v = kdecal.calibration_error(P, y, divergence="l2", **kw)
+        e2 = kdecal.ece_kde(P, y, p=2, **kw)
+    assert v == pytest.approx(want, rel=1e-9)
+    assert e2 == pytest.approx(-math.sqrt(-want), rel=1e-9)
+    assert -(e2**2) == pytest.approx(v, rel=1e-14)
+    est = kdecal.estimate(P, y, **kw)
+    assert est.value("ce_l2") == v and est.ece(2) == e2
+    rep = _quiet(kdecal.evaluate, P, y, notions=(calibration,), n_resamples=0, **kw)
+    d = json.loads(json.dumps(rep.to_dict()))
+    assert rep.ce_l2 == d["ce_l2"] == d["notions"][calibration]["ce_l2"] == v
+    assert rep.ece_kde_l2 == d["ece_kde_l2"] == e2
+    assert any("indistinguishable from 0" in note for note in rep.notes)
+    assert _format_value(e2) in str(rep) and _format_value(v) in str(rep)
+
+
+# ----------------------------------------------------------------------------- small n
+
+
+def _small_n_calls():
+    yield "evaluate", lambda P, y: kdecal.evaluate(P, y, n_resamples=20)
+    yield "interval", lambda P, y: kdecal.estimate(P, y).confidence_intervals(n_resamples=20)
+    yield "test", lambda P, y: kdecal.calibration_test(P, y, n_resamples=20)
+    yield "compare", lambda P, y: kdecal.compare([P, P[:, ::-1]], y, n_resamples=20)
+    for c in ("canonical", "classwise", "top_label"):
+        yield f"ece_kde {c}", lambda P, y, c=c: kdecal.ece_kde(P, y, calibration=c)
+        yield f"kl {c}", lambda P, y, c=c: kdecal.calibration_error(P, y, calibration=c)
+    yield "loo-mle", lambda P, y: kdecal.ece_kde(P, y, bandwidth="loo-mle")
+    yield "sharpness", lambda P, y: kdecal.sharpness(P, y)
+    yield "binned", lambda P, y: binned.ece(P, y)
+    yield "log_loss", lambda P, y: scores.log_loss(P, y)
+    yield "calibration_loss", lambda P, y: scores.calibration_loss(P, y)
+    yield (
+        "bootstrap_ci",
+        lambda P, y: scores.bootstrap_ci(kdecal.ece_kde, P, y, n_boot=5, bandwidth=0.1),
+    )
+
+
+def test_small_n_works_or_raises_one_clear_error():
+    """n = 3 .. 10, with a class of one row: every call returns finite numbers or raises
+    one ValueError that says what to change (a ZeroDivisionError came out of evaluate
+    at n = 3; "n_folds = 5 ... use fewer folds" out of evaluate, which has no folds)."""
+    rng = np.random.default_rng(0)
+    clear = ("bandwidth", "n_folds", "folds", "samples")
+    for n in range(3, 11):
+        P = rng.dirichlet(np.ones(3), size=n)
+        for y in (np.arange(n) % 3, np.r_[np.zeros(n - 1, dtype=int), 2]):
+            for name, call in _small_n_calls():
+                try:
+                    out = _quiet(call, P, y)
+                except ValueError as exc:
+                    msg = str(exc)
+                    assert "\n" not in msg and any(w in msg for w in clear), (name, n, msg)
+                    assert name not in ("evaluate",), (n, msg)  # evaluate always works
+                    continue
+                if name == "evaluate":
+                    assert np.isfinite(out.ce_l2) and np.isfinite(out.ece_kde_l1)
+                    assert (out.calibration_loss is None) == (np.bincount(y).max() < 5)
+
+
+def test_evaluate_at_n_3_and_a_bandwidth_too_small_to_resample():
+    """n = 3: the estimates, no calibration loss (5 folds need 5 rows of a class), a note
+    for each; h = 1e-5 at n = 6 leaves bootstrap replicates without neighbours: a note
+    instead of intervals, never a crash or a NaN."""
+    P = np.array([[0.7, 0.2, 0.1], [0.1, 0.8, 0.1], [0.2, 0.2, 0.6]])
+    rep = _quiet(kdecal.evaluate, P, [0, 1, 2], n_resamples=20)
+    assert rep.n == 3 and rep.calibration_loss is None
+    assert any("calibration_loss skipped" in note for note in rep.notes)
+    rng = np.random.default_rng(1)
+    P = rng.dirichlet(np.ones(3), size=6)
+    y = np.array([0, 0, 0, 0, 0, 2])
+    rep = _quiet(kdecal.evaluate, P, y, bandwidth=1e-5, n_resamples=20, notions=("canonical",))
+    row = rep.notions["canonical"]
+    assert "resampling_skipped" in row and "ece_kde_l1_ci" not in row
+    assert any("larger bandwidth" in note for note in rep.notes)
+    est = _quiet(kdecal.estimate, P, y, bandwidth=1e-5)
+    with pytest.raises(ResamplingError, match="pass a larger bandwidth"):
+        est.confidence_interval(n_resamples=20, seed=0)
+
+
+def _brute_replicate(points, labels, counts, h):
+    """Plain ratio E and U-statistic squares of one bootstrap sample (multiplicities
+    ``counts``, the copies of a query left out with it), from the materialised float64
+    kernel; rows with one effective neighbour keep E^2 as the library does."""
+    D = points.shape[1]
+    W = ref.ref_loo_weights(points, h)  # (query, centre), W[j, j] = 0
+    Y = ref.ref_one_hot(labels, D)
+    S = (W * counts[None, :]) @ Y
+    Q = (W**2 * counts[None, :] ** 2) @ Y  # the copies of a centre: one U-statistic point
+    S0, Q0 = S.sum(1, keepdims=True), Q.sum(1, keepdims=True)
+    E = S / S0
+    den = S0 * S0 - Q0
+    ok = den > ref.DEGENERATE_RTOL * S0 * S0
+    sq = np.where(ok, (S * S - Q) / np.where(ok, den, 1.0), E * E)
+    w = counts / counts.sum()
+    l1 = np.sum(w * np.sum(np.abs(E - points), axis=1))
+    l2 = np.sum(w * np.sum(sq - 2 * E * points + points * points, axis=1))
+    return l1, l2
+
+
+def test_small_n_bootstrap_enumerated_exactly():
+    """n = 4: every bootstrap sample (the 4^4 index tuples, as 35 multiplicity vectors)
+    is evaluated by the library's chunked machinery and by brute force; the samples of a
+    single repeated row (the estimator is undefined there) are never drawn, and the
+    drawn samples follow the multinomial law conditioned on two distinct rows."""
+    P = np.array([[0.6, 0.3, 0.1], [0.2, 0.5, 0.3], [0.1, 0.1, 0.8], [0.4, 0.4, 0.2]])
+    y = np.array([0, 1, 2, 1])
+    h = 0.5
+    est = kdecal.estimate(P, y, bandwidth=h)
+    pts = check_probs(P).p
+    prob: Counter[tuple[int, ...]] = Counter()
+    for idx in itertools.product(range(4), repeat=4):
+        prob[tuple(np.bincount(idx, minlength=4))] += 1
+    comps = [c for c in prob if np.count_nonzero(c) >= 2]
+    assert len(prob) == 35 and len(comps) == 31
+    counts = np.array(comps)
+    dist = {q: np.empty(len(comps)) for q in ("ece_kde_l1", "ce_l2")}
+    est._bootstrap_chunk(list(dist), counts, dist, 0)
+    exact = {}
+    for r, c in enumerate(comps):
+        l1, l2 = _brute_replicate(pts, y, counts[r].astype(float), h)
+        assert dist["ece_kde_l1"][r] == pytest.approx(l1, rel=1e-10)
+        assert dist["ce_l2"][r] == pytest.approx(l2, rel=1e-10, abs=1e-15)
+        exact[c] = l1
+    R = 3000
+    drawn = bootstrap_counts(4, R, np.random.default_rng(3))
+    assert np.all(np.count_nonzero(drawn, axis=1) >= 2)
+    freq = Counter(tuple(c) for c in drawn)
+    total = sum(prob[c] for c in comps)  # 256 - 4
+    for c in comps:
+        p = prob[c] / total
+        assert abs(freq[c] / R - p) < 5 * math.sqrt(p * (1 - p) / R) + 1e-12, c
+    # the library's bootstrap distribution is the enumerated one on the drawn samples
+    ci = est.confidence_interval("ece_kde_l1", n_resamples=R, seed=3)
+    want = np.array([exact[tuple(c)] for c in drawn])
+    np.testing.assert_allclose(ci.bootstrap_distribution, want, rtol=1e-10)
+
+
+# ------------------------------------------------------------------- resampling limits
+
+
+def test_resampling_memory_is_chunked(monkeypatch):
+    """The row multiplicities and resampled labels are drawn a chunk at a time: memory
+    O(n + chunk x n), not the R x n arrays built in full about three times (4.8 GB for
+    n = 100,000 and 2,000 resamples). With a small chunk budget the peak of numpy's
+    traced allocations stays far below one R x n array, and the numbers do not change."""
+    P, y = _calibrated(n=2000, K=3, seed=4)
+    est = kdecal.estimate(P, y, bandwidth=0.2)
+    R = 300
+    full = R * 2000 * 8  # one (R, n) int64 array: 4.8 MB
+    want = est.confidence_intervals(["ce_l2"], n_resamples=R, seed=1)["ce_l2"]
+    null = est.calibration_tests(["ce_l2"], n_resamples=R, seed=1)["ce_l2"]
+    monkeypatch.setattr(_resample, "DRAW_CHUNK_BYTES", 2e5)
+    monkeypatch.setattr(_resample, "_CHUNK_BYTES", 2e5)
+    tracemalloc.start()
+    try:
+        got = est.confidence_intervals(["ce_l2"], n_resamples=R, seed=1)["ce_l2"]
+        _, peak_ci = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        got_null = est.calibration_tests(["ce_l2"], n_resamples=R, seed=1)["ce_l2"]
+        _, peak_test = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak_ci < full / 4 and peak_test < full / 4, (peak_ci, peak_test, full)
+    np.testing.assert_array_equal(got.bootstrap_distribution, want.bootstrap_distribution)
+    np.testing.assert_array_equal(got_null.null_distribution, null.null_distribution)
+
+
+def test_absurd_resample_counts_are_refused_before_allocating():
+    """n_resamples = 10**12 grew memory at ~230 MB/s; now every entry point refuses it
+    at once, naming the argument and the limit."""
+    P, y = _calibrated(n=50)
+    est = kdecal.estimate(P, y, bandwidth=0.2)
+    big = 10**12
+    pattern = r"n_resamples = 1000000000000 is more than 1,000,000 resamples"
+    for call in (
+        lambda: est.confidence_interval(n_resamples=big),
+        lambda: est.calibration_test(n_resamples=big),
+        lambda: kdecal.evaluate(P, y, bandwidth=0.2, n_resamples=big),
+        lambda: kdecal.compare([P, P], y, bandwidth=0.2, n_resamples=big),
+    ):
+        with pytest.raises(ValueError, match=pattern):
+            call()
+    with pytest.raises(ValueError, match=r"n_boot = 1000000000000 is more than"):
+        scores.bootstrap_ci(scores.log_loss, P, y, n_boot=big)
+
+
+# --------------------------------------------------------------- compare: one bandwidth
+
+
+def _brute_brier_risk(P, y, hs):
+    pts = check_probs(P).p
+    Y = ref.ref_one_hot(y, P.shape[1])
+    out = []
+    for h in hs:
+        W = ref.ref_loo_weights(pts, h)
+        E = W @ Y / W.sum(axis=1, keepdims=True)
+        out.append(np.mean(np.sum((Y - E) ** 2, axis=1)))
+    return np.array(out)
+
+
+def test_compare_uses_one_bandwidth_and_flags_a_reversal():
+    """Issue 26: compare gave each model its own bandwidth, and the L1 error rises
+    steeply with h, so the verdict reversed with --bandwidth. Here model a's own
+    bandwidth makes a - b = -0.05 and model b's makes it +0.02 (the reversal). compare
+    now evaluates both at the one candidate with the smallest pooled brute-force LOO
+    Brier risk, prints it, reports the difference at every candidate and at h/2, 2h, and
+    flags the verdict as sensitive; "auto" gives exactly the comparison at that h."""
+    s = make_seeds_synthetic(400, 3, t1=0.6, t2=0.6, seed=1)
+    P, y = np.array(s.probs), np.array(s.labels)
+    Q = temperature_scale(P, 0.5)
+    ha, hb = (_quiet(kdecal.select_bandwidth, X, y) for X in (P, Q))
+
+    def diff(h):
+        return kdecal.ece_kde(P, y, bandwidth=h) - kdecal.ece_kde(Q, y, bandwidth=h)
+
+    assert ha != hb and diff(ha) * diff(hb) < 0  # the precondition: a reversal
+    res = _quiet(kdecal.compare, {"a": P, "b": Q}, y, quantities=("ece_kde_l1",), n_resamples=30)
+    cands = np.array(sorted({ha, hb}))
+    risk = _brute_brier_risk(P, y, cands) + _brute_brier_risk(Q, y, cands)
+    h = float(cands[np.argmin(risk)])
+    assert res.bandwidth == h
+    assert [res.estimates[k]["bandwidth"] for k in "ab"] == [h, h]
+    assert [res.estimates[k]["own_bandwidth"] for k in "ab"] == [ha, hb]
+    assert res.estimates["a"]["ece_kde_l1"]["value"] == pytest.approx(
+        kdecal.ece_kde(P, y, bandwidth=h), rel=1e-12
+    )
+    (d,) = res.differences
+    assert d["difference"] == pytest.approx(diff(h), rel=1e-12)
+    assert sorted(d["by_bandwidth"]) == sorted({ha, hb, h / 2, 2 * h})
+    for g, v in d["by_bandwidth"].items():
+        assert v == pytest.approx(diff(g), rel=1e-10, abs=1e-14)
+    assert d["sensitive"]
+    text = str(res)
+    assert f"every model at bandwidth h = {h:.4g}" in text and "sensitive to the bandwidth" in text
+    assert json.loads(json.dumps(res.to_dict(), allow_nan=False))["bandwidth"] == h
+    fixed = kdecal.compare(
+        {"a": P, "b": Q}, y, quantities=("ece_kde_l1",), n_resamples=30, bandwidth=h
+    )
+    (f,) = fixed.differences
+    for key in ("difference", "low", "high", "pvalue", "significant", "sensitive"):
+        assert f[key] == d[key], key
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def _cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_small_smaller_items(tmp_path, capsys, monkeypatch):
+    """--plot x (matplotlib wrote x.png), --seed -1, a p-value at the resampling floor
+    (printed 0.009901, now "< 0.0099"), class-wise intervals with --calibration
+    classwise (were "n/a"), and an internal error: one line, never a traceback."""
+    rng = np.random.default_rng(7)
+    P = rng.dirichlet(np.full(3, 0.3), size=400)
+    y = rng.integers(0, 3, size=400)  # labels independent of sharp predictions: p at the floor
+    f = tmp_path / "m.npz"
+    np.savez(f, probs=P, labels=y)
+    code, out, err = _cli(capsys, "evaluate", str(f), "--plot", str(tmp_path / "x"))
+    assert code == 2 and "--plot" in err and "has no file extension" in err
+    assert not (tmp_path / "x.png").exists()
+    code, _, err = _cli(capsys, "evaluate", str(f), "--seed", "-1")
+    assert code == 2 and "--seed" in err and "non-negative" in err
+    argv = ["evaluate", str(f), "--quiet", "--bandwidth", "0.1", "--calibration", "classwise"]
+    code, out, err = _cli(capsys, *argv)
+    assert code == 0, err
+    rows = {line.split()[0]: line for line in out.splitlines() if line[:10].strip()}
+    assert rows["classwise"].rstrip().endswith("< 0.0099") and "[" in rows["classwise"]
+    code, out, _ = _cli(capsys, *argv, "--json")
+    row = json.loads(out)["notions"]["classwise"]
+    assert row["pvalue"] == pytest.approx(1 / 101) and row["n_resamples"] == 100
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("float division by zero")
+
+    monkeypatch.setattr(kdecal, "evaluate", broken)
+    code, out, err = _cli(capsys, "evaluate", str(f), "--quiet")
+    assert code == 1 and out == "" and len(err.strip().splitlines()) == 1
+    assert "internal error (ZeroDivisionError: float division by zero)" in err
+
+
+def test_cli_file_messages_name_the_file(tmp_path, capsys):
+    """Random bytes in a .npz ("pickled data"), uint64 labels (shown wrapped to
+    -9223372036854775808), a 3-row file (a 40-line traceback)."""
+    rng = np.random.default_rng(0)
+    bad = tmp_path / "rand.npz"
+    bad.write_bytes(rng.bytes(300))
+    code, _, err = _cli(capsys, "evaluate", str(bad))
+    assert code == 2 and "rand.npz: is not a .npz file (not a zip archive" in err
+    P, y = _calibrated(n=20, K=3)
+    u = tmp_path / "u64.npz"
+    np.savez(u, probs=P, labels=np.where(np.arange(20) == 3, 2**64 - 1, y).astype(np.uint64))
+    code, _, err = _cli(capsys, "evaluate", str(u))
+    assert code == 2 and "u64.npz" in err and "18446744073709551615" in err
+    small = tmp_path / "three.npz"
+    np.savez(small, probs=P[:3], labels=np.array([0, 1, 2]))
+    code, out, err = _cli(capsys, "evaluate", str(small), "--quiet", "--json")
+    assert code == 0 and "Traceback" not in err
+    assert json.loads(out)["n"] == 3
+
+
+def test_array_containers_read_as_their_values():
+    """pandas nullable Float64 frames (refused as dtype object), np.matrix (a matrix.sum
+    TypeError), masked arrays (the mask silently dropped): read, or refused by name."""
+    pd = pytest.importorskip("pandas")
+    P, y = _calibrated(n=60)
+    want = kdecal.ece_kde(P, y, bandwidth=0.1)
+    frame = pd.DataFrame(P).astype("Float64")
+    assert kdecal.ece_kde(frame, pd.Series(y, dtype="Int64"), bandwidth=0.1) == want
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PendingDeprecationWarning)  # np.matrix itself
+        matrix = np.matrix(P)
+    assert kdecal.ece_kde(matrix, y, bandwidth=0.1) == want
+    holed = frame.copy()
+    holed.iloc[4, 1] = pd.NA
+    with pytest.raises(
+        ValueError, match=r"probs contains a non-finite value nan at index \(4, 1\)"
+    ):
+        kdecal.ece_kde(holed, y, bandwidth=0.1)
+    with pytest.raises(
+        ValueError, match=r"labels contains a non-finite value nan at index \(2,\)"
+    ):
+        kdecal.ece_kde(P, pd.Series(y, dtype="Int64").mask(np.arange(60) == 2), bandwidth=0.1)
+    with pytest.raises(ValueError, match=r"masked array with a masked entry at index \(0, 0\)"):
+        kdecal.ece_kde(np.ma.masked_array(P, mask=np.eye(60, 3, dtype=bool)), y, bandwidth=0.1)
+
+
+def test_evaluation_page_panels_use_the_table_bandwidths():
+    """The page's canonical panel used another bandwidth than its table (0.0657 against
+    0.0910); the top-label panel (drawn at 0.02) now names the table's bandwidth; the
+    table's font fits every line in its panel (it was clipped)."""
+    pytest.importorskip("matplotlib")
+    from kdecal.plot import evaluation_page
+
+    s = make_seeds_synthetic(600, 4, seed=0)
+    rep = _quiet(kdecal.evaluate, s.probs, s.labels, calibration="top_label", n_resamples=10)
+    fig = evaluation_page(s.probs, s.labels, report=rep)
+    titles = [a.get_title() for a in fig.axes[:3]]
+    h_can = rep.notions["canonical"]["bandwidth"]
+    h_top = rep.notions["top_label"]["bandwidth"]
+    assert f"canonical Dirichlet KDE, h = {h_can:.3g}" in titles[2]
+    assert h_top != 0.02 and f"(table: h = {h_top:.3g})" in titles[1]
+    (text,) = fig.axes[-1].texts
+    n_lines = len(text.get_text().splitlines())
+    box = fig.axes[-1].get_position()
+    assert 1.2 * n_lines * text.get_fontsize() <= box.height * 12 * 72 + 1e-9
+
+
+def test_calibrators_and_scores_refuse_careless_probabilities():
+    """input="auto" of the calibrators and the scoring rules goes through the same rule:
+    a stray 1.0000001 or an extra fold column is refused, naming the row or column."""
+    from kdecal.recalibration import TemperatureScaling
+
+    P, y = _calibrated(n=200, K=4, seed=8)
+    Z = P.copy()
+    Z[3] = [1.0000001, 0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match=r"row 3, column 0 holds 1\.0000001"):
+        TemperatureScaling().fit(Z, y)
+    with pytest.raises(ValueError, match=r"row 3, column 0 holds 1\.0000001"):
+        scores.calibration_loss(Z, y, input="auto")
+    F = np.column_stack([P, np.arange(200) % 5])
+    with pytest.raises(ValueError, match=r"column 4 holds only integers"):
+        TemperatureScaling(input="auto").fit(F, y)
+    # with input="probs" the stray entry is clipped (with a warning) and the fit runs
+    ts = _quiet(TemperatureScaling(input="probs").fit, Z, y)
+    assert np.isfinite(ts.temperature_)
