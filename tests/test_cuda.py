@@ -293,7 +293,10 @@ def test_backend_names():
     assert "cuda" in kdecal.available_backends()
     assert _backends.resolve_backend("cuda") == "cuda"
     dev = cu.kernel_bias(np.full((3, 2), 0.5), np.array([1.0]), device_out=True)
-    assert _backends.is_device_array(dev) or SIM
+    assert _backends.is_device_array(dev)
+    assert not _backends.is_device_array(np.zeros(3))
+    # "auto" follows the data: CUDA arrays to the GPU engine, host arrays to the CPU
+    assert _backends.resolve_backend("auto", np.zeros(3), dev) == "cuda"
     assert _backends.resolve_backend("auto", np.zeros(3)) in ("cpp", "numba")
 
 
@@ -361,3 +364,18 @@ def test_larger_problems_on_the_device(dtype):
         for t, tol in enumerate(tols):
             assert np.max(np.abs(E[t] - Er[t])) < tol, (n, K, hs[t])
             np.testing.assert_allclose(out[0][t], ref[0][t], rtol=max(tol, 1e-6) / 10)
+
+
+@pytest.mark.skipif(SIM, reason="CUDA tensors need a device")
+def test_cuda_tensors_go_to_the_gpu_engine(monkeypatch):
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    rng = np.random.default_rng(9)
+    P = rng.dirichlet(np.ones(4), size=300)
+    y = rng.integers(0, 4, 300)
+    calls = []
+    real = cu.loo_reduce
+    monkeypatch.setattr(cu, "loo_reduce", lambda *a, **k: calls.append(1) or real(*a, **k))
+    got = kdecal.ece_kde(torch.tensor(P, device="cuda"), y, bandwidth=0.1)
+    assert calls, "backend='auto' did not pick the GPU engine for a CUDA tensor"
+    assert got == pytest.approx(kdecal.ece_kde(P, y, bandwidth=0.1, backend="cpp"), rel=1e-10)

@@ -22,7 +22,8 @@ Compare two models' calibration on the same labels (paired bootstrap)::
 
 Exit status: 0 on success; 2 on a usage error, a problem with the input or an
 output that cannot be written (a closed or full standard output), reported as one line
-``kdecal: error: ...`` on stderr; 130 when interrupted; 141 (quietly, like other Unix
+``kdecal: error: ...`` on stderr; 1, also as one line, for an internal error (a defect
+of kdecal; never a traceback); 130 when interrupted; 141 (quietly, like other Unix
 tools) when the reader of a pipe goes away (``kdecal evaluate | head``).
 """
 
@@ -31,9 +32,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import math
 import os
+import signal
 import sys
+import threading
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import TextIO
@@ -124,16 +128,18 @@ def _add_input_and_kernel_args(p: argparse.ArgumentParser) -> None:
         default="auto",
         metavar="auto|loo-mle|FLOAT",
         help="Dirichlet kernel bandwidth; 'auto': minimise the leave-one-out risk of the "
-        "kernel regression of the labels (Brier; log for the KL quantities), per model; "
-        "'loo-mle': the papers' leave-one-out likelihood of the predictions' density "
-        "(default: auto)",
+        "kernel regression of the labels (Brier; log for the KL quantities); "
+        "'loo-mle': the papers' leave-one-out likelihood of the predictions' density; "
+        "compare evaluates every model at one bandwidth, the models' own choice with the "
+        "best pooled criterion (default: auto)",
     )
     p.add_argument(
         "--backend",
-        choices=("auto", "cpp", "numba", "dask"),
+        choices=("auto", "cpp", "numba", "cuda", "dask"),
         default="auto",
-        help="computation engine; 'dask' runs the kernel passes on a Dask cluster, see "
-        "--scheduler (default: auto)",
+        help="computation engine; 'cuda' runs the kernel passes on an NVIDIA GPU "
+        "(pip install 'kdecal[cuda]'); 'dask' on a Dask cluster, see --scheduler "
+        "(default: auto)",
     )
     p.add_argument(
         "--scheduler",
@@ -199,7 +205,9 @@ def _build_parser() -> argparse.ArgumentParser:
         help="bootstrap replicates and resampled label sets for the intervals and the "
         "calibration test of each notion; 0 skips them (default: 100)",
     )
-    ev.add_argument("--seed", type=int, default=0, help="seed of the resampling (default: 0)")
+    ev.add_argument(
+        "--seed", type=_nonneg_int, default=0, help="seed of the resampling (default: 0)"
+    )
     ev.add_argument("--json", action="store_true", help="print the report as JSON")
     ev.add_argument(
         "--plot",
@@ -228,16 +236,19 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="paired bootstrap samples (default: 200)",
     )
-    cp.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default: 0)")
+    cp.add_argument(
+        "--seed", type=_nonneg_int, default=0, help="seed of the bootstrap (default: 0)"
+    )
     cp.add_argument("--json", action="store_true", help="print the comparison as JSON")
     return parser
 
 
-def _to_probs(scores: np.ndarray, is_logits: bool) -> np.ndarray:
+def _to_probs(scores: np.ndarray, is_logits: bool, path: object) -> np.ndarray:
     """Turn scores into probabilities: softmax (sigmoid for one binary column) for logits.
 
-    Probabilities are validated here, once; rows that do not quite sum to 1 (rounded
-    files) are renormalised, with a warning that says by how much.
+    Probabilities are validated here, once; entries just outside [0, 1] are clipped and
+    rows that do not quite sum to 1 (rounded files) are renormalised, each with a
+    warning that says by how much. Errors name the file.
     """
     if is_logits:
         if scores.ndim == 1:
@@ -249,7 +260,12 @@ def _to_probs(scores: np.ndarray, is_logits: bool) -> np.ndarray:
         return kdecal.softmax(scores, axis=-1)
     from ._validation import ROW_SUM_ATOL, check_probs
 
-    check_probs(scores, "the scores", min_n=1)  # raises, or warns when renormalising
+    try:  # raises, or warns when clipping or renormalising
+        check_probs(scores, "the scores", min_n=1)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {_one_line(exc)}") from None
+    if np.any((scores < 0) | (scores > 1)):
+        scores = np.clip(scores, 0, 1)
     if scores.ndim == 2:
         sums = scores.sum(axis=1, dtype=np.float64, keepdims=True)
         if np.any(np.abs(sums - 1.0) > ROW_SUM_ATOL):
@@ -285,7 +301,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         scores, labels, is_logits, description = load_predictions(
             path, split=args.split, logits=args.logits
         )
-        probs = _to_probs(scores, is_logits)
+        probs = _to_probs(scores, is_logits, path)
         import kdecal
 
         report = kdecal.evaluate(
@@ -317,7 +333,7 @@ def _run_compare(args: argparse.Namespace) -> int:
             warnings.simplefilter("default")
             warnings.showwarning = _show_warning
             scores, y, is_logits, _ = load_predictions(path, split=args.split, logits=args.logits)
-            probs = _to_probs(scores, is_logits)
+            probs = _to_probs(scores, is_logits, path)
         if labels is None:
             labels = y
         elif y.shape != labels.shape or not np.array_equal(y, labels):
@@ -379,10 +395,20 @@ def _check_plot_target(path: str) -> None:
 
     ext = os.path.splitext(path)[1][1:].lower()
     supported = Figure().canvas.get_supported_filetypes()
-    if ext and ext not in supported:
+    if not ext:
+        # matplotlib would write another file than the one named (x -> x.png)
+        raise ValueError(
+            f"--plot: {path!r} has no file extension; name the format, e.g. {path}.png "
+            f"(supported: {', '.join(sorted(supported))})"
+        )
+    if ext not in supported:
         raise ValueError(
             f"--plot: unsupported file type {ext!r} (supported: {', '.join(sorted(supported))})"
         )
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise ValueError(f"--plot: {path!r} exists and is not a regular file")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"--plot: folder {folder!r} is not writable")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -397,7 +423,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     -------
     int
         Exit status: 0 on success; 2 for a usage error, bad input or an output that
-        cannot be written (one line ``kdecal: error: <message>`` on stderr); 130 if
+        cannot be written (one line ``kdecal: error: <message>`` on stderr); 1 for an
+        internal error (one line ``kdecal: error: internal error ...``); 130 if
         interrupted; 141, silently, when standard output is a pipe whose reader has
         gone (``kdecal evaluate | head``), as for other Unix tools. The console
         script ``kdecal`` calls ``sys.exit(main())``.
@@ -443,6 +470,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # InputFileError is a ValueError; OSError covers names the system refuses
         # (too long, permissions) before a file is even opened.
         return _error(_one_line(exc))
+    except Exception as exc:  # noqa: BLE001 - a defect of kdecal: one line, no traceback
+        _error(
+            f"internal error ({type(exc).__name__}: {_one_line(exc)}); please report it "
+            "with the command that caused it"
+        )
+        return 1
 
 
 @contextlib.contextmanager
@@ -464,12 +497,38 @@ def _dask_client(args: argparse.Namespace) -> Iterator[None]:
             yield
         return
     with contextlib.ExitStack() as stack:
-        cluster = stack.enter_context(
-            LocalCluster(threads_per_worker=1, processes=True, dashboard_address=None)
-        )
+        # The worker processes ignore Ctrl-C (SIG_IGN is inherited by the processes they
+        # spawn): only this process is interrupted, and it shuts the cluster down, instead
+        # of every worker printing its own traceback (67-116 lines, issue 26).
+        main_thread = threading.current_thread() is threading.main_thread()
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
+        try:
+            cluster = stack.enter_context(
+                LocalCluster(
+                    threads_per_worker=1,
+                    processes=True,
+                    dashboard_address=None,
+                    silence_logs=logging.ERROR,  # no warnings about cancelled tasks
+                )
+            )
+        finally:
+            if old is not None:
+                signal.signal(signal.SIGINT, old)
         client = stack.enter_context(Client(cluster))
         stack.enter_context(client.as_current())
-        yield
+        # an interrupt cancels the client's pending gathers, which asyncio would log one
+        # by one ("Task exception was never retrieved"): the line "interrupted" instead
+        aio = logging.getLogger("asyncio")
+        level = aio.level
+        aio.setLevel(logging.CRITICAL + 1)
+        try:
+            yield
+        except KeyboardInterrupt:
+            for name in ("distributed", "tornado"):
+                logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+            raise
+        finally:
+            aio.setLevel(level)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -269,8 +269,8 @@ def conditional_expectation(
     labels : torch.Tensor or array-like, shape (n,), int
         True classes in ``0..K-1`` (constants).
     bandwidth : float or "auto"
-        Kernel bandwidth h > 0; "auto" selects it on the detached batch with
-        :func:`kdecal.select_bandwidth` (not differentiated).
+        Kernel bandwidth h > 0; "auto" selects it on the detached batch as
+        :func:`kdecal.select_bandwidth` does with labels (not differentiated).
 
     Returns
     -------
@@ -319,9 +319,10 @@ def ece_kde_loss(
     p : float, default 1
         Order of the L_p norm, ``p >= 1``.
     bandwidth : float or "auto"
-        Kernel bandwidth h > 0 (required). "auto" selects it on the detached batch by the
-        leave-one-out likelihood (:func:`kdecal.select_bandwidth`, 55 engine passes per
-        call), as a constant.
+        Kernel bandwidth h > 0 (required). "auto" selects it on the detached batch as
+        :func:`kdecal.select_bandwidth` does with labels (the leave-one-out Brier risk of
+        the kernel regression of the labels), as a constant; "loo-mle" is the papers'
+        leave-one-out likelihood of the predictions' density.
     calibration : {"canonical", "classwise", "top_label"}, default "canonical"
         Notion of calibration, as in :func:`kdecal.ece_kde`: the full vector (Dirichlet
         kernel), the K one-vs-rest problems ``(f_c, 1[y = c])`` averaged over classes, or
