@@ -346,8 +346,8 @@ def test_larger_problems_on_the_device(dtype):
     """Against the compiled core in float64 on the same (for float32: rounded) inputs.
 
     float64: 1e-10. float32 (the fast mode): its K-dot errs by about
-    u32 * scale * sum_k |log q_jk| |p_ik - p_jk| per log-weight, 1e-5 of E at h >= 0.01 and
-    5e-5 at h = 1e-3 (measured 1.8e-5 at n = 3,000, K = 10).
+    u32 * scale * sum_k |log q_jk| |p_ik - p_jk| per log-weight, 1e-5 of E at h >= 0.01; at
+    h = 1e-3 it grows with K (measured 1.8e-5 at K = 10, 2.0e-4 at K = 100).
     """
     if core is None:
         pytest.skip("compiled core not available (the CPU reference)")
@@ -360,7 +360,8 @@ def test_larger_problems_on_the_device(dtype):
         ref = core.loo_reduce(l64, p64, y, K, 1.0 / hs, bias, 3, 0, n, 0, pairs=True)
         E = out[1] / out[1].sum(-1, keepdims=True)
         Er = ref[1] / ref[1].sum(-1, keepdims=True)
-        tols = [1e-10] * 3 if dtype == np.float64 else [5e-5, 1e-5, 1e-5]
+        # fast mode at h = 1e-3: measured 1.8e-5 (K = 10) and 2.0e-4 (K = 100)
+        tols = [1e-10] * 3 if dtype == np.float64 else [5e-5 if K == 10 else 3e-4, 1e-5, 1e-5]
         for t, tol in enumerate(tols):
             assert np.max(np.abs(E[t] - Er[t])) < tol, (n, K, hs[t])
             np.testing.assert_allclose(out[0][t], ref[0][t], rtol=max(tol, 1e-6) / 10)
