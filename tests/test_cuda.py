@@ -147,6 +147,23 @@ def test_kernel_variants_equal_the_brute_force(monkeypatch, qb, rows, dtype):
         _close(a, b, tol, f"{name} qb={qb} rows={rows}", np.maximum(fl, 1e-300))
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+def test_launches_with_a_short_last_one_and_centre_splits(monkeypatch, splits):
+    # several launches (the last one short), and the centres of each row split over
+    # blocks whose partial maxima and sums are merged
+    monkeypatch.setattr(cu, "LAUNCH_PAIRS", 11.0 * 30 * 2)  # 11 rows per launch -> 8
+    monkeypatch.setattr(cu, "CENTRE_SPLITS", splits)
+    P, y = _points(30, 3, seed=5, ties=True)
+    hs = np.array([0.07, 0.6])
+    logq, p, bias = _inputs(P, hs)
+    out = cu.loo_reduce(logq, p, y, 3, 1.0 / hs, bias, 3, 2, 29, pairs=True)
+    ref = _brute(logq, p, y, 3, 1.0 / hs, bias, 2, 29)
+    S = ref[1]
+    floors = (1e-300, 1e-300, 1e-80 * S**2, 1e-80 * S**3, 1e-80 * S**2)
+    for name, a, b, fl in zip("mSQTD", out, ref, floors):
+        _close(a, b, 1e-11, f"{name} splits={splits}", np.maximum(fl, 1e-300))
+
+
 def test_batched_problems_and_powers():
     P, y = _points(21, 2, seed=3)
     # two problems of one batch (as class-wise calibration makes them)

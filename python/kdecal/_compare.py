@@ -185,7 +185,7 @@ def compare(
         Paired bootstrap samples (2 to 1,000,000).
     level : float, default 0.95
     seed : int or None, default 0
-    backend : {"auto", "cpp", "numba"}, default "auto"
+    backend : {"auto", "cpp", "numba", "cuda"}, default "auto"
 
     Returns
     -------

@@ -105,6 +105,14 @@ FORWARD_TILE = TILE
 #: Compile the fast mode's forward kernel with fast math (the approximate ``exp``).
 FAST_MATH = False
 
+#: Blocks that share each query row's centres (None: enough to fill the card's resident
+#: threads when the query rows of a launch do not, at most 8): a launch of few rows then
+#: keeps every SM busy, and :data:`_merge` combines the partial sums.
+CENTRE_SPLITS: int | None = None
+
+#: Most bytes of partial sums a split launch may hold (5 float64 per row, class, split).
+SPLIT_MEMORY = 2**28
+
 #: Kernel evaluations (query rows x centres x bandwidths) per launch: a launch of this
 #: many takes about 0.1-0.5 s on a current GPU, so that Ctrl-C is seen within a second.
 LAUNCH_PAIRS = 2e11
@@ -225,12 +233,29 @@ def _bias_kernel(p, scale, out):  # pragma: no cover - runs on the device
         out[t, r] = acc
 
 
-def _forward_kernel(K: int, fast: bool, powers: int, pairs: bool) -> tuple[Any, int]:
+def _forward_kernel(
+    K: int, fast: bool, powers: int, pairs: bool, split: bool = False
+) -> tuple[Any, int]:
     """Return the forward kernel for K coordinates, and its query rows per thread."""
     qb = int(QUERIES_PER_THREAD)
     fm = bool(FAST_MATH) and fast
-    kern = _forward_kernel_qb(K, fast, powers, pairs, qb, bool(CENTRE_ROWS), FORWARD_TILE, fm)
+    tb = FORWARD_TILE
+    kern = _forward_kernel_qb(K, fast, powers, pairs, qb, bool(CENTRE_ROWS), tb, fm, split)
     return kern, qb
+
+
+def _centre_splits(threads: int, part_bytes: float) -> int:
+    """How many blocks share each query row's centres (:data:`CENTRE_SPLITS`)."""
+    if CENTRE_SPLITS is not None:
+        return int(CENTRE_SPLITS)
+    if SIMULATOR:  # no device to fill
+        return 1
+    sms = int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
+    if threads <= 0:
+        return 1
+    ns = -(-sms * 2048 // threads)  # fill the card's resident threads
+    ns = min(ns, 8, int(SPLIT_MEMORY // max(part_bytes, 1.0)))
+    return max(1, ns)
 
 
 @functools.cache
@@ -243,6 +268,7 @@ def _forward_kernel_qb(
     rows: bool = False,
     TB: int = TILE,
     fastmath: bool = False,
+    split: bool = False,
 ) -> Any:
     """Compile the forward kernel for K coordinates and QB query rows per thread.
 
@@ -257,6 +283,10 @@ def _forward_kernel_qb(
     (rarely: about log n_c times per class in random order).  The class sums are written
     relative to their class maximum (kept in ``mc``); :data:`_rescale` puts them
     relative to the row maximum afterwards.
+
+    ``split``: block ``z`` of ``gridDim.z`` takes its share of each class's centres and
+    writes its partial maximum, sums and ties to ``part`` (NS, 5, B, R, C); :data:`_merge`
+    combines them.  This fills the card when there are too few query rows for it.
 
     Fast mode: the K-dot is taken of the differences from the query's own point,
     ``G'_ij = sum_k log q_jk (p_ik - p_jk)`` in float32, and
@@ -276,7 +306,7 @@ def _forward_kernel_qb(
         return math.exp(x)
 
     @cuda.jit(fastmath=fastmath)
-    def kern(logq, pq, cj, pT, bs, seg, pos, scale, t, row0, row1, mc, m_out, S, Q, T, D):
+    def kern(logq, pq, cj, pT, bs, seg, pos, scale, t, row0, row1, mc, m_out, S, Q, T, D, part):
         # logq, pq (B, n, K) and cj (B, n) in query order; pT (B, K, n) and bs (B, H, n)
         # in class order; seg (B, C + 1); pos (B, n); launch row r is query row0 + r:
         # mc (B, R, C) and the outputs (B, H, R[, C]) are this launch's rows.
@@ -312,9 +342,15 @@ def _forward_kernel_qb(
                 for k in range(K):
                     lq[q, k] = 0
                     pv[q, k] = 0
+        sp = cuda.blockIdx.z
+        nsp = cuda.gridDim.z
         for c in range(C):
             lo = seg[b, c]
             hi = seg[b, c + 1]
+            if split:  # this block's share of the class's centres
+                span = hi - lo
+                hi = lo + (span * (sp + 1)) // nsp
+                lo = lo + (span * sp) // nsp
             for q in range(QB):
                 Mc[q] = -_INF
                 x1[q] = 0.0
@@ -375,7 +411,14 @@ def _forward_kernel_qb(
                 cuda.syncthreads()
             for q in range(QB):
                 j = first + q * TB + tid
-                if j < row1:
+                if split and j < row1:
+                    r = j - row0
+                    part[sp, 0, b, r, c] = Mc[q]
+                    part[sp, 1, b, r, c] = x1[q]
+                    part[sp, 2, b, r, c] = x2[q]
+                    part[sp, 3, b, r, c] = x3[q]
+                    part[sp, 4, b, r, c] = ties[q]
+                elif j < row1:
                     r = j - row0
                     mc[b, r, c] = Mc[q]
                     mrow[q] = max(mrow[q], Mc[q])
@@ -390,10 +433,54 @@ def _forward_kernel_qb(
                         D[b, t, r, c] = (2.0 * e1 - e2) + e1 * e1
         for q in range(QB):
             j = first + q * TB + tid
-            if j < row1:
+            if j < row1 and not split:
                 m_out[b, t, j - row0] = mrow[q]
 
     return kern
+
+
+@cuda.jit
+def _merge(part, t, mc, m, S, Q, T, D, powers, pairs):  # pragma: no cover - on the device
+    # combine the partial class maxima, sums and ties of the centre splits; write the class
+    # sums relative to their class maximum (mc) and the row maximum m, as the kernel does
+    r, b = cuda.grid(2)
+    if b < mc.shape[0] and r < mc.shape[1]:
+        ns = part.shape[0]
+        mrow = -_INF
+        for c in range(mc.shape[2]):
+            M = -_INF
+            for s in range(ns):
+                M = max(M, part[s, 0, b, r, c])
+            x1 = 0.0
+            x2 = 0.0
+            x3 = 0.0
+            ties = 0.0
+            if M > -_INF:
+                for s in range(ns):
+                    ms = part[s, 0, b, r, c]
+                    if ms == M:  # its ties are at the class maximum
+                        x1 += part[s, 1, b, r, c]
+                        x2 += part[s, 2, b, r, c]
+                        x3 += part[s, 3, b, r, c]
+                        ties += part[s, 4, b, r, c]
+                    elif ms > -_INF:  # all its terms are below the maximum
+                        f = math.exp(ms - M)
+                        tt = part[s, 4, b, r, c]
+                        x1 += (part[s, 1, b, r, c] + tt) * f
+                        x2 += (part[s, 2, b, r, c] + tt) * (f * f)
+                        x3 += (part[s, 3, b, r, c] + tt) * (f * f * f)
+            mc[b, r, c] = M
+            mrow = max(mrow, M)
+            S[b, t, r, c] = x1 + ties
+            if powers >= 2:
+                Q[b, t, r, c] = x2 + ties
+            if powers >= 3:
+                T[b, t, r, c] = x3 + ties
+            if pairs:
+                e1 = x1 + (ties - 1.0)
+                e2 = x2 + (ties - 1.0)
+                D[b, t, r, c] = (2.0 * e1 - e2) + e1 * e1
+        m[b, t, r] = mrow
 
 
 @cuda.jit
@@ -755,7 +842,14 @@ def loo_reduce(
         kern, QB = _forward_kernel(K, fast, int(powers), bool(pairs))
         TB = FORWARD_TILE
         step = _launch_rows(n, H * Bn, TB * QB)
-        mc = cuda.device_array((Bn, min(step, R), C), dtype=np.float64)
+        rows = min(step, R)
+        mc = cuda.device_array((Bn, rows, C), dtype=np.float64)
+        ns = _centre_splits(-(-rows // QB) * Bn, 40.0 * Bn * rows * C)
+        if ns > 1:
+            kern, QB = _forward_kernel(K, fast, int(powers), bool(pairs), split=True)
+            part = cuda.device_array((ns, 5, Bn, rows, C), dtype=np.float64)
+        else:
+            part = cuda.device_array((1, 1, 1, 1, 1), dtype=np.float64)
         for a in range(r0, r1, step):
             b_ = min(a + step, r1)
             # each launch writes its rows' slice of the outputs (offset a - r0)
@@ -767,11 +861,34 @@ def loo_reduce(
             Dv = D[:, :, sl, :] if pairs else D
             blocks = ((b_ - a + TB * QB - 1) // (TB * QB), Bn)
             rblocks = ((b_ - a + TILE - 1) // TILE, Bn)
+            mcv = mc[:, : b_ - a, :]  # this launch's rows only (the last may be short)
             for t in range(H):
-                kern[blocks, (TB, 1)](
-                    dlogq, dp, cj, pT, bs, seg, pos, dscale, t, a, b_, mc, mv, Sv, Qv, Tv, Dv
+                kern[(*blocks, ns), (TB, 1, 1)](
+                    dlogq,
+                    dp,
+                    cj,
+                    pT,
+                    bs,
+                    seg,
+                    pos,
+                    dscale,
+                    t,
+                    a,
+                    b_,
+                    mcv,
+                    mv,
+                    Sv,
+                    Qv,
+                    Tv,
+                    Dv,
+                    part,
                 )
-                _rescale[rblocks, (TILE, 1)](mc, t, mv, Sv, Qv, Tv, Dv, int(powers), bool(pairs))
+                if ns > 1:
+                    pv = part[:, :, :, : b_ - a, :]
+                    _merge[rblocks, (TILE, 1)](
+                        pv, t, mcv, mv, Sv, Qv, Tv, Dv, int(powers), bool(pairs)
+                    )
+                _rescale[rblocks, (TILE, 1)](mcv, t, mv, Sv, Qv, Tv, Dv, int(powers), bool(pairs))
             cuda.synchronize()
             if progress is not None:
                 progress((b_ - r0) * Bn)

@@ -175,7 +175,7 @@ class CalibrationReport:
         bin ``= clip(ceil(conf * 15) - 1, 0, 14)`` (Guo et al. 2017), a fraction.
         Given for comparison only; it is a biased, inconsistent estimator.
     backend : str
-        Engine that computed the kernel sums (``"cpp"`` or ``"numba"``).
+        Engine that computed the kernel sums (``"cpp"``, ``"numba"``, ``"cuda"`` or ``"dask"``).
     wall_time_s : float
         Wall-clock time of the whole evaluation, in seconds.
     source : str or None

@@ -1004,7 +1004,7 @@ def reliability_diagram(
         likelihood (:func:`kdecal.select_bandwidth`).
     n_grid : int, default 200
         Grid points of the Beta-kernel curve and density (top-label / class-wise kernel).
-    backend : {"auto", "cpp", "numba"}, default "auto"
+    backend : {"auto", "cpp", "numba", "cuda"}, default "auto"
 
     Returns
     -------
@@ -1108,7 +1108,7 @@ def simplex_density(
         m; default: Doane's rule, as :func:`kdecal.binned.simplex_ece`.
     resolution : int, default 150
         Grid divisions per side (``(r + 1)(r + 2) / 2`` points).
-    backend : {"auto", "cpp", "numba"}, default "auto"
+    backend : {"auto", "cpp", "numba", "cuda"}, default "auto"
 
     Returns
     -------

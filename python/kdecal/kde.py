@@ -307,7 +307,7 @@ def estimate(
         risk for the L1 / L2 / custom-Bregman quantities and the log risk for the KL
         ones (the criterion that matches the quantity; both searches share their engine
         passes, and a second pass runs only when the two bandwidths differ).
-    backend : {"auto", "cpp", "numba", "dask"}, default "auto"
+    backend : {"auto", "cpp", "numba", "cuda", "dask"}, default "auto"
         See :func:`conditional_expectation`.
     progress : bool or None, default None
         Progress bar (``distributed.progress`` with "dask"); None shows one only for
@@ -382,7 +382,7 @@ def calibration_test(
     {notion_params}
     seed : int or numpy Generator, optional
         Seed of the resampling.
-    backend : {"auto", "cpp", "numba", "dask"}, default "auto"
+    backend : {"auto", "cpp", "numba", "cuda", "dask"}, default "auto"
 
     Returns
     -------
@@ -458,8 +458,10 @@ def conditional_expectation(
     bandwidth : float or "auto"
         Kernel bandwidth h > 0 (dimensionless, on the simplex); "auto" uses
         :func:`select_bandwidth`.
-    backend : {"auto", "cpp", "numba", "dask"}, default "auto"
-        Engine backend: "auto" is the compiled core ("cpp"), else "numba"; "dask" runs
+    backend : {"auto", "cpp", "numba", "cuda", "dask"}, default "auto"
+        Engine backend: "auto" is the GPU engine ("cuda") for CUDA arrays, else the
+        compiled core ("cpp"), else "numba"; "cuda" runs the kernel sums on an NVIDIA GPU
+        (``pip install "kdecal[cuda]"``, README "The GPU engine"); "dask" runs
         the compiled core on the workers of the current ``dask.distributed`` client, in
         blocks of query rows, with the same numbers as "cpp" (every function with a
         ``backend`` argument accepts it; probabilities may then be a row-chunked
@@ -510,7 +512,7 @@ def ece_kde(
     bandwidth : float, "auto" or "loo-mle", default "auto"
         {bandwidth_doc}
     {notion_params}
-    backend : {"auto", "cpp", "numba", "dask"}, default "auto"
+    backend : {"auto", "cpp", "numba", "cuda", "dask"}, default "auto"
 
     Returns
     -------
@@ -567,7 +569,7 @@ def calibration_error(
         {bandwidth_doc}
     estimator : {"direct", "refinement"}, default "direct"
     {notion_params}
-    backend : {"auto", "cpp", "numba", "dask"}, default "auto"
+    backend : {"auto", "cpp", "numba", "cuda", "dask"}, default "auto"
 
     Returns
     -------
@@ -663,7 +665,7 @@ def loo_log_likelihood(probs: object, bandwidths: object, *, backend: str = "aut
         Predicted probabilities or binary P(y = 1).
     bandwidths : array-like, shape (H,), float
         Bandwidths h > 0.
-    backend : {"auto", "cpp", "numba", "dask"}, default "auto"
+    backend : {"auto", "cpp", "numba", "cuda", "dask"}, default "auto"
 
     Returns
     -------
@@ -720,7 +722,7 @@ def select_bandwidth(
         all n, which ends at a local minimum of the exact risk on all rows (see
         ``kdecal._estimators.search_bandwidths``); for "loo-mle",
         :data:`DEFAULT_BANDWIDTH_GRID` (55 values) exhaustively.
-    backend : {"auto", "cpp", "numba", "dask"}, default "auto"
+    backend : {"auto", "cpp", "numba", "cuda", "dask"}, default "auto"
     progress : bool or None, default None
         Progress bar; None shows one only for long work.
 
@@ -866,7 +868,7 @@ def evaluate(
     bandwidth : float, "auto" or "loo-mle", default "auto"
         {bandwidth_doc}
     {notion_params}
-    backend : {"auto", "cpp", "numba", "dask"}, default "auto"
+    backend : {"auto", "cpp", "numba", "cuda", "dask"}, default "auto"
     progress : bool or None, default None
         Progress bar with ETA; None shows one only for long work.
     source : str, optional

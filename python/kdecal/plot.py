@@ -308,7 +308,7 @@ def reliability_diagram(
     n_grid : int, default 200
         Grid points for the Beta-kernel density beneath a kernel diagram (and
         ``grid_curve``).
-    backend : {"auto", "cpp", "numba"}, default "auto"
+    backend : {"auto", "cpp", "numba", "cuda"}, default "auto"
         Engine of the leave-one-out estimates.
     title : str, optional
         Axes title; default: the estimator, bandwidth and its L1 error.
@@ -599,7 +599,7 @@ def simplex_density(
         Grid divisions per side for the KDE (``(r + 1)(r + 2) / 2`` points).
     class_names : sequence of 3 str, optional
         Vertex labels; default "class 0", "class 1", "class 2".
-    backend : {"auto", "cpp", "numba"}, default "auto"
+    backend : {"auto", "cpp", "numba", "cuda"}, default "auto"
     max_points : int, default 3000
         At most this many predictions are scattered (a fixed subsample; all are used for
         the estimates).
@@ -879,7 +879,7 @@ def evaluation_page(
         None). Its bandwidth is reused for the canonical view when it is canonical.
     bandwidth : float or "auto", default "auto"
         Bandwidth of :func:`kdecal.evaluate` when ``report`` is None.
-    backend : {"auto", "cpp", "numba"}, default "auto"
+    backend : {"auto", "cpp", "numba", "cuda"}, default "auto"
     title : str, optional
         Page title; default: the report's source, n and K.
 
