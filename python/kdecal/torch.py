@@ -139,17 +139,22 @@ def _cuda_forward(ctx: Any, points: torch.Tensor, labels: np.ndarray, h: float) 
     """Run the forward pass of :class:`_LooExpectation` on the tensor's CUDA device.
 
     The same inputs as on the CPU (``log f`` and ``f`` in the kernel dtype, the float64
-    bias ``-sum_k lgamma(f_k / h + 1)``), made with torch operations on the device; the
-    engine's outputs are wrapped without a copy.
+    bias ``-sum_k lgamma(f_k / h + 1)``), made on the device; the engine's outputs are
+    wrapped without a copy.
     """
     kdt = torch.float32 if points.dtype == torch.float32 else torch.float64
     p64 = points.detach().to(torch.float64).contiguous()
     logq = torch.log(p64).to(kdt).contiguous()
     pk = p64.to(kdt).contiguous()
     scale = 1.0 / h
-    bias = -torch.lgamma(p64 * scale + 1.0).sum(dim=-1)  # (B, n)
-    m, S = _backends._load_cuda().loo_reduce(
-        logq, pk, labels, p64.shape[-1], np.array([scale]), bias[:, None, :], device_out=True
+    cu = _backends._load_cuda()
+    B, n, D = p64.shape
+    # the engine's own bias kernel, -sum_k lgamma(f_k / h + 1), on the device: (B, n)
+    bias = _from_device(
+        cu.kernel_bias(p64.reshape(B * n, D), np.array([scale]), device_out=True), points.device
+    ).reshape(B, n)
+    m, S = cu.loo_reduce(
+        logq, pk, labels, D, np.array([scale]), bias[:, None, :], device_out=True
     )[:2]
     m = _from_device(m, points.device)[:, 0]
     S = _from_device(S, points.device)[:, 0]
