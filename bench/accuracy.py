@@ -8,9 +8,11 @@ Part 1 (``accuracy``): for K in {2, 4, 10}, n in {1000, 5000, 20000} and (t1, t2
 {(0.6, 0.6), (1.0, 0.6), (0.6, 1.5)} plus the calibrated (0.6, 1.0), (1.0, 1.0): the
 mean over ``reps`` samples of
 
-- the DEFAULT call (``kdecal.estimate(probs, labels)``: bandwidth "auto" = leave-one-out
-  Brier risk of the regression, debias "ustat"), and
-- the previous default (``bandwidth="loo-mle", debias="none"``),
+- the DEFAULT call (``kdecal.estimate(probs, labels)``: the residual-centred estimator,
+  bandwidth "auto" = leave-one-out Brier risk of the regression for L1, half of it for
+  squared L2 and KL, debias "ustat"), and
+- the previous default (``estimator="plugin"``: the plug-in ratio at the Brier
+  bandwidth, the log-risk one for KL, debias "ustat"),
 
 for canonical L1 ECE^KDE, KL CE and squared L2 CE, and top-label / class-wise L1, KL and
 squared L2. Prints the relative error (estimate / truth - 1) per cell, or, for the
@@ -96,9 +98,9 @@ def accuracy(reps, Ks, ns):
                 for r in range(r_eff):
                     s = datasets.make_seeds_synthetic(n, K, t1=t1, t2=t2, seed=100 * r + K)
                     new.append(estimates(s.probs, s.labels))
-                    old.append(estimates(s.probs, s.labels, bandwidth="loo-mle", debias="none"))
+                    old.append(estimates(s.probs, s.labels, estimator="plugin"))
                 row = {"K": K, "n": n, "t1": t1, "t2": t2, "reps": r_eff, "truth": tr}
-                for tag, vals in (("default", new), ("loo-mle", old)):
+                for tag, vals in (("default", new), ("previous", old)):
                     row[tag] = {k: float(np.mean([v[k] for v in vals])) for k in vals[0]}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
@@ -108,14 +110,12 @@ def accuracy(reps, Ks, ns):
 
 def print_tables(rows):
     print()
-    print(
-        "| K | n | (t1, t2) | quantity | truth | default | previous default (LOO-MLE, no debias) |"
-    )
+    print("| K | n | (t1, t2) | quantity | truth | default | previous default (plug-in) |")
     print("|---|---|---|---|---|---|---|")
     for row in rows:
         for name in QUANT:
             tr = row["truth"][name]
-            a, b = row["default"][name], row["loo-mle"][name]
+            a, b = row["default"][name], row[_old(row)][name]
             if tr == 0.0:
                 ca, cb = f"{a:.4f}", f"{b:.4f}"
             else:
@@ -201,6 +201,11 @@ def corrections(reps, Ks, ns):
                 )
 
 
+def _old(row):
+    """Key of the comparison column (older output files: the LOO-MLE plug-in)."""
+    return "previous" if "previous" in row else "loo-mle"
+
+
 def summarize(paths):
     """Compact tables from the JSON lines printed by ``accuracy``.
 
@@ -214,10 +219,14 @@ def summarize(paths):
             rows += [json.loads(line) for line in fh if line.startswith("{")]
     Ks = sorted({r["K"] for r in rows})
     ns = sorted({r["n"] for r in rows})
-    target = {"canonical L1": 50, "canonical KL": 50}
+    target = {
+        "canonical L1": 30,
+        "canonical sq L2": 30,
+        "canonical KL": "30 (K <= 4), 100 (K = 10)",
+    }
     print(
         "Relative error (estimate / truth - 1), range over (t1, t2) = (0.6, 0.6), "
-        "(1.0, 0.6), (0.6, 1.5); default | previous default (LOO-MLE, no debias):"
+        "(1.0, 0.6), (0.6, 1.5); default | previous default:"
     )
     print()
     head = " | ".join(f"K = {K}, n = {n}" for K in Ks for n in ns)
@@ -233,7 +242,7 @@ def summarize(paths):
                     cells.append("")
                     continue
                 e_new = [100 * (r["default"][q] / r["truth"][q] - 1) for r in sel]
-                e_old = [100 * (r["loo-mle"][q] / r["truth"][q] - 1) for r in sel]
+                e_old = [100 * (r[_old(r)][q] / r["truth"][q] - 1) for r in sel]
                 for r, a, b in zip(sel, e_new, e_old):
                     if abs(a) > abs(b) + 1:
                         worse.append(
@@ -261,7 +270,7 @@ def summarize(paths):
                     cells.append("")
                     continue
                 a = np.mean([r["default"][q] for r in sel])
-                b = np.mean([r["loo-mle"][q] for r in sel])
+                b = np.mean([r[_old(r)][q] for r in sel])
                 cells.append(f"{a:.4f} \\| {b:.4f}")
         print(f"| {q} | " + " | ".join(cells) + " |")
     print()

@@ -61,7 +61,7 @@ RETURNS = {
     # (m, S, Q, T), and D with pairs=True
     "loo_reduce": f"tuple[{F64}, ...]",
     "loo_grad": f"tuple[{F64}, {F64}, {F64}, {F64}]",
-    "loo_reduce_multi": f"tuple[{F64}, {F64}]",
+    "loo_reduce_multi": f"tuple[{F64}, ...]",
 }
 
 HEADER = (

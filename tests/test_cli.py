@@ -189,7 +189,9 @@ def test_default_bandwidth_is_auto(tmp_path, capsys):
     assert main(["evaluate", str(f), "--json", "--quiet", *NO_RESAMPLING]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["bandwidth"] == pytest.approx(kdecal.select_bandwidth(probs, labels))
-    assert d["bandwidth_rule"] == "brier (KL: log)"
+    assert d["bandwidth_rule"] == "brier (L2, KL: brier / 2)"
+    assert d["estimator"] == "residual"
+    assert d["bandwidth_l2"] == d["bandwidth_kl"] == pytest.approx(d["bandwidth"] / 2)
     assert d["debias"] == "ustat"
     assert d["n"] == N
 

@@ -50,6 +50,7 @@ def test_bin_means_against_loop():
 
 
 # --------------------------------------------------------------------------- curves
+@pytest.mark.usefixtures("plugin_estimator")
 def test_curves_equal_plot_arrays_and_kernel_estimates():
     P, y = _data()
     rd = curves.reliability_diagram(P, y, kind="kernel", calibration="classwise", bandwidth=H)

@@ -19,6 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+# the papers' plug-in estimators against the plug-in brute force of _reference.py
+pytestmark = pytest.mark.usefixtures("plugin_estimator")
+
 pytest.importorskip("dask", reason='backend="dask" needs dask: pip install "kdecal[dask]"')
 distributed = pytest.importorskip(
     "distributed", reason='backend="dask" needs dask.distributed: pip install "kdecal[dask]"'

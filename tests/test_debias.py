@@ -44,6 +44,9 @@ from test_notions import (
     get_data,
 )
 
+# the papers' plug-in estimators against the plug-in brute force of _reference.py
+pytestmark = pytest.mark.usefixtures("plugin_estimator")
+
 MODES = ["ustat", "ratio"]
 MODE_NUMBER = {"ustat": 1, "ratio": 2}
 EPS = np.finfo(np.float64).eps

@@ -23,6 +23,9 @@ from _helpers import (
 )
 from conftest import make_synthetic
 
+# the papers' plug-in estimators against the plug-in brute force of _reference.py
+pytestmark = pytest.mark.usefixtures("plugin_estimator")
+
 H = 0.1
 
 

@@ -46,6 +46,7 @@ def _quiet(fn, *args, **kwargs):
 # ------------------------------------------------------------- one rule for squared errors
 
 
+@pytest.mark.usefixtures("plugin_estimator")
 @pytest.mark.parametrize("calibration", ["canonical", "classwise", "top_label"])
 def test_squared_errors_one_value_everywhere(calibration):
     """Issue 26: on 300 calibrated rows at h = 0.01 the debiased squared L2 CE is about
@@ -159,6 +160,7 @@ def _brute_replicate(points, labels, counts, h):
     return l1, l2
 
 
+@pytest.mark.usefixtures("plugin_estimator")
 def test_small_n_bootstrap_enumerated_exactly():
     """n = 4: every bootstrap sample (the 4^4 index tuples, as 35 multiplicity vectors)
     is evaluated by the library's chunked machinery and by brute force; the samples of a
@@ -260,6 +262,7 @@ def _brute_brier_risk(P, y, hs):
     return np.array(out)
 
 
+@pytest.mark.usefixtures("plugin_estimator")
 def test_compare_uses_one_bandwidth_and_flags_a_reversal():
     """Issue 26: compare gave each model its own bandwidth, and the L1 error rises
     steeply with h, so the verdict reversed with --bandwidth. Here model a's own

@@ -37,6 +37,9 @@ from _helpers import SCALAR_ATOL, assert_scalar, auto_bandwidth, bw_id
 from conftest import SYNTHETIC, SYNTHETIC_NAMES
 from conftest import dataset_or_skip as _get
 
+# the papers' plug-in estimators against the plug-in brute force of _reference.py
+pytestmark = pytest.mark.usefixtures("plugin_estimator")
+
 RTOL = 1e-9
 BANDWIDTHS = [0.05, 0.5, "loo-mle"]
 BW_IDS = [bw_id(b) for b in BANDWIDTHS]

@@ -30,6 +30,9 @@ from kdecal import _estimators as est
 from kdecal._io import bundled_example_path
 from kdecal._validation import check_labels, check_probs
 
+# the papers' plug-in estimators against the plug-in brute force of _reference.py
+pytestmark = pytest.mark.usefixtures("plugin_estimator")
+
 TARGET = 1e-12  # relative, the issue's bound for order and backend changes
 NOTIONS = ("canonical", "classwise", "top_label")
 

@@ -61,6 +61,7 @@ def test_reliability_binned_matches_binned_statistics():
     )
 
 
+@pytest.mark.usefixtures("plugin_estimator")
 def test_reliability_kernel_top_label_is_conditional_expectation():
     """The curve is the LOO E of the binary top-label problem, sorted by confidence."""
     P, y = _data()
@@ -78,6 +79,7 @@ def test_reliability_kernel_top_label_is_conditional_expectation():
     assert auto.ece == pytest.approx(kdecal.ece_kde(P, y, p=1, calibration="top_label"))
 
 
+@pytest.mark.usefixtures("plugin_estimator")
 def test_reliability_kernel_classwise_and_canonical():
     P, y = _data()
     one = kp.reliability_diagram(
@@ -200,6 +202,7 @@ def test_sharpness_binary_and_subsampling():
 
 
 # -------------------------------------------------------------------- simplex density
+@pytest.mark.usefixtures("plugin_estimator")
 def test_simplex_density_cells_and_kde():
     s = kdecal.datasets.make_seeds_synthetic(400, 3, seed=1)
     sd = kp.simplex_density(s.probs, s.labels, bandwidth=0.05, resolution=40, draw=False)

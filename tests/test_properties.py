@@ -11,6 +11,9 @@ import warnings
 import numpy as np
 import pytest
 
+# the papers' plug-in estimators against the plug-in brute force of _reference.py
+pytestmark = pytest.mark.usefixtures("plugin_estimator")
+
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

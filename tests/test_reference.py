@@ -34,6 +34,9 @@ from _helpers import (
 from conftest import dataset_or_skip as _get
 from conftest import load_real_file, real_file
 
+# the papers' plug-in estimators against the plug-in brute force of _reference.py
+pytestmark = pytest.mark.usefixtures("plugin_estimator")
+
 # "loo-mle" is kdecal's LOO-likelihood rule = the reference's ref_select_bandwidth
 # (resolve_bw); kdecal calls pass debias="none", the reference's plain plug-in.
 BANDWIDTHS = [1e-3, 0.05, 0.5, "loo-mle"]

@@ -24,6 +24,9 @@ if _backends._core is None:  # pragma: no cover - the losses need the compiled c
 
 import kdecal.torch as kt
 
+# kdecal.torch's losses are the plug-in estimators; compared with the NumPy API's
+pytestmark = pytest.mark.usefixtures("plugin_estimator")
+
 NOTIONS = ("canonical", "top_label", "classwise")
 LOSSES = (
     ("ece", 1),
@@ -406,6 +409,7 @@ _MEMORY_SCRIPT = r"""
 import json, resource, sys
 import numpy as np, torch
 import kdecal.torch as kt
+
 rng = np.random.default_rng(0)
 def step(n):
     x = torch.tensor(rng.dirichlet(np.ones(10), size=n), requires_grad=True)

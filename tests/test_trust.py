@@ -23,6 +23,9 @@ from kdecal._result import bootstrap_counts
 from kdecal._validation import check_probs
 from kdecal.datasets import make_seeds_synthetic
 
+# the plug-in's bandwidth rules and resampling against the plug-in brute force
+pytestmark = pytest.mark.usefixtures("plugin_estimator")
+
 BACKENDS = [b for b in ("cpp", "numba") if b in kdecal.available_backends()]
 
 

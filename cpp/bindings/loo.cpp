@@ -2,7 +2,9 @@
 // kdecal._validation (exact dtype, C-contiguous); noconvert() forbids hidden copies.
 #include "pybind11.hpp"
 
+#include <cmath>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -20,7 +22,8 @@ py::tuple loo_reduce_py(const carray<Real>& logq, const carray<Real>& p,
                         const carray<std::int64_t>& labels, std::int64_t n_classes,
                         const carray<double>& scale, const carray<double>& bias, int powers,
                         std::int64_t row_start, std::int64_t row_stop, int n_threads,
-                        const py::object& progress, bool pairs) {
+                        const py::object& progress, bool pairs,
+                        const std::optional<carray<double>>& resid) {
     // A 2-D problem (n, K) or a batch of B independent problems (B, n, K) sharing n, K,
     // the bandwidths and C (e.g. the K one-vs-rest problems of class-wise calibration).
     const bool batched = p.ndim() == 3;
@@ -48,6 +51,27 @@ py::tuple loo_reduce_py(const carray<Real>& logq, const carray<Real>& p,
         throw std::invalid_argument("pairs=True needs powers >= 2, got powers = " +
                                     std::to_string(powers));
     if (n_classes < 1) throw std::invalid_argument("n_classes must be >= 1");
+    if (resid) {
+        if (resid->ndim() != (batched ? 2 : 1) || (batched && resid->shape(0) != B) ||
+            resid->shape(resid->ndim() - 1) != n) {
+            std::string got = "(";
+            for (py::ssize_t d = 0; d < resid->ndim(); ++d)
+                got += (d ? ", " : "") + std::to_string(resid->shape(d));
+            got += resid->ndim() == 1 ? ",)" : ")";
+            throw std::invalid_argument(
+                (batched ? "resid must have shape (B, n) = (" + std::to_string(B) + ", " +
+                               std::to_string(n) + ")"
+                         : "resid must have shape (n,) = (" + std::to_string(n) + ",)") +
+                ", got " + got);
+        }
+        const double* pu = resid->data();
+        for (std::int64_t i = 0; i < B * n; ++i)
+            if (!std::isfinite(pu[i]))
+                throw std::invalid_argument(
+                    "resid must be finite; resid[" +
+                    (batched ? std::to_string(i / n) + ", " : std::string()) +
+                    std::to_string(i % n) + "] = " + std::to_string(pu[i]));
+    }
 
     const std::int64_t R = row_stop - row_start;
     auto shape = [&](std::vector<py::ssize_t> dims) {
@@ -61,6 +85,9 @@ py::tuple loo_reduce_py(const carray<Real>& logq, const carray<Real>& p,
     py::array_t<double> Q(powers >= 2 ? shape({Hs, Rs, Cs}) : std::vector<py::ssize_t>{0, 0, 0});
     py::array_t<double> T(powers >= 3 ? shape({Hs, Rs, Cs}) : std::vector<py::ssize_t>{0, 0, 0});
     py::array_t<double> D(pairs ? shape({Hs, Rs, Cs}) : std::vector<py::ssize_t>{0, 0, 0});
+    const auto Ks = static_cast<py::ssize_t>(K);
+    py::array_t<double> A(resid ? shape({Hs, Rs, Ks}) : std::vector<py::ssize_t>{0, 0, 0});
+    py::array_t<double> U(resid ? shape({Hs, Rs}) : std::vector<py::ssize_t>{0, 0});
 
     const std::int64_t in_stride = n * K, out_m = H * R, out_s = H * R * n_classes;
     double* pm = m.mutable_data();
@@ -68,6 +95,9 @@ py::tuple loo_reduce_py(const carray<Real>& logq, const carray<Real>& p,
     double* pQ = powers >= 2 ? Q.mutable_data() : nullptr;
     double* pT = powers >= 3 ? T.mutable_data() : nullptr;
     double* pD = pairs ? D.mutable_data() : nullptr;
+    double* pA = resid ? A.mutable_data() : nullptr;
+    double* pU = resid ? U.mutable_data() : nullptr;
+    const double* pu = resid ? resid->data() : nullptr;
     const Real* plq = logq.data();
     const Real* pp = p.data();
     const std::int64_t* pl = labels.data();
@@ -88,19 +118,26 @@ py::tuple loo_reduce_py(const carray<Real>& logq, const carray<Real>& p,
             prob.powers = powers;
             prob.row_start = row_start;
             prob.row_stop = row_stop;
+            prob.u = pu ? pu + b * n : nullptr;
             kdecal::LooResult out;
             out.m = pm + b * out_m;
             out.S = pS + b * out_s;
             out.Q = pQ ? pQ + b * out_s : nullptr;
             out.T = pT ? pT + b * out_s : nullptr;
             out.D = pD ? pD + b * out_s : nullptr;
+            out.A = pA ? pA + b * out_m * K : nullptr;
+            out.U = pU ? pU + b * out_m : nullptr;
             if (!kdecal::loo_reduce(prob, out, n_threads, control)) return;  // cancelled
         }
     };
-    // work: kernel evaluations (pairs x bandwidths) plus the K-dots
-    kdecal_bind::run_watched(work, progress,
-                             static_cast<double>(B) * static_cast<double>(R) *
-                                 static_cast<double>(n) * static_cast<double>(H + K));
+    // work: kernel evaluations (pairs x bandwidths) plus the K-dots (and the residual
+    // sums' K-vectors)
+    kdecal_bind::run_watched(
+        work, progress,
+        static_cast<double>(B) * static_cast<double>(R) * static_cast<double>(n) *
+            static_cast<double>(H + K + (resid ? H * K : 0)));
+    if (pairs && resid) return py::make_tuple(m, S, Q, T, D, A, U);
+    if (resid) return py::make_tuple(m, S, Q, T, A, U);
     if (pairs) return py::make_tuple(m, S, Q, T, D);
     return py::make_tuple(m, S, Q, T);
 }
@@ -133,6 +170,12 @@ pairs=True (needs powers >= 2) appends D of the shape of S: D[t, j, c] = S^2 - Q
 sum over ordered pairs of distinct centres of class c of their weight products,
 accumulated without cancellation (full relative precision when one neighbour dominates;
 S, Q, T are the same either way).
+resid (None, or float64 u of shape (n,), or (B, n) for a batch; finite) appends the
+residual sums A and U after D (or after T without pairs): over ALL centres, whatever
+their label, A[t, j, k] = sum_{i != j} exp(L_ij - m[t, j]) * p[i, k] (shape (H, R, K))
+and U[t, j] = sum_{i != j} exp(2 (L_ij - m[t, j])) * u[i] (shape (H, R)), with the
+same dropping of negligible terms as S; m, S, Q, T, D are bit for bit the same with or
+without resid.
 Arrays must already have the exact dtype (float64 or float32 for logq and p, int64
 labels, float64 scale and bias) and be C-contiguous. Releases the GIL.
 progress: None or a callable, called from the calling thread (about every 50 ms, and
@@ -144,12 +187,14 @@ computation within about one block of rows per thread and propagates.
           py::arg("p").noconvert(), py::arg("labels").noconvert(), py::arg("n_classes"),
           py::arg("scale").noconvert(), py::arg("bias").noconvert(), py::arg("powers") = 1,
           py::arg("row_start") = 0, py::arg("row_stop") = 0, py::arg("n_threads") = 0,
-          py::arg("progress") = py::none(), py::arg("pairs") = false, doc);
+          py::arg("progress") = py::none(), py::arg("pairs") = false,
+          py::arg("resid").noconvert() = py::none(), doc);
     m.def("loo_reduce", &loo_reduce_py<float>, py::arg("logq").noconvert(),
           py::arg("p").noconvert(), py::arg("labels").noconvert(), py::arg("n_classes"),
           py::arg("scale").noconvert(), py::arg("bias").noconvert(), py::arg("powers") = 1,
           py::arg("row_start") = 0, py::arg("row_stop") = 0, py::arg("n_threads") = 0,
-          py::arg("progress") = py::none(), py::arg("pairs") = false, doc);
+          py::arg("progress") = py::none(), py::arg("pairs") = false,
+          py::arg("resid").noconvert() = py::none(), doc);
     m.def("kernel_bias", &kernel_bias_py, py::arg("p").noconvert(), py::arg("scale"),
           py::arg("n_threads") = 0, R"doc(
 Per-centre kernel bias of one bandwidth: -sum_k lgamma(p[i, k] * scale + 1), shape (rows,).

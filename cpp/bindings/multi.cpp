@@ -32,7 +32,8 @@ py::tuple loo_reduce_multi_py(const carray<Real>& logq, const carray<Real>& p,
                               std::int64_t n_classes, double scale, const carray<double>& bias,
                               const std::optional<carray<double>>& weights, int powers,
                               std::int64_t row_start, std::int64_t row_stop, int n_threads,
-                              const py::object& progress) {
+                              const py::object& progress,
+                              const std::optional<carray<double>>& resid) {
     if (p.ndim() != 2) throw std::invalid_argument("p must have shape (n, K), got " + shape_str(p));
     const std::int64_t n = p.shape(0), K = p.shape(1);
     if (logq.ndim() != 2 || logq.shape(0) != n || logq.shape(1) != K)
@@ -52,6 +53,10 @@ py::tuple loo_reduce_multi_py(const carray<Real>& logq, const carray<Real>& p,
         throw std::invalid_argument("weights must have the shape of labels (" +
                                     std::to_string(B) + ", " + std::to_string(n) + "), got " +
                                     shape_str(*weights));
+    if (resid && (resid->ndim() != 2 || resid->shape(0) != B || resid->shape(1) != n))
+        throw std::invalid_argument("resid must have the shape of labels (" +
+                                    std::to_string(B) + ", " + std::to_string(n) + "), got " +
+                                    shape_str(*resid));
     if (n_classes < 1)
         throw std::invalid_argument("n_classes must be >= 1, got " + std::to_string(n_classes));
     if (powers != 1 && powers != 2)
@@ -68,6 +73,8 @@ py::tuple loo_reduce_multi_py(const carray<Real>& logq, const carray<Real>& p,
     py::array_t<double> S({Bs, Rs, Cs});
     py::array_t<double> Q(powers >= 2 ? std::vector<py::ssize_t>{Bs, Rs, Cs}
                                       : std::vector<py::ssize_t>{0, 0, 0});
+    py::array_t<double> U(resid ? std::vector<py::ssize_t>{Bs, Rs}
+                                : std::vector<py::ssize_t>{0, 0});
     kdecal::MultiProblem<Real> prob;
     prob.logq = logq.data();
     prob.p = p.data();
@@ -78,6 +85,7 @@ py::tuple loo_reduce_multi_py(const carray<Real>& logq, const carray<Real>& p,
     prob.m = m.data();
     prob.labels = labels.data();
     prob.weights = weights ? weights->data() : nullptr;
+    prob.u = resid ? resid->data() : nullptr;
     prob.B = B;
     prob.C = n_classes;
     prob.powers = powers;
@@ -85,14 +93,17 @@ py::tuple loo_reduce_multi_py(const carray<Real>& logq, const carray<Real>& p,
     prob.row_stop = row_stop;
     double* pS = S.mutable_data();
     double* pQ = powers >= 2 ? Q.mutable_data() : nullptr;
+    double* pU = resid ? U.mutable_data() : nullptr;
     auto work = [&](kdecal::Control* control) {
-        kdecal::loo_reduce_multi(prob, pS, pQ, n_threads, control);
+        kdecal::loo_reduce_multi(prob, pS, pQ, n_threads, control, pU);
     };
     // work: pairs, each with a K-dot and B / 8 vector additions (more than the label
     // sets' layout, O(n B))
     kdecal_bind::run_watched(work, progress,
                              static_cast<double>(row_stop - row_start) * static_cast<double>(n) *
-                                 (static_cast<double>(K) + static_cast<double>(B) / 8.0));
+                                 (static_cast<double>(K) +
+                                  static_cast<double>(B) / (resid ? 4.0 : 8.0)));
+    if (resid) return py::make_tuple(S, Q, U);
     return py::make_tuple(S, Q);
 }
 
@@ -108,10 +119,13 @@ of loo_reduce at this bandwidth), w_ij = exp(L_ij - m[j]); returns (S, Q) with
 S[b, j, c] = sum_{i != j, labels[b, i] = c} weights[b, i] * w_ij and Q the same with
 w_ij^2 (shape (0, 0, 0) unless powers == 2); S and Q have shape (B, R, n_classes).
 Terms with L_ij - m[j] < -64 are dropped.  weights None means all 1.
-Arrays must have the exact dtype (float64 or float32 for logq and p, float64 m, bias
-and weights, int64 labels) and be C-contiguous. Releases the GIL. progress: None or a
-callable, called from the calling thread (about every 50 ms, and once at the end) with
-the number of query rows done so far (R in all). Ctrl-C (or an exception from progress)
+resid (None, or float64 u of the shape of labels, finite) appends U of shape (B, R):
+U[b, j] = sum_{i != j} weights[b, i] * w_ij^2 * u[b, i] over every class (the residual
+sums; S and Q are the same with or without it).
+Arrays must have the exact dtype (float64 or float32 for logq and p, float64 m, bias,
+weights and resid, int64 labels) and be C-contiguous. Releases the GIL. progress: None
+or a callable, called from the calling thread (about every 50 ms, and once at the end)
+with the number of query rows done so far (R in all). Ctrl-C (or an exception from progress)
 stops the computation within about one group of rows per thread and propagates.
 )doc";
     m.def("loo_reduce_multi", &loo_reduce_multi_py<double>, py::arg("logq").noconvert(),
@@ -119,11 +133,11 @@ stops the computation within about one group of rows per thread and propagates.
           py::arg("n_classes"), py::arg("scale"), py::arg("bias").noconvert(),
           py::arg("weights").noconvert().none(true), py::arg("powers") = 1,
           py::arg("row_start") = 0, py::arg("row_stop") = 0, py::arg("n_threads") = 0,
-          py::arg("progress") = py::none(), doc);
+          py::arg("progress") = py::none(), py::arg("resid").noconvert() = py::none(), doc);
     m.def("loo_reduce_multi", &loo_reduce_multi_py<float>, py::arg("logq").noconvert(),
           py::arg("p").noconvert(), py::arg("m").noconvert(), py::arg("labels").noconvert(),
           py::arg("n_classes"), py::arg("scale"), py::arg("bias").noconvert(),
           py::arg("weights").noconvert().none(true), py::arg("powers") = 1,
           py::arg("row_start") = 0, py::arg("row_stop") = 0, py::arg("n_threads") = 0,
-          py::arg("progress") = py::none(), doc);
+          py::arg("progress") = py::none(), py::arg("resid").noconvert() = py::none(), doc);
 }

@@ -109,6 +109,16 @@ bool loo_reduce_impl(const LooProblem<Real>& prob, const LooResult& out, int n_t
     check(prob.powers < 2 || out.Q, "powers >= 2 needs a Q output");
     check(prob.powers < 3 || out.T, "powers == 3 needs a T output");
     check(!out.D || prob.powers >= 2, "the pair sums D need powers >= 2");
+    const bool res = out.A != nullptr;
+    check(res == (out.U != nullptr), "the residual sums A and U are requested together");
+    check(!res || prob.u, "the residual sums A, U need the per-centre values u (resid)");
+    if (res) {
+        std::int64_t n_bad = 0;  // a reduction first (vectorised), the position only on failure
+        for (std::int64_t i = 0; i < n; ++i) n_bad += !std::isfinite(prob.u[i]);
+        for (std::int64_t i = 0; n_bad > 0 && i < n; ++i)
+            check(std::isfinite(prob.u[i]), "u (resid) must be finite; u[" + std::to_string(i) +
+                                                "] = " + std::to_string(prob.u[i]));
+    }
     if (prob.row_stop == prob.row_start) return !detail::cancelled(control);
     if (detail::cancelled(control)) return false;
 
@@ -136,7 +146,8 @@ bool loo_reduce_impl(const LooProblem<Real>& prob, const LooResult& out, int n_t
     // centre tiles, each a contiguous (K, kColBlock) block, zero-padded at the end
     const std::int64_t BC = detail::kColBlock;
     const std::int64_t n_pad = (n + BC - 1) / BC * BC;
-    std::vector<Real> pt(static_cast<std::size_t>(K * n_pad), Real(0));
+    // (kPad zeros more: the residual sums read up to a vector past a range's end)
+    std::vector<Real> pt(static_cast<std::size_t>(K * n_pad + detail::kPad), Real(0));
     for (std::int64_t s = 0; s < n; ++s) {
         const Real* row = prob.p + perm[s] * K;
         Real* tile = pt.data() + (s / BC) * K * BC + (s % BC);
@@ -146,14 +157,25 @@ bool loo_reduce_impl(const LooProblem<Real>& prob, const LooResult& out, int n_t
     for (std::int64_t t = 0; t < H; ++t)
         for (std::int64_t s = 0; s < n; ++s) bias[t * n + s] = prob.bias[t * n + perm[s]];
 
-    const std::int64_t rows = detail::task_rows(prob.row_stop - prob.row_start, C, H, nt);
+    // the residual sums' u in the centres' sorted order, zero-padded like pt
+    std::vector<double> u_sorted(res ? static_cast<std::size_t>(n + detail::kPad) : 0, 0.0);
+    for (std::int64_t s = 0; res && s < n; ++s) u_sorted[s] = prob.u[perm[s]];
+    // rows of pt per register block of the residual sums: at most kResMaxKB, as even as
+    // possible
+    const std::int64_t kblocks = (K + detail::kResMaxKB - 1) / detail::kResMaxKB;
+    const std::int64_t res_kb = (K + kblocks - 1) / kblocks;
+
+    const std::int64_t rows = detail::task_rows(prob.row_stop - prob.row_start, C, H, nt,
+                                                res ? 6 + K + 1 : 6);
     // whole cache lines per thread, so that no two threads write to one line
-    const std::int64_t per_thread = (detail::scratch_doubles(K, C, H, rows) + 7) / 8 * 8;
+    const std::int64_t per_thread =
+        (detail::scratch_doubles(K, C, H, rows, res) + 7) / 8 * 8;
     std::vector<double> scratch(static_cast<std::size_t>(per_thread * nt));
 
     detail::Prepared<Real> pr{prob.logq, pt.data(), bias.data(), prob.scale, inv.data(),
                               seg.data(), n, n_pad, K, C, H, prob.powers,
-                              prob.row_start, prob.row_stop, control, rows};
+                              prob.row_start, prob.row_stop, control, rows,
+                              res ? u_sorted.data() : nullptr, res_kb};
     dispatch(pr, out, scratch.data(), per_thread, nt);
     return !detail::cancelled(control);
 }
@@ -163,7 +185,7 @@ bool loo_reduce_impl(const LooProblem<Real>& prob, const LooResult& out, int n_t
 int detail::isa_level() { return static_cast<int>(cpu_isa()); }
 
 std::int64_t detail::task_rows(std::int64_t rows, std::int64_t C, std::int64_t H,
-                               int n_threads) {
+                               int n_threads, std::int64_t per_class) {
     if (const char* env = std::getenv("KDECAL_TASK_ROWS")) {
         const std::int64_t want = std::atoll(env);
         if (want >= kRowBlock && want <= 16 * kRowBlock && want % kRowBlock == 0)
@@ -171,7 +193,7 @@ std::int64_t detail::task_rows(std::int64_t rows, std::int64_t C, std::int64_t H
     }
     constexpr std::int64_t kAccBytes = 256 * 1024;  // per-task accumulators: stay in L2
     std::int64_t blocks = kMaxTaskBlocks;
-    while (blocks > 1 && (6 * H * C * blocks * kRowBlock * 8 > kAccBytes ||
+    while (blocks > 1 && (per_class * H * C * blocks * kRowBlock * 8 > kAccBytes ||
                           rows < 16 * static_cast<std::int64_t>(n_threads) * blocks * kRowBlock))
         blocks /= 2;
     return blocks * kRowBlock;

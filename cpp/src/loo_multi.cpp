@@ -70,7 +70,7 @@ void dispatch(const detail::MultiPrepared<Real>& mp, double* scratch, i64 per_th
 
 template <class Real>
 bool multi_impl(const MultiProblem<Real>& prob, double* S, double* Q, int n_threads,
-                Control* control) {
+                Control* control, double* U) {
     const i64 n = prob.n, K = prob.K, B = prob.B, C = prob.C;
     check(n >= 1, "n must be >= 1, got " + std::to_string(n));
     check(K >= 1, "K must be >= 1, got " + std::to_string(K));
@@ -87,6 +87,8 @@ bool multi_impl(const MultiProblem<Real>& prob, double* S, double* Q, int n_thre
     check(prob.logq && prob.p && prob.bias && prob.m && (prob.labels || B == 0),
           "null input pointer");
     check(S && (prob.powers < 2 || Q), "null output pointer (S, or Q with powers == 2)");
+    check((prob.u == nullptr) == (U == nullptr),
+          "the residual sums need both u (resid) and the output U, or neither");
     check(B * detail::kColBlock <= static_cast<i64>(std::numeric_limits<std::uint32_t>::max()),
           "too many label sets for one call (" + std::to_string(B) + "); split them");
     for (i64 i = 0; i < n; ++i)
@@ -112,6 +114,14 @@ bool multi_impl(const MultiProblem<Real>& prob, double* S, double* Q, int n_thre
                 if (!(std::isfinite(w) && w >= 0.0))
                     check(false, "weights[" + std::to_string(b) + ", " + std::to_string(i) +
                                      "] = " + num(w) + " must be finite and >= 0");
+            }
+    if (prob.u)
+        for (i64 b = 0; b < B; ++b)
+            for (i64 i = 0; i < n; ++i) {
+                const double v = prob.u[b * n + i];
+                if (!std::isfinite(v))
+                    check(false, "u (resid)[" + std::to_string(b) + ", " + std::to_string(i) +
+                                     "] = " + num(v) + " must be finite");
             }
     const i64 R = prob.row_stop - prob.row_start;
     if (R == 0 || B == 0) {
@@ -160,7 +170,7 @@ bool multi_impl(const MultiProblem<Real>& prob, double* S, double* Q, int n_thre
     // then live in L2.)
     // The entries of a panel (at most T kColBlock B) are counted in 32 bits.
     const i64 T_fit = static_cast<i64>(std::numeric_limits<std::uint32_t>::max()) / (B * BC);
-    const i64 T_max = std::min<i64>(prob.powers >= 2 ? 16 : 32, T_fit);
+    const i64 T_max = std::min<i64>(prob.powers >= 2 || prob.u ? 16 : 32, T_fit);
     const i64 T = std::max<i64>(1, std::min<i64>((C + 1) / 2, T_max));
     const i64 PC = T * BC;
     const i64 n_panels = (n + PC - 1) / PC;
@@ -181,6 +191,8 @@ bool multi_impl(const MultiProblem<Real>& prob, double* S, double* Q, int n_thre
     std::vector<std::uint32_t> ptr(static_cast<std::size_t>(n_panels * (B * C + 1)));
     std::vector<std::uint16_t> idx(static_cast<std::size_t>(n_entries));
     std::vector<double> val(weights ? static_cast<std::size_t>(n_entries) : 0);
+    const double* u = prob.u;  // U: the entries' weight * u (u without weights)
+    std::vector<double> uval(u ? static_cast<std::size_t>(n_entries) : 0);
     std::vector<std::uint32_t> counts(static_cast<std::size_t>(nt * (C + 1)));
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1 && n * B > 100000)
@@ -195,11 +207,13 @@ bool multi_impl(const MultiProblem<Real>& prob, double* S, double* Q, int n_thre
         std::uint32_t* pt_row = ptr.data() + t * (B * C + 1);
         std::uint16_t* ix = idx.data() + panel_base[t];
         double* vl = weights ? val.data() + panel_base[t] : nullptr;
+        double* uv = u ? uval.data() + panel_base[t] : nullptr;
         const i64 s0 = t * PC, s1 = (s0 + PC) < n ? (s0 + PC) : n;
         std::uint32_t start = 0;
         for (i64 b = 0; b < B; ++b) {
             const std::int64_t* lab = labels + b * n;
             const double* w = weights ? weights + b * n : nullptr;
+            const double* ub = u ? u + b * n : nullptr;
             for (i64 c = 0; c <= C; ++c) cnt[c] = 0;
             for (i64 s = s0; s < s1; ++s)
                 if (!w || w[perm[s]] != 0.0) ++cnt[lab[perm[s]] + 1];
@@ -215,13 +229,14 @@ bool multi_impl(const MultiProblem<Real>& prob, double* S, double* Q, int n_thre
                 const std::uint32_t pos = cnt[lab[i]]++;
                 ix[pos] = static_cast<std::uint16_t>(s - s0);
                 if (vl) vl[pos] = w[i];
+                if (uv) uv[pos] = w ? w[i] * ub[i] : ub[i];
             }
         }
         pt_row[B * C] = start;
     }
 
     const i64 per_thread =
-        (detail::multi_scratch_doubles(K, B, C, prob.powers, T) + 7) / 8 * 8;
+        (detail::multi_scratch_doubles(K, B, C, prob.powers, T, u != nullptr) + 7) / 8 * 8;
     std::vector<double> scratch_buf(static_cast<std::size_t>(per_thread * nt + 8));
     double* scratch = scratch_buf.data();
     while (reinterpret_cast<std::uintptr_t>(scratch) % 64 != 0) ++scratch;
@@ -230,9 +245,10 @@ bool multi_impl(const MultiProblem<Real>& prob, double* S, double* Q, int n_thre
                                          rows.data(), mrow.data(), panel_base.data(),
                                          ptr.data(), idx.data(),
                                          weights ? val.data() : nullptr,
+                                         u ? uval.data() : nullptr,
                                          n, n_pad, K, B, C, T, prob.scale, prob.powers,
                                          prob.row_start, R, S, prob.powers >= 2 ? Q : nullptr,
-                                         control};
+                                         control, u ? U : nullptr};
     if (detail::cancelled(control)) return false;  // (laying out the labels takes a while)
     dispatch(mp, scratch, per_thread, nt);
     return !detail::cancelled(control);
@@ -241,13 +257,13 @@ bool multi_impl(const MultiProblem<Real>& prob, double* S, double* Q, int n_thre
 }  // namespace
 
 bool loo_reduce_multi(const MultiProblem<double>& prob, double* S, double* Q, int n_threads,
-                      Control* control) {
-    return multi_impl(prob, S, Q, n_threads, control);
+                      Control* control, double* U) {
+    return multi_impl(prob, S, Q, n_threads, control, U);
 }
 
 bool loo_reduce_multi(const MultiProblem<float>& prob, double* S, double* Q, int n_threads,
-                      Control* control) {
-    return multi_impl(prob, S, Q, n_threads, control);
+                      Control* control, double* U) {
+    return multi_impl(prob, S, Q, n_threads, control, U);
 }
 
 }  // namespace kdecal

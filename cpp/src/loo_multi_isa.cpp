@@ -10,7 +10,9 @@
 // vector.  Then, per panel of tiles, for each label set b and class c, the sum over the
 // panel's centres of that class (the panel's compressed rows, loo_multi_prepared.hpp)
 // of weight * vector, in four register accumulators, added once into the group's
-// (b, c) accumulators.
+// (b, c) accumulators.  The residual sums U (UU) are the same products with the squared
+// weights and weight * u, over all the entries of label set b (its classes' segments are
+// consecutive), into the group's (b) accumulators.
 //
 // Every row is computed in its own vector lane with the same operations in the same
 // order, whatever the other rows of its group are (a tile skipped for the group has
@@ -141,7 +143,7 @@ inline void segment(const std::uint16_t* idx, const double* val, i64 e0, i64 e1,
     if (POW >= 2) row_flush(d2, q[0], q[1], q[2], q[3]);
 }
 
-template <int POW, bool W, class Real>
+template <int POW, bool W, bool UU, class Real>
 void run_group(const MultiPrepared<Real>& mp, i64 q0, double* scratch) noexcept {
     const i64 K = mp.K, B = mp.B, C = mp.C, n = mp.n;
     const i64 nr = (mp.R - q0) < RB ? (mp.R - q0) : RB;
@@ -151,7 +153,8 @@ void run_group(const MultiPrepared<Real>& mp, i64 q0, double* scratch) noexcept 
 
     double* acc = scratch;                                   // (B, C, RB), 64-byte aligned
     double* acc2 = acc + nacc;                               // (B, C, RB) when POW == 2
-    double* wT = acc + (POW >= 2 ? 2 : 1) * nacc;            // (PC, RB)
+    double* accu = acc + (POW >= 2 ? 2 : 1) * nacc;          // (B, RB) when UU
+    double* wT = accu + (UU ? B * RB : 0);                   // (PC, RB)
     double* wT2 = wT + PC * RB;                              // (PC, RB)
     double* wr = wT2 + PC * RB;                              // (RB, kColBlock)
     Real* g = reinterpret_cast<Real*>(wr + RB * kColBlock);  // (RB, kColBlock)
@@ -160,6 +163,9 @@ void run_group(const MultiPrepared<Real>& mp, i64 q0, double* scratch) noexcept 
     for (i64 x = 0; x < nacc; ++x) acc[x] = 0.0;
     if (POW >= 2)
         for (i64 x = 0; x < nacc; ++x) acc2[x] = 0.0;
+    if (UU)
+        for (i64 x = 0; x < B * RB; ++x) accu[x] = 0.0;
+    constexpr bool SQ = POW >= 2 || UU;  // the squared weights wT2 are needed
     double mr[RB];
     i64 diag[RB];
     for (i64 r = 0; r < RB; ++r) {
@@ -205,7 +211,7 @@ void run_group(const MultiPrepared<Real>& mp, i64 q0, double* scratch) noexcept 
             }
             if (!any_row) {  // every term of the tile is dropped for the whole group
                 for (i64 x = 0; x < bc * RB; ++x) wTt[x] = 0.0;
-                if (POW >= 2)
+                if (SQ)
                     for (i64 x = 0; x < bc * RB; ++x) wT2t[x] = 0.0;
                 continue;
             }
@@ -214,7 +220,7 @@ void run_group(const MultiPrepared<Real>& mp, i64 q0, double* scratch) noexcept 
             for (i64 i = 0; i < bc; ++i) {
                 double* t = wTt + i * RB;
                 for (i64 r = 0; r < RB; ++r) t[r] = wr[r * kColBlock + i];
-                if (POW >= 2) {
+                if (SQ) {
                     double* t2 = wT2t + i * RB;
 #pragma omp simd
                     for (i64 r = 0; r < RB; ++r) t2[r] = t[r] * t[r];
@@ -232,6 +238,14 @@ void run_group(const MultiPrepared<Real>& mp, i64 q0, double* scratch) noexcept 
             if (e0 == e1) continue;
             segment<POW, W>(idx, val, e0, e1, wT, wT2, acc + bcix * RB, acc2 + bcix * RB);
         }
+        if constexpr (UU) {  // U: all the entries of set b, squared weights times weight * u
+            for (i64 b = 0; b < B; ++b) {
+                const i64 e0 = ptr[b * C], e1 = ptr[(b + 1) * C];
+                if (e0 == e1) continue;
+                segment<1, true>(idx, mp.uval + mp.panel_base[panel], e0, e1, wT2, nullptr,
+                                 accu + b * RB, nullptr);
+            }
+        }
     }
 
     // write rows: S[b, row, c] = acc[(b * C + c) * RB + r]
@@ -247,11 +261,12 @@ void run_group(const MultiPrepared<Real>& mp, i64 q0, double* scratch) noexcept 
                 const double* a2 = acc2 + b * C * RB + r;
                 for (i64 c = 0; c < C; ++c) qo[c] = a2[c * RB];
             }
+            if (UU) mp.U[b * R + row] = accu[b * RB + r];
         }
     }
 }
 
-template <int POW, bool W, class Real>
+template <int POW, bool W, bool UU, class Real>
 void run_all(const MultiPrepared<Real>& mp, double* scratch, i64 per_thread, int n_threads) {
     const i64 ngroups = (mp.R + RB - 1) / RB;
 #ifdef _OPENMP
@@ -264,22 +279,28 @@ void run_all(const MultiPrepared<Real>& mp, double* scratch, i64 per_thread, int
         const int tid = 0;
 #endif
         if (detail::cancelled(mp.control)) continue;  // skip the remaining groups
-        run_group<POW, W>(mp, q * RB, scratch + tid * per_thread);
+        run_group<POW, W, UU>(mp, q * RB, scratch + tid * per_thread);
         detail::add_rows(mp.control, (mp.R - q * RB) < RB ? (mp.R - q * RB) : RB);
     }
     (void)n_threads;
 }
 
-template <class Real>
-void run(const MultiPrepared<Real>& mp, double* scratch, i64 per_thread, int n_threads) {
+template <bool UU, class Real>
+void run_u(const MultiPrepared<Real>& mp, double* scratch, i64 per_thread, int n_threads) {
     const bool w = mp.val != nullptr;
     if (mp.powers >= 2) {
-        if (w) run_all<2, true>(mp, scratch, per_thread, n_threads);
-        else run_all<2, false>(mp, scratch, per_thread, n_threads);
+        if (w) run_all<2, true, UU>(mp, scratch, per_thread, n_threads);
+        else run_all<2, false, UU>(mp, scratch, per_thread, n_threads);
     } else {
-        if (w) run_all<1, true>(mp, scratch, per_thread, n_threads);
-        else run_all<1, false>(mp, scratch, per_thread, n_threads);
+        if (w) run_all<1, true, UU>(mp, scratch, per_thread, n_threads);
+        else run_all<1, false, UU>(mp, scratch, per_thread, n_threads);
     }
+}
+
+template <class Real>
+void run(const MultiPrepared<Real>& mp, double* scratch, i64 per_thread, int n_threads) {
+    if (mp.uval != nullptr) run_u<true>(mp, scratch, per_thread, n_threads);
+    else run_u<false>(mp, scratch, per_thread, n_threads);
 }
 
 }  // namespace

@@ -42,6 +42,7 @@ struct MultiPrepared {
     const std::uint32_t* ptr;     // (n_panels, B C + 1) entries of (panel, b, c), from panel_base
     const std::uint16_t* idx;     // (entries,) centre inside the panel
     const double* val;            // (entries,) weight; null: all 1
+    const double* uval;           // (entries,) weight * u (u without weights), or null: no U
     std::int64_t n, n_pad, K, B, C;
     std::int64_t panel_tiles;     // tiles per panel
     double scale;
@@ -50,13 +51,16 @@ struct MultiPrepared {
     double* S;                    // (B, R, C)
     double* Q;                    // (B, R, C) or null
     Control* control;             // progress and cancellation, or null
+    double* U;                    // (B, R) or null (with uval)
 };
 
 /// Doubles of scratch one thread needs (without the 64-byte alignment slack).
 inline std::int64_t multi_scratch_doubles(std::int64_t K, std::int64_t B, std::int64_t C,
-                                          int powers, std::int64_t panel_tiles) {
+                                          int powers, std::int64_t panel_tiles,
+                                          bool u = false) {
     const std::int64_t acc = B * C * kMultiRows;
     return acc * (powers >= 2 ? 2 : 1)  // accumulators (b, c, row)
+           + (u ? B * kMultiRows : 0)   // accumulators of U (b, row)
            + 2 * panel_tiles * kColBlock * kMultiRows  // weights and squares, (centre, row)
            + kMultiRows * kColBlock       // kernel weights, (row, centre)
            + kMultiRows * kColBlock       // dot products (Real)

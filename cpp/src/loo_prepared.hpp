@@ -18,12 +18,15 @@ constexpr std::int64_t kMaxTaskBlocks = 4;  // forward pass: up to 4 x kRowBlock
 constexpr std::int64_t kMicroRows = 4;    // query rows per register-blocked GEMM step
 constexpr std::int64_t kColBlock = 256;   // centres per tile
 constexpr std::int64_t kPad = 32;         // GEMM columns are computed in multiples of this
+constexpr std::int64_t kResMaxKB = 6;     // residual sums: rows of the centre tile per
+                                          // register block (loo_isa.cpp, resid_group)
 
 template <class Real>
 struct Prepared {
     const Real* logq;          // (n, K)   queries, original order
     const Real* pt;            // (n_pad / kColBlock, K, kColBlock) centres sorted by label,
                                // in tiles of kColBlock, each tile transposed; zero-padded
+                               // (and kPad more zeros at the end, read by the residual sums)
     const double* bias;        // (H, n)   bias of the sorted centres
     const double* scale;       // (H,)
     const std::int64_t* inv;   // (n,)     sorted position of original row j
@@ -33,6 +36,9 @@ struct Prepared {
     std::int64_t row_start, row_stop;
     Control* control;          // progress and cancellation, or null
     std::int64_t task_rows;    // query rows per task: a multiple of kRowBlock (task_rows())
+    const double* u;           // (n + kPad) u of the sorted centres, zero-padded, or null:
+                               // the residual sums A, U requested
+    std::int64_t res_kb;       // residual sums: rows of pt per register block (1 .. kResMaxKB)
 };
 
 /// Progress and cancellation, for the kernels: whether the call was cancelled, and
@@ -59,14 +65,20 @@ int resolve_threads(int n_threads);
 /// doubles per row) would leave the L2 cache or where there would be fewer than 16
 /// tasks per thread to balance.  ``KDECAL_TASK_ROWS`` (a multiple of kRowBlock, at most
 /// 16 of them; benchmarks only) overrides the choice.
-std::int64_t task_rows(std::int64_t rows, std::int64_t C, std::int64_t H, int n_threads);
+/// ``per_class``: accumulator doubles per (bandwidth, row, class): 6, plus K + 1 with the
+/// residual sums.
+std::int64_t task_rows(std::int64_t rows, std::int64_t C, std::int64_t H, int n_threads,
+                       std::int64_t per_class = 6);
 
 /// Doubles of scratch one thread needs (the GEMM tile and the task's queries, then the
 /// running max, the three power sums and the two excess sums of every (bandwidth, row,
-/// class) of a task of ``rows`` query rows).
+/// class) of a task of ``rows`` query rows; with the residual sums (``res``) also their
+/// K + 1 partial sums per (bandwidth, row, class), the kernel weights of a GEMM block's
+/// rows, kRowBlock x (kColBlock + 2 kPad), and K + 1 doubles for padding rows).
 inline std::int64_t scratch_doubles(std::int64_t K, std::int64_t C, std::int64_t H,
-                                    std::int64_t rows) {
-    return kRowBlock * kColBlock + rows * K + 6 * H * rows * C + 64;
+                                    std::int64_t rows, bool res = false) {
+    return kRowBlock * kColBlock + rows * K + 6 * H * rows * C + 64 +
+           (res ? (K + 1) * H * rows * C + kRowBlock * (kColBlock + 2 * kPad) + K + 1 : 0);
 }
 
 }  // namespace detail

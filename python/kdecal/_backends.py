@@ -266,29 +266,40 @@ def _call(backend: str) -> Callable[..., tuple[np.ndarray, ...]]:
     The returned function takes ``(logq, p, labels, n_classes, scale, bias, powers,
     row_start, row_stop)``, an optional ``progress`` callback, called with the number
     of query rows done so far, counted over the batch (``B (row_stop - row_start)`` in
-    all), and ``pairs`` (append the pair sums ``D``).  Either backend stops on Ctrl-C
-    (``KeyboardInterrupt``) within about a second.
+    all), ``pairs`` (append the pair sums ``D``) and ``resid`` (per-centre residuals
+    ``u``, shape (n,) or (B, n): append the residual sums ``A`` and ``U``).  Either
+    backend stops on Ctrl-C (``KeyboardInterrupt``) within about a second.
     """
     if backend == "cuda":
         cu = _load_cuda()
 
         def run_cuda(
-            *args: Any, progress: Callable[[int], object] | None = None, pairs: bool = False
+            *args: Any,
+            progress: Callable[[int], object] | None = None,
+            pairs: bool = False,
+            resid: Any = None,
         ) -> tuple[np.ndarray, ...]:
-            return tuple(cu.loo_reduce(*args, progress=progress, pairs=pairs))
+            kw = {} if resid is None else {"resid": resid}
+            return tuple(cu.loo_reduce(*args, progress=progress, pairs=pairs, **kw))
 
         return run_cuda
     if backend == "cpp":
         nt = _num_threads
 
         def run(
-            *args: Any, progress: Callable[[int], object] | None = None, pairs: bool = False
+            *args: Any,
+            progress: Callable[[int], object] | None = None,
+            pairs: bool = False,
+            resid: np.ndarray | None = None,
         ) -> tuple[np.ndarray, ...]:
             # one engine call: the core polls for Ctrl-C and reports progress itself
             # (star-arguments cannot select one of the stub's dtype overloads)
-            return _core.loo_reduce(  # type: ignore[call-overload]
-                *args, nt, progress=progress, pairs=pairs
-            )
+            if resid is None:
+                return _core.loo_reduce(  # type: ignore[call-overload]
+                    *args, nt, progress=progress, pairs=pairs
+                )
+            core_reduce: Any = _core.loo_reduce
+            return tuple(core_reduce(*args, nt, progress=progress, pairs=pairs, resid=resid))
 
         return run
     mod = _load_numba()
@@ -296,7 +307,10 @@ def _call(backend: str) -> Callable[..., tuple[np.ndarray, ...]]:
         raise ValueError(f"the numba backend failed to import: {_numba_error}")
 
     def run_numba(
-        *args: Any, progress: Callable[[int], object] | None = None, pairs: bool = False
+        *args: Any,
+        progress: Callable[[int], object] | None = None,
+        pairs: bool = False,
+        resid: np.ndarray | None = None,
     ) -> tuple[np.ndarray, ...]:
         import numba
 
@@ -307,8 +321,9 @@ def _call(backend: str) -> Callable[..., tuple[np.ndarray, ...]]:
             logq, p, labels, n_classes, scale, bias = args[:6]
             if pairs and int(args[6]) < 2:
                 raise ValueError(f"pairs=True needs powers >= 2, got powers = {args[6]}")
+            kw = {} if resid is None else {"resid": resid}
             if p.ndim == 2:
-                return mod.loo_reduce(*args, progress=progress, pairs=pairs)
+                return tuple(mod.loo_reduce(*args, progress=progress, pairs=pairs, **kw))
             # a batch of independent problems: one numba call per problem
             rows = int(args[8]) - int(args[7])
             parts = []
@@ -319,6 +334,8 @@ def _call(backend: str) -> Callable[..., tuple[np.ndarray, ...]]:
                     def cb(done: int, off: int = b * rows) -> None:
                         progress(off + done)
 
+                if resid is not None:
+                    kw = {"resid": resid[b]}
                 parts.append(
                     mod.loo_reduce(
                         logq[b],
@@ -330,10 +347,11 @@ def _call(backend: str) -> Callable[..., tuple[np.ndarray, ...]]:
                         *args[6:],
                         progress=cb,
                         pairs=pairs,
+                        **kw,
                     )
                 )
             return tuple(
-                np.stack([x[k] for x in parts]) if parts[0][k].size else parts[0][k]
+                np.stack([x[k] for x in parts]) if parts[0][k].shape != (0, 0, 0) else parts[0][k]
                 for k in range(len(parts[0]))
             )
         finally:
@@ -390,6 +408,7 @@ def loo_reduce(
     progress: bool | None = None,
     rows: tuple[int, int] | None = None,
     pairs: bool = False,
+    resid: np.ndarray | None = None,
 ) -> tuple[np.ndarray, ...]:
     """Leave-one-out Dirichlet-kernel reduction over query rows (all centres).
 
@@ -417,6 +436,9 @@ def loo_reduce(
         Query rows ``[start, stop)`` to reduce (against all n centres); default all.
     pairs : bool
         Also return the pair sums ``D`` (needs ``powers >= 2``).
+    resid : ndarray, shape (n,) or (B, n) (the shape of ``p`` less its last axis), float64
+        Per-centre residuals ``u`` (finite; any sign): also return the residual sums
+        ``A`` and ``U``, computed in the same pass.
 
     Returns
     -------
@@ -430,11 +452,19 @@ def loo_reduce(
         class c, accumulated without cancellation: full relative precision, independent
         of the order of the centres and of the backend, also when one neighbour carries
         almost all the weight (there ``S**2 - Q`` loses ``log10(S**2 / D)`` digits).
+    A : ndarray, shape ([B,] H, R, K), float64, only with ``resid``
+        ``A[t, j, k] = sum_{i != j} exp(L_ij - m_j) * p[i, k]``, over the centres of every
+        label group (``p`` converted to float64), relative to the same ``m`` as ``S``.
+    U : ndarray, shape ([B,] H, R), float64, only with ``resid``
+        ``U[t, j] = sum_{i != j} exp(2 (L_ij - m_j)) * resid[i]``.  ``A`` and ``U`` are
+        summed over the same terms as ``S`` (each backend's dropping or clamping of the
+        negligible ones); ``m``, ``S``, ``Q``, ``T``, ``D`` do not depend on ``resid``.
 
     Raises
     ------
     ValueError
-        If ``pairs`` is set with ``powers < 2``.
+        If ``pairs`` is set with ``powers < 2``; if ``resid`` has the wrong shape or a
+        non-finite value.
 
     Notes
     -----
@@ -445,6 +475,8 @@ def loo_reduce(
     n = p.shape[-2]
     r0, r1 = (0, n) if rows is None else (int(rows[0]), int(rows[1]))
     n_problems = p.shape[0] if p.ndim == 3 else 1
+    if resid is not None:
+        resid = _check_resid(resid, tuple(p.shape[:-1]), on_device=backend == "cuda")
     work = float(r1 - r0) * n * len(scale) * n_problems
     total = (r1 - r0) * n_problems
     if backend == "dask":  # row blocks on the workers; dask's own progress report
@@ -462,12 +494,39 @@ def loo_reduce(
             r1,
             show=_show_bar(work, progress),
             pairs=pairs,
+            resid=resid,
         )
+    kw = {} if resid is None else {"resid": resid}
     with _bar(_show_bar(work, progress), total, "kdecal LOO kernel") as cb:
         out = _call(backend)(
-            logq, p, labels, n_classes, scale, bias, powers, r0, r1, progress=cb, pairs=pairs
+            logq, p, labels, n_classes, scale, bias, powers, r0, r1, progress=cb, pairs=pairs, **kw
         )
     return out
+
+
+def _check_resid(resid: Any, shape: tuple[int, ...], *, on_device: bool = False) -> Any:
+    """Check the residuals ``u`` of :func:`loo_reduce` (shape, finite): a float64 array.
+
+    Host arrays come back as C-contiguous float64 (a copy only when needed); a CUDA array
+    (``on_device``) is checked for its shape only and passed on as it is.
+    """
+    if on_device and is_device_array(resid):
+        if tuple(resid.shape) != shape:
+            raise ValueError(f"resid must have shape {shape}, got {tuple(resid.shape)}")
+        return resid
+    u = np.asarray(resid)
+    if u.dtype == object or not (
+        np.issubdtype(u.dtype, np.floating) or np.issubdtype(u.dtype, np.integer)
+    ):
+        raise ValueError(f"resid must be a real numeric array, got dtype {u.dtype}")
+    if u.shape != shape:
+        raise ValueError(f"resid must have shape {shape}, got {u.shape}")
+    u = np.ascontiguousarray(u, dtype=np.float64)
+    bad = np.flatnonzero(~np.isfinite(u.ravel()))
+    if bad.size:
+        idx = np.unravel_index(int(bad[0]), u.shape)
+        raise ValueError(f"resid must be finite, got resid[{', '.join(map(str, idx))}] = {u[idx]}")
+    return u
 
 
 def loo_grad(
@@ -582,7 +641,8 @@ def loo_reduce_multi(
     row_start: int = 0,
     row_stop: int | None = None,
     progress: bool | None = False,
-) -> tuple[np.ndarray, np.ndarray]:
+    resid: np.ndarray | None = None,
+) -> tuple[np.ndarray, ...]:
     """Leave-one-out class sums of B label sets at once, for one bandwidth.
 
     The kernel weights of the leave-one-out reduction do not depend on the labels, so
@@ -596,6 +656,7 @@ def loo_reduce_multi(
         w_ij       = exp(L_ij - m[j])
         S[b, j, c] = sum_{i != j, labels[b, i] = c} weights[b, i] * w_ij
         Q[b, j, c] = sum_{i != j, labels[b, i] = c} weights[b, i] * w_ij ** 2
+        U[b, j]    = sum_{i != j} weights[b, i] * w_ij ** 2 * resid[b, i]   (with resid)
 
     with ``m[j] = max_{i != j} L_ij`` given (the ``m`` that :func:`loo_reduce` returns
     for the same bandwidth), so every ``w_ij <= 1`` and, for a label set equal to the
@@ -628,12 +689,16 @@ def loo_reduce_multi(
     progress : bool or None, default False
         Show a progress bar over the query rows; ``None`` shows one for long work only.
         Ctrl-C stops the call within about a second either way.
+    resid : ndarray, shape (B, n), float64, or None
+        Per-centre residuals of each set (finite; any sign): also return ``U``.
 
     Returns
     -------
     S : ndarray, shape (B, R, C), float64
         ``R = row_stop - row_start``; row ``r`` is query ``row_start + r``.
     Q : ndarray, shape (B, R, C), float64, or shape (0, 0, 0) if ``powers == 1``
+    U : ndarray, shape (B, R), float64, only with ``resid``
+        Summed over the same (not dropped) terms as ``S`` and ``Q``.
 
     Raises
     ------
@@ -641,7 +706,7 @@ def loo_reduce_multi(
         If an array is not a C-contiguous ndarray of the exact dtype (no hidden copies).
     ValueError
         On inconsistent shapes, labels outside ``[0, n_classes)``, negative or
-        non-finite weights, NaN or ``+inf`` in ``m``, a bad ``scale``, ``powers`` or
+        non-finite weights, non-finite ``resid``, NaN or ``+inf`` in ``m``, a bad ``scale``, ``powers`` or
         row range; the message names the argument.
 
     Notes
@@ -665,6 +730,14 @@ def loo_reduce_multi(
     _check_multi_array(bias, "bias", (np.float64,), (n,))
     if weights is not None:
         _check_multi_array(weights, "weights", (np.float64,), (B, n))
+    if resid is not None:
+        _check_multi_array(resid, "resid", (np.float64,), (B, n))
+        rbad = ~np.isfinite(resid)
+        if rbad.any():
+            b, i = np.unravel_index(int(np.argmax(rbad)), resid.shape)
+            raise ValueError(
+                f"kdecal.loo_reduce_multi: resid[{b}, {i}] = {resid[b, i]} must be finite"
+            )
     if isinstance(n_classes, bool) or not isinstance(n_classes, (int, np.integer)):
         raise TypeError(f"n_classes must be an int, got {n_classes!r}")
     if n_classes < 1:
@@ -690,24 +763,31 @@ def loo_reduce_multi(
         if be in ("cpp", "dask"):  # still validate the values
             _check_multi_values(m, labels, n_classes, weights, row_start, row_stop)
         shape = (B, 0, n_classes)
-        return np.zeros(shape), np.zeros(shape if powers == 2 else (0, 0, 0))
+        empty = (np.zeros(shape), np.zeros(shape if powers == 2 else (0, 0, 0)))
+        return empty if resid is None else (*empty, np.zeros((B, 0)))
     args = (logq, p, m, labels, n_classes, float(scale), bias, weights, powers)
+    kw = {} if resid is None else {"resid": resid}
     R = row_stop - row_start
     show = _show_bar(float(R) * n * max(1.0, B / 8.0), progress)
     if be == "dask":  # row blocks on the workers
         from . import _dask
 
         _check_multi_values(m, labels, n_classes, weights, row_start, row_stop)
-        return _dask.loo_reduce_multi(*args, row_start, row_stop, show=show)
+        return _dask.loo_reduce_multi(*args, row_start, row_stop, show=show, resid=resid)
     if be == "cpp":
+        if resid is not None:  # (through Any: the stub may not list resid yet)
+            core_multi: Any = _core.loo_reduce_multi
+            with _bar(show, R, "kdecal LOO resampling") as cb:
+                out = core_multi(*args, row_start, row_stop, _num_threads, progress=cb, **kw)
+            return tuple(out)
         with _bar(show, R, "kdecal LOO resampling") as cb:
             S, Q = _core.loo_reduce_multi(*args, row_start, row_stop, _num_threads, progress=cb)
         return S, Q
     _check_multi_values(m, labels, n_classes, weights, row_start, row_stop)
     if be == "cuda":
         with _bar(show, R, "kdecal LOO resampling") as cb:
-            S, Q = _load_cuda().loo_reduce_multi(*args, row_start, row_stop, progress=cb)
-        return S, Q
+            res = _load_cuda().loo_reduce_multi(*args, row_start, row_stop, progress=cb, **kw)
+        return tuple(res)
     mod = _load_numba()
     if mod is None:  # pragma: no cover
         raise ValueError(f"the numba backend failed to import: {_numba_error}")
@@ -718,7 +798,7 @@ def loo_reduce_multi(
         if _num_threads > 0:
             numba.set_num_threads(min(_num_threads, numba.config.NUMBA_NUM_THREADS))
         with _bar(show, R, "kdecal LOO resampling") as cb:
-            S, Q = mod.loo_reduce_multi(*args, row_start, row_stop, progress=cb)
-        return S, Q
+            res = mod.loo_reduce_multi(*args, row_start, row_stop, progress=cb, **kw)
+        return tuple(res)
     finally:
         numba.set_num_threads(old)

@@ -143,6 +143,7 @@ def compare(
     level: float = 0.95,
     seed: int | None = 0,
     backend: str = "auto",
+    estimator: str = "residual",
 ) -> Comparison:
     """Compare several models' calibration on the same labels, with paired intervals.
 
@@ -154,7 +155,9 @@ def compare(
     among them with the best pooled criterion: the smallest sum over the models of the
     exact leave-one-out Brier risk of the kernel regression ("auto"), or the largest
     sum of the leave-one-out log-likelihoods ("loo-mle"). A float is used as it is.
-    The KL quantities use the same bandwidth.
+    With "auto" and the residual estimator, the squared L2, L2 and KL quantities are at
+    half the common bandwidth (the rule of :func:`kdecal.estimate`), else every
+    quantity uses the common bandwidth.
 
     Then the same ``n_resamples`` bootstrap row samples are applied to every model (a
     paired bootstrap), giving intervals of each quantity and of each pairwise
@@ -186,6 +189,8 @@ def compare(
     level : float, default 0.95
     seed : int or None, default 0
     backend : {"auto", "cpp", "numba", "cuda"}, default "auto"
+    estimator : {"residual", "plugin"}, default "residual"
+        The regression of :func:`kdecal.estimate`.
 
     Returns
     -------
@@ -198,7 +203,7 @@ def compare(
         Fewer than one model, models of different shapes, invalid labels, an unknown
         quantity, ``level`` outside (0, 1) or ``n_resamples`` outside 2..1,000,000.
     """
-    from .kde import estimate
+    from .kde import _estimate
 
     if isinstance(models, Mapping):
         items = [(str(k), v) for k, v in models.items()]
@@ -215,6 +220,7 @@ def compare(
     if len(set(names)) != len(names):
         raise ValueError(f"models has duplicate names: {names}")
     check_choice(calibration, "calibration", ("canonical", "classwise", "top_label"))
+    check_choice(estimator, "estimator", _est.ESTIMATORS)
     qs = [_check_quantity(q, "quantities") for q in quantities]
     if not qs:
         raise ValueError("quantities is empty")
@@ -228,19 +234,17 @@ def compare(
     y = check_labels(labels, n, K)
 
     def at(h: float | str, criterion: str = "auto") -> dict[str, Any]:
+        # a float is a common bandwidth under the estimator's rule (residual: the
+        # squared quantities at RESIDUAL_SQ_FACTOR * h, as "auto" would put them)
+        rule_at = None if isinstance(h, str) or not auto else float(h)
         return {
-            k: estimate(
-                v,
-                y,
-                bandwidth=h,
-                calibration=calibration,
-                debias=debias,
-                criterion=criterion,
-                backend=backend,
+            k: _estimate(
+                v, y, h, calibration, debias, criterion, estimator, backend, None, rule_at
             )
             for k, v in items
         }
 
+    auto = isinstance(bandwidth, str) and bandwidth != "loo-mle"
     if isinstance(bandwidth, str):
         own = at(bandwidth, "brier")  # the rule's choice for each model alone
         own_h = {k: e.bandwidth for k, e in own.items()}

@@ -78,7 +78,7 @@ def loo_grad(logq: numpy.typing.NDArray[numpy.float32], p: numpy.typing.NDArray[
     computation within about one block of rows per thread and propagates.
     """
 @typing.overload
-def loo_reduce(logq: numpy.typing.NDArray[numpy.float64], p: numpy.typing.NDArray[numpy.float64], labels: numpy.typing.NDArray[numpy.int64], n_classes: typing.SupportsInt | typing.SupportsIndex, scale: numpy.typing.NDArray[numpy.float64], bias: numpy.typing.NDArray[numpy.float64], powers: typing.SupportsInt | typing.SupportsIndex = 1, row_start: typing.SupportsInt | typing.SupportsIndex = 0, row_stop: typing.SupportsInt | typing.SupportsIndex = 0, n_threads: typing.SupportsInt | typing.SupportsIndex = 0, progress: typing.Callable[[int], object] | None = None, pairs: bool = False) -> tuple[numpy.typing.NDArray[numpy.float64], ...]:
+def loo_reduce(logq: numpy.typing.NDArray[numpy.float64], p: numpy.typing.NDArray[numpy.float64], labels: numpy.typing.NDArray[numpy.int64], n_classes: typing.SupportsInt | typing.SupportsIndex, scale: numpy.typing.NDArray[numpy.float64], bias: numpy.typing.NDArray[numpy.float64], powers: typing.SupportsInt | typing.SupportsIndex = 1, row_start: typing.SupportsInt | typing.SupportsIndex = 0, row_stop: typing.SupportsInt | typing.SupportsIndex = 0, n_threads: typing.SupportsInt | typing.SupportsIndex = 0, progress: typing.Callable[[int], object] | None = None, pairs: bool = False, resid: numpy.typing.NDArray[numpy.float64] | None = None) -> tuple[numpy.typing.NDArray[numpy.float64], ...]:
     """
     Leave-one-out Dirichlet-kernel reduction (one streaming pass, O(n K) memory).
 
@@ -91,6 +91,12 @@ def loo_reduce(logq: numpy.typing.NDArray[numpy.float64], p: numpy.typing.NDArra
     sum over ordered pairs of distinct centres of class c of their weight products,
     accumulated without cancellation (full relative precision when one neighbour dominates;
     S, Q, T are the same either way).
+    resid (None, or float64 u of shape (n,), or (B, n) for a batch; finite) appends the
+    residual sums A and U after D (or after T without pairs): over ALL centres, whatever
+    their label, A[t, j, k] = sum_{i != j} exp(L_ij - m[t, j]) * p[i, k] (shape (H, R, K))
+    and U[t, j] = sum_{i != j} exp(2 (L_ij - m[t, j])) * u[i] (shape (H, R)), with the
+    same dropping of negligible terms as S; m, S, Q, T, D are bit for bit the same with or
+    without resid.
     Arrays must already have the exact dtype (float64 or float32 for logq and p, int64
     labels, float64 scale and bias) and be C-contiguous. Releases the GIL.
     progress: None or a callable, called from the calling thread (about every 50 ms, and
@@ -99,7 +105,7 @@ def loo_reduce(logq: numpy.typing.NDArray[numpy.float64], p: numpy.typing.NDArra
     computation within about one block of rows per thread and propagates.
     """
 @typing.overload
-def loo_reduce(logq: numpy.typing.NDArray[numpy.float32], p: numpy.typing.NDArray[numpy.float32], labels: numpy.typing.NDArray[numpy.int64], n_classes: typing.SupportsInt | typing.SupportsIndex, scale: numpy.typing.NDArray[numpy.float64], bias: numpy.typing.NDArray[numpy.float64], powers: typing.SupportsInt | typing.SupportsIndex = 1, row_start: typing.SupportsInt | typing.SupportsIndex = 0, row_stop: typing.SupportsInt | typing.SupportsIndex = 0, n_threads: typing.SupportsInt | typing.SupportsIndex = 0, progress: typing.Callable[[int], object] | None = None, pairs: bool = False) -> tuple[numpy.typing.NDArray[numpy.float64], ...]:
+def loo_reduce(logq: numpy.typing.NDArray[numpy.float32], p: numpy.typing.NDArray[numpy.float32], labels: numpy.typing.NDArray[numpy.int64], n_classes: typing.SupportsInt | typing.SupportsIndex, scale: numpy.typing.NDArray[numpy.float64], bias: numpy.typing.NDArray[numpy.float64], powers: typing.SupportsInt | typing.SupportsIndex = 1, row_start: typing.SupportsInt | typing.SupportsIndex = 0, row_stop: typing.SupportsInt | typing.SupportsIndex = 0, n_threads: typing.SupportsInt | typing.SupportsIndex = 0, progress: typing.Callable[[int], object] | None = None, pairs: bool = False, resid: numpy.typing.NDArray[numpy.float64] | None = None) -> tuple[numpy.typing.NDArray[numpy.float64], ...]:
     """
     Leave-one-out Dirichlet-kernel reduction (one streaming pass, O(n K) memory).
 
@@ -112,6 +118,12 @@ def loo_reduce(logq: numpy.typing.NDArray[numpy.float32], p: numpy.typing.NDArra
     sum over ordered pairs of distinct centres of class c of their weight products,
     accumulated without cancellation (full relative precision when one neighbour dominates;
     S, Q, T are the same either way).
+    resid (None, or float64 u of shape (n,), or (B, n) for a batch; finite) appends the
+    residual sums A and U after D (or after T without pairs): over ALL centres, whatever
+    their label, A[t, j, k] = sum_{i != j} exp(L_ij - m[t, j]) * p[i, k] (shape (H, R, K))
+    and U[t, j] = sum_{i != j} exp(2 (L_ij - m[t, j])) * u[i] (shape (H, R)), with the
+    same dropping of negligible terms as S; m, S, Q, T, D are bit for bit the same with or
+    without resid.
     Arrays must already have the exact dtype (float64 or float32 for logq and p, int64
     labels, float64 scale and bias) and be C-contiguous. Releases the GIL.
     progress: None or a callable, called from the calling thread (about every 50 ms, and
@@ -120,7 +132,7 @@ def loo_reduce(logq: numpy.typing.NDArray[numpy.float32], p: numpy.typing.NDArra
     computation within about one block of rows per thread and propagates.
     """
 @typing.overload
-def loo_reduce_multi(logq: numpy.typing.NDArray[numpy.float64], p: numpy.typing.NDArray[numpy.float64], m: numpy.typing.NDArray[numpy.float64], labels: numpy.typing.NDArray[numpy.int64], n_classes: typing.SupportsInt | typing.SupportsIndex, scale: typing.SupportsFloat | typing.SupportsIndex, bias: numpy.typing.NDArray[numpy.float64], weights: numpy.typing.NDArray[numpy.float64] | None, powers: typing.SupportsInt | typing.SupportsIndex = 1, row_start: typing.SupportsInt | typing.SupportsIndex = 0, row_stop: typing.SupportsInt | typing.SupportsIndex = 0, n_threads: typing.SupportsInt | typing.SupportsIndex = 0, progress: typing.Callable[[int], object] | None = None) -> tuple[numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64]]:
+def loo_reduce_multi(logq: numpy.typing.NDArray[numpy.float64], p: numpy.typing.NDArray[numpy.float64], m: numpy.typing.NDArray[numpy.float64], labels: numpy.typing.NDArray[numpy.int64], n_classes: typing.SupportsInt | typing.SupportsIndex, scale: typing.SupportsFloat | typing.SupportsIndex, bias: numpy.typing.NDArray[numpy.float64], weights: numpy.typing.NDArray[numpy.float64] | None, powers: typing.SupportsInt | typing.SupportsIndex = 1, row_start: typing.SupportsInt | typing.SupportsIndex = 0, row_stop: typing.SupportsInt | typing.SupportsIndex = 0, n_threads: typing.SupportsInt | typing.SupportsIndex = 0, progress: typing.Callable[[int], object] | None = None, resid: numpy.typing.NDArray[numpy.float64] | None = None) -> tuple[numpy.typing.NDArray[numpy.float64], ...]:
     """
     Leave-one-out class sums of B label sets at once, for one bandwidth.
 
@@ -130,14 +142,17 @@ def loo_reduce_multi(logq: numpy.typing.NDArray[numpy.float64], p: numpy.typing.
     S[b, j, c] = sum_{i != j, labels[b, i] = c} weights[b, i] * w_ij and Q the same with
     w_ij^2 (shape (0, 0, 0) unless powers == 2); S and Q have shape (B, R, n_classes).
     Terms with L_ij - m[j] < -64 are dropped.  weights None means all 1.
-    Arrays must have the exact dtype (float64 or float32 for logq and p, float64 m, bias
-    and weights, int64 labels) and be C-contiguous. Releases the GIL. progress: None or a
-    callable, called from the calling thread (about every 50 ms, and once at the end) with
-    the number of query rows done so far (R in all). Ctrl-C (or an exception from progress)
+    resid (None, or float64 u of the shape of labels, finite) appends U of shape (B, R):
+    U[b, j] = sum_{i != j} weights[b, i] * w_ij^2 * u[b, i] over every class (the residual
+    sums; S and Q are the same with or without it).
+    Arrays must have the exact dtype (float64 or float32 for logq and p, float64 m, bias,
+    weights and resid, int64 labels) and be C-contiguous. Releases the GIL. progress: None
+    or a callable, called from the calling thread (about every 50 ms, and once at the end)
+    with the number of query rows done so far (R in all). Ctrl-C (or an exception from progress)
     stops the computation within about one group of rows per thread and propagates.
     """
 @typing.overload
-def loo_reduce_multi(logq: numpy.typing.NDArray[numpy.float32], p: numpy.typing.NDArray[numpy.float32], m: numpy.typing.NDArray[numpy.float64], labels: numpy.typing.NDArray[numpy.int64], n_classes: typing.SupportsInt | typing.SupportsIndex, scale: typing.SupportsFloat | typing.SupportsIndex, bias: numpy.typing.NDArray[numpy.float64], weights: numpy.typing.NDArray[numpy.float64] | None, powers: typing.SupportsInt | typing.SupportsIndex = 1, row_start: typing.SupportsInt | typing.SupportsIndex = 0, row_stop: typing.SupportsInt | typing.SupportsIndex = 0, n_threads: typing.SupportsInt | typing.SupportsIndex = 0, progress: typing.Callable[[int], object] | None = None) -> tuple[numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64]]:
+def loo_reduce_multi(logq: numpy.typing.NDArray[numpy.float32], p: numpy.typing.NDArray[numpy.float32], m: numpy.typing.NDArray[numpy.float64], labels: numpy.typing.NDArray[numpy.int64], n_classes: typing.SupportsInt | typing.SupportsIndex, scale: typing.SupportsFloat | typing.SupportsIndex, bias: numpy.typing.NDArray[numpy.float64], weights: numpy.typing.NDArray[numpy.float64] | None, powers: typing.SupportsInt | typing.SupportsIndex = 1, row_start: typing.SupportsInt | typing.SupportsIndex = 0, row_stop: typing.SupportsInt | typing.SupportsIndex = 0, n_threads: typing.SupportsInt | typing.SupportsIndex = 0, progress: typing.Callable[[int], object] | None = None, resid: numpy.typing.NDArray[numpy.float64] | None = None) -> tuple[numpy.typing.NDArray[numpy.float64], ...]:
     """
     Leave-one-out class sums of B label sets at once, for one bandwidth.
 
@@ -147,10 +162,13 @@ def loo_reduce_multi(logq: numpy.typing.NDArray[numpy.float32], p: numpy.typing.
     S[b, j, c] = sum_{i != j, labels[b, i] = c} weights[b, i] * w_ij and Q the same with
     w_ij^2 (shape (0, 0, 0) unless powers == 2); S and Q have shape (B, R, n_classes).
     Terms with L_ij - m[j] < -64 are dropped.  weights None means all 1.
-    Arrays must have the exact dtype (float64 or float32 for logq and p, float64 m, bias
-    and weights, int64 labels) and be C-contiguous. Releases the GIL. progress: None or a
-    callable, called from the calling thread (about every 50 ms, and once at the end) with
-    the number of query rows done so far (R in all). Ctrl-C (or an exception from progress)
+    resid (None, or float64 u of the shape of labels, finite) appends U of shape (B, R):
+    U[b, j] = sum_{i != j} weights[b, i] * w_ij^2 * u[b, i] over every class (the residual
+    sums; S and Q are the same with or without it).
+    Arrays must have the exact dtype (float64 or float32 for logq and p, float64 m, bias,
+    weights and resid, int64 labels) and be C-contiguous. Releases the GIL. progress: None
+    or a callable, called from the calling thread (about every 50 ms, and once at the end)
+    with the number of query rows done so far (R in all). Ctrl-C (or an exception from progress)
     stops the computation within about one group of rows per thread and propagates.
     """
 def max_threads() -> int:

@@ -211,6 +211,14 @@ def _gather_bias(src, order, dst):  # pragma: no cover - runs on the device
 
 
 @cuda.jit
+def _gather_rows(src, order, dst):  # pragma: no cover - runs on the device
+    # dst[b, i] = src[b, order[b, i]]
+    i, b = cuda.grid(2)
+    if b < src.shape[0] and i < src.shape[1]:
+        dst[b, i] = src[b, order[b, i]]
+
+
+@cuda.jit
 def _query_shift(logq, p, cj):  # pragma: no cover - runs on the device
     # cj[b, j] = sum_k logq[b, j, k] p[b, j, k] in float64 (the fast mode's shift)
     j, b = cuda.grid(2)
@@ -234,13 +242,15 @@ def _bias_kernel(p, scale, out):  # pragma: no cover - runs on the device
 
 
 def _forward_kernel(
-    K: int, fast: bool, powers: int, pairs: bool, split: bool = False
+    K: int, fast: bool, powers: int, pairs: bool, split: bool = False, resid: bool = False
 ) -> tuple[Any, int]:
     """Return the forward kernel for K coordinates, and its query rows per thread."""
     qb = int(QUERIES_PER_THREAD)
     fm = bool(FAST_MATH) and fast
     tb = FORWARD_TILE
-    kern = _forward_kernel_qb(K, fast, powers, pairs, qb, bool(CENTRE_ROWS), tb, fm, split)
+    kern = _forward_kernel_qb(
+        K, fast, powers, pairs, qb, bool(CENTRE_ROWS), tb, fm, split, bool(resid)
+    )
     return kern, qb
 
 
@@ -269,6 +279,7 @@ def _forward_kernel_qb(
     TB: int = TILE,
     fastmath: bool = False,
     split: bool = False,
+    resid: bool = False,
 ) -> Any:
     """Compile the forward kernel for K coordinates and QB query rows per thread.
 
@@ -288,6 +299,16 @@ def _forward_kernel_qb(
     writes its partial maximum, sums and ties to ``part`` (NS, 5, B, R, C); :data:`_merge`
     combines them.  This fills the card when there are too few query rows for it.
 
+    ``resid``: also the residual sums ``A_k = sum e p_ik`` and ``U = sum e^2 u_i`` over
+    the same terms ``e`` (centres ``pT`` and residuals ``us`` in class order), kept per
+    class relative to the running class maximum (a term at the maximum adds ``p_ik``,
+    ``u_i``; a new maximum rescales like ``x1``, ``x2``).  At the end of each class they
+    are folded into ``A``, ``U`` relative to the running row maximum (rescaled when a
+    class has a larger maximum), so that they are written relative to the row maximum
+    directly (:data:`_rescale` leaves them); with ``split``, each block writes its
+    class partials to ``partA`` (NS, B, R, C, K) and ``partU`` (NS, B, R, C) instead.
+    Without ``resid`` the kernel is the plain one (the flag is a compile-time constant).
+
     Fast mode: the K-dot is taken of the differences from the query's own point,
     ``G'_ij = sum_k log q_jk (p_ik - p_jk)`` in float32, and
     ``L_ij = bias_i + scale * (c_j + G'_ij)`` in float64 with
@@ -298,6 +319,7 @@ def _forward_kernel_qb(
     dt = float32 if fast else float64
     per_word = 4 if fast else 2  # values per 16 bytes
     KP = -(-K // per_word) * per_word
+    KA = K if resid else 1  # residual sums' scratch (a placeholder without resid)
 
     @cuda.jit(device=True, inline=True)
     def expd(x):  # pragma: no cover - runs on the device
@@ -306,10 +328,34 @@ def _forward_kernel_qb(
         return math.exp(x)
 
     @cuda.jit(fastmath=fastmath)
-    def kern(logq, pq, cj, pT, bs, seg, pos, scale, t, row0, row1, mc, m_out, S, Q, T, D, part):
-        # logq, pq (B, n, K) and cj (B, n) in query order; pT (B, K, n) and bs (B, H, n)
-        # in class order; seg (B, C + 1); pos (B, n); launch row r is query row0 + r:
-        # mc (B, R, C) and the outputs (B, H, R[, C]) are this launch's rows.
+    def kern(
+        logq,
+        pq,
+        cj,
+        pT,
+        bs,
+        seg,
+        pos,
+        scale,
+        t,
+        row0,
+        row1,
+        mc,
+        m_out,
+        S,
+        Q,
+        T,
+        D,
+        part,
+        us,
+        A,
+        U,
+        partA,
+        partU,
+    ):
+        # logq, pq (B, n, K) and cj (B, n) in query order; pT (B, K, n), bs (B, H, n) and
+        # us (B, n) in class order; seg (B, C + 1); pos (B, n); launch row r is query
+        # row0 + r: mc (B, R, C) and the outputs (B, H, R[, C or K]) are this launch's rows.
         b = cuda.blockIdx.y
         tid = cuda.threadIdx.x
         first = row0 + cuda.blockIdx.x * (TB * QB)
@@ -326,6 +372,9 @@ def _forward_kernel_qb(
         x2 = cuda.local.array(QB, float64)
         x3 = cuda.local.array(QB, float64)
         ties = cuda.local.array(QB, float64)
+        ush = cuda.shared.array(TB, float64)
+        xa = cuda.local.array((QB, KA), float64)
+        xu = cuda.local.array(QB, float64)
         st = scale[t]
         for q in range(QB):
             j = first + q * TB + tid
@@ -336,6 +385,10 @@ def _forward_kernel_qb(
                 for k in range(K):
                     lq[q, k] = logq[b, j, k]
                     pv[q, k] = pq[b, j, k] if fast else 0
+                if resid and not split:
+                    for k in range(K):
+                        A[b, t, j - row0, k] = 0.0
+                    U[b, t, j - row0] = 0.0
             else:  # no query: matches no centre position, its sums are never written
                 pj[q] = -1
                 sc[q] = 0.0
@@ -357,6 +410,10 @@ def _forward_kernel_qb(
                 x2[q] = 0.0
                 x3[q] = 0.0
                 ties[q] = 0.0
+                if resid:
+                    for k in range(K):
+                        xa[q, k] = 0.0
+                    xu[q] = 0.0
             for i0 in range(lo, hi, TB):
                 w = min(TB, hi - i0)
                 if tid < w:
@@ -366,6 +423,8 @@ def _forward_kernel_qb(
                         else:
                             psh[k, tid] = pT[b, k, i0 + tid]
                     bsh[tid] = bs[b, t, i0 + tid]
+                    if resid:
+                        ush[tid] = us[b, i0 + tid]
                 cuda.syncthreads()
                 for ii in range(w):
                     bi = bsh[ii]
@@ -397,10 +456,20 @@ def _forward_kernel_qb(
                                     x2[q] = (x2[q] + ties[q]) * (r * r)
                                 if powers >= 3:
                                     x3[q] = (x3[q] + ties[q]) * (r * r * r)
+                                if resid:  # the new maximum's own term is 1
+                                    for k in range(K):
+                                        pik = psh[ii, k] if rows else psh[k, ii]
+                                        xa[q, k] = xa[q, k] * r + float64(pik)
+                                    xu[q] = xu[q] * (r * r) + ush[ii]
                                 ties[q] = 1.0
                                 Mc[q] = L
                             elif d == 0.0:
                                 ties[q] += 1.0
+                                if resid:
+                                    for k in range(K):
+                                        pik = psh[ii, k] if rows else psh[k, ii]
+                                        xa[q, k] += float64(pik)
+                                    xu[q] += ush[ii]
                             else:
                                 e = expd(max(d, _CLAMP))
                                 x1[q] += e
@@ -408,6 +477,11 @@ def _forward_kernel_qb(
                                     x2[q] += e * e
                                 if powers >= 3:
                                     x3[q] += e * e * e
+                                if resid:
+                                    for k in range(K):
+                                        pik = psh[ii, k] if rows else psh[k, ii]
+                                        xa[q, k] += e * float64(pik)
+                                    xu[q] += (e * e) * ush[ii]
                 cuda.syncthreads()
             for q in range(QB):
                 j = first + q * TB + tid
@@ -418,9 +492,24 @@ def _forward_kernel_qb(
                     part[sp, 2, b, r, c] = x2[q]
                     part[sp, 3, b, r, c] = x3[q]
                     part[sp, 4, b, r, c] = ties[q]
+                    if resid:
+                        for k in range(K):
+                            partA[sp, b, r, c, k] = xa[q, k]
+                        partU[sp, b, r, c] = xu[q]
                 elif j < row1:
                     r = j - row0
                     mc[b, r, c] = Mc[q]
+                    if resid and Mc[q] > -_INF:  # fold the class into the row's sums
+                        if Mc[q] > mrow[q]:  # a larger maximum: rescale the row's sums
+                            f = math.exp(mrow[q] - Mc[q])
+                            for k in range(K):
+                                A[b, t, r, k] = A[b, t, r, k] * f + xa[q, k]
+                            U[b, t, r] = U[b, t, r] * (f * f) + xu[q]
+                        else:
+                            f = math.exp(Mc[q] - mrow[q])
+                            for k in range(K):
+                                A[b, t, r, k] += xa[q, k] * f
+                            U[b, t, r] += xu[q] * (f * f)
                     mrow[q] = max(mrow[q], Mc[q])
                     S[b, t, r, c] = x1[q] + ties[q]
                     if powers >= 2:
@@ -440,9 +529,12 @@ def _forward_kernel_qb(
 
 
 @cuda.jit
-def _merge(part, t, mc, m, S, Q, T, D, powers, pairs):  # pragma: no cover - on the device
+def _merge(
+    part, t, mc, m, S, Q, T, D, powers, pairs, partA, partU, A, U, resid
+):  # pragma: no cover - on the device
     # combine the partial class maxima, sums and ties of the centre splits; write the class
-    # sums relative to their class maximum (mc) and the row maximum m, as the kernel does
+    # sums relative to their class maximum (mc) and the row maximum m, as the kernel does;
+    # with resid, the residual sums of every split and class relative to the row maximum
     r, b = cuda.grid(2)
     if b < mc.shape[0] and r < mc.shape[1]:
         ns = part.shape[0]
@@ -481,6 +573,19 @@ def _merge(part, t, mc, m, S, Q, T, D, powers, pairs):  # pragma: no cover - on 
                 e2 = x2 + (ties - 1.0)
                 D[b, t, r, c] = (2.0 * e1 - e2) + e1 * e1
         m[b, t, r] = mrow
+        if resid:
+            for k in range(A.shape[3]):
+                A[b, t, r, k] = 0.0
+            u = 0.0
+            for c in range(mc.shape[2]):
+                for s in range(ns):
+                    ms = part[s, 0, b, r, c]
+                    if ms > -_INF:
+                        f = math.exp(ms - mrow)
+                        for k in range(A.shape[3]):
+                            A[b, t, r, k] += partA[s, b, r, c, k] * f
+                        u += partU[s, b, r, c] * (f * f)
+            U[b, t, r] = u
 
 
 @cuda.jit
@@ -503,19 +608,20 @@ def _rescale(mc, t, m, S, Q, T, D, powers, pairs):  # pragma: no cover - runs on
 
 
 @functools.cache
-def _multi_kernel(K: int, C: int, fast: bool, powers: int) -> Any:
+def _multi_kernel(K: int, C: int, fast: bool, powers: int, resid: bool = False) -> Any:
     """Compile the multi-label kernel.
 
     One block per query row; thread ``tid`` of block ``(r, y)`` owns label set
     ``y * TILE + tid`` and, in turn, computes the weight of one centre of each tile.
+    ``resid`` (a compile-time constant): also ``U[b, r] = sum weights w^2 u``.
     """
     dt = float32 if fast else float64
     TB = TILE
 
     @cuda.jit
-    def kern(logq, pq, cj, pT, m, labT, wT, scale, bias, row0, S, Q):  # pragma: no cover
+    def kern(logq, pq, cj, pT, m, labT, wT, scale, bias, row0, S, Q, uT, U):  # pragma: no cover
         # logq, pq (n, K); cj (n,); pT (K, n); m, bias (n,); labT (n, B) int32;
-        # wT (n, B) float64; S, Q (B, R, C).  Fast mode: the centred K-dot of the forward
+        # wT, uT (n, B) float64; S, Q (B, R, C); U (B, R).  Fast mode: the centred K-dot of the forward
         # kernel, so that the weights are those the forward pass summed.
         n = pT.shape[1]
         B = labT.shape[1]
@@ -531,6 +637,7 @@ def _multi_kernel(K: int, C: int, fast: bool, powers: int) -> Any:
         for c in range(C):
             acc[c] = 0.0
             acc2[c] = 0.0
+        accu = 0.0
         if tid == 0:
             for k in range(K):
                 lqs[k] = logq[j, k]
@@ -568,12 +675,16 @@ def _multi_kernel(K: int, C: int, fast: bool, powers: int) -> Any:
                             acc[lab] += v
                             if powers >= 2:
                                 acc2[lab] += v * wv
+                            if resid:
+                                accu += (v * wv) * uT[i0 + ii, bset]
                 cuda.syncthreads()
         if bset < B:
             for c in range(C):
                 S[bset, r, c] = acc[c]
                 if powers >= 2:
                     Q[bset, r, c] = acc2[c]
+            if resid:
+                U[bset, r] = accu
 
     return kern
 
@@ -768,6 +879,7 @@ def loo_reduce(
     pairs: bool = False,
     *,
     device_out: bool = False,
+    resid: Any = None,
 ) -> tuple[Any, ...]:
     """Leave-one-out Dirichlet-kernel reduction on the GPU (``kdecal._core.loo_reduce``).
 
@@ -793,6 +905,8 @@ def loo_reduce(
         Also return the pair sums ``D`` (needs ``powers >= 2``).
     device_out : bool
         Return numba device arrays (no copy to the host).
+    resid : array, shape (n,) or (B, n), float64, or None
+        Per-centre residuals ``u`` (host or CUDA array): also return ``A`` and ``U``.
 
     Returns
     -------
@@ -800,7 +914,11 @@ def loo_reduce(
     S, Q, T : array, shape ([B,] H, R, C), float64 (``Q``, ``T``: shape (0, 0, 0) unless
         requested)
     D : array, shape ([B,] H, R, C), float64, only with ``pairs``
-        The same accumulators as the compiled core (see :func:`kdecal._backends.loo_reduce`).
+    A : array, shape ([B,] H, R, K), float64, only with ``resid``
+    U : array, shape ([B,] H, R), float64, only with ``resid``
+        The same accumulators as the compiled core (see :func:`kdecal._backends.loo_reduce`);
+        ``A`` and ``U`` over the same (clamped) terms as ``S``, in float64 in both modes
+        (the fast mode's terms ``e`` are those of its ``S``).
 
     Notes
     -----
@@ -825,11 +943,17 @@ def loo_reduce(
     pT = cuda.device_array((Bn, K, n), dtype=dp.dtype)
     bs = cuda.device_array((Bn, H, n), dtype=np.float64)
     cj = cuda.device_array((Bn, n), dtype=np.float64)
+    has_u = resid is not None
+    us = cuda.device_array((Bn, n) if has_u else (1, 1), dtype=np.float64)
     if n and Bn:
         grid = ((n + TILE - 1) // TILE, Bn)
         _gather_T[grid, (TILE, 1)](dp, order, pT)
         _gather_bias[grid, (TILE, 1)](dbias, order, bs)
         _query_shift[grid, (TILE, 1)](dlogq, dp, cj)
+        if has_u:
+            du = resid if _on_device(resid) else np.ascontiguousarray(resid, dtype=np.float64)
+            du, _ = _batched(du, 2)
+            _gather_rows[grid, (TILE, 1)](_dev(du), order, us)
     dscale = cuda.to_device(scale_h)
     m = cuda.device_array((Bn, H, R), dtype=np.float64)
     shp = (Bn, H, R, C)
@@ -838,18 +962,27 @@ def loo_reduce(
     Q = cuda.device_array(shp if powers >= 2 else empty, dtype=np.float64)
     T = cuda.device_array(shp if powers >= 3 else empty, dtype=np.float64)
     D = cuda.device_array(shp if pairs else empty, dtype=np.float64)
+    A = cuda.device_array((Bn, H, R, K) if has_u else empty, dtype=np.float64)
+    U = cuda.device_array((Bn, H, R) if has_u else (1, 1, 1), dtype=np.float64)
     if R > 0 and H > 0 and Bn > 0:
-        kern, QB = _forward_kernel(K, fast, int(powers), bool(pairs))
+        kern, QB = _forward_kernel(K, fast, int(powers), bool(pairs), resid=has_u)
         TB = FORWARD_TILE
         step = _launch_rows(n, H * Bn, TB * QB)
         rows = min(step, R)
         mc = cuda.device_array((Bn, rows, C), dtype=np.float64)
-        ns = _centre_splits(-(-rows // QB) * Bn, 40.0 * Bn * rows * C)
+        part_bytes = 40.0 * Bn * rows * C + (8.0 * Bn * rows * C * (K + 1) if has_u else 0.0)
+        ns = _centre_splits(-(-rows // QB) * Bn, part_bytes)
         if ns > 1:
-            kern, QB = _forward_kernel(K, fast, int(powers), bool(pairs), split=True)
+            kern, QB = _forward_kernel(K, fast, int(powers), bool(pairs), split=True, resid=has_u)
             part = cuda.device_array((ns, 5, Bn, rows, C), dtype=np.float64)
         else:
             part = cuda.device_array((1, 1, 1, 1, 1), dtype=np.float64)
+        if ns > 1 and has_u:
+            partA = cuda.device_array((ns, Bn, rows, C, K), dtype=np.float64)
+            partU = cuda.device_array((ns, Bn, rows, C), dtype=np.float64)
+        else:
+            partA = cuda.device_array((1, 1, 1, 1, 1), dtype=np.float64)
+            partU = cuda.device_array((1, 1, 1, 1), dtype=np.float64)
         for a in range(r0, r1, step):
             b_ = min(a + step, r1)
             # each launch writes its rows' slice of the outputs (offset a - r0)
@@ -859,6 +992,8 @@ def loo_reduce(
             Qv = Q[:, :, sl, :] if powers >= 2 else Q
             Tv = T[:, :, sl, :] if powers >= 3 else T
             Dv = D[:, :, sl, :] if pairs else D
+            Av = A[:, :, sl, :] if has_u else A
+            Uv = U[:, :, sl] if has_u else U
             blocks = ((b_ - a + TB * QB - 1) // (TB * QB), Bn)
             rblocks = ((b_ - a + TILE - 1) // TILE, Bn)
             mcv = mc[:, : b_ - a, :]  # this launch's rows only (the last may be short)
@@ -882,11 +1017,32 @@ def loo_reduce(
                     Tv,
                     Dv,
                     part,
+                    us,
+                    Av,
+                    Uv,
+                    partA,
+                    partU,
                 )
                 if ns > 1:
                     pv = part[:, :, :, : b_ - a, :]
+                    pAv = partA[:, :, : b_ - a] if has_u else partA
+                    pUv = partU[:, :, : b_ - a] if has_u else partU
                     _merge[rblocks, (TILE, 1)](
-                        pv, t, mcv, mv, Sv, Qv, Tv, Dv, int(powers), bool(pairs)
+                        pv,
+                        t,
+                        mcv,
+                        mv,
+                        Sv,
+                        Qv,
+                        Tv,
+                        Dv,
+                        int(powers),
+                        bool(pairs),
+                        pAv,
+                        pUv,
+                        Av,
+                        Uv,
+                        has_u,
                     )
                 _rescale[rblocks, (TILE, 1)](mcv, t, mv, Sv, Qv, Tv, Dv, int(powers), bool(pairs))
             cuda.synchronize()
@@ -895,6 +1051,8 @@ def loo_reduce(
     outs = [m, S, Q if powers >= 2 else None, T if powers >= 3 else None]
     if pairs:
         outs.append(D)
+    if has_u:
+        outs += [A, U]
     return tuple(_finish(o, batched, device_out) for o in outs)
 
 
@@ -920,7 +1078,8 @@ def loo_reduce_multi(
     row_start: int = 0,
     row_stop: int | None = None,
     progress: Callable[[int], object] | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
+    resid: Any = None,
+) -> tuple[np.ndarray, ...]:
     """Class sums of B label sets at one bandwidth on the GPU (``kdecal._core.loo_reduce_multi``).
 
     Parameters
@@ -939,11 +1098,16 @@ def loo_reduce_multi(
         Query rows ``[row_start, row_stop)``.
     progress : callable or None
         Called with the number of query rows done so far.
+    resid : array, shape (B, n), float64, or None
+        Per-centre residuals of each set: also return ``U``.
 
     Returns
     -------
     S : ndarray, shape (B, R, n_classes), float64
     Q : ndarray, shape (B, R, n_classes), float64, or shape (0, 0, 0) if ``powers == 1``
+    U : ndarray, shape (B, R), float64, only with ``resid``
+        ``U[b, j] = sum_{i != j} weights[b, i] * w_ij ** 2 * resid[b, i]`` over the same
+        (not dropped) terms as ``S``.
 
     Notes
     -----
@@ -963,6 +1127,10 @@ def loo_reduce_multi(
     pT = cuda.to_device(np.ascontiguousarray(_host(p).T))
     labT = cuda.to_device(np.ascontiguousarray(lab_h.T))
     wT = cuda.to_device(np.ascontiguousarray(w_h.T))
+    has_u = resid is not None
+    uT = cuda.to_device(
+        np.ascontiguousarray(_host(resid).astype(np.float64).T) if has_u else np.zeros((1, 1))
+    )
     dlogq, dm, dbias = _dev(logq), _dev(m), _dev(bias)
     cj = cuda.device_array((1, n), dtype=np.float64)
     if n:
@@ -971,8 +1139,9 @@ def loo_reduce_multi(
         )
     S = cuda.device_array((B, R, C), dtype=np.float64)
     Q = cuda.device_array((B, R, C) if powers >= 2 else (0, 0, 0), dtype=np.float64)
+    U = cuda.device_array((B, R) if has_u else (1, 1), dtype=np.float64)
     if R > 0 and B > 0:
-        kern = _multi_kernel(K, C, fast, int(powers))
+        kern = _multi_kernel(K, C, fast, int(powers), has_u)
         step = _launch_rows(n, 1.0 + B / 32.0)
         nby = (B + TILE - 1) // TILE
         for a in range(r0, r1, step):
@@ -980,13 +1149,15 @@ def loo_reduce_multi(
             sl = slice(a - r0, b_ - r0)
             Sv = S[:, sl, :]
             Qv = Q[:, sl, :] if powers >= 2 else cuda.device_array((1, 1, 1))
+            Uv = U[:, sl] if has_u else U
             kern[(b_ - a, nby), (TILE, 1)](
-                dlogq, dp, cj[0], pT, dm, labT, wT, float(scale), dbias, a, Sv, Qv
+                dlogq, dp, cj[0], pT, dm, labT, wT, float(scale), dbias, a, Sv, Qv, uT, Uv
             )
             cuda.synchronize()
             if progress is not None:
                 progress(b_ - r0)
-    return S.copy_to_host(), (Q.copy_to_host() if powers >= 2 else np.zeros((0, 0, 0)))
+    out = (S.copy_to_host(), (Q.copy_to_host() if powers >= 2 else np.zeros((0, 0, 0))))
+    return out if not has_u else (*out, U.copy_to_host())
 
 
 def loo_grad(

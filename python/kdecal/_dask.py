@@ -206,9 +206,19 @@ def _reduce_block_pairs(*args: Any) -> tuple[np.ndarray, ...]:
     return tuple(_core_on_worker().loo_reduce(*args, 1, pairs=True))
 
 
+def _reduce_block_resid(resid: np.ndarray, pairs: bool, *args: Any) -> tuple[np.ndarray, ...]:
+    """:func:`_reduce_block` with the residual sums A and U (and D with ``pairs``)."""
+    return tuple(_core_on_worker().loo_reduce(*args, 1, pairs=pairs, resid=resid))
+
+
 def _reduce_multi_block(*args: Any) -> tuple[np.ndarray, ...]:
     """Worker side of :func:`loo_reduce_multi`: one single-threaded engine call."""
     return tuple(_core_on_worker().loo_reduce_multi(*args, 1))
+
+
+def _reduce_multi_block_resid(resid: np.ndarray, *args: Any) -> tuple[np.ndarray, ...]:
+    """:func:`_reduce_multi_block` that also returns the residual sums U."""
+    return tuple(_core_on_worker().loo_reduce_multi(*args, 1, resid=resid))
 
 
 def _n_threads(client: Any) -> int:
@@ -263,6 +273,7 @@ def loo_reduce(
     *,
     show: bool = False,
     pairs: bool = False,
+    resid: np.ndarray | None = None,
 ) -> tuple[np.ndarray, ...]:
     """``kdecal._backends.loo_reduce`` on the current client; same arguments and results.
 
@@ -276,10 +287,18 @@ def loo_reduce(
         Equal, bit for bit, to the in-process engine's.
     D : ndarray, shape ([B,] H, R, C), float64, only with ``pairs``
         The pair sums ``S**2 - Q`` (see ``kdecal._backends.loo_reduce``), bit for bit too.
+    A : ndarray, shape ([B,] H, R, K), float64, only with ``resid``
+    U : ndarray, shape ([B,] H, R), float64, only with ``resid``
+        The residual sums (see ``kdecal._backends.loo_reduce``), bit for bit too: the
+        row blocks' A concatenate along the row axis like S, their U like m.
     """
     from . import _backends
 
     if row_stop <= row_start:  # nothing to distribute; same (degenerate) call in-process
+        if resid is not None:
+            core_reduce: Any = _backends._core.loo_reduce
+            args0 = (logq, p, labels, n_classes, scale, bias, powers, row_start, row_stop, 1)
+            return tuple(core_reduce(*args0, pairs=pairs, resid=resid))
         return _backends._core.loo_reduce(
             logq, p, labels, n_classes, scale, bias, powers, row_start, row_stop, 1, pairs=pairs
         )
@@ -289,7 +308,7 @@ def loo_reduce(
     blocks = plan_blocks(
         row_start, row_stop, float(n) * K * len(scale) * n_problems, _n_threads(client)
     )
-    args = (
+    args: tuple[Any, ...] = (
         _broadcast(client, logq, cache=True),
         _broadcast(client, p, cache=True),
         _broadcast(client, labels, cache=True),
@@ -298,10 +317,20 @@ def loo_reduce(
         _broadcast(client, bias, cache=False),
         int(powers),
     )
-    func = _reduce_block_pairs if pairs else _reduce_block
+    if resid is None:
+        func: Any = _reduce_block_pairs if pairs else _reduce_block
+    else:  # the residuals go first (the row range comes last)
+        func = _reduce_block_resid
+        args = (_broadcast(client, resid, cache=False), bool(pairs), *args)
     parts = _run_blocks(client, func, args, blocks, "kdecal-loo-reduce", show)
     m = np.concatenate([x[0] for x in parts], axis=-1)
-    return (m, *(_concat(parts, k, -2) for k in range(1, len(parts[0]))))
+    n_out = len(parts[0])
+    # U (the last output with resid) has the shape of m: its rows on the last axis
+    last = n_out - 1 if resid is not None else n_out
+    out = [m, *(_concat(parts, k, -2) for k in range(1, last))]
+    if resid is not None:
+        out.append(np.concatenate([x[-1] for x in parts], axis=-1))
+    return tuple(out)
 
 
 def loo_reduce_multi(
@@ -318,7 +347,8 @@ def loo_reduce_multi(
     row_stop: int,
     *,
     show: bool = False,
-) -> tuple[np.ndarray, np.ndarray]:
+    resid: np.ndarray | None = None,
+) -> tuple[np.ndarray, ...]:
     """``kdecal._backends.loo_reduce_multi`` on the current client (validated arguments).
 
     Returns
@@ -326,12 +356,14 @@ def loo_reduce_multi(
     S : ndarray, shape (B, R, C), float64
     Q : ndarray, shape (B, R, C), float64, or (0, 0, 0) if ``powers == 1``
         Equal, bit for bit, to the in-process engine's.
+    U : ndarray, shape (B, R), float64, only with ``resid``
+        The residual sums, bit for bit too.
     """
     client = get_client()
     n, K = p.shape
     B = labels.shape[0]
     blocks = plan_blocks(row_start, row_stop, float(n) * K * max(1.0, B / 8.0), _n_threads(client))
-    args = (
+    args: tuple[Any, ...] = (
         _broadcast(client, logq, cache=True),
         _broadcast(client, p, cache=True),
         _broadcast(client, m, cache=True),
@@ -342,8 +374,13 @@ def loo_reduce_multi(
         None if weights is None else _broadcast(client, weights, cache=False),
         int(powers),
     )
-    parts = _run_blocks(client, _reduce_multi_block, args, blocks, "kdecal-loo-multi", show)
-    return _concat(parts, 0, 1), _concat(parts, 1, 1)
+    if resid is None:
+        parts = _run_blocks(client, _reduce_multi_block, args, blocks, "kdecal-loo-multi", show)
+        return _concat(parts, 0, 1), _concat(parts, 1, 1)
+    args = (_broadcast(client, resid, cache=False), *args)
+    parts = _run_blocks(client, _reduce_multi_block_resid, args, blocks, "kdecal-loo-multi", show)
+    U = np.concatenate([x[2] for x in parts], axis=1)
+    return _concat(parts, 0, 1), _concat(parts, 1, 1), U
 
 
 # ------------------------------------------------------------------ dask-array input

@@ -39,6 +39,28 @@ CALIBRATIONS = ("canonical", "classwise", "top_label")
 DEBIAS_MODES = ("none", "ustat", "ratio")
 _POWERS = {"none": 1, "ustat": 2, "ratio": 3}
 
+#: Regressions of ``E[y | f]``: "residual" (the default) smooths the residuals
+#: ``y_i - f_i`` and adds them back, ``E_j = f_j + sum_i w_ij (y_i - f_i) / sum_i w_ij``;
+#: "plugin" smooths the labels, ``E_j = sum_i w_ij y_i / sum_i w_ij`` (the papers').
+ESTIMATORS = ("residual", "plugin")
+
+#: Bandwidth of the residual-centred squared-L2 and KL quantities with
+#: ``bandwidth="auto"``, as a multiple of the leave-one-out Brier bandwidth (which the
+#: L_p quantities use): the squared quantities are dominated by the kernel's smoothing
+#: bias at the Brier bandwidth, which their U-statistic (L2) or the residual centring
+#: (KL) does not remove; half of it removes most of that bias (bench/README.md,
+#: "Residual-centred estimators").
+RESIDUAL_SQ_FACTOR = 0.5
+
+#: Each coordinate of a residual-centred estimate used by the KL quantities is kept at
+#: or above this fraction of the prediction's coordinate (see :meth:`Estimate.simplex_E`).
+RESIDUAL_KL_FLOOR = 1e-3
+
+#: Rows whose residual U-statistic denominator ``sum_{i != k} w_i w_k`` is below this
+#: fraction of ``(sum_i w_i)^2`` have one effective neighbour: the statistic is undefined
+#: there (and its numerator would lose all digits), so the plain square is used.
+RESIDUAL_DEGENERATE = 1e-8
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -142,11 +164,14 @@ def engine(
     rows: tuple[int, int] | None = None,
     pairs: bool = False,
     inputs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+    resid: bool = False,
 ) -> tuple[np.ndarray, ...]:
     """One batched leave-one-out pass: m (B, H, R) and S, Q, T (B, H, R, C).
 
     ``rows`` restricts the query rows to ``[start, stop)`` (R of them; default all n),
-    always against all n centres; ``pairs`` appends the pair sums D (B, H, R, C).
+    always against all n centres; ``pairs`` appends the pair sums D (B, H, R, C);
+    ``resid`` appends the residual sums A (B, H, R, D) and U (B, H, R) of
+    :func:`residual_weights`.
     ``inputs``: :func:`kernel_inputs` of ``problem`` and ``hs``, when the caller has them.
     """
     logq, pk, bias = kernel_inputs(problem, hs) if inputs is None else inputs
@@ -166,7 +191,19 @@ def engine(
         progress=progress,
         rows=rows,
         pairs=pairs,
+        resid=residual_weights(problem) if resid else None,
     )
+
+
+def residual_weights(problem: Problem) -> np.ndarray:
+    """``||y_i - f_i||^2`` over the coordinates of the squared quantities, (B, n) float64.
+
+    The per-centre weights of the engine's residual sum ``U = sum_i w_ij^2 u_i`` (the
+    diagonal of the residual U-statistic); binary problems use the positive coordinate.
+    """
+    c = problem.coords
+    r = (problem.one_hot() - problem.p)[..., c]
+    return np.ascontiguousarray(np.sum(r * r, axis=-1), dtype=np.float64)
 
 
 def loo_log_likelihood(
@@ -582,6 +619,16 @@ class Estimate:
         Class sums of ``exp(L_ij - m_j)``.
     Q : ndarray or None, shape (B, n, D)
         Class sums of ``exp(2 (L_ij - m_j))`` when the debiasing mode needed them.
+    row_weights : ndarray or None, shape (n,)
+        Row multiplicities of a bootstrap replicate.
+    estimator : {"plugin", "residual"}
+        How ``E`` was formed: the ratio ``S / sum S`` ("plugin") or ``f + (S - A) /
+        sum S`` ("residual", see :data:`ESTIMATORS`).
+    sqerr : ndarray or None, shape (B, n)
+        Residual estimates only, with ``debias="ustat"``: per row, the normalised
+        U-statistic of ``||E[y | f_j] - f_j||^2`` (see :func:`residual_estimate`).
+    A : ndarray or None, shape (B, n, D)
+        Residual estimates only: ``sum_i w_ij f_i`` in the units of ``S``.
     """
 
     problem: Problem
@@ -594,6 +641,9 @@ class Estimate:
     S: np.ndarray | None = None
     Q: np.ndarray | None = None
     row_weights: np.ndarray | None = None
+    estimator: str = "plugin"
+    sqerr: np.ndarray | None = None
+    A: np.ndarray | None = None
 
     def mean(self, x: np.ndarray) -> float:
         """Mean of per-row terms ``x`` (B, n) over rows and over the batch's problems.
@@ -631,7 +681,22 @@ class Estimate:
         return np.asarray(np.sum(Y * w, axis=1, keepdims=True) / total)
 
     def simplex_E(self) -> np.ndarray:
-        """E projected on the simplex (clip at 0, renormalise) for generators needing it."""
+        """E inside the simplex, for the generators that need it (KL, custom).
+
+        The plug-in's ratio lies on the simplex, its App. C debiased form is clipped at 0
+        and renormalised. A residual-centred ``E = f + g`` sums to 1 but may leave the
+        simplex where ``g_c < -f_c``: it is moved back along its own correction,
+        ``f + t g`` with the largest ``t <= 1`` that keeps every coordinate at least
+        :data:`RESIDUAL_KL_FLOOR` times ``f_c`` (so the KL divergence stays finite and
+        its direction is kept); rows inside are unchanged.
+        """
+        if self.estimator == "residual":
+            f = self.problem.p
+            g = self.E - f
+            with np.errstate(divide="ignore", invalid="ignore"):
+                lim = np.where(g < 0.0, (1.0 - RESIDUAL_KL_FLOOR) * f / -g, np.inf)
+            t = np.minimum(1.0, np.min(lim, axis=-1, keepdims=True))
+            return np.asarray(np.where(t < 1.0, f + t * g, self.E))
         if self.debias != "ratio":
             return self.E
         E = np.clip(self.E, 0.0, None)
@@ -720,6 +785,154 @@ def estimate_from(
             stacklevel=4,
         )
     return Estimate(problem, bandwidth, debias, E, sq, n_deg, m, S, Qh)
+
+
+def residual_estimate(
+    problem: Problem,
+    bandwidth: float,
+    debias: str,
+    m: np.ndarray,
+    S: np.ndarray,
+    Q: np.ndarray | None,
+    D: np.ndarray | None,
+    A: np.ndarray,
+    U: np.ndarray | None,
+    warn: bool = True,
+) -> Estimate:
+    """Form the residual-centred estimate from one bandwidth's accumulators.
+
+    With ``r_i = y_i - f_i``, class sums ``S`` (B, n, D), ``S0 = sum_c S_c`` and the
+    engine's residual sums ``A = sum_i w_ij f_i`` (B, n, D), ``U = sum_i w_ij^2
+    ||r_i||^2`` (B, n) (:func:`residual_weights`):
+
+    - ``g_j = (S_j - A_j) / S0_j = sum_{i != j} w_ij r_i / sum_{i != j} w_ij``, the
+      leave-one-out kernel regression of the residuals, and ``E_j = f_j + g_j``. Under
+      calibration ``E[r | f] = 0``, so the kernel's smoothing of ``f`` itself (the
+      shrinkage of the plug-in ratio towards the centre of the data, which it reports
+      as miscalibration) does not enter ``g``;
+    - with ``debias="ustat"``, the squared error of row j as the normalised
+      U-statistic ``(||S_j - A_j||^2 - U_j) / (S0_j^2 - Q0_j) = sum_{i != k} w_ij w_kj
+      <r_i, r_k> / sum_{i != k} w_ij w_kj`` (pairs of distinct centres, both != j), which
+      is exactly unbiased for the smoothed squared error under calibration: the
+      normalised form of the SKCE statistic (Widmann, Lindsten & Zachariah, NeurIPS
+      2019) with the Dirichlet kernel. The denominator comes from the engine's pair
+      sums ``D`` without cancellation; rows where it is below
+      :data:`RESIDUAL_DEGENERATE` of ``S0^2`` (one effective neighbour) use ``||g_j||^2``
+      and are counted in ``n_degenerate``.
+    """
+    S0 = S.sum(axis=-1, keepdims=True)
+    R = S - A
+    g = R / S0
+    E = problem.p + g
+    sqerr = None
+    n_deg = 0
+    if debias == "ustat":
+        assert Q is not None and U is not None
+        c = problem.coords
+        num = np.sum(R[..., c] ** 2, axis=-1) - U
+        # sum over ordered pairs of distinct centres: within a class (D), across classes;
+        # without D (the resampling passes), S0^2 - Q0, which cancels only in rows that
+        # the threshold below treats as degenerate anyway
+        if D is None:
+            den = S0[..., 0] ** 2 - np.sum(Q, axis=-1)
+        else:
+            den = np.sum(D, axis=-1) + np.sum(S * (S0 - S), axis=-1)
+        ok = den > RESIDUAL_DEGENERATE * S0[..., 0] ** 2
+        plain = np.sum(g[..., c] ** 2, axis=-1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            sqerr = np.where(ok, num / np.where(ok, den, 1.0), plain)
+        n_deg = int(np.count_nonzero(~ok))
+        if n_deg and warn and n_deg > 1e-3 * ok.size:
+            warnings.warn(
+                f"{n_deg} of {ok.size} query rows have a single effective neighbour at "
+                f"bandwidth {bandwidth:g}; their plain squared residual was used. A "
+                "larger bandwidth avoids this.",
+                KdecalWarning,
+                stacklevel=4,
+            )
+    elif debias == "ratio":
+        raise ValueError("debias='ratio' applies to estimator='plugin' only")
+    return Estimate(
+        problem,
+        bandwidth,
+        debias,
+        E,
+        None,
+        n_deg,
+        m,
+        S,
+        Q,
+        estimator="residual",
+        sqerr=sqerr,
+        A=A,
+    )
+
+
+def fit_residual(
+    problem: Problem,
+    bandwidth: float | str | dict[str, float],
+    debias: str,
+    backend: str,
+    progress: bool | None,
+    kinds: tuple[str, ...] = ("lp", "sq"),
+    criterion: str = "brier",
+) -> dict[str, tuple[Estimate, Search | None]]:
+    """Residual-centred estimates for the quantity kinds asked, sharing one engine pass.
+
+    Kinds: "lp" (the L_p ECE^KDE with p != 2 and custom Bregman generators) and "sq"
+    (squared L2, L2 ECE^KDE and KL). ``bandwidth="auto"`` searches the leave-one-out
+    risk of ``criterion`` ("brier" by default, or "log") once
+    (:func:`search_bandwidths`); "lp" uses its minimiser ``h_B`` and "sq"
+    ``RESIDUAL_SQ_FACTOR * h_B``. "loo-mle" (as ``bandwidth`` or ``criterion``) and a
+    float give every kind the same bandwidth. All distinct bandwidths are one engine
+    call (the GEMM is shared). A dict gives each kind its bandwidth (the rule applied
+    to a common bandwidth by :func:`kdecal.compare`).
+    """
+    if debias == "ratio":
+        raise ValueError("debias='ratio' applies to estimator='plugin' only")
+    search: Search | None = None
+    if isinstance(bandwidth, str):
+        if bandwidth == "loo-mle" or criterion == "loo-mle":
+            from .kde import DEFAULT_BANDWIDTH_GRID
+
+            h = select_bandwidth(problem, np.asarray(DEFAULT_BANDWIDTH_GRID), backend, progress)
+            hs = dict.fromkeys(kinds, h)
+        else:
+            search, _ = search_bandwidth(problem, criterion, 0, backend, progress)
+            hs = {"lp": search.bandwidth, "sq": RESIDUAL_SQ_FACTOR * search.bandwidth}
+    elif isinstance(bandwidth, dict):
+        hs = {k: float(bandwidth[k]) for k in kinds}
+    else:
+        hs = dict.fromkeys(kinds, float(bandwidth))
+    distinct = sorted({hs[k] for k in kinds})
+    debiased = debias != "none"
+    sums = engine(
+        problem,
+        np.asarray(distinct),
+        labelled=True,
+        powers=2 if debiased else 1,
+        backend=backend,
+        progress=progress,
+        pairs=debiased,
+        resid=True,
+    )
+    m, S, Q = sums[0], sums[1], sums[2]
+    D = sums[4] if debiased else None
+    A, U = sums[-2], sums[-1]
+    made = {}
+    for t, h in enumerate(distinct):
+        made[h] = residual_estimate(
+            problem,
+            h,
+            debias,
+            m[:, t],
+            S[:, t],
+            Q[:, t] if debiased else None,
+            None if D is None else D[:, t],
+            A[:, t],
+            U[:, t],
+        )
+    return {k: (made[hs[k]], search) for k in kinds}
 
 
 def fit(
@@ -834,9 +1047,16 @@ class L2Generator(Generator):
         return np.asarray(_f.generator_rows("l2", v, problem.binary))
 
     def F(self, est: Estimate) -> np.ndarray:
+        if est.sqerr is not None:  # ||E||^2 = ||f||^2 + 2 <f, g> + ||g||^2 (U-statistic)
+            c = est.problem.coords
+            f = est.problem.p[..., c]
+            g = est.E[..., c] - f
+            return np.asarray(np.sum(f * f + 2.0 * f * g, axis=-1) + est.sqerr)
         return np.asarray(_f.generator_rows("l2", est.E, est.problem.binary, est.squares()))
 
     def divergence(self, est: Estimate) -> np.ndarray:
+        if est.sqerr is not None:
+            return est.sqerr
         pr = est.problem
         return np.asarray(_f.divergence_rows("l2", est.E, pr.p, pr.binary, est.squares()))
 
@@ -897,7 +1117,9 @@ def ce_p(est: Estimate, p: float) -> float:
     f = est.problem.p[..., c]
     E = est.E[..., c]
     scale = 1.0
-    if p == 2.0 and est.sq is not None:
+    if p == 2.0 and est.sqerr is not None:
+        inner = est.sqerr
+    elif p == 2.0 and est.sq is not None:
         inner = _f.squared_rows(E, f, est.sq[..., c])
     else:
         d = np.abs(E - f)

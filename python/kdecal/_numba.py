@@ -263,6 +263,13 @@ def _tile(
     Q_out,
     T_out,
     D_out,
+    pf,
+    us,
+    EA,
+    acc_a,
+    acc_u,
+    A_out,
+    U_out,
 ):
     """All outputs of the tq query rows j0 .. j0+tq-1 (output rows r0 ..).
 
@@ -275,6 +282,13 @@ def _tile(
     not depend on the tile it belongs to.  With ``pairs``, the excess sums over the
     class maximum (whose terms, ``L == m_c`` exactly, are counted instead of summed)
     give ``D = S^2 - Q`` without cancellation, as in the C++ engine.
+
+    The residual sums (``us`` not None: ``pf`` the centres (K, n) in float64, ``us`` the
+    residuals, both in class order) ``A_k = sum e p_ik`` and ``U = sum e^2 u_i`` over
+    the same terms ``e`` as ``S`` are kept per class relative to the class maximum and
+    added to ``A_out``, ``U_out`` scaled by ``exp(m_c - m)`` (``exp(2 (m_c - m))``) at
+    the end of each class.  ``us is None`` compiles them out (numba prunes the branches
+    on an argument's ``None`` type), so that the plain call is unchanged.
     """
     H = scale.shape[0]
     C = seg_lo.shape[0]
@@ -310,6 +324,10 @@ def _tile(
             for c in range(C):
                 mrow = max(mrow, mc[t, q, c])
             m_out[t, r0 + q] = mrow
+            if us is not None:
+                for k in range(A_out.shape[2]):
+                    A_out[t, r0 + q, k] = 0.0
+                U_out[t, r0 + q] = 0.0
     # Pass 2: sums of exp(max(L - m_c, -230)) and of its square and cube.
     for c in range(C):
         lo = seg_lo[c]
@@ -318,6 +336,10 @@ def _tile(
             for q in range(tq):
                 for a in range(6):
                     acc_s[a, t, q] = 0.0
+                if us is not None:
+                    for k in range(acc_a.shape[2]):
+                        acc_a[t, q, k] = 0.0
+                    acc_u[t, q] = 0.0
         for i0 in range(lo, hi, nb):
             i1 = min(i0 + nb, hi)
             w = i1 - i0
@@ -361,6 +383,17 @@ def _tile(
                                 e3[ii] = e2[ii] * e[ii]
                             acc_s[2, t, q] += _tree_sum(e3)
                         acc_s[1, t, q] += _tree_sum(e2)
+                    if us is not None:  # (before the sum of e, which destroys e)
+                        ea = EA[:w]
+                        for k in range(pf.shape[0]):
+                            pk = pf[k, i0:i1]
+                            for ii in range(w):
+                                ea[ii] = e[ii] * pk[ii]
+                            acc_a[t, q, k] += _tree_sum(ea)
+                        uu = us[i0:i1]
+                        for ii in range(w):
+                            ea[ii] = (e[ii] * e[ii]) * uu[ii]
+                        acc_u[t, q] += _tree_sum(ea)
                     acc_s[0, t, q] += _tree_sum(e)
         for t in range(H):
             for q in range(tq):
@@ -377,6 +410,11 @@ def _tile(
                     continue
                 d = v - m_out[t, r]
                 S_out[t, r, c] = acc_s[0, t, q] * math.exp(d)
+                if us is not None:
+                    f1 = math.exp(d)
+                    for k in range(A_out.shape[2]):
+                        A_out[t, r, k] += acc_a[t, q, k] * f1
+                    U_out[t, r] += acc_u[t, q] * math.exp(2.0 * d)
                 if powers >= 2:
                     Q_out[t, r, c] = acc_s[1, t, q] * math.exp(2.0 * d)
                 if powers >= 3:
@@ -413,8 +451,13 @@ def _loo_reduce_kernel(
     T_out,
     D_out,
     n_chunks,
+    pf,
+    us,
+    A_out,
+    U_out,
 ):
     # Query rows [row_start, row_stop) go to output rows out_off + (j - row_start).
+    # us None (pf, A_out, U_out then empty): no residual sums, compiled out of _tile.
     n = psT.shape[1]
     H = scale.shape[0]
     C = seg_lo.shape[0]
@@ -438,6 +481,9 @@ def _loo_reduce_kernel(
         acc = np.empty_like(psT[0, :nb])
         mc = np.empty((H, _TQ, C), np.float64)
         acc_s = np.empty((6, H, _TQ), np.float64)
+        EA = np.empty(nb if pf.shape[0] > 0 else 0, np.float64)
+        acc_a = np.empty((H, _TQ, pf.shape[0]), np.float64)
+        acc_u = np.empty((H, _TQ), np.float64)
         for r0 in range(c0, c1, _TQ):
             tq = min(_TQ, c1 - r0)
             _tile(
@@ -467,6 +513,13 @@ def _loo_reduce_kernel(
                 Q_out,
                 T_out,
                 D_out,
+                pf,
+                us,
+                EA,
+                acc_a,
+                acc_u,
+                A_out,
+                U_out,
             )
 
 
@@ -506,6 +559,7 @@ def loo_reduce(
     row_stop,
     progress=None,
     pairs=False,
+    resid=None,
 ):
     """Per-class leave-one-out sums of Dirichlet-kernel values (numba backend).
 
@@ -519,6 +573,8 @@ def loo_reduce(
         S_c(j) = sum_{i != j, labels[i] == c} exp(L_ij - m(j))
         Q_c(j) = sum_{i != j, labels[i] == c} exp(2 (L_ij - m(j)))
         T_c(j) = sum_{i != j, labels[i] == c} exp(3 (L_ij - m(j)))
+        A_k(j) = sum_{i != j} exp(L_ij - m(j)) * p[i, k]         (with ``resid``)
+        U(j)   = sum_{i != j} exp(2 (L_ij - m(j))) * resid[i]     (with ``resid``)
 
     ``L_ij`` is the Dirichlet kernel ``log k_h(f_j; f_i)`` of Popordanoska et
     al. (2022), Eq. 10, less the constant ``lgamma(1/h + K)``; ``S_c / sum_c
@@ -550,6 +606,8 @@ def loo_reduce(
         call with ``row_stop - row_start``).
     pairs : bool
         Also return the pair sums ``D`` (needs ``powers >= 2``; not checked here).
+    resid : ndarray, shape (n,), float64, or None
+        Per-centre residuals ``u``: also return the residual sums ``A`` and ``U``.
 
     Returns
     -------
@@ -566,6 +624,12 @@ def loo_reduce(
         (exactly 1 relative to the class maximum, counted rather than added), so that
         it keeps its full relative precision when one neighbour dominates, where
         ``S**2 - Q`` would cancel.  ``S``, ``Q``, ``T`` do not depend on ``pairs``.
+    A : ndarray, shape (H, R, K), float64, only with ``resid``
+        ``A_k(j)``, over the centres of every class (``p`` taken in float64).
+    U : ndarray, shape (H, R), float64, only with ``resid``
+        ``U(j)``.  Both are summed over the same terms as ``S`` (the same clamping), per
+        class relative to the class maximum, then scaled to the row maximum; ``S``,
+        ``Q``, ``T``, ``D`` do not depend on ``resid``.
 
     Notes
     -----
@@ -597,6 +661,7 @@ def loo_reduce(
     seg_hi = np.cumsum(counts).astype(np.int64)
     seg_lo = (seg_hi - counts).astype(np.int64)
     if n <= 1 or bool(np.all(labels[1:] >= labels[:-1])):
+        order = None
         pos = np.arange(n, dtype=np.int64)
         psT = np.ascontiguousarray(p.T)
         bs = bias
@@ -606,6 +671,19 @@ def loo_reduce(
         pos[order] = np.arange(n, dtype=np.int64)
         psT = np.ascontiguousarray(p[order].T)
         bs = np.ascontiguousarray(bias[:, order])
+    K = p.shape[1]
+    if resid is None:
+        us = None
+        pf = np.empty((0, 0), dtype=np.float64)
+        A = np.empty((0, 0, 0), dtype=np.float64)
+        U = np.empty((0, 0), dtype=np.float64)
+    else:
+        us = np.ascontiguousarray(resid, dtype=np.float64)
+        if order is not None:
+            us = np.ascontiguousarray(us[order])
+        pf = np.ascontiguousarray(psT, dtype=np.float64)
+        A = np.empty((H, R, K), dtype=np.float64)
+        U = np.empty((H, R), dtype=np.float64)
 
     m = np.empty((H, R), dtype=np.float64)
     S = np.empty((H, R, C), dtype=np.float64)
@@ -614,9 +692,9 @@ def loo_reduce(
     pairs = bool(pairs)
     D = np.empty((H, R, C) if pairs else (0, 0, 0), dtype=np.float64)
     if R > 0 and H > 0:
-        K = p.shape[1]
         nt = numba.get_num_threads()
-        for a, b in _chunks(row_start, row_stop, n * (H + K / 4.0), nt):
+        cost = n * (H + K / 4.0) + (0.0 if resid is None else n * H * (K + 1) / 4.0)
+        for a, b in _chunks(row_start, row_stop, cost, nt):
             _loo_reduce_kernel(
                 logq,
                 psT,
@@ -636,12 +714,15 @@ def loo_reduce(
                 T,
                 D,
                 4 * nt,
+                pf,
+                us,
+                A,
+                U,
             )
             if progress is not None:
                 progress(b - row_start)
-    if pairs:
-        return m, S, Q, T, D
-    return m, S, Q, T
+    out = (m, S, Q, T, D) if pairs else (m, S, Q, T)
+    return out if resid is None else (*out, A, U)
 
 
 # ---------------------------------------------------------------------------
@@ -652,9 +733,25 @@ _DROP = -64.0  # terms more than 64 below the row max are dropped (kDrop of the 
 
 @njit(parallel=True, **_JIT)
 def _multi_kernel(
-    logq, pT, m, labels, weights, scale, bias, powers, row_start, row_stop, out_off, S, Q, n_chunks
+    logq,
+    pT,
+    m,
+    labels,
+    weights,
+    scale,
+    bias,
+    powers,
+    row_start,
+    row_stop,
+    out_off,
+    S,
+    Q,
+    n_chunks,
+    resid,
+    U,
 ):
     # Query rows [row_start, row_stop) go to output rows out_off + (j - row_start).
+    # resid None (U then empty): no residual sums, compiled out (a pruned branch).
     K = pT.shape[0]
     n = pT.shape[1]
     B = labels.shape[0]
@@ -675,6 +772,8 @@ def _multi_kernel(
                     S[b, r, c] = 0.0
                     if powers >= 2:
                         Q[b, r, c] = 0.0
+                if resid is not None:
+                    U[b, r] = 0.0
             if mj == -np.inf:  # no centre at all
                 continue
             # G_ij in the input dtype, k = 0 .. K-1
@@ -701,10 +800,29 @@ def _multi_kernel(
                     S[b, r, lab[i]] += v
                     if powers >= 2:
                         Q[b, r, lab[i]] += v * w[t]
+                if resid is not None:
+                    ub = resid[b]
+                    su = 0.0
+                    for t in range(na):
+                        i = act[t]
+                        su += ((wb[i] * w[t]) * w[t]) * ub[i]
+                    U[b, r] = su
 
 
 def loo_reduce_multi(
-    logq, p, m, labels, n_classes, scale, bias, weights, powers, row_start, row_stop, progress=None
+    logq,
+    p,
+    m,
+    labels,
+    n_classes,
+    scale,
+    bias,
+    weights,
+    powers,
+    row_start,
+    row_stop,
+    progress=None,
+    resid=None,
 ):
     """Class sums of B label sets at once, for one bandwidth (numba backend).
 
@@ -715,6 +833,7 @@ def loo_reduce_multi(
         w_ij      = exp(L_ij - m[j])          (m: the row max over i != j of L_ij)
         S[b, j, c] = sum_{i != j, labels[b, i] == c} weights[b, i] * w_ij
         Q[b, j, c] = sum_{i != j, labels[b, i] == c} weights[b, i] * w_ij ** 2
+        U[b, j]    = sum_{i != j} weights[b, i] * w_ij ** 2 * resid[b, i]   (with ``resid``)
 
     Terms with ``L_ij - m[j] < -64`` are dropped, as in the C++ engine; a row with
     ``m[j] = -inf`` gets zeros.
@@ -734,11 +853,15 @@ def loo_reduce_multi(
         ``0 <= row_start <= row_stop <= n``.
     progress : callable or None
         Called after every chunk of rows with the number of rows done so far.
+    resid : ndarray, shape (B, n), float64, or None
+        Per-centre residuals of each set: also return ``U``.
 
     Returns
     -------
     S : ndarray, shape (B, R, n_classes), float64
     Q : ndarray, shape (B, R, n_classes), float64, or shape (0, 0, 0) if ``powers == 1``
+    U : ndarray, shape (B, R), float64, only with ``resid``
+        Summed over the same (not dropped) terms as ``Q``, in centre order.
 
     Notes
     -----
@@ -763,6 +886,11 @@ def loo_reduce_multi(
     weights = np.ascontiguousarray(weights, dtype=np.float64)
     S = np.zeros((B, R, C), dtype=np.float64)
     Q = np.zeros((B, R, C) if powers >= 2 else (0, 0, 0), dtype=np.float64)
+    if resid is not None:
+        resid = np.ascontiguousarray(resid, dtype=np.float64)
+        U = np.zeros((B, R), dtype=np.float64)
+    else:
+        U = np.zeros((0, 0), dtype=np.float64)
     if R > 0 and B > 0:
         nt = numba.get_num_threads()
         K, n = pT.shape
@@ -782,12 +910,14 @@ def loo_reduce_multi(
                 S,
                 Q,
                 4 * nt,
+                resid,
+                U,
             )
             if progress is not None:
                 progress(b - row_start)
     elif progress is not None and R > 0:
         progress(R)
-    return S, Q
+    return (S, Q) if resid is None else (S, Q, U)
 
 
 def warmup():

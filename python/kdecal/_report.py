@@ -210,6 +210,12 @@ class CalibrationReport:
         where resampling is undefined (every row of a replicate lost its neighbours).
     notes : list of str
         Plain-language warnings, e.g. when an estimate is dominated by its bias.
+    estimator : str
+        Regression of ``E[y | f]``: ``"residual"`` (residual-centred, the default of
+        :func:`kdecal.evaluate`) or ``"plugin"`` (the papers' ratio).
+    bandwidth_l2 : float or None
+        Bandwidth of the squared L2 and L2 quantities (``ce_l2``, ``ece_kde_l2``,
+        ``refinement_l2``, ``sharpness_l2``); equal to ``bandwidth`` for the plug-in.
 
     References
     ----------
@@ -249,6 +255,8 @@ class CalibrationReport:
     calibration_loss: float | None = None
     notions: dict[str, dict[str, Any]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    estimator: str = "plugin"
+    bandwidth_l2: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return the report as a dict of plain Python values.
@@ -275,7 +283,10 @@ class CalibrationReport:
                 f"bandwidth = {bw_text}, backend = {self.backend}, "
                 f"wall time = {_plain(self.wall_time_s):.3g} s"
             ),
-            f"calibration = {self.calibration}, debias = {self.debias}",
+            (
+                f"calibration = {self.calibration}, debias = {self.debias}, "
+                f"estimator = {self.estimator}"
+            ),
             "",
         ]
         notion = self.calibration.replace("_", "-")
@@ -298,6 +309,16 @@ class CalibrationReport:
         kl_h = (
             "" if self.bandwidth_kl is None else f", KL quantities at h = {self.bandwidth_kl:.6g}"
         )
+        if self.bandwidth_l2 is not None and self.bandwidth_l2 != self.bandwidth:
+            kl_h = (
+                f", L2 quantities at h = {self.bandwidth_l2:.6g}"
+                if self.bandwidth_kl != self.bandwidth_l2
+                else f", L2 and KL quantities at h = {self.bandwidth_l2:.6g}"
+            ) + (
+                ""
+                if self.bandwidth_kl in (None, self.bandwidth_l2)
+                else f", KL quantities at h = {self.bandwidth_kl:.6g}"
+            )
         lines.append(f"bandwidth rule: {self.bandwidth_rule}{kl_h}")
         if self.notions:
             lines.append("")

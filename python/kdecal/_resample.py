@@ -147,8 +147,13 @@ def replicates(
     # and v^2 (for Q). Issue 26: with sum v w^2 the pairs of copies of a centre entered
     # the U-statistic, shifting every bootstrap replicate of a squared error upwards.
     twice = weights is not None and powers == 2
+    resid = est.estimator == "residual"
+    # residual estimates: per replicate and problem, the residual sums as single-class
+    # label sets of the same pass: A_k = sum_i v_i w_ij f_ik (bootstrap only; under
+    # relabelling A does not change) and U = sum_i v_i^2 w_ij^2 ||y*_i - f_i||^2
+    extra = (C if weights is not None else 0) + (1 if powers == 2 else 0) if resid else 0
     h = est.bandwidth
-    per = 8.0 * n * C * powers * B * (2 if twice else 1)
+    per = 8.0 * n * B * (C * powers * (2 if twice else 1) + 2 * extra)
     chunk = int(max(1, min(R, _CHUNK_BYTES // per)))
     logq_all, pk_all = _est.kernel_points(problem)
     logq = [np.ascontiguousarray(logq_all[b]) for b in range(B)]
@@ -178,6 +183,11 @@ def replicates(
             )
             for b in range(B)
         ]
+        res = (
+            _residual_sums(est, logq, pk, bias, labels[r0:r1], w, extra, backend)
+            if resid and extra
+            else None
+        )
         for k in range(r1 - r0):
             S = np.stack([parts[b][0][k] for b in range(B)])
             Q = (
@@ -190,13 +200,88 @@ def replicates(
             # query row (all its neighbours drawn 0 times): the estimator is undefined
             # there, so the row leaves that replicate's mean.
             empty = np.any(S.sum(axis=-1) <= 0.0, axis=0)
+            A = U = None
+            if resid:
+                A = est.A if weights is None else res[0][k]  # type: ignore[index]
+                U = None if powers == 1 else res[1][k]  # type: ignore[index]
             if np.any(empty):
                 S[:, empty] = est.S[:, empty]  # type: ignore[index]
                 if powers == 2:
                     Q[:, empty] = est.Q[:, empty]  # type: ignore[index]
+                if resid and weights is not None:
+                    A = np.where(empty[None, :, None], est.A, A)  # type: ignore[arg-type]
                 rw = np.where(empty, 0.0, rw if rw is not None else 1.0)
             prob = replace(problem, labels=np.ascontiguousarray(labels[r0 + k]))
-            rep = _est.estimate_from(
-                prob, h, est.debias, backend, est.m, S, Q, np.zeros((0, 0, 0)), warn=False
-            )
+            if resid:
+                assert A is not None
+                rep = _est.residual_estimate(
+                    prob,
+                    h,
+                    est.debias,
+                    est.m,
+                    S,
+                    Q if powers == 2 else None,
+                    None,
+                    A,
+                    U,
+                    warn=False,
+                )
+            else:
+                rep = _est.estimate_from(
+                    prob, h, est.debias, backend, est.m, S, Q, np.zeros((0, 0, 0)), warn=False
+                )
             yield replace(rep, row_weights=rw)
+
+
+def _residual_sums(
+    est: _est.Estimate,
+    logq: list[np.ndarray],
+    pk: list[np.ndarray],
+    bias: list[np.ndarray],
+    labels: np.ndarray,
+    weights: np.ndarray | None,
+    extra: int,
+    backend: str,
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Return the residual sums of c replicates: A (c, B, n, D) (bootstrap), U (c, B, n).
+
+    Each is a single-class label set of one multi-label pass per problem, whose centre
+    weights carry the values: ``v_i f_ik`` for ``A_k`` (S), ``v_i^2 u_i`` for ``U`` (Q),
+    with ``u_i = ||y*_i - f_i||^2`` of the replicate's labels (:func:`residual_weights`).
+    """
+    problem = est.problem
+    c, B, n = labels.shape
+    D = problem.dim
+    with_a = weights is not None
+    with_u = extra > (D if with_a else 0)
+    A = np.empty((c, B, n, D)) if with_a else None
+    U = np.empty((c, B, n)) if with_u else None
+    for b in range(B):
+        sets: list[np.ndarray] = []
+        for k in range(c):
+            v = np.ones(n) if weights is None else weights[k]
+            if with_a:
+                sets.extend(v * problem.p[b, :, d] for d in range(D))
+            if with_u:
+                rep = replace(problem, p=problem.p[b : b + 1], labels=labels[k, b : b + 1])
+                sets.append(v * v * _est.residual_weights(rep)[0])
+        W = np.ascontiguousarray(np.stack(sets), dtype=np.float64)
+        S, Q = _backends.loo_reduce_multi(
+            logq[b],
+            pk[b],
+            np.ascontiguousarray(est.m[b], dtype=np.float64),  # type: ignore[index]
+            np.zeros(W.shape, dtype=np.int64),
+            1,
+            1.0 / est.bandwidth,
+            np.ascontiguousarray(bias[b]),
+            W,
+            powers=2 if with_u else 1,
+            backend=backend,
+        )[:2]
+        per = extra
+        for k in range(c):
+            if with_a:
+                A[k, b] = S[k * per : k * per + D, :, 0].T  # type: ignore[index]
+            if with_u:
+                U[k, b] = Q[k * per + per - 1, :, 0]  # type: ignore[index]
+    return A, U

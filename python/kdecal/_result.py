@@ -227,12 +227,19 @@ class CalibrationEstimate:
 
     Attributes
     ----------
+    estimator : str
+        "residual" (residual-centred regression, the default) or "plugin".
     bandwidth : float
-        The bandwidth h of the L1, L2 and custom-Bregman quantities (with
-        ``bandwidth="auto"``: the minimiser of the leave-one-out Brier risk).
+        The bandwidth h of the L_p (p != 2) and custom-Bregman quantities, and of the
+        plug-in's L2 ones (with ``bandwidth="auto"``: the minimiser of the leave-one-out
+        Brier risk).
+    bandwidth_l2 : float
+        The bandwidth of the squared L2 and L2 quantities: ``bandwidth / 2`` for the
+        residual estimator with ``bandwidth="auto"``, else ``bandwidth``.
     bandwidth_kl : float
-        The bandwidth of the KL quantities (with ``bandwidth="auto"`` and the default
-        criterion: the minimiser of the leave-one-out log risk; else ``bandwidth``).
+        The bandwidth of the KL quantities: ``bandwidth_l2`` for the residual estimator;
+        for the plug-in with ``bandwidth="auto"`` and the default criterion the
+        minimiser of the leave-one-out log risk; else ``bandwidth``.
     calibration : str
         The notion: "canonical", "classwise" or "top_label".
     debias : str
@@ -256,13 +263,17 @@ class CalibrationEstimate:
         *,
         est_kl: _est.Estimate | None = None,
         search_kl: _est.Search | None = None,
+        est_sq: _est.Estimate | None = None,
     ) -> None:
         self._est = est
         self._est_kl = est if est_kl is None else est_kl
+        self._est_sq = est if est_sq is None else est_sq
         self._probs = probs
         self._labels = labels
         self.bandwidth = float(est.bandwidth)
         self.bandwidth_kl = float(self._est_kl.bandwidth)
+        self.bandwidth_l2 = float(self._est_sq.bandwidth)
+        self.estimator = est.estimator
         self.calibration = est.problem.calibration
         self.debias = est.debias
         self.search = search
@@ -273,15 +284,24 @@ class CalibrationEstimate:
         self.n_classes = int(probs.shape[1])
 
     def _for(self, quantity: str) -> _est.Estimate:
-        """Return the estimate a named quantity is computed on (KL: the log-risk one)."""
-        return self._est_kl if quantity.endswith("_kl") else self._est
+        """Return the estimate a named quantity is computed on.
+
+        KL quantities: the KL estimate (plug-in: at the log-risk bandwidth); squared L2
+        and L2 ones: the squared-error estimate (residual: at half the Brier bandwidth);
+        the rest: the main estimate.
+        """
+        if quantity.endswith("_kl"):
+            return self._est_kl
+        if quantity.endswith("_l2"):
+            return self._est_sq
+        return self._est
 
     def __repr__(self) -> str:
         return (
             f"CalibrationEstimate(calibration={self.calibration!r}, n={self.n}, "
-            f"n_classes={self.n_classes}, bandwidth={self.bandwidth:.4g}, "
-            f"bandwidth_kl={self.bandwidth_kl:.4g}, "
-            f"debias={self.debias!r})"
+            f"n_classes={self.n_classes}, estimator={self.estimator!r}, "
+            f"bandwidth={self.bandwidth:.4g}, bandwidth_l2={self.bandwidth_l2:.4g}, "
+            f"bandwidth_kl={self.bandwidth_kl:.4g}, debias={self.debias!r})"
         )
 
     # ------------------------------------------------------------------ arrays
@@ -312,7 +332,8 @@ class CalibrationEstimate:
             In probability units; p = 2 uses the debiased squares when ``debias`` is
             "ustat" or "ratio".
         """
-        return _est.ce_p(self._est, check_p(p))
+        p = check_p(p)
+        return _est.ce_p(self._est_sq if p == 2.0 else self._est, p)
 
     def calibration_error(self, divergence: object = "kl", estimator: str = "direct") -> float:
         """Proper calibration error for a Bregman generator.
@@ -339,9 +360,11 @@ class CalibrationEstimate:
         return _est.sharpness(self._div_est(divergence), _generator(divergence))
 
     def _div_est(self, divergence: object) -> _est.Estimate:
-        from .kde import KL
+        from .kde import KL, L2
 
-        return self._est_kl if divergence == "kl" or divergence is KL else self._est
+        if divergence == "kl" or divergence is KL:
+            return self._est_kl
+        return self._est_sq if divergence == "l2" or divergence is L2 else self._est
 
     def value(self, quantity: str) -> float:
         """Return a quantity by name: one of ``kdecal.QUANTITIES`` (the report's fields)."""

@@ -127,8 +127,9 @@ def _add_input_and_kernel_args(p: argparse.ArgumentParser) -> None:
         type=_bandwidth,
         default="auto",
         metavar="auto|loo-mle|FLOAT",
-        help="Dirichlet kernel bandwidth; 'auto': minimise the leave-one-out risk of the "
-        "kernel regression of the labels (Brier; log for the KL quantities); "
+        help="Dirichlet kernel bandwidth; 'auto': minimise the leave-one-out Brier risk "
+        "of the kernel regression of the labels (residual estimator: the L2 and KL "
+        "quantities at half of it; plugin: the log risk for the KL quantities); "
         "'loo-mle': the papers' leave-one-out likelihood of the predictions' density; "
         "compare evaluates every model at one bandwidth, the models' own choice with the "
         "best pooled criterion (default: auto)",
@@ -153,6 +154,14 @@ def _add_input_and_kernel_args(p: argparse.ArgumentParser) -> None:
         choices=("canonical", "classwise", "top_label"),
         default="canonical",
         help="notion of calibration of the kernel estimators (default: canonical)",
+    )
+    p.add_argument(
+        "--estimator",
+        choices=("residual", "plugin"),
+        default="residual",
+        help="regression of E[y|f]: 'residual' smooths the residuals y - f (unbiased "
+        "squared L2 under calibration); 'plugin' the papers' ratio of the smoothed labels "
+        "(default: residual)",
     )
 
 
@@ -315,6 +324,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
             source=f"{prefix}{description}",
             n_resamples=args.n_resamples,
             seed=args.seed,
+            estimator=args.estimator,
         )
         if args.plot is not None:
             from .plot import evaluation_page
@@ -358,6 +368,7 @@ def _run_compare(args: argparse.Namespace) -> int:
             n_resamples=args.n_resamples,
             seed=args.seed,
             backend=args.backend,
+            estimator=args.estimator,
         )
     _emit(json.dumps(result.to_dict(), indent=2, allow_nan=False) if args.json else str(result))
     return 0

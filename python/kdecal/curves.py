@@ -116,7 +116,11 @@ def _resolve_bandwidth(*args: Any) -> float:
 def _kernel_estimate(
     probs: object, labels: object, calibration: str, bandwidth: object, backend: str
 ) -> Any:
-    """:func:`kdecal.estimate` without debiasing, the bandwidth of the Brier risk."""
+    """:func:`kdecal.estimate` without debiasing, the bandwidth of the Brier risk.
+
+    The plug-in regression: the curves draw the kernel ratio ``sum w y / sum w`` on a
+    grid, which lies in [0, 1] and is the same formula at the data and between them.
+    """
     from .kde import estimate
 
     return estimate(
@@ -126,6 +130,7 @@ def _kernel_estimate(
         calibration=calibration,
         debias="none",
         criterion="brier",
+        estimator="plugin",
         backend=backend,
         progress=False,
     )

@@ -305,7 +305,8 @@ def ece_kde_loss(
 ) -> torch.Tensor:
     """Differentiable L_p calibration error ECE^KDE (Popordanoska et al. 2022, Eq. 9).
 
-    The same value as :func:`kdecal.ece_kde` with ``debias="none"``,
+    The same value as :func:`kdecal.ece_kde` with ``estimator="plugin",
+    debias="none"`` (the papers' plug-in ratio, whose gradient the engine streams),
     ``CE_p = (mean_j sum_c |E_hat[y | f_j]_c - f_jc|^p)^(1/p)``, as a scalar tensor whose
     gradient with respect to ``probs`` is computed by the engine in a streaming backward
     pass (O(nK) memory). The regulariser of KDE-XE (Sec. 5, Eq. 5) is
@@ -370,8 +371,8 @@ def calibration_error_loss(
 ) -> torch.Tensor:
     """Differentiable proper calibration error CE_F (Popordanoska et al. 2024).
 
-    The same value as :func:`kdecal.calibration_error` with ``debias="none"``, as a scalar
-    tensor with an engine-computed streaming gradient (O(nK) memory).
+    The same value as :func:`kdecal.calibration_error` with ``estimator="plugin",
+    debias="none"`` (the papers' plug-in ratio), as a scalar tensor with an engine-computed streaming gradient (O(nK) memory).
 
     Parameters
     ----------

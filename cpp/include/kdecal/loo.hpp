@@ -23,6 +23,13 @@
 // e2 = Q_c - 1 in units of the class maximum), so that it keeps its full relative
 // precision when one neighbour dominates; S^2 - Q formed from the rounded S and Q would
 // lose about log10(1 / D) digits there and depend on the summation order.
+// Residual sums (optional, requested together): over ALL centres (every label class),
+// relative to the same row max m_j and with the same dropping and clamping as S,
+//   A_k(j) = sum_{i != j} exp(L_ij - m_j) p[i,k]          (p converted to double)
+//   U(j)   = sum_{i != j} exp(2 (L_ij - m_j)) u[i]        (u: a float64 value per centre)
+// computed in the same pass (each class segment keeps its partial A, U relative to its
+// running class maximum, rescaled with S and Q, combined at the end like S).  S, Q, T, D
+// are bit for bit the same whether or not A, U are requested.
 // Results for a row do not depend on the number of threads: each row is reduced by one thread in a fixed order.
 #pragma once
 
@@ -66,20 +73,27 @@ struct LooProblem {
     int powers = 1;                    // 1: S; 2: S, Q; 3: S, Q, T
     std::int64_t row_start = 0;        // first query row
     std::int64_t row_stop = 0;         // one past the last query row
+    const double* u = nullptr;         // (n,)    per-centre values of U (finite); needed
+                                       //         iff the residual sums A, U are requested
 };
 
 /// Outputs; R = row_stop - row_start.  Q, T and D may be null when not requested; D
-/// needs powers >= 2.  S, Q, T do not depend on whether D is requested.
+/// needs powers >= 2.  S, Q, T do not depend on whether D is requested.  A and U (the
+/// residual sums) are requested together (both null or both non-null) and need
+/// LooProblem::u; they do not depend on powers, and S, Q, T, D do not depend on them.
 struct LooResult {
     double* m = nullptr;  // (H, R)
     double* S = nullptr;  // (H, R, C)
     double* Q = nullptr;  // (H, R, C) or null
     double* T = nullptr;  // (H, R, C) or null
     double* D = nullptr;  // (H, R, C) or null: S^2 - Q without cancellation (powers >= 2)
+    double* A = nullptr;  // (H, R, K) or null: sum_{i != j} w_ij p[i, k]
+    double* U = nullptr;  // (H, R) or null: sum_{i != j} w_ij^2 u[i]
 };
 
-/// Run the reduction.  Throws std::invalid_argument on inconsistent sizes or labels
-/// (before any parallel work starts); never throws from inside a parallel region.
+/// Run the reduction.  Throws std::invalid_argument on inconsistent sizes or labels, on
+/// A without U (or U without A), on A, U without u and on a non-finite u (before any
+/// parallel work starts); never throws from inside a parallel region.
 /// n_threads <= 0 uses the OpenMP default.  control (may be null): rows_done grows by
 /// row_stop - row_start in all.  Returns false when control->cancel is set by the end of
 /// the call (the outputs may then be incomplete), true otherwise.

@@ -13,6 +13,8 @@
 //                                      returned in `m` by loo_reduce at this bandwidth
 //   S[b,j,c]  = sum_{i != j, labels[b,i] = c} weights[b,i] * w_ij
 //   Q[b,j,c]  = sum_{i != j, labels[b,i] = c} weights[b,i] * w_ij^2   (powers == 2)
+//   U[b,j]    = sum_{i != j} weights[b,i] * w_ij^2 * u[b,i]   (optional, any powers: the
+//               residual sums of label set b, over every class)
 //
 // Terms with L_ij - m_j < -kDrop are dropped (exactly zero), i.e. every kept w_ij is in
 // [exp(-kDrop), 1] (up to rounding) and no exp argument is ever clamped.  Relative to
@@ -44,6 +46,8 @@ struct MultiProblem {
     const double* m = nullptr;             // (n,)    row max of L_ij over i != j
     const std::int64_t* labels = nullptr;  // (B, n)  label sets, values in [0, C)
     const double* weights = nullptr;       // (B, n)  centre weights (finite, >= 0) or null (all 1)
+    const double* u = nullptr;             // (B, n)  values of the residual sums U (finite),
+                                           //         or null (no U)
     std::int64_t B = 1;                    // number of label sets
     std::int64_t C = 1;                    // number of label classes
     int powers = 1;                        // 1: S; 2: S and Q
@@ -52,15 +56,17 @@ struct MultiProblem {
 };
 
 /// Run the reduction.  S (and Q when powers == 2; Q may be null otherwise) have shape
-/// (B, R, C) with R = row_stop - row_start.  Throws std::invalid_argument naming the
-/// bad argument (sizes, labels outside [0, C), negative or non-finite weights, m = NaN
-/// or +inf, scale) before any parallel work starts; never throws from inside a
-/// parallel region.  n_threads <= 0 uses the OpenMP default.  control (may be null):
-/// rows_done grows by row_stop - row_start in all.  Returns false when control->cancel
-/// is set by the end of the call (the outputs may then be incomplete), true otherwise.
+/// (B, R, C) with R = row_stop - row_start; U (B, R) is written when prob.u is given (U
+/// must then be non-null, and null otherwise); S and Q do not depend on it.  Throws
+/// std::invalid_argument naming the bad argument (sizes, labels outside [0, C), negative
+/// or non-finite weights, m = NaN or +inf, scale, a non-finite u) before any parallel
+/// work starts; never throws from inside a parallel region.  n_threads <= 0 uses the
+/// OpenMP default.  control (may be null): rows_done grows by row_stop - row_start in
+/// all.  Returns false when control->cancel is set by the end of the call (the outputs
+/// may then be incomplete), true otherwise.
 bool loo_reduce_multi(const MultiProblem<double>& prob, double* S, double* Q, int n_threads,
-                      Control* control = nullptr);
+                      Control* control = nullptr, double* U = nullptr);
 bool loo_reduce_multi(const MultiProblem<float>& prob, double* S, double* Q, int n_threads,
-                      Control* control = nullptr);
+                      Control* control = nullptr, double* U = nullptr);
 
 }  // namespace kdecal

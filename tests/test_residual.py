@@ -1,0 +1,165 @@
+"""Residual-centred estimators (issue 25): against a materialised float64 brute force.
+
+The reference (written here from the definitions, with the kernel of
+``tests/_reference.py``): with the leave-one-out weights ``W[j, i]`` (diagonal 0) of a
+notion's problem, residuals ``r_i = y_i - f_i`` and ``g_j = sum_i W_ji r_i / sum_i W_ji``:
+
+- L1: ``mean_j sum_coords |g_j|``;
+- squared L2 (U-statistic): ``mean_j sum_{i != k} W_ji W_jk <r_i, r_k> / sum_{i != k}
+  W_ji W_jk``, the pairs formed explicitly;
+- KL: ``mean_j KL(f_j + t_j g_j || f_j)``, ``t_j`` the largest ``t <= 1`` keeping every
+  coordinate at or above ``1e-3 f_jc``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kdecal
+from _reference import ref_loo_weights, ref_notion_problems, ref_one_hot
+from kdecal import datasets
+
+NOTIONS = ("canonical", "top_label", "classwise")
+
+
+def _backends():
+    return [b for b in ("cpp", "numba") if b in kdecal.available_backends()]
+
+
+def ref_residual(probs, labels, calibration, h):
+    """(L1, squared L2 U-statistic, KL) of the residual estimator, averaged over problems."""
+    out = np.zeros(3)
+    problems = ref_notion_problems(probs, labels, calibration)
+    for points, lab in problems:
+        n, D = points.shape
+        W = ref_loo_weights(points, h)  # (query, centre), diagonal 0
+        c = slice(None) if calibration == "canonical" else slice(1, 2)
+        r = ref_one_hot(lab, D) - points
+        g = (W @ r) / W.sum(axis=1, keepdims=True)
+        l1 = np.mean(np.abs(g[:, c]).sum(axis=1))
+        rc = r[:, c]
+        G = rc @ rc.T  # <r_i, r_k>
+        sq = np.empty(n)
+        for j in range(n):
+            pair = np.outer(W[j], W[j])
+            np.fill_diagonal(pair, 0.0)
+            sq[j] = np.sum(pair * G) / np.sum(pair)
+        E = points + g
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lim = np.where(g < 0, (1.0 - 1e-3) * points / -g, np.inf)
+        t = np.minimum(1.0, lim.min(axis=1, keepdims=True))
+        E = points + t * g
+        kl = np.mean(np.sum(E * np.log(E / points), axis=1))
+        out += (l1, np.mean(sq), kl)
+    return out / len(problems)
+
+
+@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("calibration", NOTIONS)
+@pytest.mark.parametrize("K,h", [(2, 0.05), (3, 0.2), (10, 1.0), (4, 0.02)])
+def test_residual_quantities_match_brute_force(backend, calibration, K, h):
+    s = datasets.make_seeds_synthetic(120, K, t1=0.8, t2=0.6, seed=K)
+    est = kdecal.estimate(s.probs, s.labels, bandwidth=h, calibration=calibration, backend=backend)
+    assert est.estimator == "residual" and est.bandwidth == est.bandwidth_l2 == h
+    l1, sq, kl = ref_residual(s.probs, s.labels, calibration, h)
+    assert est.ece(1) == pytest.approx(l1, rel=1e-10)
+    assert est.calibration_error("l2") == pytest.approx(sq, rel=1e-9, abs=1e-14)
+    assert est.calibration_error("kl") == pytest.approx(kl, rel=1e-10)
+    # the public one-quantity functions give the same numbers
+    kw = {"bandwidth": h, "calibration": calibration, "backend": backend}
+    assert kdecal.ece_kde(s.probs, s.labels, **kw) == pytest.approx(l1, rel=1e-10)
+    assert kdecal.calibration_error(s.probs, s.labels, divergence="l2", **kw) == pytest.approx(
+        sq, rel=1e-9, abs=1e-14
+    )
+    e2 = kdecal.ece_kde(s.probs, s.labels, p=2, **kw)
+    assert np.sign(e2) * e2**2 == pytest.approx(sq, rel=1e-9, abs=1e-14)
+
+
+def test_residual_differs_from_plugin_and_plugin_is_reachable():
+    # calibrated, at a wide kernel: the plug-in reports its smoothing as miscalibration
+    s = datasets.make_seeds_synthetic(300, 4, t1=0.6, t2=1.0, seed=3)
+    res = kdecal.ece_kde(s.probs, s.labels, bandwidth=1.0)
+    plug = kdecal.ece_kde(s.probs, s.labels, bandwidth=1.0, estimator="plugin")
+    E = kdecal.conditional_expectation(s.probs, s.labels, bandwidth=1.0)
+    P = np.clip(s.probs, 1e-12, None)
+    P /= P.sum(axis=1, keepdims=True)
+    assert plug == pytest.approx(np.mean(np.abs(E - P).sum(axis=1)), rel=1e-12)
+    assert res < 0.5 * plug
+
+
+def test_residual_auto_bandwidth_rule():
+    s = datasets.make_seeds_synthetic(800, 4, t1=0.6, t2=0.6, seed=4)
+    est = kdecal.estimate(s.probs, s.labels)
+    plug = kdecal.estimate(s.probs, s.labels, estimator="plugin", criterion="brier")
+    assert est.bandwidth == plug.bandwidth  # the same leave-one-out Brier search
+    assert est.bandwidth_l2 == est.bandwidth_kl == pytest.approx(0.5 * est.bandwidth)
+    fixed = kdecal.estimate(s.probs, s.labels, bandwidth=est.bandwidth_l2)
+    assert est.calibration_error("l2") == fixed.calibration_error("l2")
+    assert est.calibration_error("kl") == fixed.calibration_error("kl")
+    assert est.ece(1) == kdecal.ece_kde(s.probs, s.labels)
+
+
+@pytest.mark.parametrize("calibration", ("canonical", "top_label"))
+def test_squared_statistic_unbiased_under_calibration(calibration):
+    """Mean over calibrated draws (labels ~ f, f fixed) is 0 within 3.5 standard errors.
+
+    The plug-in's squared statistic, on the same draws, is biased upwards by many
+    standard errors: the test can fail.
+    """
+    rng = np.random.default_rng(0)
+    s = datasets.make_seeds_synthetic(150, 3, t1=0.7, t2=1.0, seed=0)
+    P = np.clip(s.probs, 1e-12, None)
+    P /= P.sum(axis=1, keepdims=True)
+    cdf = np.cumsum(P, axis=1)
+    vals, plug = [], []
+    for _ in range(300):
+        y = (rng.random(len(P))[:, None] > cdf).sum(axis=1).clip(0, 2)
+        kw = {"bandwidth": 0.05, "calibration": calibration}
+        vals.append(kdecal.calibration_error(P, y, divergence="l2", **kw))
+        plug.append(
+            kdecal.calibration_error(
+                P, y, divergence="l2", estimator="plugin", debias="none", **kw
+            )
+        )
+    vals, plug = np.array(vals), np.array(plug)
+    se = vals.std(ddof=1) / np.sqrt(len(vals))
+    assert abs(vals.mean()) < 3.5 * se
+    assert plug.mean() > 10 * plug.std(ddof=1) / np.sqrt(len(plug))
+
+
+def test_resampling_of_residual_estimates():
+    s = datasets.make_seeds_synthetic(400, 3, t1=0.6, t2=1.0, seed=5)
+    est = kdecal.estimate(s.probs, s.labels, bandwidth=0.1)
+    ci = est.confidence_interval("ce_l2", n_resamples=40, seed=0)
+    assert ci.low <= ci.estimate <= ci.high
+    t = est.calibration_test("ce_l2", n_resamples=60, seed=0)
+    # the residual statistic's null is centred at 0 (unbiased under calibration)
+    se = t.null_distribution.std(ddof=1) / np.sqrt(60)
+    assert abs(t.null_mean) < 4 * se
+    assert 0.0 < t.pvalue <= 1.0
+
+
+def test_bootstrap_replicate_with_unit_weights_equals_estimate():
+    """A replicate whose multiplicities are all 1 is the estimate itself (all backends)."""
+    from kdecal import _resample
+
+    s = datasets.make_seeds_synthetic(90, 3, t1=0.6, t2=0.6, seed=6)
+    for calibration in NOTIONS:
+        est = kdecal.estimate(s.probs, s.labels, bandwidth=0.2, calibration=calibration)
+        base = est._est_sq
+        labels = base.problem.labels[None]
+        rep = next(_resample.replicates(base, labels, np.ones((1, 90)), est.backend))
+        assert rep.estimator == "residual"
+        np.testing.assert_allclose(rep.E, base.E, rtol=1e-12, atol=1e-15)
+        q = kdecal.QUANTITIES["ce_l2"]
+        assert q(rep) == pytest.approx(q(base), rel=1e-9, abs=1e-15)
+
+
+def test_ratio_debias_needs_plugin():
+    s = datasets.make_seeds_synthetic(60, 3, seed=0)
+    with pytest.raises(ValueError, match="estimator='plugin'"):
+        kdecal.estimate(s.probs, s.labels, bandwidth=0.1, debias="ratio")
+    with pytest.raises(ValueError, match="estimator"):
+        kdecal.estimate(s.probs, s.labels, bandwidth=0.1, estimator="resid")
+    kdecal.estimate(s.probs, s.labels, bandwidth=0.1, debias="ratio", estimator="plugin")
