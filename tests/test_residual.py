@@ -7,8 +7,9 @@ notion's problem, residuals ``r_i = y_i - f_i`` and ``g_j = sum_i W_ji r_i / sum
 - L1: ``mean_j sum_coords |g_j|``;
 - squared L2 (U-statistic): ``mean_j sum_{i != k} W_ji W_jk <r_i, r_k> / sum_{i != k}
   W_ji W_jk``, the pairs formed explicitly;
-- KL: ``mean_j KL(f_j + t_j g_j || f_j)``, ``t_j`` the largest ``t <= 1`` keeping every
-  coordinate at or above ``1e-3 f_jc``.
+- KL: ``mean_j KL(E_j || f_j)``, ``E_j = f_j + g_j`` where it is inside the simplex,
+  else ``f_j + t_j g_j`` with ``t_j`` the largest ``t <= 1`` keeping the coordinates with
+  ``f_jc >= 1e-3`` at or above ``1e-3 f_jc``, the others clipped there, renormalised.
 """
 
 from __future__ import annotations
@@ -45,11 +46,18 @@ def ref_residual(probs, labels, calibration, h):
             pair = np.outer(W[j], W[j])
             np.fill_diagonal(pair, 0.0)
             sq[j] = np.sum(pair * G) / np.sum(pair)
-        E = points + g
-        with np.errstate(divide="ignore", invalid="ignore"):
-            lim = np.where(g < 0, (1.0 - 1e-3) * points / -g, np.inf)
-        t = np.minimum(1.0, lim.min(axis=1, keepdims=True))
-        E = points + t * g
+        E = np.empty_like(points)
+        for j in range(n):  # shrink by the coordinates >= 1e-3, clip the rest, renormalise
+            e = points[j] + g[j]
+            if np.all(e >= 1e-3 * points[j]):
+                E[j] = e
+                continue
+            t = 1.0
+            for c_ in range(D):
+                if g[j, c_] < 0 and points[j, c_] >= 1e-3:
+                    t = min(t, (1.0 - 1e-3) * points[j, c_] / -g[j, c_])
+            e = np.maximum(points[j] + t * g[j], 1e-3 * points[j])
+            E[j] = e / e.sum()
         kl = np.mean(np.sum(E * np.log(E / points), axis=1))
         out += (l1, np.mean(sq), kl)
     return out / len(problems)
