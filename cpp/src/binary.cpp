@@ -1,0 +1,662 @@
+// Fast leave-one-out sums of binary problems (binary.hpp): exact windows and binned
+// Taylor sums in z = arcsin sqrt(x).  The derivation of every bound used here is in
+// docs/guide/binary_engine.md; the names below follow it.
+#include "kdecal/binary.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "loo_prepared.hpp"  // detail::isa_level, resolve_threads, cancelled, add_rows
+
+namespace kdecal {
+namespace {
+
+using i64 = std::int64_t;
+constexpr double kEps = std::numeric_limits<double>::epsilon();
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+constexpr int kNP = kMaxOrder + 1;  // moments per array
+// moment arrays of a cell: e^phi, e^phi p0, e^phi p1, e^2phi, e^2phi u, e^3phi
+enum { kM1 = 0, kA0 = 1, kA1 = 2, kM2 = 3, kU2 = 4, kM3 = 5, kNMom = 6 };
+constexpr i64 kRowsPerTask = 64;
+
+void check(bool ok, const std::string& what) {
+    if (!ok) throw std::invalid_argument("kdecal.binary_reduce: " + what);
+}
+
+// digamma for x >= 1 (recurrence to x >= 8, then the asymptotic series; about 1e-15
+// relative, more than the search needs: its result is only a starting point).
+double digamma(double x) {
+    double acc = 0.0;
+    while (x < 8.0) {
+        acc -= 1.0 / x;
+        x += 1.0;
+    }
+    const double r = 1.0 / x, r2 = r * r;
+    const double series =
+        r2 * (1.0 / 12 - r2 * (1.0 / 120 - r2 * (1.0 / 252 - r2 * (1.0 / 240 - r2 / 132))));
+    return acc + std::log(x) - 0.5 * r - series;
+}
+
+// The log-kernel exactly as loo_reduce computes it on this CPU's SIMD path (the GEMM
+// accumulates logq[j, 0] p[i, 0] then adds logq[j, 1] p[i, 1], contracted to FMA where the
+// ISA has it; then bias + scale * G, also contracted), so that m and every window term
+// carry the same bits.
+struct ExactL {
+    bool fma;
+    double operator()(double b, double s, double q0, double q1, double c0, double c1) const {
+        if (fma) {
+            const double g = std::fma(q1, c1, q0 * c0);
+            return std::fma(s, g, b);
+        }
+        const double g = q0 * c0 + q1 * c1;
+        return b + s * g;
+    }
+};
+
+struct Cell {
+    i64 start, end;   // sorted positions [start, end) (one class)
+    i64 ref;          // sorted position of the reference centre
+    double Lrr;       // L of the reference centre at itself
+    double phi_max;   // Phi: max over the cell of L(centre i; query ref)
+    double dmax;      // max |p1_i - p1_ref|
+    double esum;      // max |p0_i + p1_i - 1| over the cell and the reference
+    double absu;      // sum e^{2 phi} |u|
+    bool exact_only;  // some e^{q phi} would underflow: always summed directly
+};
+
+// One problem of the batch, sorted: class segments, each by x ascending.
+struct Sorted {
+    std::vector<i64> seg, perm, inv;  // perm[s] = original index, inv[orig] = s
+    std::vector<double> p0, p1, lq0, lq1, u;
+    double umax = 0.0;
+};
+
+struct Context {  // one (problem, bandwidth)
+    const Sorted* so;
+    double s;                          // 1 / h
+    std::vector<double> bias, g;       // per sorted position
+    std::vector<Cell> cells;           // binned only
+    std::vector<i64> cell_of;          // sorted position -> cell
+    std::vector<double> mom;           // (cells, kNMom, kNP)
+    double T;                          // window depth in nats
+    i64 n;
+};
+
+struct RowSums {  // one (query, class), in units of the class maximum's term
+    double mc = kNegInf;
+    double e[3] = {0, 0, 0};  // sums of w, w^2, w^3 without the maximum's term
+    double a[2] = {0, 0};     // sums of w p0, w p1 (with it)
+    double uu = 0.0;          // sum of w^2 u (with it)
+};
+
+struct Flags {
+    int powers;
+    bool pairs, want_a, want_u;
+};
+
+// Sorted position of the class-c centre maximising L for the query (excluding the
+// query's own position self), or -1 if the class has no other centre.
+i64 class_argmax(const Context& cx, const ExactL& Lx, i64 lo, i64 hi, i64 self, double q0,
+                 double q1, double& mc) {
+    const Sorted& so = *cx.so;
+    if (hi - lo <= 0 || (hi - lo == 1 && self == lo)) return -1;
+    // derivative of L in the centre's x is s (g_i + q1 - q0); g decreases along the class
+    const double thr = q0 - q1;
+    const double* g = cx.g.data();
+    i64 a = lo, b = hi;  // first position with g <= thr
+    while (a < b) {
+        const i64 mid = a + (b - a) / 2;
+        if (g[mid] > thr) a = mid + 1;
+        else b = mid;
+    }
+    auto L = [&](i64 s) { return Lx(cx.bias[s], cx.s, q0, q1, so.p0[s], so.p1[s]); };
+    i64 best = -1;
+    double bv = kNegInf;
+    auto scan = [&](i64 from, i64 to) {
+        for (i64 s = from; s < to; ++s) {
+            if (s == self) continue;
+            const double v = L(s);
+            if (best < 0 || v > bv) {  // first of equal values: lowest position
+                bv = v;
+                best = s;
+            }
+        }
+    };
+    i64 wl = std::max(lo, a - 8), wr = std::min(hi, a + 8);
+    scan(wl, wr);
+    // hill-climb past the window while the best sits next to one of its edges (rounding
+    // noise of g near the root, or long runs of near-ties); unimodality ends it
+    auto rank = [&](i64 from, i64 to) { return (to - from) - (from <= self && self < to); };
+    for (;;) {
+        bool ext = false;
+        if (best >= 0 && wl > lo && rank(wl, best) < 2) {
+            const i64 nl = std::max(lo, wl - 16);
+            scan(nl, wl);
+            wl = nl;
+            ext = true;
+        }
+        if (best >= 0 && wr < hi && rank(best + 1, wr) < 2) {
+            const i64 nr = std::min(hi, wr + 16);
+            scan(wr, nr);
+            wr = nr;
+            ext = true;
+        }
+        if (!ext) break;
+    }
+    if (best < 0) {  // the window held only the query itself
+        scan(lo, hi);
+    }
+    // scanning keeps the lowest position among ties; ties to the left of the window
+    // (equal x) give the same value, so mc is right either way
+    mc = bv;
+    return best;
+}
+
+// Exact sums of class c over sorted positions outward from the maximum best, terms
+// within cx.T nats (the window method); also used as the fallback of the binned method.
+void window_sums(const Context& cx, double T, const ExactL& Lx, const Flags& fl, i64 lo,
+                 i64 hi, i64 self, i64 best, double q0, double q1, RowSums& r,
+                 i64& n_direct) {
+    const Sorted& so = *cx.so;
+    const double mc = r.mc;
+    double e1 = 0, e2 = 0, e3 = 0, a0 = so.p0[best], a1 = so.p1[best], uu = so.u[best];
+    auto add = [&](i64 s) {
+        const double x = Lx(cx.bias[s], cx.s, q0, q1, so.p0[s], so.p1[s]) - mc;
+        if (x < -T) return false;
+        const double w = std::exp(x);
+        e1 += w;
+        if (fl.powers >= 2) e2 += w * w;
+        if (fl.powers >= 3) e3 += w * w * w;
+        if (fl.want_a) {
+            a0 += w * so.p0[s];
+            a1 += w * so.p1[s];
+        }
+        if (fl.want_u) uu += w * w * so.u[s];
+        return true;
+    };
+    auto pass = [&]() {
+        i64 cnt = 0;
+        for (i64 s = best - 1; s >= lo; --s) {
+            if (s == self) continue;
+            ++cnt;
+            if (!add(s)) break;
+        }
+        for (i64 s = best + 1; s < hi; ++s) {
+            if (s == self) continue;
+            ++cnt;
+            if (!add(s)) break;
+        }
+        n_direct += cnt;
+    };
+    pass();
+    // The pair sums D ~ 2 e1 need e1 to its own relative precision: when the terms left
+    // out (each below e^-T, n of them at most) are not negligible next to e1, go deeper,
+    // to ln n + 36 nats below e1 (at most kClamp, where the dense engine clamps).
+    const double Tn = std::log(static_cast<double>(cx.n)) + 36.0;
+    if (fl.pairs && T < kClamp && !(e1 > 0 && std::log(e1) > Tn - T)) {
+        T = e1 > 0 ? std::min(kClamp, Tn - std::log(e1)) : kClamp;
+        e1 = e2 = e3 = 0;
+        a0 = so.p0[best];
+        a1 = so.p1[best];
+        uu = so.u[best];
+        pass();
+    }
+    r.e[0] = e1;
+    r.e[1] = e2;
+    r.e[2] = e3;
+    r.a[0] = a0;
+    r.a[1] = a1;
+    r.uu = uu;
+}
+
+// 1 / (p + 1) for p = 0 .. kMaxOrder + 1
+struct InvTable {
+    double v[kMaxOrder + 3];
+    InvTable() {
+        for (int p = 0; p < kMaxOrder + 3; ++p) v[p] = 1.0 / (p + 1);
+    }
+};
+const InvTable kInv;
+
+// Smallest order P with rem = xi^(P+1)/(P+1)! <= tgt, or kMaxOrder + 1 if none.
+int order_for(double xi, double tgt, double& rem) {
+    rem = 0.0;
+    if (xi == 0.0) return 0;
+    double term = xi;  // xi^(P+1)/(P+1)! for P = 0
+    for (int P = 0; P <= kMaxOrder; ++P) {
+        if (term <= tgt) {
+            rem = term;
+            return P;
+        }
+        term *= xi * kInv.v[P + 1];
+    }
+    rem = term;
+    return kMaxOrder + 1;
+}
+
+// Binned sums of class c for one query: cells outward from the maximum's cell; returns
+// false if an error bound exceeds kTolCheck of its value (the caller then uses the
+// window method).
+bool binned_sums(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i64 hi,
+                 i64 self, i64 best,
+                 double q0, double q1, RowSums& r, BinaryStats& st) {
+    const Sorted& so = *cx.so;
+    const double mc = r.mc, s = cx.s;
+    // accumulators (without the maximum's term) and their absolute error bounds
+    double acc[6] = {0, 0, 0, 0, 0, 0};  // e1, e2, e3, a0, a1, u
+    double err[6] = {0, 0, 0, 0, 0, 0};
+    double uabs = std::fabs(so.u[best]);  // scale of U: sum of w^2 |u|, bounded above
+    // running totals with the maximum's term (for the allowance of far cells)
+    const double base[6] = {1.0, 1.0, 1.0, so.p0[best], so.p1[best], uabs};
+    const int qof[6] = {1, 2, 3, 1, 1, 2};
+    const int mof[6] = {kM1, kM2, kM3, kA0, kA1, kU2};
+    bool want[6] = {true, fl.powers >= 2, fl.powers >= 3, fl.want_a, fl.want_a, fl.want_u};
+    const i64 k0 = cx.cell_of[best];
+    const int qmax = std::max(fl.powers, fl.want_u ? 2 : 1);
+    const Cell* cells = cx.cells.data();
+    const double* mom = cx.mom.data();
+
+    auto do_cell = [&](i64 k) -> bool {  // false: every term of the cell is below e^-T
+        const Cell& c = cells[k];
+        const i64 rs = c.ref;
+        const double Lrj = Lx(cx.bias[rs], s, q0, q1, so.p0[rs], so.p1[rs]);
+        const double E = (Lrj - c.Lrr) + c.phi_max - mc;
+        const double d0q = q0 - so.lq0[rs], d1q = q1 - so.lq1[rs];
+        const double kappa = s * (d1q - d0q);
+        const double xi1 = std::fabs(kappa) * c.dmax;
+        if (E + xi1 < -cx.T && k != k0) return false;
+        // systematic relative error of a term (rounding of the log-kernels, the neglected
+        // s (q0 - q0_ref)(d0 + d1) term): shared in kind with the exact engine
+        const double mag = std::fabs(cx.bias[rs]) +
+                           s * (std::fabs(q0) + std::fabs(q1) + std::fabs(so.lq0[rs]) +
+                                std::fabs(so.lq1[rs]));
+        const double dsys = 16.0 * kEps * mag + s * std::fabs(d0q) * c.esum;
+        const bool has_self = self >= c.start && self < c.end;
+        const bool has_best = best >= c.start && best < c.end;
+        const i64 count = c.end - c.start - has_self - has_best;
+        if (count <= 0) return true;
+        // orders per power
+        int P[4] = {0, 0, 0, 0};
+        double rem[4] = {0, 0, 0, 0};
+        bool direct = c.exact_only;
+        const double F1 = std::exp(E), ex1 = std::exp(xi1);
+        const double Fq[4] = {0.0, F1, F1 * F1, F1 * F1 * F1};
+        const double exq[4] = {1.0, ex1, ex1 * ex1, ex1 * ex1 * ex1};
+        double cost_t = 0;
+        for (int q = 1; q <= qmax && !direct; ++q) {
+            const double xi = q * xi1, ex = exq[q];
+            double tgt = std::numeric_limits<double>::infinity();
+            for (int a = 0; a < 6; ++a) {
+                if (!want[a] || qof[a] != q) continue;
+                const double m0 = a == 5 ? c.absu : mom[(k * kNMom + mof[a]) * kNP];
+                if (!(m0 > 0)) continue;
+                const double ub = Fq[q] * m0 * ex;  // upper bound of the cell's sum
+                tgt = std::min(tgt, kTolCell * (1.0 / (ex * ex) + (base[a] + acc[a]) /
+                                                                      (100.0 * ub)));
+            }
+            if (tgt == std::numeric_limits<double>::infinity()) continue;
+            P[q] = order_for(xi, tgt, rem[q]);
+            if (P[q] > kMaxOrder) direct = true;
+            cost_t += (P[q] + 1) * 3.0;
+        }
+        if (!direct && static_cast<double>(count) * 4.0 <= cost_t) direct = true;
+        if (direct) {
+            for (i64 t = c.start; t < c.end; ++t) {
+                if (t == self || t == best) continue;
+                const double x = Lx(cx.bias[t], s, q0, q1, so.p0[t], so.p1[t]) - mc;
+                if (x < -cx.T) continue;
+                const double w = std::exp(x);
+                acc[0] += w;
+                acc[1] += w * w;
+                acc[2] += w * w * w;
+                acc[3] += w * so.p0[t];
+                acc[4] += w * so.p1[t];
+                acc[5] += w * w * so.u[t];
+                uabs += w * w * std::fabs(so.u[t]);
+            }
+            st.pairs_direct += count;
+            return true;
+        }
+        ++st.cells_taylor;
+        // phi and d of the excluded centres, exactly as the moments were built
+        double ephi[2] = {0, 0}, dex[2] = {0, 0};
+        i64 exi[2] = {-1, -1};
+        int nex = 0;
+        for (i64 t : {self, best}) {
+            if (t < c.start || t >= c.end) continue;
+            const double Li = Lx(cx.bias[t], s, so.lq0[rs], so.lq1[rs], so.p0[t], so.p1[t]);
+            ephi[nex] = Li - c.phi_max;
+            dex[nex] = so.p1[t] - so.p1[rs];
+            exi[nex] = t;
+            ++nex;
+        }
+        // Taylor coefficients (q kappa)^p / p! per power
+        double coef[4][kNP];
+        for (int q = 1; q <= qmax; ++q) {
+            const double kq = q * kappa;
+            coef[q][0] = 1.0;
+            for (int p = 1; p <= P[q]; ++p) coef[q][p] = coef[q][p - 1] * kq * kInv.v[p - 1];
+        }
+        const double cnt = static_cast<double>(c.end - c.start);
+        for (int a = 0; a < 6; ++a) {
+            if (!want[a]) continue;
+            const int q = qof[a];
+            const int Pq = P[q];
+            const double* mm = mom + (k * kNMom + mof[a]) * kNP;
+            double sum = 0.0;
+            for (int p = 0; p <= Pq; ++p) sum += coef[q][p] * mm[p];
+            for (int e = 0; e < nex; ++e) {  // the excluded centres' own series
+                const i64 t = exi[e];
+                double wgt = std::exp(q * ephi[e]);
+                if (mof[a] == kA0) wgt *= so.p0[t];
+                else if (mof[a] == kA1) wgt *= so.p1[t];
+                else if (mof[a] == kU2) wgt *= so.u[t];
+                double hs = 0.0, dp = 1.0;
+                for (int p = 0; p <= Pq; ++p) {
+                    hs += coef[q][p] * dp;
+                    dp *= dex[e];
+                }
+                sum -= wgt * hs;
+            }
+            const double m0 = a == 5 ? c.absu : mm[0];
+            const double bound = Fq[q] * m0 * exq[q];
+            err[a] += bound * (rem[q] + kEps * (cnt + 2 * Pq + 8) + q * dsys);
+            acc[a] += Fq[q] * sum;
+            if (a == 5) uabs += bound;
+        }
+        st.terms_taylor += P[1] + 1;
+        return true;
+    };
+
+    // the class's cells are contiguous in cx.cells: [first, last]
+    do_cell(k0);
+    for (i64 k = k0 - 1; k >= 0 && cells[k].start >= lo; --k)
+        if (!do_cell(k)) break;
+    for (i64 k = k0 + 1; k < static_cast<i64>(cx.cells.size()) && cells[k].end <= hi; ++k)
+        if (!do_cell(k)) break;
+    // truncation: every cell not visited holds terms below e^-T (concavity)
+    const double tr = static_cast<double>(cx.n) * std::exp(-cx.T);
+    err[0] += tr;
+    err[1] += tr * tr;
+    err[2] += tr * tr * tr;
+    err[3] += tr;
+    err[4] += tr;
+    err[5] += tr * tr * so.umax;
+    // the check: e1 relative to itself when D is wanted (D >= e1), else to S = 1 + e1
+    const double ref1 = fl.pairs ? acc[0] : 1.0 + acc[0];
+    const double ref2 = fl.pairs ? acc[1] : 1.0 + acc[1];
+    const double refs[6] = {ref1, ref2, 1.0 + acc[2], base[3] + acc[3], base[4] + acc[4], uabs};
+    for (int a = 0; a < 6; ++a)
+        if (want[a] && !(err[a] <= kTolCheck * refs[a])) return false;
+    r.e[0] = acc[0];
+    r.e[1] = acc[1];
+    r.e[2] = acc[2];
+    r.a[0] = base[3] + acc[3];
+    r.a[1] = base[4] + acc[4];
+    r.uu = so.u[best] + acc[5];
+    return true;
+}
+
+Sorted sort_problem(const double* p, const double* logq, const std::int64_t* labels,
+                    const double* u, i64 n, i64 C) {
+    Sorted so;
+    so.seg.assign(static_cast<std::size_t>(C + 1), 0);
+    for (i64 i = 0; i < n; ++i) ++so.seg[static_cast<std::size_t>(labels[i] + 1)];
+    for (i64 c = 0; c < C; ++c) so.seg[c + 1] += so.seg[c];
+    so.perm.resize(static_cast<std::size_t>(n));
+    std::iota(so.perm.begin(), so.perm.end(), i64{0});
+    std::stable_sort(so.perm.begin(), so.perm.end(), [&](i64 a, i64 b) {
+        if (labels[a] != labels[b]) return labels[a] < labels[b];
+        if (p[2 * a + 1] != p[2 * b + 1]) return p[2 * a + 1] < p[2 * b + 1];
+        return p[2 * a] > p[2 * b];
+    });
+    so.inv.resize(static_cast<std::size_t>(n));
+    so.p0.resize(n);
+    so.p1.resize(n);
+    so.lq0.resize(n);
+    so.lq1.resize(n);
+    so.u.assign(static_cast<std::size_t>(n), 0.0);
+    for (i64 s = 0; s < n; ++s) {
+        const i64 i = so.perm[s];
+        so.inv[i] = s;
+        so.p0[s] = p[2 * i];
+        so.p1[s] = p[2 * i + 1];
+        so.lq0[s] = logq[2 * i];
+        so.lq1[s] = logq[2 * i + 1];
+        if (u) so.u[s] = u[i];
+        so.umax = std::max(so.umax, std::fabs(so.u[s]));
+    }
+    return so;
+}
+
+void build_cells(Context& cx, const ExactL& Lx, double cell_width, i64 C, int nt) {
+    const Sorted& so = *cx.so;
+    const i64 n = cx.n;
+    const double wz = cell_width * std::sqrt(1.0 / cx.s) * 0.5;
+    const double half_pi = std::acos(0.0);
+    cx.cell_of.assign(static_cast<std::size_t>(n), 0);
+    cx.cells.clear();
+    for (i64 c = 0; c < C; ++c) {
+        i64 prev = std::numeric_limits<i64>::min();
+        for (i64 t = so.seg[c]; t < so.seg[c + 1]; ++t) {
+            const double z = so.p1[t] < 0.5 ? std::asin(std::sqrt(so.p1[t]))
+                                            : half_pi - std::asin(std::sqrt(so.p0[t]));
+            const i64 id = static_cast<i64>(std::floor(z / wz));
+            if (id != prev || cx.cells.empty()) {
+                cx.cells.push_back(Cell{t, t + 1, t, 0, 0, 0, 0, 0, false});
+                prev = id;
+            } else {
+                cx.cells.back().end = t + 1;
+            }
+            cx.cell_of[t] = static_cast<i64>(cx.cells.size()) - 1;
+        }
+    }
+    const i64 nc = static_cast<i64>(cx.cells.size());
+    cx.mom.assign(static_cast<std::size_t>(nc * kNMom * kNP), 0.0);
+    const double s = cx.s;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 16) num_threads(nt) if (nt > 1 && n > 4096)
+#endif
+    for (i64 k = 0; k < nc; ++k) {
+        Cell& c = cx.cells[k];
+        const i64 rs = (c.start + c.end) / 2;
+        c.ref = rs;
+        const double q0 = so.lq0[rs], q1 = so.lq1[rs];
+        c.Lrr = Lx(cx.bias[rs], s, q0, q1, so.p0[rs], so.p1[rs]);
+        double phimax = kNegInf, dmax = 0.0, esum = std::fabs((so.p0[rs] + so.p1[rs]) - 1.0);
+        for (i64 t = c.start; t < c.end; ++t) {
+            phimax = std::max(phimax, Lx(cx.bias[t], s, q0, q1, so.p0[t], so.p1[t]));
+            dmax = std::max(dmax, std::fabs(so.p1[t] - so.p1[rs]));
+        }
+        double emax = 0.0;
+        for (i64 t = c.start; t < c.end; ++t)
+            emax = std::max(emax, std::fabs((so.p0[t] + so.p1[t]) - 1.0));
+        c.phi_max = phimax;
+        c.dmax = dmax;
+        c.esum = emax + esum + 4 * kEps;  // |(p0 + p1) - 1| itself is rounded
+        double* mm = cx.mom.data() + k * kNMom * kNP;
+        double absu = 0.0;
+        bool exact_only = false;
+        for (i64 t = c.start; t < c.end; ++t) {
+            const double phi = Lx(cx.bias[t], s, q0, q1, so.p0[t], so.p1[t]) - phimax;
+            if (phi < -200.0) exact_only = true;
+            const double w1 = std::exp(phi), w2 = w1 * w1, w3 = w2 * w1;
+            const double d = so.p1[t] - so.p1[rs];
+            const double ww[kNMom] = {w1, w1 * so.p0[t], w1 * so.p1[t], w2, w2 * so.u[t], w3};
+            absu += w2 * std::fabs(so.u[t]);
+            double dp = 1.0;
+            for (int p = 0; p < kNP; ++p) {
+                for (int a = 0; a < kNMom; ++a) mm[a * kNP + p] += ww[a] * dp;
+                dp *= d;
+            }
+        }
+        c.absu = absu;
+        c.exact_only = exact_only;
+    }
+}
+
+}  // namespace
+
+bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMethod method,
+                   int n_threads, Control* control, BinaryStats* stats) {
+    const i64 n = prob.n, C = prob.C, H = prob.H, B = prob.B;
+    check(n >= 1, "n must be >= 1, got " + std::to_string(n));
+    check(B >= 1, "B must be >= 1");
+    check(C >= 1, "the number of classes must be >= 1, got " + std::to_string(C));
+    check(H >= 1, "at least one bandwidth is needed");
+    check(prob.powers >= 1 && prob.powers <= 3, "powers must be 1, 2 or 3");
+    check(prob.row_start >= 0 && prob.row_start <= prob.row_stop && prob.row_stop <= n,
+          "need 0 <= row_start <= row_stop <= n");
+    check(prob.logq && prob.p && prob.labels && prob.scale && prob.bias, "null input pointer");
+    check(out.m && out.S, "null output pointer");
+    check(prob.powers < 2 || out.Q, "powers >= 2 needs a Q output");
+    check(prob.powers < 3 || out.T, "powers == 3 needs a T output");
+    check(!out.D || prob.powers >= 2, "the pair sums D need powers >= 2");
+    check(!out.U || prob.u, "U needs the residual weights u");
+    check(std::isfinite(prob.cell_width) && prob.cell_width > 0 && prob.cell_width <= 4,
+          "cell_width must be in (0, 4]");
+    for (i64 t = 0; t < H; ++t)
+        check(std::isfinite(prob.scale[t]) && prob.scale[t] > 0,
+              "scale must be finite and > 0, got " + std::to_string(prob.scale[t]));
+    for (i64 i = 0; i < B * n; ++i) {
+        const std::int64_t c = prob.labels[i];
+        if (c < 0 || c >= C)
+            throw std::invalid_argument("kdecal.binary_reduce: label " + std::to_string(c) +
+                                        " at index " + std::to_string(i % n) +
+                                        " is outside [0, " + std::to_string(C) + ")");
+        for (int k = 0; k < 2; ++k) {
+            const double v = prob.p[2 * i + k], l = prob.logq[2 * i + k];
+            check(v >= 0.0 && v <= 1.0, "p must lie in [0, 1]; p[" + std::to_string(i % n) +
+                                            ", " + std::to_string(k) + "] = " + std::to_string(v));
+            check(std::isfinite(l) && l <= 0.0, "logq must be finite and <= 0; logq[" +
+                                                    std::to_string(i % n) + ", " +
+                                                    std::to_string(k) + "] = " +
+                                                    std::to_string(l));
+        }
+        if (prob.u) check(std::isfinite(prob.u[i]), "u must be finite");
+    }
+    for (i64 i = 0; i < B * H * n; ++i)
+        check(std::isfinite(prob.bias[i]), "bias must be finite");
+
+    const int nt = detail::resolve_threads(n_threads);
+    const ExactL Lx{detail::isa_level() >= 1};
+    const i64 R = prob.row_stop - prob.row_start;
+    const Flags fl{prob.powers, out.D != nullptr, out.A != nullptr, out.U != nullptr};
+    BinaryStats total;
+    if (R == 0) return !detail::cancelled(control);
+
+    for (i64 b = 0; b < B; ++b) {
+        if (detail::cancelled(control)) return false;
+        const Sorted so = sort_problem(prob.p + b * n * 2, prob.logq + b * n * 2,
+                                       prob.labels + b * n, prob.u ? prob.u + b * n : nullptr,
+                                       n, C);
+        for (i64 t = 0; t < H; ++t) {
+            if (detail::cancelled(control)) return false;
+            Context cx;
+            cx.so = &so;
+            cx.s = prob.scale[t];
+            cx.n = n;
+            cx.bias.resize(static_cast<std::size_t>(n));
+            cx.g.resize(static_cast<std::size_t>(n));
+            const double* bsrc = prob.bias + (b * H + t) * n;
+            for (i64 s = 0; s < n; ++s) {
+                cx.bias[s] = bsrc[so.perm[s]];
+                cx.g[s] = digamma(so.p0[s] * cx.s + 1.0) - digamma(so.p1[s] * cx.s + 1.0);
+            }
+            const double Tn = std::log(static_cast<double>(n)) + 36.0;
+            const bool binned = method == BinaryMethod::binned;
+            cx.T = binned ? Tn : std::max(kDrop, Tn);
+            if (binned) build_cells(cx, Lx, prob.cell_width, C, nt);
+            const double Tw = std::max(kDrop, Tn);  // the window method's depth
+
+            const i64 out_m = (b * H + t) * R;
+            const i64 ntasks = (R + kRowsPerTask - 1) / kRowsPerTask;
+            std::vector<BinaryStats> tst(static_cast<std::size_t>(nt));
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
+#endif
+            for (i64 task = 0; task < ntasks; ++task) {
+#ifdef _OPENMP
+                const int tid = omp_get_thread_num();
+#else
+                const int tid = 0;
+#endif
+                if (detail::cancelled(control)) continue;
+                BinaryStats& st = tst[tid];
+                const i64 j0 = prob.row_start + task * kRowsPerTask;
+                const i64 j1 = std::min(prob.row_stop, j0 + kRowsPerTask);
+                std::vector<RowSums> rs(static_cast<std::size_t>(C));
+                for (i64 j = j0; j < j1; ++j) {
+                    const i64 self = so.inv[j];
+                    const double q0 = so.lq0[self], q1 = so.lq1[self];
+                    double mx = kNegInf;
+                    for (i64 c = 0; c < C; ++c) {
+                        RowSums& r = rs[c];
+                        r = RowSums{};
+                        const i64 lo = so.seg[c], hi = so.seg[c + 1];
+                        const i64 best = class_argmax(cx, Lx, lo, hi, self, q0, q1, r.mc);
+                        if (best < 0) {
+                            r.mc = kNegInf;
+                            continue;
+                        }
+                        bool ok = false;
+                        if (binned) ok = binned_sums(cx, Lx, fl, lo, hi, self, best, q0, q1, r, st);
+                        if (!ok) {
+                            if (binned) ++st.fallbacks;
+                            window_sums(cx, Tw, Lx, fl, lo, hi, self, best, q0, q1, r,
+                                        st.pairs_direct);
+                        }
+                        mx = std::max(mx, r.mc);
+                    }
+                    const i64 row = j - prob.row_start;
+                    out.m[out_m + row] = mx;
+                    double a0 = 0, a1 = 0, uu = 0;
+                    for (i64 c = 0; c < C; ++c) {
+                        const RowSums& r = rs[c];
+                        const i64 oi = (out_m + row) * C + c;
+                        const bool empty = !(r.mc > kNegInf);
+                        const double f = empty ? 0.0 : std::exp(r.mc - mx);
+                        out.S[oi] = empty ? 0.0 : (1.0 + r.e[0]) * f;
+                        if (fl.powers >= 2) out.Q[oi] = empty ? 0.0 : (1.0 + r.e[1]) * (f * f);
+                        if (fl.powers >= 3)
+                            out.T[oi] = empty ? 0.0 : (1.0 + r.e[2]) * (f * f * f);
+                        if (fl.pairs) {
+                            const double e = r.e[0];
+                            out.D[oi] = empty ? 0.0 : ((2.0 * e - r.e[1]) + e * e) * (f * f);
+                        }
+                        if (!empty) {
+                            a0 += r.a[0] * f;
+                            a1 += r.a[1] * f;
+                            uu += r.uu * (f * f);
+                        }
+                    }
+                    if (fl.want_a) {
+                        out.A[(out_m + row) * 2] = a0;
+                        out.A[(out_m + row) * 2 + 1] = a1;
+                    }
+                    if (fl.want_u) out.U[out_m + row] = uu;
+                }
+                detail::add_rows(control, j1 - j0);
+            }
+            for (const BinaryStats& st : tst) {
+                total.pairs_direct += st.pairs_direct;
+                total.cells_taylor += st.cells_taylor;
+                total.terms_taylor += st.terms_taylor;
+                total.fallbacks += st.fallbacks;
+            }
+        }
+    }
+    if (stats) *stats = total;
+    return !detail::cancelled(control);
+}
+
+}  // namespace kdecal
