@@ -15,7 +15,16 @@
 #include <omp.h>
 #endif
 
+#include "binary_kernels.hpp"
 #include "loo_prepared.hpp"  // detail::isa_level, resolve_threads, cancelled, add_rows
+
+#if defined(KDECAL_HAVE_AVX512)
+KDECAL_DECLARE_BINARY_ISA(avx512)
+#endif
+#if defined(KDECAL_HAVE_AVX2)
+KDECAL_DECLARE_BINARY_ISA(avx2)
+#endif
+KDECAL_DECLARE_BINARY_ISA(baseline)
 
 namespace kdecal {
 namespace {
@@ -50,8 +59,24 @@ double digamma(double x) {
 // accumulates logq[j, 0] p[i, 0] then adds logq[j, 1] p[i, 1], contracted to FMA where the
 // ISA has it; then bias + scale * G, also contracted), so that m and every window term
 // carry the same bits.
+using RangeFn = double (*)(const double*, const double*, const double*, const double*,
+                           std::int64_t, std::int64_t, std::int64_t, std::int64_t, double,
+                           double, double, double, double, double*);
+
+RangeFn pick_range(int isa) {
+#if defined(KDECAL_HAVE_AVX512)
+    if (isa >= 2) return avx512::binary_range;
+#endif
+#if defined(KDECAL_HAVE_AVX2)
+    if (isa >= 1) return avx2::binary_range;
+#endif
+    (void)isa;
+    return baseline::binary_range;
+}
+
 struct ExactL {
     bool fma;
+    RangeFn range;  // exact terms of a range (binary_isa.cpp)
     double operator()(double b, double s, double q0, double q1, double c0, double c1) const {
         if (fma) {
             const double g = std::fma(q1, c1, q0 * c0);
@@ -76,7 +101,7 @@ struct Cell {
 // One problem of the batch, sorted: class segments, each by x ascending.
 struct Sorted {
     std::vector<i64> seg, perm, inv;  // perm[s] = original index, inv[orig] = s
-    std::vector<double> p0, p1, lq0, lq1, u;
+    std::vector<double> p0, p1, lq0, lq1, u, ua;  // ua = |u|
     double umax = 0.0;
 };
 
@@ -168,32 +193,28 @@ void window_sums(const Context& cx, double T, const ExactL& Lx, const Flags& fl,
                  i64& n_direct) {
     const Sorted& so = *cx.so;
     const double mc = r.mc;
-    double e1 = 0, e2 = 0, e3 = 0, a0 = so.p0[best], a1 = so.p1[best], uu = so.u[best];
-    auto add = [&](i64 s) {
-        const double x = Lx(cx.bias[s], cx.s, q0, q1, so.p0[s], so.p1[s]) - mc;
-        if (x < -T) return false;
-        const double w = std::exp(x);
-        e1 += w;
-        if (fl.powers >= 2) e2 += w * w;
-        if (fl.powers >= 3) e3 += w * w * w;
-        if (fl.want_a) {
-            a0 += w * so.p0[s];
-            a1 += w * so.p1[s];
-        }
-        if (fl.want_u) uu += w * w * so.u[s];
-        return true;
-    };
+    constexpr i64 kChunk = 64;
+    double acc[6];
+    // chunks of kChunk centres outward from the maximum; the walk stops after a chunk
+    // whose every term is below e^-T (concavity: so is everything beyond it)
     auto pass = [&]() {
+        for (double& v : acc) v = 0.0;
         i64 cnt = 0;
-        for (i64 s = best - 1; s >= lo; --s) {
-            if (s == self) continue;
-            ++cnt;
-            if (!add(s)) break;
+        for (i64 e = best; e > lo;) {
+            const i64 a = std::max(lo, e - kChunk);
+            const double mx = Lx.range(cx.bias.data(), so.p0.data(), so.p1.data(), so.u.data(),
+                                       a, e, self, best, cx.s, q0, q1, mc, T, acc);
+            cnt += e - a;
+            e = a;
+            if (mx < -T) break;
         }
-        for (i64 s = best + 1; s < hi; ++s) {
-            if (s == self) continue;
-            ++cnt;
-            if (!add(s)) break;
+        for (i64 a = best + 1; a < hi;) {
+            const i64 e = std::min(hi, a + kChunk);
+            const double mx = Lx.range(cx.bias.data(), so.p0.data(), so.p1.data(), so.u.data(),
+                                       a, e, self, best, cx.s, q0, q1, mc, T, acc);
+            cnt += e - a;
+            a = e;
+            if (mx < -T) break;
         }
         n_direct += cnt;
     };
@@ -202,20 +223,17 @@ void window_sums(const Context& cx, double T, const ExactL& Lx, const Flags& fl,
     // out (each below e^-T, n of them at most) are not negligible next to e1, go deeper,
     // to ln n + 36 nats below e1 (at most kClamp, where the dense engine clamps).
     const double Tn = std::log(static_cast<double>(cx.n)) + 36.0;
+    const double e1 = acc[0];
     if (fl.pairs && T < kClamp && !(e1 > 0 && std::log(e1) > Tn - T)) {
         T = e1 > 0 ? std::min(kClamp, Tn - std::log(e1)) : kClamp;
-        e1 = e2 = e3 = 0;
-        a0 = so.p0[best];
-        a1 = so.p1[best];
-        uu = so.u[best];
         pass();
     }
-    r.e[0] = e1;
-    r.e[1] = e2;
-    r.e[2] = e3;
-    r.a[0] = a0;
-    r.a[1] = a1;
-    r.uu = uu;
+    r.e[0] = acc[0];
+    r.e[1] = acc[1];
+    r.e[2] = acc[2];
+    r.a[0] = so.p0[best] + acc[3];
+    r.a[1] = so.p1[best] + acc[4];
+    r.uu = so.u[best] + acc[5];
 }
 
 // 1 / (p + 1) for p = 0 .. kMaxOrder + 1
@@ -310,18 +328,15 @@ bool binned_sums(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
         }
         if (!direct && static_cast<double>(count) * 4.0 <= cost_t) direct = true;
         if (direct) {
-            for (i64 t = c.start; t < c.end; ++t) {
-                if (t == self || t == best) continue;
-                const double x = Lx(cx.bias[t], s, q0, q1, so.p0[t], so.p1[t]) - mc;
-                if (x < -cx.T) continue;
-                const double w = std::exp(x);
-                acc[0] += w;
-                acc[1] += w * w;
-                acc[2] += w * w * w;
-                acc[3] += w * so.p0[t];
-                acc[4] += w * so.p1[t];
-                acc[5] += w * w * so.u[t];
-                uabs += w * w * std::fabs(so.u[t]);
+            const double u5 = acc[5];
+            Lx.range(cx.bias.data(), so.p0.data(), so.p1.data(), so.u.data(), c.start, c.end,
+                     self, best, s, q0, q1, mc, cx.T, acc);
+            if (fl.want_u) {  // the same sum over |u|: the scale of U
+                double tmp[6] = {0, 0, 0, 0, 0, 0};
+                Lx.range(cx.bias.data(), so.p0.data(), so.p1.data(), so.ua.data(), c.start,
+                         c.end, self, best, s, q0, q1, mc, cx.T, tmp);
+                (void)u5;
+                uabs += tmp[5];
             }
             st.pairs_direct += count;
             return true;
@@ -425,6 +440,7 @@ Sorted sort_problem(const double* p, const double* logq, const std::int64_t* lab
     so.lq0.resize(n);
     so.lq1.resize(n);
     so.u.assign(static_cast<std::size_t>(n), 0.0);
+    so.ua.assign(static_cast<std::size_t>(n), 0.0);
     for (i64 s = 0; s < n; ++s) {
         const i64 i = so.perm[s];
         so.inv[i] = s;
@@ -434,6 +450,7 @@ Sorted sort_problem(const double* p, const double* logq, const std::int64_t* lab
         so.lq1[s] = logq[2 * i + 1];
         if (u) so.u[s] = u[i];
         so.umax = std::max(so.umax, std::fabs(so.u[s]));
+        so.ua[s] = std::fabs(so.u[s]);
     }
     return so;
 }
@@ -548,7 +565,8 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
         check(std::isfinite(prob.bias[i]), "bias must be finite");
 
     const int nt = detail::resolve_threads(n_threads);
-    const ExactL Lx{detail::isa_level() >= 1};
+    const int isa = detail::isa_level();
+    const ExactL Lx{isa >= 1, pick_range(isa)};
     const i64 R = prob.row_stop - prob.row_start;
     const Flags fl{prob.powers, out.D != nullptr, out.A != nullptr, out.U != nullptr};
     BinaryStats total;
