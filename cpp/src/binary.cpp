@@ -96,7 +96,12 @@ struct Cell {
     double esum;      // max |p0_i + p1_i - 1| over the cell and the reference
     double absu;      // sum e^{2 phi} |u|
     bool exact_only;  // some e^{q phi} would underflow: always summed directly
+    i64 fb, fe;       // coarse cells: their fine cells [fb, fe)
 };
+
+// Fine cells per coarse cell: a coarse cell whose series would need more than kMaxOrder
+// terms is taken as its kSub fine cells (kSub times smaller Taylor arguments).
+constexpr i64 kSub = 4;
 
 // One problem of the batch, sorted: class segments, each by x ascending.
 struct Sorted {
@@ -109,9 +114,9 @@ struct Context {  // one (problem, bandwidth)
     const Sorted* so;
     double s;                          // 1 / h
     std::vector<double> bias, g;       // per sorted position
-    std::vector<Cell> cells;           // binned only
-    std::vector<i64> cell_of;          // sorted position -> cell
-    std::vector<double> mom;           // (cells, kNMom, kNP)
+    std::vector<Cell> cells, fine;     // binned only: coarse and fine cells
+    std::vector<i64> cell_of;          // sorted position -> coarse cell
+    std::vector<double> mom, fmom;     // (cells, kNMom, kNP), (fine, kNMom, kNP)
     double T;                          // window depth in nats
     i64 n;
 };
@@ -281,27 +286,37 @@ bool binned_sums(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
     const i64 k0 = cx.cell_of[best];
     const int qmax = std::max(fl.powers, fl.want_u ? 2 : 1);
     const Cell* cells = cx.cells.data();
-    const double* mom = cx.mom.data();
 
-    auto do_cell = [&](i64 k) -> bool {  // false: every term of the cell is below e^-T
-        const Cell& c = cells[k];
+    // 0: every term of the cell is below e^-T (nothing added); 1: added; 2: a coarse
+    // cell whose series would be too long: take its fine cells instead
+    auto do_cell = [&](const Cell& c, const double* cmom, bool coarse, bool first) -> int {
         const i64 rs = c.ref;
         const double Lrj = Lx(cx.bias[rs], s, q0, q1, so.p0[rs], so.p1[rs]);
         const double E = (Lrj - c.Lrr) + c.phi_max - mc;
         const double d0q = q0 - so.lq0[rs], d1q = q1 - so.lq1[rs];
         const double kappa = s * (d1q - d0q);
         const double xi1 = std::fabs(kappa) * c.dmax;
-        if (E + xi1 < -cx.T && k != k0) return false;
-        // systematic relative error of a term (rounding of the log-kernels, the neglected
-        // s (q0 - q0_ref)(d0 + d1) term): shared in kind with the exact engine
-        const double mag = std::fabs(cx.bias[rs]) +
-                           s * (std::fabs(q0) + std::fabs(q1) + std::fabs(so.lq0[rs]) +
-                                std::fabs(so.lq1[rs]));
-        const double dsys = 16.0 * kEps * mag + s * std::fabs(d0q) * c.esum;
+        if (E + xi1 < -cx.T && !first) return 0;
+        // systematic error of a term's log (docs/guide/binary_engine.md, "rounding"):
+        // each computed L (one FMA from the shared bias) is within eps |L| plus
+        // 2 eps s (|logq0| p0 + |logq1| p1) of its exact value; the composite
+        // E + phi_i + kappa d_i uses L_rj, L_rr, L(i; ref), Phi and mc and four sums, and
+        // kappa d carries 2 eps s (|dlogq0| + |dlogq1|) dmax; the neglected term
+        // s (q0 - q0_ref)(d0 + d1) is below s |q0 - q0_ref| esum.  The dense engine's own
+        // L_ij errs by eps |mc| and the same dot-product term.  The factor 4 covers
+        // these with a margin of about 2.
+        const double pr0 = so.p0[rs], pr1 = so.p1[rs];
+        const double mag =
+            std::fabs(Lrj) + std::fabs(c.Lrr) + 2.0 * std::fabs(c.phi_max) +
+            2.0 * std::fabs(mc) +
+            s * (std::fabs(q0) * pr0 + std::fabs(q1) * pr1 + std::fabs(so.lq0[rs]) * pr0 +
+                 std::fabs(so.lq1[rs]) * pr1) +
+            s * (std::fabs(d0q) + std::fabs(d1q)) * c.dmax;
+        const double dsys = 4.0 * kEps * mag + s * std::fabs(d0q) * c.esum;
         const bool has_self = self >= c.start && self < c.end;
         const bool has_best = best >= c.start && best < c.end;
         const i64 count = c.end - c.start - has_self - has_best;
-        if (count <= 0) return true;
+        if (count <= 0) return 1;
         // orders per power
         int P[4] = {0, 0, 0, 0};
         double rem[4] = {0, 0, 0, 0};
@@ -315,7 +330,7 @@ bool binned_sums(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
             double tgt = std::numeric_limits<double>::infinity();
             for (int a = 0; a < 6; ++a) {
                 if (!want[a] || qof[a] != q) continue;
-                const double m0 = a == 5 ? c.absu : mom[(k * kNMom + mof[a]) * kNP];
+                const double m0 = a == 5 ? c.absu : cmom[mof[a] * kNP];
                 if (!(m0 > 0)) continue;
                 const double ub = Fq[q] * m0 * ex;  // upper bound of the cell's sum
                 tgt = std::min(tgt, kTolCell * (1.0 / (ex * ex) + (base[a] + acc[a]) /
@@ -327,6 +342,7 @@ bool binned_sums(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
             cost_t += (P[q] + 1) * 3.0;
         }
         if (!direct && static_cast<double>(count) * 4.0 <= cost_t) direct = true;
+        if (direct && coarse && !c.exact_only && count > 64 && c.fe - c.fb > 1) return 2;
         if (direct) {
             const double u5 = acc[5];
             Lx.range(cx.bias.data(), so.p0.data(), so.p1.data(), so.u.data(), c.start, c.end,
@@ -339,7 +355,7 @@ bool binned_sums(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
                 uabs += tmp[5];
             }
             st.pairs_direct += count;
-            return true;
+            return 1;
         }
         ++st.cells_taylor;
         // phi and d of the excluded centres, exactly as the moments were built
@@ -366,7 +382,7 @@ bool binned_sums(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
             if (!want[a]) continue;
             const int q = qof[a];
             const int Pq = P[q];
-            const double* mm = mom + (k * kNMom + mof[a]) * kNP;
+            const double* mm = cmom + mof[a] * kNP;
             double sum = 0.0;
             for (int p = 0; p <= Pq; ++p) sum += coef[q][p] * mm[p];
             for (int e = 0; e < nex; ++e) {  // the excluded centres' own series
@@ -384,20 +400,33 @@ bool binned_sums(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
             }
             const double m0 = a == 5 ? c.absu : mm[0];
             const double bound = Fq[q] * m0 * exq[q];
-            err[a] += bound * (rem[q] + kEps * (cnt + 2 * Pq + 8) + q * dsys);
-            acc[a] += Fq[q] * sum;
+            // truncation and rounding of the series against the bound of the cell's sum;
+            // the systematic error is relative to each term: against the sum itself
+            const double trunc = bound * (rem[q] + kEps * (cnt + 2 * Pq + 8));
+            const double val = Fq[q] * sum;
+            const double mass = a == 5 ? bound : std::fabs(val);
+            err[a] += trunc + q * dsys * (mass + trunc);
+            acc[a] += val;
             if (a == 5) uabs += bound;
         }
         st.terms_taylor += P[1] + 1;
+        return 1;
+    };
+    auto visit = [&](i64 k) -> bool {  // false: stop walking in this direction
+        const int res = do_cell(cells[k], cx.mom.data() + k * kNMom * kNP, true, k == k0);
+        if (res == 0) return false;
+        if (res == 2)
+            for (i64 f = cells[k].fb; f < cells[k].fe; ++f)
+                do_cell(cx.fine[f], cx.fmom.data() + f * kNMom * kNP, false, false);
         return true;
     };
 
     // the class's cells are contiguous in cx.cells: [first, last]
-    do_cell(k0);
+    visit(k0);
     for (i64 k = k0 - 1; k >= 0 && cells[k].start >= lo; --k)
-        if (!do_cell(k)) break;
+        if (!visit(k)) break;
     for (i64 k = k0 + 1; k < static_cast<i64>(cx.cells.size()) && cells[k].end <= hi; ++k)
-        if (!do_cell(k)) break;
+        if (!visit(k)) break;
     // truncation: every cell not visited holds terms below e^-T (concavity)
     const double tr = static_cast<double>(cx.n) * std::exp(-cx.T);
     err[0] += tr;
@@ -455,70 +484,98 @@ Sorted sort_problem(const double* p, const double* logq, const std::int64_t* lab
     return so;
 }
 
+// Reference, Phi, dmax, esum and the moments of one cell (docs: "cells").
+void cell_moments(const Context& cx, const ExactL& Lx, Cell& c, double* mm) {
+    const Sorted& so = *cx.so;
+    const double s = cx.s;
+    const i64 rs = (c.start + c.end) / 2;
+    c.ref = rs;
+    const double q0 = so.lq0[rs], q1 = so.lq1[rs];
+    c.Lrr = Lx(cx.bias[rs], s, q0, q1, so.p0[rs], so.p1[rs]);
+    double phimax = kNegInf, dmax = 0.0, emax = 0.0;
+    for (i64 t = c.start; t < c.end; ++t) {
+        phimax = std::max(phimax, Lx(cx.bias[t], s, q0, q1, so.p0[t], so.p1[t]));
+        dmax = std::max(dmax, std::fabs(so.p1[t] - so.p1[rs]));
+        emax = std::max(emax, std::fabs((so.p0[t] + so.p1[t]) - 1.0));
+    }
+    c.phi_max = phimax;
+    c.dmax = dmax;
+    c.esum = 2.0 * emax + 4 * kEps;  // |(p0 + p1) - 1| itself is rounded
+    double absu = 0.0;
+    bool exact_only = false;
+    for (i64 t = c.start; t < c.end; ++t) {
+        const double phi = Lx(cx.bias[t], s, q0, q1, so.p0[t], so.p1[t]) - phimax;
+        if (phi < -200.0) exact_only = true;
+        const double w1 = std::exp(phi), w2 = w1 * w1, w3 = w2 * w1;
+        const double d = so.p1[t] - so.p1[rs];
+        const double ww[kNMom] = {w1, w1 * so.p0[t], w1 * so.p1[t], w2, w2 * so.u[t], w3};
+        absu += w2 * std::fabs(so.u[t]);
+        double dp = 1.0;
+        for (int p = 0; p < kNP; ++p) {
+            for (int a = 0; a < kNMom; ++a) mm[a * kNP + p] += ww[a] * dp;
+            dp *= d;
+        }
+    }
+    c.absu = absu;
+    c.exact_only = exact_only;
+}
+
 void build_cells(Context& cx, const ExactL& Lx, double cell_width, i64 C, int nt) {
     const Sorted& so = *cx.so;
     const i64 n = cx.n;
-    const double wz = cell_width * std::sqrt(1.0 / cx.s) * 0.5;
+    const double wf = cell_width * std::sqrt(1.0 / cx.s) * 0.5 / kSub;  // fine width in z
     const double half_pi = std::acos(0.0);
     cx.cell_of.assign(static_cast<std::size_t>(n), 0);
     cx.cells.clear();
+    cx.fine.clear();
     for (i64 c = 0; c < C; ++c) {
-        i64 prev = std::numeric_limits<i64>::min();
+        i64 prev_f = -1, prev_c = -1;
+        bool fresh = true;  // a class starts new cells
         for (i64 t = so.seg[c]; t < so.seg[c + 1]; ++t) {
             const double z = so.p1[t] < 0.5 ? std::asin(std::sqrt(so.p1[t]))
                                             : half_pi - std::asin(std::sqrt(so.p0[t]));
-            const i64 id = static_cast<i64>(std::floor(z / wz));
-            if (id != prev || cx.cells.empty()) {
-                cx.cells.push_back(Cell{t, t + 1, t, 0, 0, 0, 0, 0, false});
-                prev = id;
+            const i64 fid = static_cast<i64>(std::floor(z / wf));
+            const i64 cid = fid / kSub;  // z >= 0
+            if (fresh || cid != prev_c) {
+                const i64 nf = static_cast<i64>(cx.fine.size());
+                cx.cells.push_back(Cell{t, t + 1, t, 0, 0, 0, 0, 0, false, nf, nf});
+                prev_c = cid;
             } else {
                 cx.cells.back().end = t + 1;
             }
+            if (fresh || fid != prev_f) {
+                cx.fine.push_back(Cell{t, t + 1, t, 0, 0, 0, 0, 0, false, 0, 0});
+                prev_f = fid;
+            } else {
+                cx.fine.back().end = t + 1;
+            }
+            cx.cells.back().fe = static_cast<i64>(cx.fine.size());
+            fresh = false;
             cx.cell_of[t] = static_cast<i64>(cx.cells.size()) - 1;
         }
     }
-    const i64 nc = static_cast<i64>(cx.cells.size());
+    const i64 nc = static_cast<i64>(cx.cells.size()), nf = static_cast<i64>(cx.fine.size());
     cx.mom.assign(static_cast<std::size_t>(nc * kNMom * kNP), 0.0);
-    const double s = cx.s;
+    cx.fmom.assign(static_cast<std::size_t>(nf * kNMom * kNP), 0.0);
 #ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 16) num_threads(nt) if (nt > 1 && n > 4096)
+#pragma omp parallel num_threads(nt) if (nt > 1 && n > 4096)
 #endif
-    for (i64 k = 0; k < nc; ++k) {
-        Cell& c = cx.cells[k];
-        const i64 rs = (c.start + c.end) / 2;
-        c.ref = rs;
-        const double q0 = so.lq0[rs], q1 = so.lq1[rs];
-        c.Lrr = Lx(cx.bias[rs], s, q0, q1, so.p0[rs], so.p1[rs]);
-        double phimax = kNegInf, dmax = 0.0, esum = std::fabs((so.p0[rs] + so.p1[rs]) - 1.0);
-        for (i64 t = c.start; t < c.end; ++t) {
-            phimax = std::max(phimax, Lx(cx.bias[t], s, q0, q1, so.p0[t], so.p1[t]));
-            dmax = std::max(dmax, std::fabs(so.p1[t] - so.p1[rs]));
-        }
-        double emax = 0.0;
-        for (i64 t = c.start; t < c.end; ++t)
-            emax = std::max(emax, std::fabs((so.p0[t] + so.p1[t]) - 1.0));
-        c.phi_max = phimax;
-        c.dmax = dmax;
-        c.esum = emax + esum + 4 * kEps;  // |(p0 + p1) - 1| itself is rounded
-        double* mm = cx.mom.data() + k * kNMom * kNP;
-        double absu = 0.0;
-        bool exact_only = false;
-        for (i64 t = c.start; t < c.end; ++t) {
-            const double phi = Lx(cx.bias[t], s, q0, q1, so.p0[t], so.p1[t]) - phimax;
-            if (phi < -200.0) exact_only = true;
-            const double w1 = std::exp(phi), w2 = w1 * w1, w3 = w2 * w1;
-            const double d = so.p1[t] - so.p1[rs];
-            const double ww[kNMom] = {w1, w1 * so.p0[t], w1 * so.p1[t], w2, w2 * so.u[t], w3};
-            absu += w2 * std::fabs(so.u[t]);
-            double dp = 1.0;
-            for (int p = 0; p < kNP; ++p) {
-                for (int a = 0; a < kNMom; ++a) mm[a * kNP + p] += ww[a] * dp;
-                dp *= d;
-            }
-        }
-        c.absu = absu;
-        c.exact_only = exact_only;
+    {
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 16) nowait
+#endif
+        for (i64 k = 0; k < nc; ++k)
+            cell_moments(cx, Lx, cx.cells[k], cx.mom.data() + k * kNMom * kNP);
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 16)
+#endif
+        for (i64 k = 0; k < nf; ++k)
+            if (cx.fine[k].end - cx.fine[k].start > 1)  // single centres: always direct
+                cell_moments(cx, Lx, cx.fine[k], cx.fmom.data() + k * kNMom * kNP);
+            else
+                cx.fine[k].exact_only = true;
     }
+    (void)nt;
 }
 
 }  // namespace
@@ -542,8 +599,8 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
     check(std::isfinite(prob.cell_width) && prob.cell_width > 0 && prob.cell_width <= 4,
           "cell_width must be in (0, 4]");
     for (i64 t = 0; t < H; ++t)
-        check(std::isfinite(prob.scale[t]) && prob.scale[t] > 0,
-              "scale must be finite and > 0, got " + std::to_string(prob.scale[t]));
+        if (!(std::isfinite(prob.scale[t]) && prob.scale[t] > 0))
+            check(false, "scale must be finite and > 0, got " + std::to_string(prob.scale[t]));
     for (i64 i = 0; i < B * n; ++i) {
         const std::int64_t c = prob.labels[i];
         if (c < 0 || c >= C)
@@ -552,12 +609,12 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
                                         " is outside [0, " + std::to_string(C) + ")");
         for (int k = 0; k < 2; ++k) {
             const double v = prob.p[2 * i + k], l = prob.logq[2 * i + k];
-            check(v >= 0.0 && v <= 1.0, "p must lie in [0, 1]; p[" + std::to_string(i % n) +
-                                            ", " + std::to_string(k) + "] = " + std::to_string(v));
-            check(std::isfinite(l) && l <= 0.0, "logq must be finite and <= 0; logq[" +
-                                                    std::to_string(i % n) + ", " +
-                                                    std::to_string(k) + "] = " +
-                                                    std::to_string(l));
+            if (!(v >= 0.0 && v <= 1.0))  // also NaN; the message only on failure
+                check(false, "p must lie in [0, 1]; p[" + std::to_string(i % n) + ", " +
+                                 std::to_string(k) + "] = " + std::to_string(v));
+            if (!(std::isfinite(l) && l <= 0.0))
+                check(false, "logq must be finite and <= 0; logq[" + std::to_string(i % n) +
+                                 ", " + std::to_string(k) + "] = " + std::to_string(l));
         }
         if (prob.u) check(std::isfinite(prob.u[i]), "u must be finite");
     }
@@ -609,7 +666,7 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
                 const int tid = 0;
 #endif
                 if (detail::cancelled(control)) continue;
-                BinaryStats& st = tst[tid];
+                BinaryStats st;  // local: the per-thread slots share cache lines
                 const i64 j0 = prob.row_start + task * kRowsPerTask;
                 const i64 j1 = std::min(prob.row_stop, j0 + kRowsPerTask);
                 std::vector<RowSums> rs(static_cast<std::size_t>(C));
@@ -663,6 +720,11 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
                     }
                     if (fl.want_u) out.U[out_m + row] = uu;
                 }
+                BinaryStats& ts = tst[tid];
+                ts.pairs_direct += st.pairs_direct;
+                ts.cells_taylor += st.cells_taylor;
+                ts.terms_taylor += st.terms_taylor;
+                ts.fallbacks += st.fallbacks;
                 detail::add_rows(control, j1 - j0);
             }
             for (const BinaryStats& st : tst) {
