@@ -20,8 +20,8 @@ core = pytest.importorskip("kdecal._core")
 if not hasattr(core, "binary_reduce"):
     pytest.skip("compiled core without the binary engine", allow_module_level=True)
 
-from kdecal import _backends  # noqa: E402
-from kdecal import _binary as kb  # noqa: E402
+from kdecal import _backends
+from kdecal import _binary as kb
 
 TOL = 1e-8
 
@@ -240,7 +240,7 @@ def test_auto_picks_a_method_and_agrees():
     x = rng.beta(5, 1, 2000)
     y = (rng.random(2000) < x).astype(np.int64)
     _compare(x, y, 2, [1e-7, 1e-3, 0.2], methods=("auto",))
-    logq, p, bias = kb.binary_inputs(x, [1e-3])
+    _, p, _ = kb.binary_inputs(x, [1e-3])
     assert kb.choose_method(p, y[None], 2, 1e-8) == "window"
     assert kb.choose_method(p, y[None], 2, 1e-3) in ("window", "binned")
 

@@ -127,7 +127,7 @@ void bind_binary(py::module_& m) {
           py::arg("row_start") = 0, py::arg("row_stop") = 0, py::arg("n_threads") = 0,
           py::arg("progress") = py::none(), py::arg("pairs") = false,
           py::arg("method") = "binned", py::arg("residuals") = false,
-          py::arg("u") = py::none(), py::arg("cell_width") = 0.2, R"doc(
+          py::arg("u") = py::none(), py::arg("cell_width") = 0.8, R"doc(
 Fast leave-one-out sums of binary (K = 2) problems: the accumulators of loo_reduce.
 
 logq, p: (n, 2) or (B, n, 2) float64 (the same arrays loo_reduce takes); labels (n,) or

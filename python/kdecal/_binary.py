@@ -33,14 +33,15 @@ METHODS = ("auto", "binned", "window", "exact")
 CELL_WIDTH = 0.8
 #: Below this bandwidth the binned method's rounding bound fails for most rows: window.
 BINNED_MIN_H = 1e-6
-#: Estimated cost of one (query, cell) Taylor evaluation, in direct terms.
-_CELL_COST = 6.0
+#: Estimated cost of the binned method per (query, class), in exact window terms (the
+#: window method sums about 0.7 terms per ns and thread; a binned (query, class) costs
+#: about 1 us: the maximum's search and ~12-25 cells of ~12 Taylor terms; measured on the
+#: 2-core AVX-512 machine at n = 1e5), times 1.5 for powers = 3 with the pair sums.
+_BINNED_COST = 700.0
 
 
-def binary_inputs(
-    x: np.ndarray, hs: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The engine's inputs of the binary problems ``(1 - x, x)``.
+def binary_inputs(x: np.ndarray, hs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Build the engine's inputs of the binary problems ``(1 - x, x)``.
 
     Parameters
     ----------
@@ -194,13 +195,22 @@ def loo_reduce_k2(
         if u is not None:
             raise ValueError("the exact engine has no residual sums: use method='window'")
         return _backends.loo_reduce(
-            logq, p, labels, n_classes, scale, bias, powers=powers, backend="cpp",
-            progress=progress, rows=(r0, r1), pairs=pairs,
+            logq,
+            p,
+            labels,
+            n_classes,
+            scale,
+            bias,
+            powers=powers,
+            backend="cpp",
+            progress=progress,
+            rows=(r0, r1),
+            pairs=pairs,
         )
     core = _require_core()
     B, H = p.shape[0], scale.shape[0]
     if method == "auto":
-        methods = [choose_method(p, labels, n_classes, 1.0 / float(s)) for s in scale]
+        methods = [choose_method(p, labels, n_classes, 1.0 / float(s), powers) for s in scale]
     else:
         methods = [method] * H
     parts: list[tuple[np.ndarray, ...]] = []
@@ -220,10 +230,22 @@ def loo_reduce_k2(
                     cb(base + k)
 
             res = core.binary_reduce(
-                logq, p, labels, n_classes, np.ascontiguousarray(scale[idx]),
-                np.ascontiguousarray(bias[:, idx]), powers, r0, r1,
-                _backends.get_num_threads(), report if cb is not None else None, pairs,
-                mth, u is not None, u, CELL_WIDTH,
+                logq,
+                p,
+                labels,
+                n_classes,
+                np.ascontiguousarray(scale[idx]),
+                np.ascontiguousarray(bias[:, idx]),
+                powers,
+                r0,
+                r1,
+                _backends.get_num_threads(),
+                report if cb is not None else None,
+                pairs,
+                mth,
+                u is not None,
+                u,
+                CELL_WIDTH,
             )
             done += (r1 - r0) * B * len(ts)
             parts.append(res)
@@ -247,17 +269,21 @@ def loo_reduce_k2(
     return tuple(out)
 
 
-def choose_method(p: np.ndarray, labels: np.ndarray, n_classes: int, h: float) -> str:
+def choose_method(
+    p: np.ndarray, labels: np.ndarray, n_classes: int, h: float, powers: int = 1
+) -> str:
     """``"window"`` or ``"binned"``: the one estimated faster for bandwidth ``h``.
 
     The window method costs the number of centres within its depth of every query
     (estimated from a sample of 512 queries by binary search in the kernel's coordinate
     ``z = arcsin sqrt(x)``, where the kernel's width is about ``sqrt(h)/2``); the binned
-    method about ``_CELL_COST`` terms per cell of its window in every class.
+    method about :data:`_BINNED_COST` such terms per query and class.  Below
+    :data:`BINNED_MIN_H` the window method always (the binned method's rounding bound
+    fails there and it would fall back to windows anyway).
     """
     if h < BINNED_MIN_H:
         return "window"
-    B, n = p.shape[0], p.shape[-2]
+    n = p.shape[-2]
     depth = max(64.0, math.log(n) + 36.0)
     half = math.sqrt(2.0 * depth) * math.sqrt(h) / 2.0  # window half-width in z
     z = np.arcsin(np.sqrt(np.clip(p[0, :, 1], 0.0, 1.0)))
@@ -266,8 +292,7 @@ def choose_method(p: np.ndarray, labels: np.ndarray, n_classes: int, h: float) -
     zs = np.sort(z)
     per_query = np.searchsorted(zs, sample + half) - np.searchsorted(zs, sample - half)
     window_cost = float(per_query.mean())
-    cells = 2.0 * math.sqrt(2.0 * (math.log(n) + 36.0)) / CELL_WIDTH
-    binned_cost = _CELL_COST * min(cells, window_cost) * max(1, n_classes) + 200.0
+    binned_cost = _BINNED_COST * max(1, n_classes) * (1.0 + 0.25 * (powers - 1))
     return "window" if window_cost <= binned_cost else "binned"
 
 

@@ -53,7 +53,7 @@ struct BinaryProblem {
     int powers = 1;                        // 1: S; 2: S, Q; 3: S, Q, T
     std::int64_t row_start = 0;
     std::int64_t row_stop = 0;
-    double cell_width = 0.2;               // binned: cell width in units of sqrt(h)/2
+    double cell_width = 0.8;               // binned: coarse cell width, units of sqrt(h)/2
 };
 
 /// Outputs (R = row_stop - row_start).  Null pointers for what is not wanted; D needs
