@@ -95,8 +95,9 @@ struct Cell {
     double dmax;      // max |p1_i - p1_ref|
     double esum;      // max |p0_i + p1_i - 1| over the cell and the reference
     double absu;      // sum e^{2 phi} |u|
-    bool exact_only;  // some e^{q phi} would underflow: always summed directly
+    bool exact_only;  // one centre, or some e^{q phi} would underflow: summed directly
     i64 fb, fe;       // coarse cells: their fine cells [fb, fe)
+    i64 off;          // offset of its moments in mom / fmom (-1: none, exact_only)
 };
 
 // Fine cells per coarse cell: a coarse cell whose series would need more than kMaxOrder
@@ -342,7 +343,7 @@ bool binned_sums(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
             cost_t += (P[q] + 1) * 3.0;
         }
         if (!direct && static_cast<double>(count) * 4.0 <= cost_t) direct = true;
-        if (direct && coarse && !c.exact_only && count > 64 && c.fe - c.fb > 1) return 2;
+        if (direct && coarse && count > 64 && c.fe - c.fb > 1) return 2;
         if (direct) {
             const double u5 = acc[5];
             Lx.range(cx.bias.data(), so.p0.data(), so.p1.data(), so.u.data(), c.start, c.end,
@@ -413,11 +414,14 @@ bool binned_sums(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
         return 1;
     };
     auto visit = [&](i64 k) -> bool {  // false: stop walking in this direction
-        const int res = do_cell(cells[k], cx.mom.data() + k * kNMom * kNP, true, k == k0);
+        const Cell& ck = cells[k];
+        const int res =
+            do_cell(ck, ck.off >= 0 ? cx.mom.data() + ck.off : nullptr, true, k == k0);
         if (res == 0) return false;
         if (res == 2)
             for (i64 f = cells[k].fb; f < cells[k].fe; ++f)
-                do_cell(cx.fine[f], cx.fmom.data() + f * kNMom * kNP, false, false);
+                do_cell(cx.fine[f], cx.fine[f].off >= 0 ? cx.fmom.data() + cx.fine[f].off : nullptr,
+                        false, false);
         return true;
     };
 
@@ -538,13 +542,13 @@ void build_cells(Context& cx, const ExactL& Lx, double cell_width, i64 C, int nt
             const i64 cid = fid / kSub;  // z >= 0
             if (fresh || cid != prev_c) {
                 const i64 nf = static_cast<i64>(cx.fine.size());
-                cx.cells.push_back(Cell{t, t + 1, t, 0, 0, 0, 0, 0, false, nf, nf});
+                cx.cells.push_back(Cell{t, t + 1, t, 0, 0, 0, 0, 0, true, nf, nf, -1});
                 prev_c = cid;
             } else {
                 cx.cells.back().end = t + 1;
             }
             if (fresh || fid != prev_f) {
-                cx.fine.push_back(Cell{t, t + 1, t, 0, 0, 0, 0, 0, false, 0, 0});
+                cx.fine.push_back(Cell{t, t + 1, t, 0, 0, 0, 0, 0, true, 0, 0, -1});
                 prev_f = fid;
             } else {
                 cx.fine.back().end = t + 1;
@@ -554,9 +558,16 @@ void build_cells(Context& cx, const ExactL& Lx, double cell_width, i64 C, int nt
             cx.cell_of[t] = static_cast<i64>(cx.cells.size()) - 1;
         }
     }
+    // moments only for cells of two or more centres (a single centre is always summed
+    // directly): memory O(n) even when every centre has its own cell (tiny h)
     const i64 nc = static_cast<i64>(cx.cells.size()), nf = static_cast<i64>(cx.fine.size());
-    cx.mom.assign(static_cast<std::size_t>(nc * kNMom * kNP), 0.0);
-    cx.fmom.assign(static_cast<std::size_t>(nf * kNMom * kNP), 0.0);
+    i64 mc = 0, mf = 0;
+    for (Cell& c : cx.cells)
+        if (c.end - c.start > 1) c.off = (mc++) * kNMom * kNP;
+    for (Cell& c : cx.fine)
+        if (c.end - c.start > 1) c.off = (mf++) * kNMom * kNP;
+    cx.mom.assign(static_cast<std::size_t>(mc * kNMom * kNP), 0.0);
+    cx.fmom.assign(static_cast<std::size_t>(mf * kNMom * kNP), 0.0);
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nt) if (nt > 1 && n > 4096)
 #endif
@@ -565,15 +576,14 @@ void build_cells(Context& cx, const ExactL& Lx, double cell_width, i64 C, int nt
 #pragma omp for schedule(dynamic, 16) nowait
 #endif
         for (i64 k = 0; k < nc; ++k)
-            cell_moments(cx, Lx, cx.cells[k], cx.mom.data() + k * kNMom * kNP);
+            if (cx.cells[k].off >= 0)
+                cell_moments(cx, Lx, cx.cells[k], cx.mom.data() + cx.cells[k].off);
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 16)
 #endif
         for (i64 k = 0; k < nf; ++k)
-            if (cx.fine[k].end - cx.fine[k].start > 1)  // single centres: always direct
-                cell_moments(cx, Lx, cx.fine[k], cx.fmom.data() + k * kNMom * kNP);
-            else
-                cx.fine[k].exact_only = true;
+            if (cx.fine[k].off >= 0)
+                cell_moments(cx, Lx, cx.fine[k], cx.fmom.data() + cx.fine[k].off);
     }
     (void)nt;
 }

@@ -275,7 +275,8 @@ def choose_method(
     """``"window"`` or ``"binned"``: the one estimated faster for bandwidth ``h``.
 
     The window method costs the number of centres within its depth of every query
-    (estimated from a sample of 512 queries by binary search in the kernel's coordinate
+    (estimated on up to 4 of the B problems from a sample of 512 queries each, by binary
+    search in the kernel's coordinate
     ``z = arcsin sqrt(x)``, where the kernel's width is about ``sqrt(h)/2``); the binned
     method about :data:`_BINNED_COST` such terms per query and class.  Below
     :data:`BINNED_MIN_H` the window method always (the binned method's rounding bound
@@ -286,12 +287,15 @@ def choose_method(
     n = p.shape[-2]
     depth = max(64.0, math.log(n) + 36.0)
     half = math.sqrt(2.0 * depth) * math.sqrt(h) / 2.0  # window half-width in z
-    z = np.arcsin(np.sqrt(np.clip(p[0, :, 1], 0.0, 1.0)))
     rng = np.random.default_rng(0)
-    sample = z[rng.integers(0, n, size=min(n, 512))]
-    zs = np.sort(z)
-    per_query = np.searchsorted(zs, sample + half) - np.searchsorted(zs, sample - half)
-    window_cost = float(per_query.mean())
+    costs = []
+    for b in np.linspace(0, p.shape[0] - 1, min(p.shape[0], 4)).astype(int):
+        z = np.arcsin(np.sqrt(np.clip(p[b, :, 1], 0.0, 1.0)))
+        sample = z[rng.integers(0, n, size=min(n, 512))]
+        zs = np.sort(z)
+        per_query = np.searchsorted(zs, sample + half) - np.searchsorted(zs, sample - half)
+        costs.append(float(per_query.mean()))
+    window_cost = float(np.mean(costs))
     binned_cost = _BINNED_COST * max(1, n_classes) * (1.0 + 0.25 * (powers - 1))
     return "window" if window_cost <= binned_cost else "binned"
 
