@@ -115,6 +115,8 @@ py::tuple binary_reduce_py(const carray<double>& logq, const carray<double>& p,
     st["cells_taylor"] = stats.cells_taylor;
     st["terms_taylor"] = stats.terms_taylor;
     st["fallbacks"] = stats.fallbacks;
+    st["pairs_long"] = stats.pairs_long;
+    st["pairs_fallback"] = stats.pairs_fallback;
     return py::make_tuple(m, S, Q, T, D, A, U, st);
 }
 

@@ -95,7 +95,7 @@ struct Cell {
     double dmax;      // max |p1_i - p1_ref|
     double esum;      // max |p0_i + p1_i - 1| over the cell and the reference
     double absu;      // sum e^{2 phi} |u|
-    bool exact_only;  // one centre, or some e^{q phi} would underflow: summed directly
+    bool exact_only;  // a single centre: always summed directly
     i64 fb, fe;       // coarse cells: their fine cells [fb, fe)
     i64 off;          // offset of its moments in mom / fmom (-1: none, exact_only)
     double inv0[6];   // 1 / M_0 of each moment array (0 where M_0 = 0)
@@ -362,9 +362,11 @@ bool binned_sums(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
             if (P[q] > kMaxOrder) direct = true;
             cost_t += (P[q] + 1) * 3.0;
         }
+        const bool too_long = direct && !c.exact_only;
         if (!direct && static_cast<double>(count) * 4.0 <= cost_t) direct = true;
         if (direct && coarse && count > 64 && c.fe - c.fb > 1) return 2;
         if (direct) {
+            if (too_long) st.pairs_long += count;
             const double u5 = acc[5];
             Lx.range(cx.bias.data(), so.p0.data(), so.p1.data(), so.u.data(), c.start, c.end,
                      self, best, s, q0, q1, mc, cx.T, acc);
@@ -518,11 +520,13 @@ void cell_moments(const Context& cx, const ExactL& Lx, Cell& c, double* mm) {
     c.dmax = dmax;
     c.esum = 2.0 * emax + 4 * kEps;  // |(p0 + p1) - 1| itself is rounded
     double absu = 0.0;
-    bool exact_only = false;
     for (i64 t = c.start; t < c.end; ++t) {
         const double phi = Lx(cx.bias[t], s, q0, q1, so.p0[t], so.p1[t]) - phimax;
-        if (phi < -200.0) exact_only = true;
-        const double w1 = std::exp(phi), w2 = w1 * w1, w3 = w2 * w1;
+        // A centre more than 200 nats below the cell's largest (at the reference query)
+        // stays below e^{-200 + 2 xi} of it for every query the cell's series serves
+        // (xi <= 3): left out of the moments (no underflow), a relative error below
+        // n e^-194 (docs, "cells").
+        const double w1 = phi < -200.0 ? 0.0 : std::exp(phi), w2 = w1 * w1, w3 = w2 * w1;
         const double d = so.p1[t] - so.p1[rs];
         const double ww[kNMom] = {w1, w1 * so.p0[t], w1 * so.p1[t], w2, w2 * so.u[t], w3};
         absu += w2 * std::fabs(so.u[t]);
@@ -539,7 +543,7 @@ void cell_moments(const Context& cx, const ExactL& Lx, Cell& c, double* mm) {
         c.inv0[a] = m0 > 0 ? 1.0 / m0 : 0.0;
     }
     c.absu = absu;
-    c.exact_only = exact_only;
+    c.exact_only = false;
 }
 
 void build_cells(Context& cx, const ExactL& Lx, double cell_width, i64 C, int nt) {
@@ -728,7 +732,7 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
                         if (!ok) {
                             if (binned) ++st.fallbacks;
                             window_sums(cx, Tw, Lx, fl, lo, hi, self, best, q0, q1, r,
-                                        st.pairs_direct);
+                                        binned ? st.pairs_fallback : st.pairs_direct);
                         }
                         mx = std::max(mx, r.mc);
                     }
@@ -765,6 +769,7 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
                 ts.cells_taylor += st.cells_taylor;
                 ts.terms_taylor += st.terms_taylor;
                 ts.fallbacks += st.fallbacks;
+                ts.pairs_long += st.pairs_long;
                 detail::add_rows(control, k1 - k0);
             }
             for (const BinaryStats& st : tst) {
@@ -772,6 +777,7 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
                 total.cells_taylor += st.cells_taylor;
                 total.terms_taylor += st.terms_taylor;
                 total.fallbacks += st.fallbacks;
+                total.pairs_long += st.pairs_long;
             }
         }
     }

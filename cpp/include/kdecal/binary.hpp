@@ -74,6 +74,8 @@ struct BinaryStats {
     std::int64_t cells_taylor = 0;   // (query, cell) Taylor evaluations
     std::int64_t terms_taylor = 0;   // sum of their orders + 1
     std::int64_t fallbacks = 0;      // (query, class) recomputed by the window method
+    std::int64_t pairs_long = 0;     // direct terms of fine cells whose series was too long
+    std::int64_t pairs_fallback = 0; // terms of those window recomputations
 };
 
 /// Run the reduction.  Throws std::invalid_argument on bad sizes, labels, powers, rows,
