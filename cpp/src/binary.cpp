@@ -357,7 +357,7 @@ bool binned_sums(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
             if (!any) continue;
             const double inv_ex = 1.0 / ex;
             const double tgt =
-                kTolCell * (inv_ex * inv_ex + rmin * inv_ex / (100.0 * Fq[q]));
+                kTolCell * (inv_ex * inv_ex + rmin * inv_ex / (10.0 * Fq[q]));
             P[q] = order_for(xi, tgt, rem[q]);
             if (P[q] > kMaxOrder) direct = true;
             cost_t += (P[q] + 1) * 3.0;

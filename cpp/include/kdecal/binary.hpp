@@ -89,7 +89,7 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
 /// Highest Taylor order of the binned method.
 constexpr int kMaxOrder = 24;
 /// Relative truncation tolerance per cell (before the allowance of far cells).
-constexpr double kTolCell = 1e-11;
+constexpr double kTolCell = 1e-10;
 /// A (query, class) whose error bound exceeds kTolCheck of a value is recomputed exactly
 /// (D = 2 e1 + e1^2 - e2 then errs by at most 3 kTolCheck relative).
 constexpr double kTolCheck = 3e-9;
