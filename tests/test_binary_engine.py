@@ -11,6 +11,8 @@ centre of its class.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -276,3 +278,34 @@ def test_bad_inputs():
         core.binary_reduce(logq, bad, lab, 2, np.array([10.0]), bias)
     with pytest.raises(ValueError, match="method"):
         core.binary_reduce(logq, p, lab, 2, np.array([10.0]), bias, method="dense")
+
+
+def test_progress_and_stop():
+    rng = np.random.default_rng(12)
+    x = rng.beta(4, 1, 2000)
+    y = (rng.random(2000) < x).astype(np.int64)
+    hs = np.array([1e-3, 1e-2])
+    logq, p, bias = kb.binary_inputs(x, hs)
+    lab = y[None].copy()
+    seen = []
+    args = (logq, p, lab, 2, 1.0 / hs, bias, 2, 100, 1900, 2)
+    with_bar = core.binary_reduce(*args, seen.append, True, "binned")
+    without = core.binary_reduce(*args, None, True, "binned")
+    assert seen and seen[-1] == 2 * 1800 and seen == sorted(seen)
+    for a, b in zip(with_bar[:7], without[:7]):
+        assert np.array_equal(a, b)
+
+    # a watched call (work >= WATCH_MIN_WORK) stops when the callback raises
+    x = rng.beta(4, 1, 20000)
+    hs = np.geomspace(1e-3, 0.1, 12)
+    logq, p, bias = kb.binary_inputs(x, hs)
+
+    def stop(done):
+        raise RuntimeError("stop")
+
+    t0 = time.perf_counter()
+    with pytest.raises(RuntimeError, match="stop"):
+        core.binary_reduce(
+            logq, p, np.zeros((1, 20000), np.int64), 1, 1.0 / hs, bias, 1, 0, 20000, 2, stop
+        )
+    assert time.perf_counter() - t0 < 30

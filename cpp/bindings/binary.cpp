@@ -106,9 +106,10 @@ py::tuple binary_reduce_py(const carray<double>& logq, const carray<double>& p,
     auto work = [&](kdecal::Control* control) {
         kdecal::binary_reduce(prob, out, meth, n_threads, control, &stats);
     };
-    // work: about 64 kernel terms per query row and bandwidth
+    // work, in dense kernel evaluations (about 1 ns each): a (query, class) costs about
+    // 1 us on either method at n = 1e5 (docs/guide/binary_engine.md)
     kdecal_bind::run_watched(work, progress,
-                             64.0 * static_cast<double>(B) * static_cast<double>(R) *
+                             1000.0 * static_cast<double>(B) * static_cast<double>(R) *
                                  static_cast<double>(H) * static_cast<double>(n_classes));
     py::dict st;
     st["pairs_direct"] = stats.pairs_direct;
