@@ -367,14 +367,12 @@ bool binned_sums(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
         if (direct && coarse && count > 64 && c.fe - c.fb > 1) return 2;
         if (direct) {
             if (too_long) st.pairs_long += count;
-            const double u5 = acc[5];
             Lx.range(cx.bias.data(), so.p0.data(), so.p1.data(), so.u.data(), c.start, c.end,
                      self, best, s, q0, q1, mc, cx.T, acc);
             if (fl.want_u) {  // the same sum over |u|: the scale of U
                 double tmp[6] = {0, 0, 0, 0, 0, 0};
                 Lx.range(cx.bias.data(), so.p0.data(), so.p1.data(), so.ua.data(), c.start,
                          c.end, self, best, s, q0, q1, mc, cx.T, tmp);
-                (void)u5;
                 uabs += tmp[5];
             }
             st.pairs_direct += count;
