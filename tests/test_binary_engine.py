@@ -258,6 +258,8 @@ def test_bad_inputs():
         kb.loo_reduce_binary(np.array([0.1, np.nan, 0.3]), y, 2, [0.1])
     with pytest.raises(ValueError, match="label"):
         kb.loo_reduce_binary(x, np.array([0, 2, 1]), 2, [0.1], method="binned")
+    with pytest.raises(ValueError, match="labels must be"):
+        kb.loo_reduce_binary(x, np.array([0, 1]), 2, [0.1], method="binned")
     with pytest.raises(ValueError, match="pairs"):
         kb.loo_reduce_binary(x, y, 2, [0.1], powers=1, pairs=True, method="window")
     with pytest.raises(ValueError, match="row"):

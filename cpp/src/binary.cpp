@@ -109,6 +109,7 @@ constexpr i64 kSub = 4;
 struct Sorted {
     std::vector<i64> seg, perm, inv;  // perm[s] = original index, inv[orig] = s
     std::vector<double> p0, p1, lq0, lq1, u, ua;  // ua = |u|
+    std::vector<i64> run_lo, run_hi;  // the run of identical points (and label) of s
     double umax = 0.0;
 };
 
@@ -186,6 +187,40 @@ i64 class_argmax(const Context& cx, const ExactL& Lx, i64 lo, i64 hi, i64 self, 
     }
     if (best < 0) {  // the window held only the query itself
         scan(lo, hi);
+    }
+    // Rounding makes the sequence unimodal only up to a few ulps: centres beyond the
+    // window whose L is within rounding noise of the best may still exceed it by an ulp.
+    // Their exact L lies within 2 delta of the maximum, a contiguous run (concavity):
+    // walk outward over runs of identical points until L drops below best - delta.
+    if (best >= 0) {
+        const double delta =
+            8.0 * kEps *
+            (std::fabs(bv) + std::fabs(cx.bias[best]) +
+             cx.s * (std::fabs(q0) * so.p0[best] + std::fabs(q1) * so.p1[best]));
+        for (i64 t = wl - 1; t >= lo;) {  // t: the last position of a run
+            const i64 r0 = so.run_lo[t];
+            if (!(t == r0 && t == self)) {
+                const double v = L(t);
+                if (v < bv - delta) break;
+                if (v > bv) {
+                    bv = v;
+                    best = t == self ? t - 1 : t;
+                }
+            }
+            t = r0 - 1;
+        }
+        for (i64 t = wr; t < hi;) {  // t: the first position of a run
+            const i64 r1 = so.run_hi[t];
+            if (!(t + 1 == r1 && t == self)) {
+                const double v = L(t);
+                if (v < bv - delta) break;
+                if (v > bv) {
+                    bv = v;
+                    best = t == self ? t + 1 : t;
+                }
+            }
+            t = r1;
+        }
     }
     // scanning keeps the lowest position among ties; ties to the left of the window
     // (equal x) give the same value, so mc is right either way
@@ -497,6 +532,17 @@ Sorted sort_problem(const double* p, const double* logq, const std::int64_t* lab
         so.umax = std::max(so.umax, std::fabs(so.u[s]));
         so.ua[s] = std::fabs(so.u[s]);
     }
+    so.run_lo.resize(static_cast<std::size_t>(n));
+    so.run_hi.resize(static_cast<std::size_t>(n));
+    for (i64 s = 0; s < n; ++s) {
+        const bool same = s > 0 && labels[so.perm[s]] == labels[so.perm[s - 1]] &&
+                          so.p0[s] == so.p0[s - 1] && so.p1[s] == so.p1[s - 1];
+        so.run_lo[s] = same ? so.run_lo[s - 1] : s;
+    }
+    for (i64 s = n - 1; s >= 0; --s) {
+        const bool same = s + 1 < n && so.run_lo[s + 1] == so.run_lo[s];
+        so.run_hi[s] = same ? so.run_hi[s + 1] : s + 1;
+    }
     return so;
 }
 
@@ -653,7 +699,14 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
 
     const int nt = detail::resolve_threads(n_threads);
     const int isa = detail::isa_level();
-    const ExactL Lx{isa >= 1, pick_range(isa)};
+    // the dense engine's kernels are compiled with -ffp-contract=fast: fused wherever the
+    // target has FMA (x86: the avx2 and avx512 paths; AArch64: always)
+#if defined(__ARM_FEATURE_FMA)
+    const bool fused = true;
+#else
+    const bool fused = isa >= 1;
+#endif
+    const ExactL Lx{fused, pick_range(isa)};
     const i64 R = prob.row_stop - prob.row_start;
     const Flags fl{prob.powers, out.D != nullptr, out.A != nullptr, out.U != nullptr};
     BinaryStats total;

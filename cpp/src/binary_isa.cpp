@@ -21,7 +21,7 @@ double binary_range(const double* bias, const double* p0, const double* p1, cons
     const double floor = -T;
 #pragma omp simd reduction(+ : s1, s2, s3, sa0, sa1, su) reduction(max : mx)
     for (i64 i = a; i < b; ++i) {
-#if defined(__FMA__)
+#if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
         const double g = __builtin_fma(q1, p1[i], q0 * p0[i]);
         const double L = __builtin_fma(s, g, bias[i]);
 #else

@@ -135,7 +135,12 @@ def loo_reduce_binary(
     if not np.all((xa >= 0.0) & (xa <= 1.0)):
         raise ValueError("x must lie in [0, 1] (and not be NaN)")
     batched = xa.ndim == 2
-    lab = np.ascontiguousarray(np.broadcast_to(np.asarray(labels, dtype=np.int64), xa.shape))
+    lab_in = np.asarray(labels)
+    if lab_in.shape != xa.shape or not np.issubdtype(lab_in.dtype, np.integer):
+        raise ValueError(
+            f"labels must be integers of the shape of x {xa.shape}, got {lab_in.shape}"
+        )
+    lab = np.ascontiguousarray(lab_in, dtype=np.int64)
     logq, p, bias = binary_inputs(xa, hs)
     u = None
     if resid is not None:
