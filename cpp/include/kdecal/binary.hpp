@@ -17,16 +17,20 @@
 // Two methods (docs/guide/binary_engine.md derives the error bounds):
 //  - window: the exact terms of that run (L computed exactly as loo_reduce computes it,
 //    so m is bit-identical), O(n * window).
-//  - binned: centres in cells of width gamma sqrt(h)/2 in z = arcsin sqrt(x) (the
-//    kernel's width is nearly uniform in z); per cell and class the moments
-//    sum e^{q phi_i} d_i^p (p <= kMaxOrder) of d_i = x_i - x_ref; a query's cell sum is a
-//    Taylor series in kappa d with kappa = scale (logit-like difference of query and
-//    reference), its order chosen per (query, cell) from a rigorous remainder bound; a
-//    running absolute error bound is kept for every accumulator, and a (query, class)
-//    whose bound exceeds kTolCheck of its value is recomputed by the window method.
-//    Cost O(n log n + n W P) for W cells per window and order P.
-//  Both keep terms within T = max(kDrop, ln n + 36) nats of the class maximum; every
-//  dropped term is below e^-T of it (n e^-T <= 2.4e-16).
+//  - binned: centres in coarse cells of width cell_width sqrt(h)/2 in z = arcsin sqrt(x)
+//    (the kernel's width is nearly uniform in z), each split into kSub = 4 fine cells; per
+//    cell and class the moments sum e^{q phi_i} g_i d_i^p / p! (p <= kMaxOrder) of
+//    d_i = x_i - x_ref; a query's cell sum is a Taylor series in kappa d, kappa = scale
+//    times the difference of the logits of query and reference, its order chosen per
+//    (query, cell) from the remainder bound (a coarse cell whose series would be too long
+//    is taken as its fine cells, a fine one is summed exactly); every accumulator keeps
+//    an absolute error bound (truncation, rounding, the log-kernel's rounding), and a
+//    (query, class) whose bound exceeds kTolCheck of its value is recomputed by the
+//    window method.  Cost O(n log n + n W P) for W cells per window and order P.
+//  The window method keeps the terms within T = max(kDrop, ln n + 36) nats of the class
+//  maximum, the binned one within ln n + 36 (each term left out is below e^-T of the
+//  maximum's, all of them below n e^-T <= 2.4e-16 of it); the pair sums D go deeper where
+//  e1 is small (docs).
 #pragma once
 
 #include <cstdint>
