@@ -342,14 +342,23 @@ bool binned_sums(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
 
     // 0: every term of the cell is below e^-T (nothing added); 1: added; 2: a coarse
     // cell whose series would be too long: take its fine cells instead
-    auto do_cell = [&](const Cell& c, const double* cmom, bool coarse, bool first) -> int {
+    double drop[3] = {0, 0, 0};  // bounds of the mass of the cells left unvisited
+    auto do_cell = [&](const Cell& c, const double* cmom, bool coarse, bool first,
+                       double stop, double remaining) -> int {
         const i64 rs = c.ref;
         const double Lrj = Lx(cx.bias[rs], s, q0, q1, so.p0[rs], so.p1[rs]);
         const double E = (Lrj - c.Lrr) + c.phi_max - mc;
         const double d0q = q0 - so.lq0[rs], d1q = q1 - so.lq1[rs];
         const double kappa = s * (d1q - d0q);
         const double xi1 = std::fabs(kappa) * c.dmax;
-        if (E + xi1 < -cx.T && !first) return 0;
+        const double F1 = std::exp(E), ex1 = std::exp(xi1);
+        const double w = F1 * ex1;  // bounds every term of the cell
+        if (!first && (E + xi1 < -cx.T || remaining * w < stop)) {  // this cell and beyond
+            drop[0] += remaining * w;
+            drop[1] += remaining * w * w;
+            drop[2] += remaining * w * w * w;
+            return 0;
+        }
         // systematic error of a term's log (docs/guide/binary_engine.md, "rounding"):
         // each computed L (one FMA from the shared bias) is within eps |L| plus
         // 2 eps s (|logq0| p0 + |logq1| p1) of its exact value; the composite
@@ -374,7 +383,6 @@ bool binned_sums(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
         int P[4] = {0, 0, 0, 0};
         double rem[4] = {0, 0, 0, 0};
         bool direct = c.exact_only;
-        const double F1 = std::exp(E), ex1 = std::exp(xi1);
         const double Fq[4] = {0.0, F1, F1 * F1, F1 * F1 * F1};
         const double exq[4] = {1.0, ex1, ex1 * ex1, ex1 * ex1 * ex1};
         double cost_t = 0;
@@ -460,32 +468,45 @@ bool binned_sums(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
         st.terms_taylor += P[1] + 1;
         return 1;
     };
-    auto visit = [&](i64 k) -> bool {  // false: stop walking in this direction
+    // A direction's walk stops at the first cell whose terms are all below e^-T, or
+    // below 1e-12 of the smallest running total divided by the centres left (the mass
+    // left out, bounded in drop[], is then below 1e-12 of every accumulator).
+    auto stop_level = [&]() {  // 1e-12 of the smallest running total
+        double rmin = std::numeric_limits<double>::infinity();
+        for (int a = 0; a < 6; ++a) {
+            if (!want[a]) continue;
+            const double v = a == 5 ? uabs : (fl.pairs && a < 2 ? acc[a] : base[a] + acc[a]);
+            rmin = std::min(rmin, v);
+        }
+        return 1e-12 * rmin;
+    };
+    auto visit = [&](i64 k, double remaining) -> bool {  // false: stop this direction
         const Cell& ck = cells[k];
-        const int res =
-            do_cell(ck, ck.off >= 0 ? cx.mom.data() + ck.off : nullptr, true, k == k0);
+        const int res = do_cell(ck, ck.off >= 0 ? cx.mom.data() + ck.off : nullptr, true,
+                                k == k0, stop_level(), remaining);
         if (res == 0) return false;
         if (res == 2)
             for (i64 f = cells[k].fb; f < cells[k].fe; ++f)
                 do_cell(cx.fine[f], cx.fine[f].off >= 0 ? cx.fmom.data() + cx.fine[f].off : nullptr,
-                        false, false);
+                        false, false, 0.0, 0.0);
         return true;
     };
 
     // the class's cells are contiguous in cx.cells: [first, last]
-    visit(k0);
+    visit(k0, 0.0);
     for (i64 k = k0 - 1; k >= 0 && cells[k].start >= lo; --k)
-        if (!visit(k)) break;
+        if (!visit(k, static_cast<double>(cells[k].end - lo))) break;
     for (i64 k = k0 + 1; k < static_cast<i64>(cx.cells.size()) && cells[k].end <= hi; ++k)
-        if (!visit(k)) break;
-    // truncation: every cell not visited holds terms below e^-T (concavity)
+        if (!visit(k, static_cast<double>(hi - cells[k].start))) break;
+    // truncation: the cells left out (concavity: every term below its cell's bound), and
+    // the terms below e^-T that direct sums skip
     const double tr = static_cast<double>(cx.n) * std::exp(-cx.T);
-    err[0] += tr;
-    err[1] += tr * tr;
-    err[2] += tr * tr * tr;
-    err[3] += tr;
-    err[4] += tr;
-    err[5] += tr * tr * so.umax;
+    err[0] += drop[0] + tr;
+    err[1] += drop[1] + tr * tr;
+    err[2] += drop[2] + tr * tr * tr;
+    err[3] += drop[0] + tr;
+    err[4] += drop[0] + tr;
+    err[5] += (drop[1] + tr * tr) * so.umax;
     // the check: e1 relative to itself when D is wanted (D >= e1), else to S = 1 + e1
     const double ref1 = fl.pairs ? acc[0] : 1.0 + acc[0];
     const double ref2 = fl.pairs ? acc[1] : 1.0 + acc[1];
