@@ -121,6 +121,7 @@ struct Context {  // one (problem, bandwidth)
     std::vector<i64> cell_of;          // sorted position -> coarse cell
     std::vector<double> mom, fmom;     // (cells, kNMom, kNP), (fine, kNMom, kNP)
     double T;                          // window depth in nats
+    bool need[kNMom];                  // binned: the moment arrays this call uses
     i64 n;
 };
 
@@ -595,10 +596,14 @@ void cell_moments(const Context& cx, const ExactL& Lx, Cell& c, double* mm) {
         const double d = so.p1[t] - so.p1[rs];
         const double ww[kNMom] = {w1, w1 * so.p0[t], w1 * so.p1[t], w2, w2 * so.u[t], w3};
         absu += w2 * std::fabs(so.u[t]);
-        double dp = 1.0;
-        for (int p = 0; p < kNP; ++p) {
-            for (int a = 0; a < kNMom; ++a) mm[a * kNP + p] += ww[a] * dp;
-            dp *= d;
+        double dpow[kNP];
+        dpow[0] = 1.0;
+        for (int p = 1; p < kNP; ++p) dpow[p] = dpow[p - 1] * d;
+        for (int a = 0; a < kNMom; ++a) {
+            if (!cx.need[a]) continue;  // arrays no accumulator of this call uses stay 0
+            double* row = mm + a * kNP;
+            const double wa = ww[a];
+            for (int p = 0; p < kNP; ++p) row[p] += wa * dpow[p];
         }
     }
     for (int a = 0; a < kNMom; ++a)
@@ -738,17 +743,13 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
         const Sorted so = sort_problem(prob.p + b * n * 2, prob.logq + b * n * 2,
                                        prob.labels + b * n, prob.u ? prob.u + b * n : nullptr,
                                        n, C);
-        // the query rows in order of x: neighbouring queries then share their searches'
-        // and cells' cache lines (each row's result does not depend on the order)
-        std::vector<i64> qorder(static_cast<std::size_t>(R));
-        std::iota(qorder.begin(), qorder.end(), prob.row_start);
-        {
-            const double* pb = prob.p + b * n * 2;
-            std::sort(qorder.begin(), qorder.end(), [pb](i64 a, i64 c) {
-                if (pb[2 * a + 1] != pb[2 * c + 1]) return pb[2 * a + 1] < pb[2 * c + 1];
-                return a < c;
-            });
-        }
+        // the queries in the centres' sorted order (by label, then x): neighbouring queries
+        // share their searches' and cells' cache lines, and each query's own data is
+        // read in order (each row's result does not depend on the order)
+        std::vector<i64> qorder;
+        qorder.reserve(static_cast<std::size_t>(R));
+        for (i64 sp = 0; sp < n; ++sp)
+            if (so.perm[sp] >= prob.row_start && so.perm[sp] < prob.row_stop) qorder.push_back(sp);
         for (i64 t = 0; t < H; ++t) {
             if (detail::cancelled(control)) return false;
             Context cx;
@@ -765,6 +766,11 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
             const double Tn = std::log(static_cast<double>(n)) + 36.0;
             const bool binned = method == BinaryMethod::binned;
             cx.T = binned ? Tn : std::max(kDrop, Tn);
+            cx.need[kM1] = true;
+            cx.need[kA0] = cx.need[kA1] = fl.want_a;
+            cx.need[kM2] = prob.powers >= 2;
+            cx.need[kU2] = fl.want_u;
+            cx.need[kM3] = prob.powers >= 3;
             if (binned) build_cells(cx, Lx, prob.cell_width, C, nt);
             const double Tw = std::max(kDrop, Tn);  // the window method's depth
 
@@ -786,8 +792,8 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
                 const i64 k1 = std::min(R, k0 + kRowsPerTask);
                 std::vector<RowSums> rs(static_cast<std::size_t>(C));
                 for (i64 kq = k0; kq < k1; ++kq) {
-                    const i64 j = qorder[kq];
-                    const i64 self = so.inv[j];
+                    const i64 self = qorder[kq];
+                    const i64 j = so.perm[self];
                     const double q0 = so.lq0[self], q1 = so.lq1[self];
                     double mx = kNegInf;
                     for (i64 c = 0; c < C; ++c) {
