@@ -222,7 +222,7 @@ def loo_reduce_k2(
     groups = [(mth, [t for t in range(H) if methods[t] == mth]) for mth in ("binned", "window")]
     groups = [g for g in groups if g[1]]
     total = (r1 - r0) * B * H
-    work = float(r1 - r0) * B * H * 256
+    work = float(r1 - r0) * B * H * max(1, n_classes) * 1000.0  # ~1 us per (query, class)
     order: list[int] = []
     with _backends._bar(_backends._show_bar(work, progress), total, "kdecal binary kernel") as cb:
         done = 0
