@@ -48,6 +48,11 @@ FIXES = [
         "debias takes the optional pair sums D from loo_reduce(..., pairs=True)",
     ),
     (
+        "u: typing.Any = None",
+        f"u: {F64} | None = None",
+        "binary_reduce takes the optional residual weights u, (n,) or (B, n) float64",
+    ),
+    (
         "progress: typing.Any = None",
         f"progress: {CALLBACK} = None",
         "progress is None or a callable taking the number of rows done",
@@ -62,6 +67,8 @@ RETURNS = {
     "loo_reduce": f"tuple[{F64}, ...]",
     "loo_grad": f"tuple[{F64}, {F64}, {F64}, {F64}]",
     "loo_reduce_multi": f"tuple[{F64}, ...]",
+    # (m, S, Q, T, D, A, U, stats): arrays not requested have shape (0, 0, 0)
+    "binary_reduce": f"tuple[{F64}, {F64}, {F64}, {F64}, {F64}, {F64}, {F64}, dict[str, int]]",
 }
 
 HEADER = (

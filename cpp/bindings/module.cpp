@@ -7,4 +7,5 @@ PYBIND11_MODULE(_core, m) {
     bind_debias(m);
     bind_grad(m);
     bind_multi(m);
+    bind_binary(m);
 }

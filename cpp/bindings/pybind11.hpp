@@ -12,3 +12,4 @@ void bind_loo(py::module_& m);
 void bind_debias(py::module_& m);
 void bind_grad(py::module_& m);
 void bind_multi(py::module_& m);
+void bind_binary(py::module_& m);

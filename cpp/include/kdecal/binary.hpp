@@ -1,0 +1,101 @@
+// kdecal: fast leave-one-out sums of binary (K = 2, Beta-kernel) problems.
+//
+// The same accumulators as kdecal::loo_reduce (loo.hpp) for problems whose points are
+// p_i = (p_i0, p_i1) ~ (1 - x_i, x_i), without the O(n^2) loop:
+//
+//   L_ij = bias[t, i] + scale[t] * (logq[j, 0] p[i, 0] + logq[j, 1] p[i, 1])
+//   m_j  = max_{i != j} L_ij,  S_c, Q_c, T_c, D_c as in loo.hpp,
+//   A_k(j) = sum_{i != j} exp(L_ij - m_j) p[i, k]           (optional, k = 0, 1)
+//   U(j)   = sum_{i != j} exp(2 (L_ij - m_j)) u[i]          (optional)
+//
+// L_ij is strictly concave in the centre's coordinate x_i (its second derivative is
+// -(psi'(x_i/h + 1) + psi'((1 - x_i)/h + 1)) scale^2 < 0), so for every query and label
+// class the centres within T nats of the class maximum form one contiguous run of the
+// centres sorted by x, and the maximum sits next to the root of the derivative
+// psi(p0/h + 1) - psi(p1/h + 1) = logq[j,0] - logq[j,1] (found by binary search).
+//
+// Two methods (docs/guide/binary_engine.md derives the error bounds):
+//  - window: the exact terms of that run (L computed exactly as loo_reduce computes it,
+//    so m is bit-identical), O(n * window).
+//  - binned: centres in coarse cells of width cell_width sqrt(h)/2 in z = arcsin sqrt(x)
+//    (the kernel's width is nearly uniform in z), each split into kSub = 4 fine cells; per
+//    cell and class the moments sum e^{q phi_i} g_i d_i^p / p! (p <= kMaxOrder) of
+//    d_i = x_i - x_ref; a query's cell sum is a Taylor series in kappa d, kappa = scale
+//    times the difference of the logits of query and reference, its order chosen per
+//    (query, cell) from the remainder bound (a coarse cell whose series would be too long
+//    is taken as its fine cells, a fine one is summed exactly); every accumulator keeps
+//    an absolute error bound (truncation, rounding, the log-kernel's rounding), and a
+//    (query, class) whose bound exceeds kTolCheck of its value is recomputed by the
+//    window method.  Cost O(n log n + n W P) for W cells per window and order P.
+//  The window method keeps the terms within T = max(kDrop, ln n + 36) nats of the class
+//  maximum, the binned one within ln n + 36 (each term left out is below e^-T of the
+//  maximum's, all of them below n e^-T <= 2.4e-16 of it); the pair sums D go deeper where
+//  e1 is small (docs).
+#pragma once
+
+#include <cstdint>
+
+#include "kdecal/loo.hpp"
+
+namespace kdecal {
+
+enum class BinaryMethod : int { window = 0, binned = 1 };
+
+/// Inputs of one binary problem (a batch of B problems sharing n, H, C).  Row-major,
+/// C-contiguous; the same arrays loo_reduce takes for K = 2 (float64 only).
+struct BinaryProblem {
+    const double* logq = nullptr;          // (B, n, 2) log query points
+    const double* p = nullptr;             // (B, n, 2) centre points (1 - x, x)
+    const std::int64_t* labels = nullptr;  // (B, n)    labels in [0, C)
+    const double* u = nullptr;             // (B, n)    residual weights (U), or null
+    std::int64_t B = 1;
+    std::int64_t n = 0;
+    std::int64_t C = 1;
+    const double* scale = nullptr;         // (H,)       1 / h
+    const double* bias = nullptr;          // (B, H, n)  -lgamma(p0/h + 1) - lgamma(p1/h + 1)
+    std::int64_t H = 1;
+    int powers = 1;                        // 1: S; 2: S, Q; 3: S, Q, T
+    std::int64_t row_start = 0;
+    std::int64_t row_stop = 0;
+    double cell_width = 0.8;               // binned: coarse cell width, units of sqrt(h)/2
+};
+
+/// Outputs (R = row_stop - row_start).  Null pointers for what is not wanted; D needs
+/// powers >= 2, U needs u.
+struct BinaryResult {
+    double* m = nullptr;  // (B, H, R)
+    double* S = nullptr;  // (B, H, R, C)
+    double* Q = nullptr;  // (B, H, R, C)
+    double* T = nullptr;  // (B, H, R, C)
+    double* D = nullptr;  // (B, H, R, C)
+    double* A = nullptr;  // (B, H, R, 2)
+    double* U = nullptr;  // (B, H, R)
+};
+
+/// Counters of one call (diagnostics and tests).
+struct BinaryStats {
+    std::int64_t pairs_direct = 0;   // (query, centre) terms summed exactly
+    std::int64_t cells_taylor = 0;   // (query, cell) Taylor evaluations
+    std::int64_t terms_taylor = 0;   // sum of their orders + 1
+    std::int64_t fallbacks = 0;      // (query, class) recomputed by the window method
+    std::int64_t pairs_long = 0;     // direct terms of fine cells whose series was too long
+    std::int64_t pairs_fallback = 0; // terms of those window recomputations
+};
+
+/// Run the reduction.  Throws std::invalid_argument on bad sizes, labels, powers, rows,
+/// non-finite inputs or p outside [0, 1] (before any parallel work).  Every (query,
+/// class) is computed by one thread in a fixed order: the bits do not depend on the
+/// number of threads.  control: progress (rows_done grows by B H R in all) and
+/// cancellation as in loo_reduce; returns false when cancelled.
+bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMethod method,
+                   int n_threads, Control* control = nullptr, BinaryStats* stats = nullptr);
+
+/// Highest Taylor order of the binned method.
+constexpr int kMaxOrder = 24;
+/// Relative truncation tolerance per cell (before the allowance of far cells).
+constexpr double kTolCell = 1e-10;
+/// A (query, class) whose error bound exceeds kTolCheck of a value is recomputed exactly
+/// (D = 2 e1 + e1^2 - e2 then errs by at most 3 kTolCheck relative).
+constexpr double kTolCheck = 3e-9;
+
+}  // namespace kdecal

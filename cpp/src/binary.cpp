@@ -1,0 +1,866 @@
+// Fast leave-one-out sums of binary problems (binary.hpp): exact windows and binned
+// Taylor sums in z = arcsin sqrt(x).  The derivation of every bound used here is in
+// docs/guide/binary_engine.md; the names below follow it.
+#include "kdecal/binary.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "binary_kernels.hpp"
+#include "loo_prepared.hpp"  // detail::isa_level, resolve_threads, cancelled, add_rows
+
+#if defined(KDECAL_HAVE_AVX512)
+KDECAL_DECLARE_BINARY_ISA(avx512)
+#endif
+#if defined(KDECAL_HAVE_AVX2)
+KDECAL_DECLARE_BINARY_ISA(avx2)
+#endif
+KDECAL_DECLARE_BINARY_ISA(baseline)
+
+namespace kdecal {
+namespace {
+
+using i64 = std::int64_t;
+constexpr double kEps = std::numeric_limits<double>::epsilon();
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+constexpr int kNP = kMaxOrder + 1;  // moments per array
+// moment arrays of a cell: e^phi, e^phi p0, e^phi p1, e^2phi, e^2phi u, e^3phi
+enum { kM1 = 0, kA0 = 1, kA1 = 2, kM2 = 3, kU2 = 4, kM3 = 5, kNMom = 6 };
+constexpr i64 kRowsPerTask = 64;
+
+void check(bool ok, const std::string& what) {
+    if (!ok) throw std::invalid_argument("kdecal.binary_reduce: " + what);
+}
+
+// digamma for x >= 1 (recurrence to x >= 8, then the asymptotic series; about 1e-15
+// relative, more than the search needs: its result is only a starting point).
+double digamma(double x) {
+    double acc = 0.0;
+    while (x < 8.0) {
+        acc -= 1.0 / x;
+        x += 1.0;
+    }
+    const double r = 1.0 / x, r2 = r * r;
+    const double series =
+        r2 * (1.0 / 12 - r2 * (1.0 / 120 - r2 * (1.0 / 252 - r2 * (1.0 / 240 - r2 / 132))));
+    return acc + std::log(x) - 0.5 * r - series;
+}
+
+// The log-kernel exactly as loo_reduce computes it on this CPU's SIMD path (the GEMM
+// accumulates logq[j, 0] p[i, 0] then adds logq[j, 1] p[i, 1], contracted to FMA where the
+// ISA has it; then bias + scale * G, also contracted), so that m and every window term
+// carry the same bits.
+using RangeFn = double (*)(const double*, const double*, const double*, const double*,
+                           std::int64_t, std::int64_t, std::int64_t, std::int64_t, double,
+                           double, double, double, double, double*);
+
+RangeFn pick_range(int isa) {
+#if defined(KDECAL_HAVE_AVX512)
+    if (isa >= 2) return avx512::binary_range;
+#endif
+#if defined(KDECAL_HAVE_AVX2)
+    if (isa >= 1) return avx2::binary_range;
+#endif
+    (void)isa;
+    return baseline::binary_range;
+}
+
+struct ExactL {
+    bool fma;
+    RangeFn range;  // exact terms of a range (binary_isa.cpp)
+    double operator()(double b, double s, double q0, double q1, double c0, double c1) const {
+        if (fma) {
+            const double g = std::fma(q1, c1, q0 * c0);
+            return std::fma(s, g, b);
+        }
+        const double g = q0 * c0 + q1 * c1;
+        return b + s * g;
+    }
+};
+
+struct Cell {
+    i64 start, end;   // sorted positions [start, end) (one class)
+    i64 ref;          // sorted position of the reference centre
+    double Lrr;       // L of the reference centre at itself
+    double phi_max;   // Phi: max over the cell of L(centre i; query ref)
+    double dmax;      // max |p1_i - p1_ref|
+    double esum;      // max |p0_i + p1_i - 1| over the cell and the reference
+    double absu;      // sum e^{2 phi} |u|
+    bool exact_only;  // a single centre: always summed directly
+    i64 fb, fe;       // coarse cells: their fine cells [fb, fe)
+    i64 off;          // offset of its moments in mom / fmom (-1: none, exact_only)
+    double inv0[6];   // 1 / M_0 of each moment array (0 where M_0 = 0)
+};
+
+// Fine cells per coarse cell: a coarse cell whose series would need more than kMaxOrder
+// terms is taken as its kSub fine cells (kSub times smaller Taylor arguments).
+constexpr i64 kSub = 4;
+
+// One problem of the batch, sorted: class segments, each by x ascending.
+struct Sorted {
+    std::vector<i64> seg, perm, inv;  // perm[s] = original index, inv[orig] = s
+    std::vector<double> p0, p1, lq0, lq1, u, ua;  // ua = |u|
+    std::vector<i64> run_lo, run_hi;  // the run of identical points (and label) of s
+    double umax = 0.0;
+};
+
+struct Context {  // one (problem, bandwidth)
+    const Sorted* so;
+    double s;                          // 1 / h
+    std::vector<double> bias, g;       // per sorted position
+    std::vector<Cell> cells, fine;     // binned only: coarse and fine cells
+    std::vector<i64> cell_of;          // sorted position -> coarse cell
+    std::vector<double> mom, fmom;     // (cells, kNMom, kNP), (fine, kNMom, kNP)
+    double T;                          // window depth in nats
+    bool need[kNMom];                  // binned: the moment arrays this call uses
+    i64 n;
+};
+
+struct RowSums {  // one (query, class), in units of the class maximum's term
+    double mc = kNegInf;
+    double e[3] = {0, 0, 0};  // sums of w, w^2, w^3 without the maximum's term
+    double a[2] = {0, 0};     // sums of w p0, w p1 (with it)
+    double uu = 0.0;          // sum of w^2 u (with it)
+};
+
+struct Flags {
+    int powers;
+    bool pairs, want_a, want_u;
+};
+
+// Sorted position of the class-c centre maximising L for the query (excluding the
+// query's own position self), or -1 if the class has no other centre.
+i64 class_argmax(const Context& cx, const ExactL& Lx, i64 lo, i64 hi, i64 self, double q0,
+                 double q1, double& mc) {
+    const Sorted& so = *cx.so;
+    if (hi - lo <= 0 || (hi - lo == 1 && self == lo)) return -1;
+    // derivative of L in the centre's x is s (g_i + q1 - q0); g decreases along the class
+    const double thr = q0 - q1;
+    const double* g = cx.g.data();
+    i64 a = lo, b = hi;  // first position with g <= thr
+    while (a < b) {
+        const i64 mid = a + (b - a) / 2;
+        if (g[mid] > thr) a = mid + 1;
+        else b = mid;
+    }
+    auto L = [&](i64 s) { return Lx(cx.bias[s], cx.s, q0, q1, so.p0[s], so.p1[s]); };
+    i64 best = -1;
+    double bv = kNegInf;
+    auto scan = [&](i64 from, i64 to) {
+        for (i64 s = from; s < to; ++s) {
+            if (s == self) continue;
+            const double v = L(s);
+            if (best < 0 || v > bv) {  // first of equal values: lowest position
+                bv = v;
+                best = s;
+            }
+        }
+    };
+    i64 wl = std::max(lo, a - 8), wr = std::min(hi, a + 8);
+    scan(wl, wr);
+    // hill-climb past the window while the best sits next to one of its edges (rounding
+    // noise of g near the root, or long runs of near-ties); unimodality ends it
+    auto rank = [&](i64 from, i64 to) { return (to - from) - (from <= self && self < to); };
+    for (;;) {
+        bool ext = false;
+        if (best >= 0 && wl > lo && rank(wl, best) < 2) {
+            const i64 nl = std::max(lo, wl - 16);
+            scan(nl, wl);
+            wl = nl;
+            ext = true;
+        }
+        if (best >= 0 && wr < hi && rank(best + 1, wr) < 2) {
+            const i64 nr = std::min(hi, wr + 16);
+            scan(wr, nr);
+            wr = nr;
+            ext = true;
+        }
+        if (!ext) break;
+    }
+    if (best < 0) {  // the window held only the query itself
+        scan(lo, hi);
+    }
+    // Rounding makes the sequence unimodal only up to a few ulps: centres beyond the
+    // window whose L is within rounding noise of the best may still exceed it by an ulp.
+    // Their exact L lies within 2 delta of the maximum, a contiguous run (concavity):
+    // walk outward over runs of identical points until L drops below best - delta.
+    if (best >= 0) {
+        const double delta =
+            8.0 * kEps *
+            (std::fabs(bv) + std::fabs(cx.bias[best]) +
+             cx.s * (std::fabs(q0) * so.p0[best] + std::fabs(q1) * so.p1[best]));
+        for (i64 t = wl - 1; t >= lo;) {  // t: the last position of a run
+            const i64 r0 = so.run_lo[t];
+            if (!(t == r0 && t == self)) {
+                const double v = L(t);
+                if (v < bv - delta) break;
+                if (v > bv) {
+                    bv = v;
+                    best = t == self ? t - 1 : t;
+                }
+            }
+            t = r0 - 1;
+        }
+        for (i64 t = wr; t < hi;) {  // t: the first position of a run
+            const i64 r1 = so.run_hi[t];
+            if (!(t + 1 == r1 && t == self)) {
+                const double v = L(t);
+                if (v < bv - delta) break;
+                if (v > bv) {
+                    bv = v;
+                    best = t == self ? t + 1 : t;
+                }
+            }
+            t = r1;
+        }
+    }
+    // scanning keeps the lowest position among ties; ties to the left of the window
+    // (equal x) give the same value, so mc is right either way
+    mc = bv;
+    return best;
+}
+
+// Exact sums of class c over sorted positions outward from the maximum best, terms
+// within cx.T nats (the window method); also used as the fallback of the binned method.
+void window_sums(const Context& cx, double T, const ExactL& Lx, const Flags& fl, i64 lo,
+                 i64 hi, i64 self, i64 best, double q0, double q1, RowSums& r,
+                 i64& n_direct) {
+    const Sorted& so = *cx.so;
+    const double mc = r.mc;
+    constexpr i64 kChunk = 64;
+    double acc[6];
+    // chunks of kChunk centres outward from the maximum; the walk stops after a chunk
+    // whose every term is below e^-T (concavity: so is everything beyond it)
+    auto pass = [&]() {
+        for (double& v : acc) v = 0.0;
+        i64 cnt = 0;
+        for (i64 e = best; e > lo;) {
+            const i64 a = std::max(lo, e - kChunk);
+            const double mx = Lx.range(cx.bias.data(), so.p0.data(), so.p1.data(), so.u.data(),
+                                       a, e, self, best, cx.s, q0, q1, mc, T, acc);
+            cnt += e - a;
+            e = a;
+            if (mx < -T) break;
+        }
+        for (i64 a = best + 1; a < hi;) {
+            const i64 e = std::min(hi, a + kChunk);
+            const double mx = Lx.range(cx.bias.data(), so.p0.data(), so.p1.data(), so.u.data(),
+                                       a, e, self, best, cx.s, q0, q1, mc, T, acc);
+            cnt += e - a;
+            a = e;
+            if (mx < -T) break;
+        }
+        n_direct += cnt;
+    };
+    pass();
+    // The pair sums D ~ 2 e1 need e1 to its own relative precision: when the terms left
+    // out (each below e^-T, n of them at most) are not negligible next to e1, go deeper,
+    // to ln n + 36 nats below e1 (at most kClamp, where the dense engine clamps).
+    const double Tn = std::log(static_cast<double>(cx.n)) + 36.0;
+    const double e1 = acc[0];
+    if (fl.pairs && T < kClamp && !(e1 > 0 && std::log(e1) > Tn - T)) {
+        T = e1 > 0 ? std::min(kClamp, Tn - std::log(e1)) : kClamp;
+        pass();
+    }
+    r.e[0] = acc[0];
+    r.e[1] = acc[1];
+    r.e[2] = acc[2];
+    r.a[0] = so.p0[best] + acc[3];
+    r.a[1] = so.p1[best] + acc[4];
+    r.uu = so.u[best] + acc[5];
+}
+
+// v[p] = 1 / (p + 1) for p = 0 .. kMaxOrder + 2, f[p] = 1 / p! for p = 0 .. kMaxOrder
+struct InvTable {
+    double v[kMaxOrder + 3];
+    double f[kNP];
+    InvTable() {
+        for (int p = 0; p < kMaxOrder + 3; ++p) v[p] = 1.0 / (p + 1);
+        f[0] = 1.0;
+        for (int p = 1; p < kNP; ++p) f[p] = f[p - 1] / p;
+    }
+};
+const InvTable kInv;
+
+// sum_{p <= P} m[p] k^p in blocks of four terms: one dependent FMA per block (a plain
+// Horner chain of P + 1 dependent FMAs was a quarter of the binned method's time).
+inline double series(const double* m, int P, double k) {
+    const double k2 = k * k, k4 = k2 * k2;
+    const int r = (P + 1) & 3;
+    const int base = P + 1 - r;  // terms [base, P] lead, then blocks of four below
+    double s = 0.0;
+    for (int i = r - 1; i >= 0; --i) s = s * k + m[base + i];
+    for (int b = base - 4; b >= 0; b -= 4)
+        s = s * k4 + ((m[b] + m[b + 1] * k) + (m[b + 2] + m[b + 3] * k) * k2);
+    return s;
+}
+
+// Smallest order P with rem = xi^(P+1)/(P+1)! <= tgt, or kMaxOrder + 1 if none.
+int order_for(double xi, double tgt, double& rem) {
+    rem = 0.0;
+    if (xi == 0.0) return 0;
+    double term = xi;  // xi^(P+1)/(P+1)! for P = 0
+    for (int P = 0; P <= kMaxOrder; ++P) {
+        if (term <= tgt) {
+            rem = term;
+            return P;
+        }
+        term *= xi * kInv.v[P + 1];
+    }
+    rem = term;
+    return kMaxOrder + 1;
+}
+
+// Binned sums of class c for one query: cells outward from the maximum's cell; returns
+// false if an error bound exceeds kTolCheck of its value (the caller then uses the
+// window method).
+bool binned_sums(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i64 hi,
+                 i64 self, i64 best,
+                 double q0, double q1, RowSums& r, BinaryStats& st) {
+    const Sorted& so = *cx.so;
+    const double mc = r.mc, s = cx.s;
+    // accumulators (without the maximum's term) and their absolute error bounds
+    double acc[6] = {0, 0, 0, 0, 0, 0};  // e1, e2, e3, a0, a1, u
+    double err[6] = {0, 0, 0, 0, 0, 0};
+    double uabs = std::fabs(so.u[best]);  // scale of U: sum of w^2 |u|, bounded above
+    // running totals with the maximum's term (for the allowance of far cells)
+    const double base[6] = {1.0, 1.0, 1.0, so.p0[best], so.p1[best], uabs};
+    const int qof[6] = {1, 2, 3, 1, 1, 2};
+    const int mof[6] = {kM1, kM2, kM3, kA0, kA1, kU2};
+    bool want[6] = {true, fl.powers >= 2, fl.powers >= 3, fl.want_a, fl.want_a, fl.want_u};
+    const i64 k0 = cx.cell_of[best];
+    const int qmax = std::max(fl.powers, fl.want_u ? 2 : 1);
+    const Cell* cells = cx.cells.data();
+
+    // 0: every term of the cell is below e^-T (nothing added); 1: added; 2: a coarse
+    // cell whose series would be too long: take its fine cells instead
+    double drop[3] = {0, 0, 0};  // bounds of the mass of the cells left unvisited
+    auto do_cell = [&](const Cell& c, const double* cmom, bool coarse, bool first,
+                       double stop, double remaining) -> int {
+        const i64 rs = c.ref;
+        const double Lrj = Lx(cx.bias[rs], s, q0, q1, so.p0[rs], so.p1[rs]);
+        const double E = (Lrj - c.Lrr) + c.phi_max - mc;
+        const double d0q = q0 - so.lq0[rs], d1q = q1 - so.lq1[rs];
+        const double kappa = s * (d1q - d0q);
+        const double xi1 = std::fabs(kappa) * c.dmax;
+        const double F1 = std::exp(E), ex1 = std::exp(xi1);
+        const double w = F1 * ex1;  // bounds every term of the cell
+        if (!first && (E + xi1 < -cx.T || remaining * w < stop)) {  // this cell and beyond
+            drop[0] += remaining * w;
+            drop[1] += remaining * w * w;
+            drop[2] += remaining * w * w * w;
+            return 0;
+        }
+        // systematic error of a term's log (docs/guide/binary_engine.md, "rounding"):
+        // each computed L (one FMA from the shared bias) is within eps |L| plus
+        // 2 eps s (|logq0| p0 + |logq1| p1) of its exact value; the composite
+        // E + phi_i + kappa d_i uses L_rj, L_rr, L(i; ref), Phi and mc and four sums, and
+        // kappa d carries 2 eps s (|dlogq0| + |dlogq1|) dmax; the neglected term
+        // s (q0 - q0_ref)(d0 + d1) is below s |q0 - q0_ref| esum.  The dense engine's own
+        // L_ij errs by eps |mc| and the same dot-product term.  The factor 4 covers
+        // these with a margin of about 2.
+        const double pr0 = so.p0[rs], pr1 = so.p1[rs];
+        const double mag =
+            std::fabs(Lrj) + std::fabs(c.Lrr) + 2.0 * std::fabs(c.phi_max) +
+            2.0 * std::fabs(mc) +
+            s * (std::fabs(q0) * pr0 + std::fabs(q1) * pr1 + std::fabs(so.lq0[rs]) * pr0 +
+                 std::fabs(so.lq1[rs]) * pr1) +
+            s * (std::fabs(d0q) + std::fabs(d1q)) * c.dmax;
+        const double dsys = 4.0 * kEps * mag + s * std::fabs(d0q) * c.esum;
+        const bool has_self = self >= c.start && self < c.end;
+        const bool has_best = best >= c.start && best < c.end;
+        const i64 count = c.end - c.start - has_self - has_best;
+        if (count <= 0) return 1;
+        // orders per power
+        int P[4] = {0, 0, 0, 0};
+        double rem[4] = {0, 0, 0, 0};
+        bool direct = c.exact_only;
+        const double Fq[4] = {0.0, F1, F1 * F1, F1 * F1 * F1};
+        const double exq[4] = {1.0, ex1, ex1 * ex1, ex1 * ex1 * ex1};
+        double cost_t = 0;
+        for (int q = 1; q <= qmax && !direct; ++q) {
+            const double xi = q * xi1, ex = exq[q];
+            // ub = Fq M0 e^xi bounds the cell's sum: tgt = tau (e^-2xi + R / (100 ub)),
+            // the smallest over this power's accumulators
+            double rmin = std::numeric_limits<double>::infinity();
+            bool any = false;
+            for (int a = 0; a < 6; ++a) {
+                if (!want[a] || qof[a] != q || c.inv0[mof[a]] == 0.0) continue;
+                rmin = std::min(rmin, (base[a] + acc[a]) * c.inv0[mof[a]]);
+                any = true;
+            }
+            if (!any) continue;
+            const double inv_ex = 1.0 / ex;
+            const double tgt =
+                kTolCell * (inv_ex * inv_ex + rmin * inv_ex / (10.0 * Fq[q]));
+            P[q] = order_for(xi, tgt, rem[q]);
+            if (P[q] > kMaxOrder) direct = true;
+            cost_t += (P[q] + 1) * 3.0;
+        }
+        const bool too_long = direct && !c.exact_only;
+        if (!direct && static_cast<double>(count) * 4.0 <= cost_t) direct = true;
+        if (direct && coarse && count > 64 && c.fe - c.fb > 1) return 2;
+        if (direct) {
+            if (too_long) st.pairs_long += count;
+            Lx.range(cx.bias.data(), so.p0.data(), so.p1.data(), so.u.data(), c.start, c.end,
+                     self, best, s, q0, q1, mc, cx.T, acc);
+            if (fl.want_u) {  // the same sum over |u|: the scale of U
+                double tmp[6] = {0, 0, 0, 0, 0, 0};
+                Lx.range(cx.bias.data(), so.p0.data(), so.p1.data(), so.ua.data(), c.start,
+                         c.end, self, best, s, q0, q1, mc, cx.T, tmp);
+                uabs += tmp[5];
+            }
+            st.pairs_direct += count;
+            return 1;
+        }
+        ++st.cells_taylor;
+        // phi and d of the excluded centres, exactly as the moments were built
+        double ephi[2] = {0, 0}, dex[2] = {0, 0};
+        i64 exi[2] = {-1, -1};
+        int nex = 0;
+        for (i64 t : {self, best}) {
+            if (t < c.start || t >= c.end) continue;
+            const double Li = Lx(cx.bias[t], s, so.lq0[rs], so.lq1[rs], so.p0[t], so.p1[t]);
+            ephi[nex] = Li - c.phi_max;
+            dex[nex] = so.p1[t] - so.p1[rs];
+            exi[nex] = t;
+            ++nex;
+        }
+        // the moments are stored divided by p!: each series is a Horner chain in q kappa
+        const double cnt = static_cast<double>(c.end - c.start);
+        for (int a = 0; a < 6; ++a) {
+            if (!want[a]) continue;
+            const int q = qof[a];
+            const int Pq = P[q];
+            const double kq = q * kappa;
+            const double* mm = cmom + mof[a] * kNP;
+            double sum = series(mm, Pq, kq);
+            for (int e = 0; e < nex; ++e) {  // the excluded centres' own series
+                const i64 t = exi[e];
+                double wgt = std::exp(q * ephi[e]);
+                if (mof[a] == kA0) wgt *= so.p0[t];
+                else if (mof[a] == kA1) wgt *= so.p1[t];
+                else if (mof[a] == kU2) wgt *= so.u[t];
+                const double y = kq * dex[e];
+                double hs = kInv.f[Pq];
+                for (int p = Pq - 1; p >= 0; --p) hs = hs * y + kInv.f[p];
+                sum -= wgt * hs;
+            }
+            const double m0 = a == 5 ? c.absu : mm[0];
+            const double bound = Fq[q] * m0 * exq[q];
+            // truncation and rounding of the series against the bound of the cell's sum;
+            // the systematic error is relative to each term: against the sum itself
+            const double trunc = bound * (rem[q] + kEps * (cnt + 2 * Pq + 8));
+            const double val = Fq[q] * sum;
+            const double mass = a == 5 ? bound : std::fabs(val);
+            err[a] += trunc + q * dsys * (mass + trunc);
+            acc[a] += val;
+            if (a == 5) uabs += bound;
+        }
+        st.terms_taylor += P[1] + 1;
+        return 1;
+    };
+    // A direction's walk stops at the first cell whose terms are all below e^-T, or
+    // below 1e-12 of the smallest running total divided by the centres left (the mass
+    // left out, bounded in drop[], is then below 1e-12 of every accumulator).
+    auto stop_level = [&]() {  // 1e-12 of the smallest running total
+        double rmin = std::numeric_limits<double>::infinity();
+        for (int a = 0; a < 6; ++a) {
+            if (!want[a]) continue;
+            const double v = a == 5 ? uabs : (fl.pairs && a < 2 ? acc[a] : base[a] + acc[a]);
+            rmin = std::min(rmin, v);
+        }
+        return 1e-12 * rmin;
+    };
+    auto visit = [&](i64 k, double remaining) -> bool {  // false: stop this direction
+        const Cell& ck = cells[k];
+        const int res = do_cell(ck, ck.off >= 0 ? cx.mom.data() + ck.off : nullptr, true,
+                                k == k0, stop_level(), remaining);
+        if (res == 0) return false;
+        if (res == 2)
+            for (i64 f = cells[k].fb; f < cells[k].fe; ++f)
+                do_cell(cx.fine[f], cx.fine[f].off >= 0 ? cx.fmom.data() + cx.fine[f].off : nullptr,
+                        false, false, 0.0, 0.0);
+        return true;
+    };
+
+    // the class's cells are contiguous in cx.cells: [first, last]
+    visit(k0, 0.0);
+    for (i64 k = k0 - 1; k >= 0 && cells[k].start >= lo; --k)
+        if (!visit(k, static_cast<double>(cells[k].end - lo))) break;
+    for (i64 k = k0 + 1; k < static_cast<i64>(cx.cells.size()) && cells[k].end <= hi; ++k)
+        if (!visit(k, static_cast<double>(hi - cells[k].start))) break;
+    // truncation: the cells left out (concavity: every term below its cell's bound), and
+    // the terms below e^-T that direct sums skip
+    const double tr = static_cast<double>(cx.n) * std::exp(-cx.T);
+    err[0] += drop[0] + tr;
+    err[1] += drop[1] + tr * tr;
+    err[2] += drop[2] + tr * tr * tr;
+    err[3] += drop[0] + tr;
+    err[4] += drop[0] + tr;
+    err[5] += (drop[1] + tr * tr) * so.umax;
+    // the check: e1 relative to itself when D is wanted (D >= e1), else to S = 1 + e1
+    const double ref1 = fl.pairs ? acc[0] : 1.0 + acc[0];
+    const double ref2 = fl.pairs ? acc[1] : 1.0 + acc[1];
+    const double refs[6] = {ref1, ref2, 1.0 + acc[2], base[3] + acc[3], base[4] + acc[4], uabs};
+    for (int a = 0; a < 6; ++a)
+        if (want[a] && !(err[a] <= kTolCheck * refs[a])) return false;
+    r.e[0] = acc[0];
+    r.e[1] = acc[1];
+    r.e[2] = acc[2];
+    r.a[0] = base[3] + acc[3];
+    r.a[1] = base[4] + acc[4];
+    r.uu = so.u[best] + acc[5];
+    return true;
+}
+
+Sorted sort_problem(const double* p, const double* logq, const std::int64_t* labels,
+                    const double* u, i64 n, i64 C) {
+    Sorted so;
+    so.seg.assign(static_cast<std::size_t>(C + 1), 0);
+    for (i64 i = 0; i < n; ++i) ++so.seg[static_cast<std::size_t>(labels[i] + 1)];
+    for (i64 c = 0; c < C; ++c) so.seg[c + 1] += so.seg[c];
+    so.perm.resize(static_cast<std::size_t>(n));
+    std::iota(so.perm.begin(), so.perm.end(), i64{0});
+    std::stable_sort(so.perm.begin(), so.perm.end(), [&](i64 a, i64 b) {
+        if (labels[a] != labels[b]) return labels[a] < labels[b];
+        if (p[2 * a + 1] != p[2 * b + 1]) return p[2 * a + 1] < p[2 * b + 1];
+        return p[2 * a] > p[2 * b];
+    });
+    so.inv.resize(static_cast<std::size_t>(n));
+    so.p0.resize(n);
+    so.p1.resize(n);
+    so.lq0.resize(n);
+    so.lq1.resize(n);
+    so.u.assign(static_cast<std::size_t>(n), 0.0);
+    so.ua.assign(static_cast<std::size_t>(n), 0.0);
+    for (i64 s = 0; s < n; ++s) {
+        const i64 i = so.perm[s];
+        so.inv[i] = s;
+        so.p0[s] = p[2 * i];
+        so.p1[s] = p[2 * i + 1];
+        so.lq0[s] = logq[2 * i];
+        so.lq1[s] = logq[2 * i + 1];
+        if (u) so.u[s] = u[i];
+        so.umax = std::max(so.umax, std::fabs(so.u[s]));
+        so.ua[s] = std::fabs(so.u[s]);
+    }
+    so.run_lo.resize(static_cast<std::size_t>(n));
+    so.run_hi.resize(static_cast<std::size_t>(n));
+    for (i64 s = 0; s < n; ++s) {
+        const bool same = s > 0 && labels[so.perm[s]] == labels[so.perm[s - 1]] &&
+                          so.p0[s] == so.p0[s - 1] && so.p1[s] == so.p1[s - 1];
+        so.run_lo[s] = same ? so.run_lo[s - 1] : s;
+    }
+    for (i64 s = n - 1; s >= 0; --s) {
+        const bool same = s + 1 < n && so.run_lo[s + 1] == so.run_lo[s];
+        so.run_hi[s] = same ? so.run_hi[s + 1] : s + 1;
+    }
+    return so;
+}
+
+// Reference, Phi, dmax, esum and the moments of one cell (docs: "cells").
+void cell_moments(const Context& cx, const ExactL& Lx, Cell& c, double* mm) {
+    const Sorted& so = *cx.so;
+    const double s = cx.s;
+    const i64 rs = (c.start + c.end) / 2;
+    c.ref = rs;
+    const double q0 = so.lq0[rs], q1 = so.lq1[rs];
+    c.Lrr = Lx(cx.bias[rs], s, q0, q1, so.p0[rs], so.p1[rs]);
+    double phimax = kNegInf, dmax = 0.0, emax = 0.0;
+    for (i64 t = c.start; t < c.end; ++t) {
+        phimax = std::max(phimax, Lx(cx.bias[t], s, q0, q1, so.p0[t], so.p1[t]));
+        dmax = std::max(dmax, std::fabs(so.p1[t] - so.p1[rs]));
+        emax = std::max(emax, std::fabs((so.p0[t] + so.p1[t]) - 1.0));
+    }
+    c.phi_max = phimax;
+    c.dmax = dmax;
+    c.esum = 2.0 * emax + 4 * kEps;  // |(p0 + p1) - 1| itself is rounded
+    double absu = 0.0;
+    for (i64 t = c.start; t < c.end; ++t) {
+        const double phi = Lx(cx.bias[t], s, q0, q1, so.p0[t], so.p1[t]) - phimax;
+        // A centre more than 200 nats below the cell's largest (at the reference query)
+        // stays below e^{-200 + 2 xi} of it for every query the cell's series serves
+        // (xi <= 3): left out of the moments (no underflow), a relative error below
+        // n e^-194 (docs, "cells").
+        const double w1 = phi < -200.0 ? 0.0 : std::exp(phi), w2 = w1 * w1, w3 = w2 * w1;
+        const double d = so.p1[t] - so.p1[rs];
+        const double ww[kNMom] = {w1, w1 * so.p0[t], w1 * so.p1[t], w2, w2 * so.u[t], w3};
+        absu += w2 * std::fabs(so.u[t]);
+        double dpow[kNP];
+        dpow[0] = 1.0;
+        for (int p = 1; p < kNP; ++p) dpow[p] = dpow[p - 1] * d;
+        for (int a = 0; a < kNMom; ++a) {
+            if (!cx.need[a]) continue;  // arrays no accumulator of this call uses stay 0
+            double* row = mm + a * kNP;
+            const double wa = ww[a];
+            for (int p = 0; p < kNP; ++p) row[p] += wa * dpow[p];
+        }
+    }
+    for (int a = 0; a < kNMom; ++a)
+        for (int p = 0; p < kNP; ++p) mm[a * kNP + p] *= kInv.f[p];
+    for (int a = 0; a < kNMom; ++a) {
+        const double m0 = a == kU2 ? absu : mm[a * kNP];
+        c.inv0[a] = m0 > 0 ? 1.0 / m0 : 0.0;
+    }
+    c.absu = absu;
+    c.exact_only = false;
+}
+
+void build_cells(Context& cx, const ExactL& Lx, double cell_width, i64 C, int nt) {
+    const Sorted& so = *cx.so;
+    const i64 n = cx.n;
+    const double wf = cell_width * std::sqrt(1.0 / cx.s) * 0.5 / kSub;  // fine width in z
+    const double half_pi = std::acos(0.0);
+    cx.cell_of.assign(static_cast<std::size_t>(n), 0);
+    cx.cells.clear();
+    cx.fine.clear();
+    for (i64 c = 0; c < C; ++c) {
+        i64 prev_f = -1, prev_c = -1;
+        bool fresh = true;  // a class starts new cells
+        for (i64 t = so.seg[c]; t < so.seg[c + 1]; ++t) {
+            const double z = so.p1[t] < 0.5 ? std::asin(std::sqrt(so.p1[t]))
+                                            : half_pi - std::asin(std::sqrt(so.p0[t]));
+            const i64 fid = static_cast<i64>(std::floor(z / wf));
+            const i64 cid = fid / kSub;  // z >= 0
+            if (fresh || cid != prev_c) {
+                const i64 nf = static_cast<i64>(cx.fine.size());
+                cx.cells.push_back(Cell{t, t + 1, t, 0, 0, 0, 0, 0, true, nf, nf, -1, {0, 0, 0, 0, 0, 0}});
+                prev_c = cid;
+            } else {
+                cx.cells.back().end = t + 1;
+            }
+            if (fresh || fid != prev_f) {
+                cx.fine.push_back(Cell{t, t + 1, t, 0, 0, 0, 0, 0, true, 0, 0, -1, {0, 0, 0, 0, 0, 0}});
+                prev_f = fid;
+            } else {
+                cx.fine.back().end = t + 1;
+            }
+            cx.cells.back().fe = static_cast<i64>(cx.fine.size());
+            fresh = false;
+            cx.cell_of[t] = static_cast<i64>(cx.cells.size()) - 1;
+        }
+    }
+    // moments only for cells of two or more centres (a single centre is always summed
+    // directly): memory O(n) even when every centre has its own cell (tiny h)
+    const i64 nc = static_cast<i64>(cx.cells.size()), nf = static_cast<i64>(cx.fine.size());
+    i64 mc = 0, mf = 0;
+    for (Cell& c : cx.cells)
+        if (c.end - c.start > 1) c.off = (mc++) * kNMom * kNP;
+    for (Cell& c : cx.fine)
+        if (c.end - c.start > 1) c.off = (mf++) * kNMom * kNP;
+    cx.mom.assign(static_cast<std::size_t>(mc * kNMom * kNP), 0.0);
+    cx.fmom.assign(static_cast<std::size_t>(mf * kNMom * kNP), 0.0);
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nt) if (nt > 1 && n > 4096)
+#endif
+    {
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 16) nowait
+#endif
+        for (i64 k = 0; k < nc; ++k)
+            if (cx.cells[k].off >= 0)
+                cell_moments(cx, Lx, cx.cells[k], cx.mom.data() + cx.cells[k].off);
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 16)
+#endif
+        for (i64 k = 0; k < nf; ++k)
+            if (cx.fine[k].off >= 0)
+                cell_moments(cx, Lx, cx.fine[k], cx.fmom.data() + cx.fine[k].off);
+    }
+    (void)nt;
+}
+
+}  // namespace
+
+bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMethod method,
+                   int n_threads, Control* control, BinaryStats* stats) {
+    const i64 n = prob.n, C = prob.C, H = prob.H, B = prob.B;
+    check(n >= 1, "n must be >= 1, got " + std::to_string(n));
+    check(B >= 1, "B must be >= 1");
+    check(C >= 1, "the number of classes must be >= 1, got " + std::to_string(C));
+    check(H >= 1, "at least one bandwidth is needed");
+    check(prob.powers >= 1 && prob.powers <= 3, "powers must be 1, 2 or 3");
+    check(prob.row_start >= 0 && prob.row_start <= prob.row_stop && prob.row_stop <= n,
+          "need 0 <= row_start <= row_stop <= n");
+    check(prob.logq && prob.p && prob.labels && prob.scale && prob.bias, "null input pointer");
+    check(out.m && out.S, "null output pointer");
+    check(prob.powers < 2 || out.Q, "powers >= 2 needs a Q output");
+    check(prob.powers < 3 || out.T, "powers == 3 needs a T output");
+    check(!out.D || prob.powers >= 2, "the pair sums D need powers >= 2");
+    check(!out.U || prob.u, "U needs the residual weights u");
+    check(std::isfinite(prob.cell_width) && prob.cell_width > 0 && prob.cell_width <= 4,
+          "cell_width must be in (0, 4]");
+    for (i64 t = 0; t < H; ++t)
+        if (!(std::isfinite(prob.scale[t]) && prob.scale[t] > 0))
+            check(false, "scale must be finite and > 0, got " + std::to_string(prob.scale[t]));
+    for (i64 i = 0; i < B * n; ++i) {
+        const std::int64_t c = prob.labels[i];
+        if (c < 0 || c >= C)
+            throw std::invalid_argument("kdecal.binary_reduce: label " + std::to_string(c) +
+                                        " at index " + std::to_string(i % n) +
+                                        " is outside [0, " + std::to_string(C) + ")");
+        for (int k = 0; k < 2; ++k) {
+            const double v = prob.p[2 * i + k], l = prob.logq[2 * i + k];
+            if (!(v >= 0.0 && v <= 1.0))  // also NaN; the message only on failure
+                check(false, "p must lie in [0, 1]; p[" + std::to_string(i % n) + ", " +
+                                 std::to_string(k) + "] = " + std::to_string(v));
+            if (!(std::isfinite(l) && l <= 0.0))
+                check(false, "logq must be finite and <= 0; logq[" + std::to_string(i % n) +
+                                 ", " + std::to_string(k) + "] = " + std::to_string(l));
+        }
+        if (prob.u) check(std::isfinite(prob.u[i]), "u must be finite");
+    }
+    for (i64 i = 0; i < B * H * n; ++i)
+        check(std::isfinite(prob.bias[i]), "bias must be finite");
+
+    const int nt = detail::resolve_threads(n_threads);
+    const int isa = detail::isa_level();
+    // the dense engine's kernels are compiled with -ffp-contract=fast: fused wherever the
+    // target has FMA (x86: the avx2 and avx512 paths; AArch64: always)
+#if defined(__ARM_FEATURE_FMA)
+    const bool fused = true;
+#else
+    const bool fused = isa >= 1;
+#endif
+    const ExactL Lx{fused, pick_range(isa)};
+    const i64 R = prob.row_stop - prob.row_start;
+    const Flags fl{prob.powers, out.D != nullptr, out.A != nullptr, out.U != nullptr};
+    BinaryStats total;
+    if (R == 0) return !detail::cancelled(control);
+
+    for (i64 b = 0; b < B; ++b) {
+        if (detail::cancelled(control)) return false;
+        const Sorted so = sort_problem(prob.p + b * n * 2, prob.logq + b * n * 2,
+                                       prob.labels + b * n, prob.u ? prob.u + b * n : nullptr,
+                                       n, C);
+        // the queries in the centres' sorted order (by label, then x): neighbouring queries
+        // share their searches' and cells' cache lines, and each query's own data is
+        // read in order (each row's result does not depend on the order)
+        std::vector<i64> qorder;
+        qorder.reserve(static_cast<std::size_t>(R));
+        for (i64 sp = 0; sp < n; ++sp)
+            if (so.perm[sp] >= prob.row_start && so.perm[sp] < prob.row_stop) qorder.push_back(sp);
+        for (i64 t = 0; t < H; ++t) {
+            if (detail::cancelled(control)) return false;
+            Context cx;
+            cx.so = &so;
+            cx.s = prob.scale[t];
+            cx.n = n;
+            cx.bias.resize(static_cast<std::size_t>(n));
+            cx.g.resize(static_cast<std::size_t>(n));
+            const double* bsrc = prob.bias + (b * H + t) * n;
+            for (i64 s = 0; s < n; ++s) {
+                cx.bias[s] = bsrc[so.perm[s]];
+                cx.g[s] = digamma(so.p0[s] * cx.s + 1.0) - digamma(so.p1[s] * cx.s + 1.0);
+            }
+            const double Tn = std::log(static_cast<double>(n)) + 36.0;
+            const bool binned = method == BinaryMethod::binned;
+            cx.T = binned ? Tn : std::max(kDrop, Tn);
+            cx.need[kM1] = true;
+            cx.need[kA0] = cx.need[kA1] = fl.want_a;
+            cx.need[kM2] = prob.powers >= 2;
+            cx.need[kU2] = fl.want_u;
+            cx.need[kM3] = prob.powers >= 3;
+            if (binned) build_cells(cx, Lx, prob.cell_width, C, nt);
+            const double Tw = std::max(kDrop, Tn);  // the window method's depth
+
+            const i64 out_m = (b * H + t) * R;
+            const i64 ntasks = (R + kRowsPerTask - 1) / kRowsPerTask;
+            std::vector<BinaryStats> tst(static_cast<std::size_t>(nt));
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
+#endif
+            for (i64 task = 0; task < ntasks; ++task) {
+#ifdef _OPENMP
+                const int tid = omp_get_thread_num();
+#else
+                const int tid = 0;
+#endif
+                if (detail::cancelled(control)) continue;
+                BinaryStats st;  // local: the per-thread slots share cache lines
+                const i64 k0 = task * kRowsPerTask;
+                const i64 k1 = std::min(R, k0 + kRowsPerTask);
+                std::vector<RowSums> rs(static_cast<std::size_t>(C));
+                for (i64 kq = k0; kq < k1; ++kq) {
+                    const i64 self = qorder[kq];
+                    const i64 j = so.perm[self];
+                    const double q0 = so.lq0[self], q1 = so.lq1[self];
+                    double mx = kNegInf;
+                    for (i64 c = 0; c < C; ++c) {
+                        RowSums& r = rs[c];
+                        r = RowSums{};
+                        const i64 lo = so.seg[c], hi = so.seg[c + 1];
+                        const i64 best = class_argmax(cx, Lx, lo, hi, self, q0, q1, r.mc);
+                        if (best < 0) {
+                            r.mc = kNegInf;
+                            continue;
+                        }
+                        bool ok = false;
+                        if (binned) ok = binned_sums(cx, Lx, fl, lo, hi, self, best, q0, q1, r, st);
+                        if (!ok) {
+                            if (binned) ++st.fallbacks;
+                            window_sums(cx, Tw, Lx, fl, lo, hi, self, best, q0, q1, r,
+                                        binned ? st.pairs_fallback : st.pairs_direct);
+                        }
+                        mx = std::max(mx, r.mc);
+                    }
+                    const i64 row = j - prob.row_start;
+                    out.m[out_m + row] = mx;
+                    double a0 = 0, a1 = 0, uu = 0;
+                    for (i64 c = 0; c < C; ++c) {
+                        const RowSums& r = rs[c];
+                        const i64 oi = (out_m + row) * C + c;
+                        const bool empty = !(r.mc > kNegInf);
+                        const double f = empty ? 0.0 : std::exp(r.mc - mx);
+                        out.S[oi] = empty ? 0.0 : (1.0 + r.e[0]) * f;
+                        if (fl.powers >= 2) out.Q[oi] = empty ? 0.0 : (1.0 + r.e[1]) * (f * f);
+                        if (fl.powers >= 3)
+                            out.T[oi] = empty ? 0.0 : (1.0 + r.e[2]) * (f * f * f);
+                        if (fl.pairs) {
+                            const double e = r.e[0];
+                            out.D[oi] = empty ? 0.0 : ((2.0 * e - r.e[1]) + e * e) * (f * f);
+                        }
+                        if (!empty) {
+                            a0 += r.a[0] * f;
+                            a1 += r.a[1] * f;
+                            uu += r.uu * (f * f);
+                        }
+                    }
+                    if (fl.want_a) {
+                        out.A[(out_m + row) * 2] = a0;
+                        out.A[(out_m + row) * 2 + 1] = a1;
+                    }
+                    if (fl.want_u) out.U[out_m + row] = uu;
+                }
+                BinaryStats& ts = tst[tid];
+                ts.pairs_direct += st.pairs_direct;
+                ts.cells_taylor += st.cells_taylor;
+                ts.terms_taylor += st.terms_taylor;
+                ts.fallbacks += st.fallbacks;
+                ts.pairs_long += st.pairs_long;
+                detail::add_rows(control, k1 - k0);
+            }
+            for (const BinaryStats& st : tst) {
+                total.pairs_direct += st.pairs_direct;
+                total.cells_taylor += st.cells_taylor;
+                total.terms_taylor += st.terms_taylor;
+                total.fallbacks += st.fallbacks;
+                total.pairs_long += st.pairs_long;
+            }
+        }
+    }
+    if (stats) *stats = total;
+    return !detail::cancelled(control);
+}
+
+}  // namespace kdecal

@@ -1,0 +1,312 @@
+"""Fast leave-one-out sums of binary problems (top-label, class-wise, binary inputs).
+
+Every binary problem of kdecal is the ``K = 2`` kernel problem on the points
+``p_i = (1 - x_i, x_i)`` (clipped at ``PROB_EPS`` and renormalised), whose log-kernel
+``L_ij = bias_i + (1/h) (log(1 - x_j) p_i0 + log(x_j) p_i1)`` is concave in the centre's
+coordinate.  :func:`loo_reduce_binary` returns the accumulators of
+:func:`kdecal._backends.loo_reduce` for such problems in ``O(n log n + n W)`` instead of
+``O(n^2)``:
+
+- ``method="window"``: the exact terms within ``max(64, ln n + 36)`` nats of each class
+  maximum (one contiguous run of the sorted centres), the log-kernel computed as the
+  dense engine computes it;
+- ``method="binned"``: Taylor sums over cells of the variance-stabilised coordinate
+  ``arcsin sqrt(x)`` with an error bound per query and class, and the window method
+  where the bound is not met (``docs/guide/binary_engine.md`` derives it: every
+  accumulator within ``1e-9`` relative of the exact sums);
+- ``method="exact"``: the dense engine itself (``_backends.loo_reduce``);
+- ``method="auto"``: window or binned per bandwidth, whichever is estimated faster.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from . import _backends
+from . import _formulas as _f
+
+METHODS = ("auto", "binned", "window", "exact")
+#: Cell width of the binned method, in units of the kernel's width sqrt(h)/2 in z.
+CELL_WIDTH = 0.8
+#: Below this bandwidth the binned method's rounding bound fails for most rows: window.
+BINNED_MIN_H = 1e-6
+#: Estimated cost of the binned method per (query, class), in exact window terms (the
+#: window method sums about 0.7 terms per ns and thread; a binned (query, class) costs
+#: about 1 us: the maximum's search and ~12-25 cells of ~12 Taylor terms; measured on the
+#: 2-core AVX-512 machine at n = 1e5), times 1.5 for powers = 3 with the pair sums.
+_BINNED_COST = 700.0
+
+
+def binary_inputs(x: np.ndarray, hs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Build the engine's inputs of the binary problems ``(1 - x, x)``.
+
+    Parameters
+    ----------
+    x : ndarray, shape (n,) or (B, n)
+        Scores in [0, 1].
+    hs : ndarray, shape (H,)
+        Bandwidths.
+
+    Returns
+    -------
+    logq, p : ndarray, shape (B, n, 2), float64, C-contiguous
+        ``log p`` and the clipped, renormalised points (:func:`kdecal._formulas.binary_points`).
+    bias : ndarray, shape (B, H, n), float64
+        ``-sum_k lgamma(p_ik / h + 1)``, from the compiled core's ``kernel_bias`` (as the
+        estimators compute it).
+    """
+    xb = np.atleast_2d(np.asarray(x, dtype=np.float64))
+    p = np.ascontiguousarray(_f.binary_points(xb), dtype=np.float64)
+    logq = np.ascontiguousarray(np.log(p))
+    core = _require_core()
+    flat = p.reshape(-1, 2)
+    nt = _backends.get_num_threads()
+    bias = np.stack(
+        [np.asarray(core.kernel_bias(flat, 1.0 / float(h), nt)).reshape(p.shape[:-1]) for h in hs],
+        axis=1,
+    )
+    return logq, p, np.ascontiguousarray(bias)
+
+
+def loo_reduce_binary(
+    x: np.ndarray,
+    labels: np.ndarray,
+    n_classes: int,
+    hs: np.ndarray,
+    *,
+    powers: int = 1,
+    pairs: bool = False,
+    resid: np.ndarray | None = None,
+    rows: tuple[int, int] | None = None,
+    method: str = "auto",
+    progress: bool | None = None,
+) -> tuple[np.ndarray, ...]:
+    """Leave-one-out kernel sums of the binary problems ``(1 - x, x)``.
+
+    Parameters
+    ----------
+    x : ndarray, shape (n,) or (B, n)
+        Scores in [0, 1] (a leading axis B holds independent problems, e.g. the
+        one-vs-rest problems of class-wise calibration).
+    labels : ndarray, shape (n,) or (B, n), int
+        Labels in ``0..n_classes-1`` (``n_classes = 1`` and zeros: unlabelled).
+    n_classes : int
+        Number of label groups C.
+    hs : array_like, shape (H,)
+        Bandwidths (> 0).
+    powers : {1, 2, 3}
+        Which power sums to return.
+    pairs : bool
+        Also return the pair sums ``D`` (needs ``powers >= 2``).
+    resid : ndarray, shape (n,) or (B, n), float64, optional
+        Per-centre values ``u``: also return the residual sums ``A`` and ``U`` (not with
+        ``method="exact"``).
+    rows : (int, int), optional
+        Query rows ``[start, stop)`` (against all n centres); default all.
+    method : {"auto", "binned", "window", "exact"}
+        See the module docstring.
+    progress : bool or None
+        Progress bar; ``None`` shows one for long work only.  Ctrl-C stops the call.
+
+    Returns
+    -------
+    m, S, Q, T[, D][, A, U]
+        As :func:`kdecal._backends.loo_reduce` (shapes ``([B,] H, R)`` and
+        ``([B,] H, R, C)``, the leading B only for 2-D ``x``), then, with ``resid``,
+        ``A`` of shape ``([B,] H, R, 2)``: ``sum_{i != j} w_ij p_ik`` and ``U`` of shape
+        ``([B,] H, R)``: ``sum_{i != j} w_ij^2 u_i``, with ``w_ij = exp(L_ij - m_j)``.
+
+    Raises
+    ------
+    ValueError
+        On a bad method, powers, bandwidth or row range, or inputs of the wrong shape.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    hs = np.atleast_1d(np.asarray(hs, dtype=np.float64))
+    if hs.ndim != 1 or hs.size == 0 or not np.all(np.isfinite(hs) & (hs > 0)):
+        raise ValueError("hs must be a non-empty 1-D array of finite bandwidths > 0")
+    xa = np.asarray(x, dtype=np.float64)
+    if xa.ndim not in (1, 2) or xa.shape[-1] < 1:
+        raise ValueError(f"x must have shape (n,) or (B, n), got {xa.shape}")
+    if not np.all((xa >= 0.0) & (xa <= 1.0)):
+        raise ValueError("x must lie in [0, 1] (and not be NaN)")
+    batched = xa.ndim == 2
+    lab_in = np.asarray(labels)
+    if lab_in.shape != xa.shape or not np.issubdtype(lab_in.dtype, np.integer):
+        raise ValueError(
+            f"labels must be integers of the shape of x {xa.shape}, got {lab_in.shape}"
+        )
+    lab = np.ascontiguousarray(lab_in, dtype=np.int64)
+    logq, p, bias = binary_inputs(xa, hs)
+    u = None
+    if resid is not None:
+        if method == "exact":
+            raise ValueError("the exact engine has no residual sums: use method='window'")
+        u = np.ascontiguousarray(
+            np.broadcast_to(np.asarray(resid, dtype=np.float64), xa.shape)
+        ).reshape(p.shape[:-1])
+    out = loo_reduce_k2(
+        logq,
+        p,
+        lab.reshape(p.shape[:-1]),
+        n_classes,
+        np.ascontiguousarray(1.0 / hs),
+        bias,
+        powers=powers,
+        pairs=pairs,
+        rows=rows,
+        method=method,
+        progress=progress,
+        u=u,
+    )
+    if batched:
+        return out
+    return tuple(a if a.shape == (0, 0, 0) else a[0] for a in out)
+
+
+def loo_reduce_k2(
+    logq: np.ndarray,
+    p: np.ndarray,
+    labels: np.ndarray,
+    n_classes: int,
+    scale: np.ndarray,
+    bias: np.ndarray,
+    *,
+    powers: int = 1,
+    pairs: bool = False,
+    rows: tuple[int, int] | None = None,
+    method: str = "auto",
+    progress: bool | None = None,
+    u: np.ndarray | None = None,
+    stats: dict[str, int] | None = None,
+) -> tuple[np.ndarray, ...]:
+    """:func:`kdecal._backends.loo_reduce` for ``K = 2`` inputs, on the fast engine.
+
+    The arguments are those of ``loo_reduce`` (logq, p of shape (B, n, 2), float64;
+    labels (B, n); scale (H,); bias (B, H, n)), plus ``method`` (see the module
+    docstring), ``u`` ((B, n) float64, optional: also return ``A`` and ``U``) and
+    ``stats`` (a dict that receives the engine's counters).  Returns ``(m, S, Q, T[, D]
+    [, A, U])`` with the leading B axis.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    n = p.shape[-2]
+    r0, r1 = (0, n) if rows is None else (int(rows[0]), int(rows[1]))
+    if method == "exact":
+        if u is not None:
+            raise ValueError("the exact engine has no residual sums: use method='window'")
+        return _backends.loo_reduce(
+            logq,
+            p,
+            labels,
+            n_classes,
+            scale,
+            bias,
+            powers=powers,
+            backend="cpp",
+            progress=progress,
+            rows=(r0, r1),
+            pairs=pairs,
+        )
+    core = _require_core()
+    B, H = p.shape[0], scale.shape[0]
+    if method == "auto":
+        methods = [choose_method(p, labels, n_classes, 1.0 / float(s), powers) for s in scale]
+    else:
+        methods = [method] * H
+    parts: list[tuple[np.ndarray, ...]] = []
+    groups = [(mth, [t for t in range(H) if methods[t] == mth]) for mth in ("binned", "window")]
+    groups = [g for g in groups if g[1]]
+    total = (r1 - r0) * B * H
+    work = float(r1 - r0) * B * H * max(1, n_classes) * 1000.0  # ~1 us per (query, class)
+    order: list[int] = []
+    with _backends._bar(_backends._show_bar(work, progress), total, "kdecal binary kernel") as cb:
+        done = 0
+        for mth, ts in groups:
+            idx = np.asarray(ts)
+            base = done
+
+            def report(k: int, base: int = base) -> None:
+                if cb is not None:
+                    cb(base + k)
+
+            res = core.binary_reduce(
+                logq,
+                p,
+                labels,
+                n_classes,
+                np.ascontiguousarray(scale[idx]),
+                np.ascontiguousarray(bias[:, idx]),
+                powers,
+                r0,
+                r1,
+                _backends.get_num_threads(),
+                report if cb is not None else None,
+                pairs,
+                mth,
+                u is not None,
+                u,
+                CELL_WIDTH,
+            )
+            done += (r1 - r0) * B * len(ts)
+            parts.append(res)
+            order.extend(ts)
+            if stats is not None:
+                for k, v in res[7].items():
+                    stats[k] = stats.get(k, 0) + int(v)
+    inv = np.argsort(np.asarray(order))
+
+    def cat(i: int, axis: int = 1) -> np.ndarray:
+        arrs = [np.asarray(r[i]) for r in parts]
+        if arrs[0].size == 0 and arrs[0].ndim == 3 and arrs[0].shape[0] == 0:
+            return arrs[0]
+        return np.ascontiguousarray(np.concatenate(arrs, axis=axis)[:, inv])
+
+    out = [cat(0), cat(1), cat(2), cat(3)]
+    if pairs:
+        out.append(cat(4))
+    if u is not None:
+        out += [cat(5), cat(6)]
+    return tuple(out)
+
+
+def choose_method(
+    p: np.ndarray, labels: np.ndarray, n_classes: int, h: float, powers: int = 1
+) -> str:
+    """``"window"`` or ``"binned"``: the one estimated faster for bandwidth ``h``.
+
+    The window method costs the number of centres within its depth of every query
+    (estimated on up to 4 of the B problems from a sample of 512 queries each, by binary
+    search in the kernel's coordinate
+    ``z = arcsin sqrt(x)``, where the kernel's width is about ``sqrt(h)/2``); the binned
+    method about :data:`_BINNED_COST` such terms per query and class.  Below
+    :data:`BINNED_MIN_H` the window method always (the binned method's rounding bound
+    fails there and it would fall back to windows anyway).
+    """
+    if h < BINNED_MIN_H:
+        return "window"
+    n = p.shape[-2]
+    depth = max(64.0, math.log(n) + 36.0)
+    half = math.sqrt(2.0 * depth) * math.sqrt(h) / 2.0  # window half-width in z
+    rng = np.random.default_rng(0)
+    costs = []
+    for b in np.linspace(0, p.shape[0] - 1, min(p.shape[0], 4)).astype(int):
+        z = np.arcsin(np.sqrt(np.clip(p[b, :, 1], 0.0, 1.0)))
+        sample = z[rng.integers(0, n, size=min(n, 512))]
+        zs = np.sort(z)
+        per_query = np.searchsorted(zs, sample + half) - np.searchsorted(zs, sample - half)
+        costs.append(float(per_query.mean()))
+    window_cost = float(np.mean(costs))
+    binned_cost = _BINNED_COST * max(1, n_classes) * (1.0 + 0.25 * (powers - 1))
+    return "window" if window_cost <= binned_cost else "binned"
+
+
+def _require_core() -> Any:
+    core = _backends._core
+    if core is None or not hasattr(core, "binary_reduce"):
+        raise RuntimeError("the fast binary engine needs kdecal's compiled core")
+    return core

@@ -1,0 +1,313 @@
+"""The fast engine of binary problems (kdecal._binary) against the dense engine.
+
+Every accumulator of the window and binned methods must be within 1e-8 relative of the
+dense engine (``_backends.loo_reduce``, float64) on synthetic, real and adversarial
+inputs; ``method="exact"`` must be the dense engine bit for bit.  The pair sums D get an
+absolute floor of ``n e^-64 Q``: the dense engine's own truncation (it drops chunks of
+centres more than 64 nats below a class maximum and clamps exp arguments at -230), which
+is all that is left of D when a class maximum stands more than ~45 nats above every other
+centre of its class.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from conftest import load_real_file
+
+core = pytest.importorskip("kdecal._core")
+if not hasattr(core, "binary_reduce"):
+    pytest.skip("compiled core without the binary engine", allow_module_level=True)
+
+from kdecal import _backends
+from kdecal import _binary as kb
+
+TOL = 1e-8
+
+
+def _softmax(z):
+    z = z - z.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _max_rel(a, b, floor=None):
+    a, b = np.asarray(a), np.asarray(b)
+    d = np.abs(a - b)
+    if floor is not None:
+        d = np.where(d <= floor, 0.0, d)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(d == 0, 0.0, d / np.abs(b))
+    return float(r.max()) if r.size else 0.0
+
+
+def _assert_close(out, ex, n, what=""):
+    m, mx = out[0], ex[0]
+    assert np.array_equal(np.isfinite(m), np.isfinite(mx)), what
+    fin = np.isfinite(mx)
+    assert np.all(np.abs(m[fin] - mx[fin]) <= TOL * np.maximum(1.0, np.abs(mx[fin]))), what
+    for k, name in enumerate("SQT", start=1):
+        if ex[k].size:
+            assert _max_rel(out[k], ex[k]) <= TOL, f"{what} {name}"
+    if len(ex) > 4:
+        floor = n * np.exp(-64.0) * ex[2]
+        assert _max_rel(out[4], ex[4], floor) <= TOL, f"{what} D"
+
+
+def _run(x, y, C, hs, method, powers=3, pairs=True, **kw):
+    return kb.loo_reduce_binary(x, y, C, hs, powers=powers, pairs=pairs, method=method, **kw)
+
+
+def _compare(x, y, C, hs, powers=3, pairs=True, methods=("window", "binned"), what=""):
+    ex = _run(x, y, C, hs, "exact", powers, pairs)
+    for method in methods:
+        out = _run(x, y, C, hs, method, powers, pairs)
+        _assert_close(out, ex, np.shape(x)[-1], f"{what} {method} h={hs}")
+
+
+# ------------------------------------------------------------------- synthetic data
+@pytest.mark.parametrize("h", [1e-4, 1e-3, 1e-2, 0.3])
+def test_synthetic_top_label(h):
+    rng = np.random.default_rng(0)
+    x = rng.beta(5, 1, 3000)
+    y = (rng.random(3000) < x).astype(np.int64)
+    _compare(x, y, 2, [h])
+
+
+def test_several_bandwidths_and_powers():
+    rng = np.random.default_rng(1)
+    x = rng.random(1500) ** 0.3
+    y = (rng.random(1500) < x).astype(np.int64)
+    hs = [3e-4, 2e-3, 0.05]
+    for powers, pairs in [(1, False), (2, False), (2, True), (3, False)]:
+        _compare(x, y, 2, hs, powers=powers, pairs=pairs, what=f"powers={powers}")
+    _compare(x, np.zeros_like(y), 1, hs, what="unlabelled")
+
+
+def test_batched_classwise_problems():
+    rng = np.random.default_rng(2)
+    P = _softmax(3.0 * rng.normal(size=(1200, 4)))
+    y = np.array([rng.choice(4, p=p) for p in P])
+    X = np.ascontiguousarray(P.T)  # (B, n): the one-vs-rest problems
+    Y = (y[None, :] == np.arange(4)[:, None]).astype(np.int64)
+    ex = _run(X, Y, 2, [1e-3, 1e-2], "exact")
+    for method in ("window", "binned"):
+        out = _run(X, Y, 2, [1e-3, 1e-2], method)
+        assert out[0].shape == ex[0].shape == (4, 2, 1200)
+        _assert_close(out, ex, 1200, method)
+        for b in range(4):  # a batch row equals its problem alone
+            one = _run(X[b], Y[b], 2, [1e-3, 1e-2], method)
+            for k in range(5):
+                assert np.array_equal(one[k], out[k][b])
+
+
+# ------------------------------------------------------------------------ real data
+@pytest.mark.parametrize(
+    "fname", ["cifar10_resnet50_psrcal.npz", "sst2_gpt2_zeroshot.npz", "agnews_gpt2_zeroshot.npz"]
+)
+def test_real_files(fname):
+    kind = "logits"
+    prefix = "test_" if fname.startswith("cifar10") else ""
+    P, _, y = load_real_file(fname, prefix, kind)
+    idx = np.random.default_rng(3).choice(len(y), min(len(y), 2500), replace=False)
+    P, y = P[idx], y[idx]
+    top = P.max(axis=1)
+    correct = (P.argmax(axis=1) == y).astype(np.int64)
+    for h in (2e-4, 1e-3, 1e-2):
+        _compare(top, correct, 2, [h], what=f"{fname} top-label")
+    X = np.ascontiguousarray(P.T[:2])
+    Y = (y[None, :] == np.arange(2)[:, None]).astype(np.int64)
+    _compare(X, Y, 2, [1e-3], what=f"{fname} class-wise")
+
+
+# ------------------------------------------------------------------ adversarial inputs
+def _adversarial():
+    rng = np.random.default_rng(5)
+    return {
+        "ties": np.round(rng.beta(4, 1, 400), 2),
+        "zeros_ones": np.concatenate([np.zeros(20), np.ones(30), rng.random(150)]),
+        "all_equal": np.full(200, 0.7),
+        "near_one": np.concatenate(
+            [np.full(10, 1 - 1e-12), 1 - rng.random(100) * 1e-6, rng.beta(8, 1, 200)]
+        ),
+        "n3": np.array([0.2, 0.5, 0.9]),
+        "n4_extremes": np.array([0.0, 1.0, 0.5, 0.5]),
+        "clustered": np.concatenate([1 - rng.random(300) * 1e-3, rng.random(20)]),
+    }
+
+
+@pytest.mark.parametrize("name", list(_adversarial()))
+@pytest.mark.parametrize("h", [1e-8, 1e-6, 1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0])
+def test_adversarial(name, h):
+    x = _adversarial()[name]
+    y = (np.random.default_rng(6).random(len(x)) < x).astype(np.int64)
+    _compare(x, y, 2, [h], what=name)
+
+
+def test_adversarial_unlabelled():
+    for name, x in _adversarial().items():
+        _compare(x, np.zeros(len(x), np.int64), 1, [1e-6, 1e-3, 0.05], what=name)
+
+
+def test_one_point_and_lonely_classes():
+    out = _run(np.array([0.3]), np.array([1]), 2, [0.01], "binned")
+    ex = _run(np.array([0.3]), np.array([1]), 2, [0.01], "exact")
+    assert np.array_equal(out[0], ex[0]) and np.all(np.isneginf(out[0]))
+    for k in range(1, 5):
+        assert np.array_equal(out[k], ex[k])
+    x = np.array([0.1, 0.4, 0.8, 0.9])
+    y = np.array([0, 1, 1, 1])  # class 0 has a single centre: empty for its own query
+    _compare(x, y, 2, [1e-3, 0.1])
+
+
+def test_large_n_all_equal_and_clustered():
+    rng = np.random.default_rng(7)
+    x = np.full(20000, 0.9)
+    out = _run(x, np.zeros(20000, np.int64), 1, [1e-3], "binned", powers=2, pairs=True)
+    assert np.all(out[0] == out[0][0, 0])
+    np.testing.assert_allclose(out[1], 19999.0, rtol=1e-12)
+    np.testing.assert_allclose(out[4], 19999.0 * 19998.0, rtol=1e-12)
+    x = np.concatenate([1 - rng.random(15000) * 1e-3, rng.beta(2, 2, 5000)])
+    y = (rng.random(20000) < x).astype(np.int64)
+    ex = _run(x, y, 2, [2e-4], "exact", powers=2)
+    out = _run(x, y, 2, [2e-4], "binned", powers=2)
+    _assert_close(out, ex, 20000, "clustered 20000")
+
+
+# --------------------------------------------------------------------- residual sums
+def _dense_residuals(x, y_unused, h, u):
+    logq, p, bias = kb.binary_inputs(x, [h])
+    logq, p, bias = logq[0], p[0], bias[0, 0]
+    L = bias[None, :] + (1.0 / h) * (logq[:, :1] * p[None, :, 0] + logq[:, 1:] * p[None, :, 1])
+    np.fill_diagonal(L, -np.inf)
+    w = np.exp(L - L.max(axis=1, keepdims=True))
+    return w @ p, (w * w) @ u
+
+
+@pytest.mark.parametrize("h", [1e-4, 1e-3, 0.05, 2.0])
+def test_residual_sums(h):
+    rng = np.random.default_rng(8)
+    x = np.concatenate([rng.beta(6, 1, 700), [0.0, 1.0, 1 - 1e-12]])
+    y = (rng.random(len(x)) < x).astype(np.int64)
+    u = rng.random(len(x)) + 0.1
+    A_ref, U_ref = _dense_residuals(x, y, h, u)
+    ex = _run(x, y, 2, [h], "exact")
+    for method in ("window", "binned"):
+        out = _run(x, y, 2, [h], method, resid=u)
+        assert len(out) == 7
+        _assert_close(out[:5], ex, len(x), method)
+        assert _max_rel(out[5][0], A_ref) <= TOL
+        assert _max_rel(out[6][0], U_ref) <= TOL
+
+
+# ------------------------------------------------------------- exactness and plumbing
+def test_exact_is_the_dense_engine():
+    rng = np.random.default_rng(9)
+    x = rng.random(500)
+    y = (rng.random(500) < x).astype(np.int64)
+    hs = np.array([1e-3, 0.02])
+    out = _run(x, y, 2, hs, "exact")
+    logq, p, bias = kb.binary_inputs(x, hs)
+    ref = _backends.loo_reduce(
+        logq, p, y[None].copy(), 2, 1.0 / hs, bias, powers=3, backend="cpp", pairs=True
+    )
+    for a, b in zip(out, ref):
+        assert np.array_equal(a, b[0])
+
+
+def test_rows_and_threads():
+    rng = np.random.default_rng(10)
+    x = rng.beta(3, 1, 3000)
+    y = (rng.random(3000) < x).astype(np.int64)
+    saved = _backends.get_num_threads()
+    try:
+        for method in ("window", "binned", "auto"):
+            _backends.set_num_threads(1)
+            one = _run(x, y, 2, [1e-3, 0.03], method)
+            _backends.set_num_threads(2)
+            two = _run(x, y, 2, [1e-3, 0.03], method)
+            part = _run(x, y, 2, [1e-3, 0.03], method, rows=(700, 1900))
+            for a, b, c in zip(one, two, part):
+                assert np.array_equal(a, b)
+                assert np.array_equal(a[:, 700:1900], c)
+    finally:
+        _backends.set_num_threads(saved)
+
+
+def test_auto_picks_a_method_and_agrees():
+    rng = np.random.default_rng(11)
+    x = rng.beta(5, 1, 2000)
+    y = (rng.random(2000) < x).astype(np.int64)
+    _compare(x, y, 2, [1e-7, 1e-3, 0.2], methods=("auto",))
+    _, p, _ = kb.binary_inputs(x, [1e-3])
+    assert kb.choose_method(p, y[None], 2, 1e-8) == "window"
+    assert kb.choose_method(p, y[None], 2, 1e-3) in ("window", "binned")
+
+
+def test_bad_inputs():
+    x = np.array([0.1, 0.5, 0.9])
+    y = np.array([0, 1, 1])
+    with pytest.raises(ValueError, match="method"):
+        kb.loo_reduce_binary(x, y, 2, [0.1], method="fast")
+    with pytest.raises(ValueError, match="hs"):
+        kb.loo_reduce_binary(x, y, 2, [0.0])
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        kb.loo_reduce_binary(np.array([0.1, np.nan, 0.3]), y, 2, [0.1])
+    with pytest.raises(ValueError, match="label"):
+        kb.loo_reduce_binary(x, np.array([0, 2, 1]), 2, [0.1], method="binned")
+    with pytest.raises(ValueError, match="labels must be"):
+        kb.loo_reduce_binary(x, np.array([0, 1]), 2, [0.1], method="binned")
+    with pytest.raises(ValueError, match="pairs"):
+        kb.loo_reduce_binary(x, y, 2, [0.1], powers=1, pairs=True, method="window")
+    with pytest.raises(ValueError, match="row"):
+        kb.loo_reduce_binary(x, y, 2, [0.1], rows=(2, 5), method="binned")
+    with pytest.raises(ValueError, match="residual"):
+        kb.loo_reduce_binary(x, y, 2, [0.1], resid=np.ones(3), method="exact")
+    logq, p, bias = kb.binary_inputs(x, [0.1])
+    lab = y[None].copy()
+    with pytest.raises(ValueError, match="K = 2"):
+        core.binary_reduce(
+            np.zeros((1, 3, 3)), np.zeros((1, 3, 3)), lab, 2, np.array([10.0]), bias
+        )
+    with pytest.raises(TypeError):
+        core.binary_reduce(logq.astype(np.float32), p, lab, 2, np.array([10.0]), bias)
+    bad = p.copy()
+    bad[0, 1, 1] = 1.5
+    with pytest.raises(ValueError, match="p must lie"):
+        core.binary_reduce(logq, bad, lab, 2, np.array([10.0]), bias)
+    with pytest.raises(ValueError, match="method"):
+        core.binary_reduce(logq, p, lab, 2, np.array([10.0]), bias, method="dense")
+
+
+def test_progress_and_stop():
+    rng = np.random.default_rng(12)
+    x = rng.beta(4, 1, 2000)
+    y = (rng.random(2000) < x).astype(np.int64)
+    hs = np.array([1e-3, 1e-2])
+    logq, p, bias = kb.binary_inputs(x, hs)
+    lab = y[None].copy()
+    seen = []
+    args = (logq, p, lab, 2, 1.0 / hs, bias, 2, 100, 1900, 2)
+    with_bar = core.binary_reduce(*args, seen.append, True, "binned")
+    without = core.binary_reduce(*args, None, True, "binned")
+    assert seen and seen[-1] == 2 * 1800 and seen == sorted(seen)
+    for a, b in zip(with_bar[:7], without[:7]):
+        assert np.array_equal(a, b)
+
+    # a watched call (work >= WATCH_MIN_WORK) stops when the callback raises
+    x = rng.beta(4, 1, 20000)
+    hs = np.geomspace(1e-3, 0.1, 12)
+    logq, p, bias = kb.binary_inputs(x, hs)
+
+    def stop(done):
+        raise RuntimeError("stop")
+
+    t0 = time.perf_counter()
+    with pytest.raises(RuntimeError, match="stop"):
+        core.binary_reduce(
+            logq, p, np.zeros((1, 20000), np.int64), 1, 1.0 / hs, bias, 1, 0, 20000, 2, stop
+        )
+    assert time.perf_counter() - t0 < 30
