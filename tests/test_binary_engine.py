@@ -264,8 +264,6 @@ def test_bad_inputs():
         kb.loo_reduce_binary(x, y, 2, [0.1], powers=1, pairs=True, method="window")
     with pytest.raises(ValueError, match="row"):
         kb.loo_reduce_binary(x, y, 2, [0.1], rows=(2, 5), method="binned")
-    with pytest.raises(ValueError, match="residual"):
-        kb.loo_reduce_binary(x, y, 2, [0.1], resid=np.ones(3), method="exact")
     logq, p, bias = kb.binary_inputs(x, [0.1])
     lab = y[None].copy()
     with pytest.raises(ValueError, match="K = 2"):
@@ -311,3 +309,45 @@ def test_progress_and_stop():
             logq, p, np.zeros((1, 20000), np.int64), 1, 1.0 / hs, bias, 1, 0, 20000, 2, stop
         )
     assert time.perf_counter() - t0 < 30
+
+
+# ------------------------------------------------------------------ the dispatch
+def test_loo_reduce_runs_large_binary_problems_on_the_fast_engine(monkeypatch):
+    """n >= BINARY_MIN_N: every accumulator within 1e-8 of the dense loop, m exactly;
+    BINARY_METHOD = "exact" (KDECAL_BINARY_METHOD) keeps the dense loop."""
+    import kdecal
+    from kdecal import _backends
+
+    rng = np.random.default_rng(7)
+    n = _backends.BINARY_MIN_N + 500
+    x = np.concatenate([1.0 - rng.beta(1.0, 30.0, n - 100), rng.uniform(size=100)])
+    X = np.stack([x, rng.uniform(size=n)])
+    Y = (rng.uniform(size=X.shape) < X).astype(np.int64)
+    hs = np.array([2e-4, 1e-2])
+    logq, p, bias = kb.binary_inputs(X, hs)
+    u = np.ascontiguousarray(rng.uniform(size=X.shape))
+    args = (logq, p, Y, 2, np.ascontiguousarray(1.0 / hs), bias)
+    kw = {"powers": 2, "pairs": True, "backend": "cpp", "resid": u}
+    calls = []
+    real = kb.loo_reduce_k2
+    monkeypatch.setattr(kb, "loo_reduce_k2", lambda *a, **k: calls.append(1) or real(*a, **k))
+    fast = _backends.loo_reduce(*args, **kw)
+    assert calls
+    monkeypatch.setattr(_backends, "BINARY_METHOD", "exact")
+    exact = _backends.loo_reduce(*args, **kw)
+    assert len(calls) == 1  # the dense loop ran
+    np.testing.assert_array_equal(fast[0], exact[0])
+    S_top = np.max(exact[1], axis=-1, keepdims=True)
+    for i, (a, b) in enumerate(zip(fast[1:], exact[1:]), start=1):
+        if b.size:  # relative to the row's largest class (a class at 1e-243 of it is 0);
+            # the pair sums D (<= S^2) relative to the largest class sum squared
+            scale = np.max(np.abs(b), axis=-1, keepdims=True) if b.ndim == 4 else np.abs(b)
+            if i == 4:
+                scale = np.maximum(scale, 1e-30 * S_top**2)
+            assert np.all(np.abs(a - b) <= 1e-8 * scale)
+    # and an estimate through the public API
+    P = np.stack([1.0 - x, x], axis=1)
+    v_exact = kdecal.ece_kde(P, Y[0], bandwidth=1e-3, calibration="top_label")
+    monkeypatch.setattr(_backends, "BINARY_METHOD", "auto")
+    v_fast = kdecal.ece_kde(P, Y[0], bandwidth=1e-3, calibration="top_label")
+    assert v_fast == pytest.approx(v_exact, rel=1e-8)

@@ -129,6 +129,7 @@ def _gauss_nw(t, x, v, s):
     return np.sum(k * v) / np.sum(k), np.mean(k)
 
 
+@pytest.mark.filterwarnings("ignore:kdecal.evaluate. the canonical KL")  # K = 5
 def test_sharpness_curves_against_brute_force():
     P, y = _data(n=250, K=5)
     cs = kp.calibration_sharpness_diagram(P, y, n_grid=21, draw=False)
@@ -156,6 +157,7 @@ def test_sharpness_curves_against_brute_force():
     assert cs.total == pytest.approx(ev.brier_score, rel=1e-12)
 
 
+@pytest.mark.filterwarnings("ignore:kdecal.evaluate. the canonical KL")  # K = 5
 def test_sharpness_band_area_is_total_minus_calibration():
     """Chidambaram & Ge 2024, Sec. 6.5: integral of p * rho ~ TOT - CAL; exact for the loss term."""
     P, y = _data(n=2000, K=10, alpha=0.5, temperature=1.3)

@@ -496,12 +496,56 @@ def loo_reduce(
             pairs=pairs,
             resid=resid,
         )
+    if _use_binary_engine(backend, p, powers):
+        from . import _binary
+
+        batched = p.ndim == 3
+        out = _binary.loo_reduce_k2(
+            logq if batched else logq[None],
+            p if batched else p[None],
+            labels if batched else labels[None],
+            n_classes,
+            scale,
+            bias if batched else bias[None],
+            powers=powers,
+            pairs=pairs,
+            rows=(r0, r1),
+            method=BINARY_METHOD,
+            progress=progress,
+            u=None if resid is None else (resid if batched else resid[None]),
+        )
+        return out if batched else tuple(x[0] if x.size else x for x in out)
     kw = {} if resid is None else {"resid": resid}
     with _bar(_show_bar(work, progress), total, "kdecal LOO kernel") as cb:
         out = _call(backend)(
             logq, p, labels, n_classes, scale, bias, powers, r0, r1, progress=cb, pairs=pairs, **kw
         )
     return out
+
+
+#: Binary problems (K = 2: top-label, class-wise, binary inputs) with at least this many
+#: points run on the fast engine of :mod:`kdecal._binary` (the compiled core, float64):
+#: every accumulator within 3e-9 relative of the exact sums (``m`` exactly), in
+#: O(n log n + n W) instead of O(n^2). Below it the exact loop is as fast.
+BINARY_MIN_N = 2048
+
+#: Method of the fast binary engine: "auto" (exact windows or bounded cell sums, whichever
+#: is estimated faster), "window", "binned"; "exact" keeps the dense O(n^2) loop for every
+#: n (validation, reproductions). The environment variable ``KDECAL_BINARY_METHOD`` sets it.
+BINARY_METHOD = os.environ.get("KDECAL_BINARY_METHOD", "auto")
+
+
+def _use_binary_engine(backend: str, p: Any, powers: int) -> bool:
+    """Whether :func:`loo_reduce` runs a problem on the fast binary engine."""
+    return (
+        backend == "cpp"
+        and BINARY_METHOD != "exact"
+        and p.shape[-1] == 2
+        and p.shape[-2] >= BINARY_MIN_N
+        and p.dtype == np.float64
+        and _core is not None
+        and hasattr(_core, "binary_reduce")
+    )
 
 
 def _check_resid(resid: Any, shape: tuple[int, ...], *, on_device: bool = False) -> Any:

@@ -144,8 +144,6 @@ def loo_reduce_binary(
     logq, p, bias = binary_inputs(xa, hs)
     u = None
     if resid is not None:
-        if method == "exact":
-            raise ValueError("the exact engine has no residual sums: use method='window'")
         u = np.ascontiguousarray(
             np.broadcast_to(np.asarray(resid, dtype=np.float64), xa.shape)
         ).reshape(p.shape[:-1])
@@ -196,22 +194,28 @@ def loo_reduce_k2(
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     n = p.shape[-2]
     r0, r1 = (0, n) if rows is None else (int(rows[0]), int(rows[1]))
-    if method == "exact":
-        if u is not None:
-            raise ValueError("the exact engine has no residual sums: use method='window'")
-        return _backends.loo_reduce(
-            logq,
-            p,
-            labels,
-            n_classes,
-            scale,
-            bias,
-            powers=powers,
-            backend="cpp",
-            progress=progress,
-            rows=(r0, r1),
-            pairs=pairs,
-        )
+    if method == "exact":  # the dense loop itself (not loo_reduce, which comes back here)
+        with _backends._bar(
+            _backends._show_bar(float(r1 - r0) * n * len(scale) * p.shape[0], progress),
+            (r1 - r0) * p.shape[0],
+            "kdecal LOO kernel",
+        ) as cb:
+            return tuple(
+                _backends._call("cpp")(
+                    logq,
+                    p,
+                    labels,
+                    n_classes,
+                    scale,
+                    bias,
+                    powers,
+                    r0,
+                    r1,
+                    progress=cb,
+                    pairs=pairs,
+                    resid=u,
+                )
+            )
     core = _require_core()
     B, H = p.shape[0], scale.shape[0]
     if method == "auto":

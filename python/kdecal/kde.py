@@ -707,7 +707,7 @@ def calibration_error(
         probs, labels, divergence, bandwidth, calibration, debias, backend, str(estimator)
     )
     why = _kl_unreliable(calibration, est.problem.dim)
-    if why is not None and (divergence == "kl" or divergence is KL):
+    if why is not None and estimator == "residual" and (divergence == "kl" or divergence is KL):
         warn_user(f"kdecal.calibration_error: {why}", KdecalWarning)
     return _est.calibration_error(
         est, gen, "refinement" if estimator == "refinement" else "direct"
@@ -1007,21 +1007,17 @@ def _kl_notes(est: CalibrationEstimate, cal_loss: float | None) -> list[str]:
     why = _kl_unreliable(est.calibration, est.n_classes)
     if why is not None:
         notes.append(why[0].upper() + why[1:] + ".")
-        warn_user(f"kdecal.evaluate: {why}", KdecalWarning)
-    if cal_loss is not None and est.calibration == "canonical":
-        ce_kl = float(est.value("ce_kl"))
-        relation = (
-            "below it, so the kernel estimate is too low"
-            if ce_kl < cal_loss
-            else "above it, as it should be: a recalibration map fitted to the data "
-            "removes part of the KL calibration error, E[y | f] removes all of it"
-        )
+        if est.estimator == "residual":  # the plug-in is for reproductions: no warning
+            warn_user(f"kdecal.evaluate: {why}", KdecalWarning)
+    ce_kl = float(est.value("ce_kl"))
+    if cal_loss is not None and est.calibration == "canonical" and ce_kl < cal_loss:
         notes.append(
-            f"ce_kl ({ce_kl:.4g} nats) and calibration_loss ({cal_loss:.4g} nats) measure "
-            "the same thing in two ways: the log loss that the true recalibration "
-            "E[y | f] would remove, and the part of it that a cross-validated affine "
-            f"recalibration does remove; the first bounds the second from above. ce_kl is "
-            f"{relation}."
+            f"ce_kl ({ce_kl:.4g} nats) is below calibration_loss ({cal_loss:.4g} nats), "
+            "which it should bound from above: the KL calibration error is the log loss "
+            "that the true recalibration E[y | f] removes, the calibration loss the part "
+            "that a cross-validated affine recalibration removes. The kernel estimate is "
+            "too low here (too wide a kernel for these predictions); the calibration "
+            "loss is the safer figure."
         )
     return notes
 
