@@ -473,3 +473,70 @@ def test_every_simd_path_agrees():
                 np.testing.assert_allclose(
                     got, want, rtol=rtol, atol=rtol * want.max(), err_msg=f"{isa} {key} [{k}]"
                 )
+
+
+# ------------------------------------------------------------------- kernel_weights
+
+
+@needs_core
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize(
+    ("n", "K", "h"), [(1, 3, 0.1), (2, 2, 0.5), (300, 3, 0.05), (700, 10, 0.01)]
+)
+def test_kernel_weights_match_brute_force(dtype, n, K, h):
+    """The weights of the multi-label pass itself: exp(L_ij - m_j), 0 on the diagonal
+    and below exp(-64), the centres in the returned order (a permutation)."""
+    logq, p, bias, labels, _ = _problem(n, K, 2, 1, h, dtype=dtype, alpha=0.3)
+    scale = 1.0 / h
+    L = _log_kernel(logq, p, bias, scale)
+    m = L.max(axis=1) if n > 1 else np.array([-np.inf])
+    W, order = core.kernel_weights(logq, p, m, scale, bias, 0, 0, 2, None)
+    assert W.shape == (n, n) and order.dtype == np.int64
+    np.testing.assert_array_equal(np.sort(order), np.arange(n))
+    if n == 1:  # no centre: m = -inf, no term
+        want = np.zeros((1, 1))
+    else:
+        X = L - m[:, None]
+        want = np.where(X >= -DROP, np.exp(np.where(X >= -DROP, X, 0.0)), 0.0)
+    got = W[:, np.argsort(order)]  # back to the original centre order
+    # float32 K-dots: the log-kernel is off by ~1e-7 |scale * dot| in the exponent
+    rtol = 1e-12 if dtype == np.float64 else 3e-3
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=1e-300)
+    assert np.all(np.diag(got) == 0.0)
+    # the weights are the terms that loo_reduce_multi sums
+    S, _ = core.loo_reduce_multi(logq, p, m, labels, 2, scale, bias, None, 1, 0, 0, 2)
+    lab = labels[0][order]
+    for c in range(2):
+        np.testing.assert_allclose(S[0, :, c], W[:, lab == c].sum(axis=1), rtol=1e-12, atol=1e-300)
+
+
+@needs_core
+def test_kernel_weights_rows_and_threads():
+    """A row range is those rows of the full matrix, for any thread count, bitwise."""
+    logq, p, bias, _, _ = _problem(1200, 4, 2, 1, 0.05)
+    m = _row_max(logq, p, bias, 20.0)
+    full, order = core.kernel_weights(logq, p, m, 20.0, bias, 0, 0, 1, None)
+    for nt in (1, 2, 3):
+        part, o2 = core.kernel_weights(logq, p, m, 20.0, bias, 333, 1111, nt, None)
+        np.testing.assert_array_equal(part, full[333:1111])
+        np.testing.assert_array_equal(o2, order)
+    empty, _ = _backends.kernel_weights(logq, p, m, 20.0, bias, 5, 5)
+    assert empty.shape == (0, 1200)
+
+
+@needs_core
+def test_kernel_weights_errors():
+    logq, p, bias, _, _ = _problem(30, 3, 2, 1, 0.1)
+    m = _row_max(logq, p, bias, 10.0)
+    with pytest.raises(ValueError, match="scale"):
+        core.kernel_weights(logq, p, m, -1.0, bias, 0, 0, 1, None)
+    with pytest.raises(ValueError, match=r"m\[4\] = nan"):
+        bad = m.copy()
+        bad[4] = np.nan
+        core.kernel_weights(logq, p, bad, 10.0, bias, 0, 0, 1, None)
+    with pytest.raises(ValueError, match="row_stop"):
+        core.kernel_weights(logq, p, m, 10.0, bias, 0, 31, 1, None)
+    with pytest.raises(ValueError, match="bias must have shape"):
+        core.kernel_weights(logq, p, m, 10.0, bias[:5], 0, 0, 1, None)
+    with pytest.raises(TypeError):
+        core.kernel_weights(logq, p.astype(np.float32), m, 10.0, bias, 0, 0, 1, None)

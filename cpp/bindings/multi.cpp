@@ -107,6 +107,54 @@ py::tuple loo_reduce_multi_py(const carray<Real>& logq, const carray<Real>& p,
     return py::make_tuple(S, Q);
 }
 
+template <class Real>
+py::tuple kernel_weights_py(const carray<Real>& logq, const carray<Real>& p,
+                            const carray<double>& m, double scale, const carray<double>& bias,
+                            std::int64_t row_start, std::int64_t row_stop, int n_threads,
+                            const py::object& progress) {
+    if (p.ndim() != 2) throw std::invalid_argument("p must have shape (n, K), got " + shape_str(p));
+    const std::int64_t n = p.shape(0), K = p.shape(1);
+    if (logq.ndim() != 2 || logq.shape(0) != n || logq.shape(1) != K)
+        throw std::invalid_argument("logq must have the shape of p (" + std::to_string(n) +
+                                    ", " + std::to_string(K) + "), got " + shape_str(logq));
+    if (m.ndim() != 1 || m.shape(0) != n)
+        throw std::invalid_argument("m must have shape (n,) = (" + std::to_string(n) +
+                                    ",), got " + shape_str(m));
+    if (bias.ndim() != 1 || bias.shape(0) != n)
+        throw std::invalid_argument("bias must have shape (n,) = (" + std::to_string(n) +
+                                    ",), got " + shape_str(bias));
+    if (row_stop == 0) row_stop = n;
+    if (row_start < 0 || row_stop < row_start || row_stop > n)
+        throw std::invalid_argument("need 0 <= row_start <= row_stop <= n (row_stop = 0: n), "
+                                    "got row_start = " + std::to_string(row_start) +
+                                    ", row_stop = " + std::to_string(row_stop) +
+                                    ", n = " + std::to_string(n));
+    const auto Rs = static_cast<py::ssize_t>(row_stop - row_start),
+               Ns = static_cast<py::ssize_t>(n);
+    py::array_t<double> W({Rs, Ns});
+    py::array_t<std::int64_t> order(Ns);
+    kdecal::MultiProblem<Real> prob;
+    prob.logq = logq.data();
+    prob.p = p.data();
+    prob.n = n;
+    prob.K = K;
+    prob.scale = scale;
+    prob.bias = bias.data();
+    prob.m = m.data();
+    prob.B = 0;
+    prob.row_start = row_start;
+    prob.row_stop = row_stop;
+    double* pW = W.mutable_data();
+    std::int64_t* po = order.mutable_data();
+    auto work = [&](kdecal::Control* control) {
+        kdecal::kernel_weights(prob, pW, po, n_threads, control);
+    };
+    kdecal_bind::run_watched(work, progress,
+                             static_cast<double>(row_stop - row_start) * static_cast<double>(n) *
+                                 (static_cast<double>(K) + 2.0));
+    return py::make_tuple(W, order);
+}
+
 }  // namespace
 
 void bind_multi(py::module_& m) {
@@ -140,4 +188,22 @@ stops the computation within about one group of rows per thread and propagates.
           py::arg("weights").noconvert().none(true), py::arg("powers") = 1,
           py::arg("row_start") = 0, py::arg("row_stop") = 0, py::arg("n_threads") = 0,
           py::arg("progress") = py::none(), py::arg("resid").noconvert() = py::none(), doc);
+    const char* wdoc = R"doc(
+The leave-one-out kernel weights of loo_reduce_multi, for dense products.
+
+Returns (W, order): W of shape (R, n) float64, R = row_stop - row_start (row_stop = 0:
+n), with W[r, s] = w_{j, order[s]} = exp(L_{j,order[s]} - m[j]) for query j =
+row_start + r, exactly the weights loo_reduce_multi sums (0 on the diagonal and for
+terms with L_ij - m[j] < -64), and order (n,) int64, the engine's order of the centres
+(a permutation of 0..n-1). Arrays as loo_reduce_multi (no hidden copies). Releases the
+GIL; progress and Ctrl-C as loo_reduce_multi.
+)doc";
+    m.def("kernel_weights", &kernel_weights_py<double>, py::arg("logq").noconvert(),
+          py::arg("p").noconvert(), py::arg("m").noconvert(), py::arg("scale"),
+          py::arg("bias").noconvert(), py::arg("row_start") = 0, py::arg("row_stop") = 0,
+          py::arg("n_threads") = 0, py::arg("progress") = py::none(), wdoc);
+    m.def("kernel_weights", &kernel_weights_py<float>, py::arg("logq").noconvert(),
+          py::arg("p").noconvert(), py::arg("m").noconvert(), py::arg("scale"),
+          py::arg("bias").noconvert(), py::arg("row_start") = 0, py::arg("row_stop") = 0,
+          py::arg("n_threads") = 0, py::arg("progress") = py::none(), wdoc);
 }

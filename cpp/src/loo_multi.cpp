@@ -70,7 +70,8 @@ void dispatch(const detail::MultiPrepared<Real>& mp, double* scratch, i64 per_th
 
 template <class Real>
 bool multi_impl(const MultiProblem<Real>& prob, double* S, double* Q, int n_threads,
-                Control* control, double* U) {
+                Control* control, double* U, double* Wout = nullptr,
+                std::int64_t* order_out = nullptr) {
     const i64 n = prob.n, K = prob.K, B = prob.B, C = prob.C;
     check(n >= 1, "n must be >= 1, got " + std::to_string(n));
     check(K >= 1, "K must be >= 1, got " + std::to_string(K));
@@ -86,7 +87,8 @@ bool multi_impl(const MultiProblem<Real>& prob, double* S, double* Q, int n_thre
               ", n = " + std::to_string(n));
     check(prob.logq && prob.p && prob.bias && prob.m && (prob.labels || B == 0),
           "null input pointer");
-    check(S && (prob.powers < 2 || Q), "null output pointer (S, or Q with powers == 2)");
+    check(Wout ? (order_out != nullptr) : (S && (prob.powers < 2 || Q)),
+          "null output pointer (S, or Q with powers == 2; W and order)");
     check((prob.u == nullptr) == (U == nullptr),
           "the residual sums need both u (resid) and the output U, or neither");
     check(B * detail::kColBlock <= static_cast<i64>(std::numeric_limits<std::uint32_t>::max()),
@@ -124,7 +126,7 @@ bool multi_impl(const MultiProblem<Real>& prob, double* S, double* Q, int n_thre
                                      "] = " + num(v) + " must be finite");
             }
     const i64 R = prob.row_stop - prob.row_start;
-    if (R == 0 || B == 0) {
+    if (R == 0 || (B == 0 && !Wout)) {
         detail::add_rows(control, R);  // nothing to compute
         return !detail::cancelled(control);
     }
@@ -137,6 +139,8 @@ bool multi_impl(const MultiProblem<Real>& prob, double* S, double* Q, int n_thre
     for (i64 i = 0; i < n; ++i) ident[i] = i;
     const std::vector<i64> perm = detail::prediction_order(prob.p, K, nullptr, 1, ident.data(),
                                                            n, nt);
+    if (order_out)
+        for (i64 s = 0; s < n; ++s) order_out[s] = perm[s];
     std::vector<i64> cinv(static_cast<std::size_t>(n));
     for (i64 s = 0; s < n; ++s) cinv[perm[s]] = s;
     const std::vector<i64> rows = detail::prediction_order(
@@ -169,7 +173,8 @@ bool multi_impl(const MultiProblem<Real>& prob, double* S, double* Q, int n_thre
     // C = 10, T = 16..32 for C >= 100; the panel's weights, 16 KiB per tile and power,
     // then live in L2.)
     // The entries of a panel (at most T kColBlock B) are counted in 32 bits.
-    const i64 T_fit = static_cast<i64>(std::numeric_limits<std::uint32_t>::max()) / (B * BC);
+    const i64 T_fit =
+        static_cast<i64>(std::numeric_limits<std::uint32_t>::max()) / (std::max<i64>(B, 1) * BC);
     const i64 T_max = std::min<i64>(prob.powers >= 2 || prob.u ? 16 : 32, T_fit);
     const i64 T = std::max<i64>(1, std::min<i64>((C + 1) / 2, T_max));
     const i64 PC = T * BC;
@@ -248,7 +253,7 @@ bool multi_impl(const MultiProblem<Real>& prob, double* S, double* Q, int n_thre
                                          u ? uval.data() : nullptr,
                                          n, n_pad, K, B, C, T, prob.scale, prob.powers,
                                          prob.row_start, R, S, prob.powers >= 2 ? Q : nullptr,
-                                         control, u ? U : nullptr};
+                                         control, u ? U : nullptr, Wout};
     if (detail::cancelled(control)) return false;  // (laying out the labels takes a while)
     dispatch(mp, scratch, per_thread, nt);
     return !detail::cancelled(control);
@@ -264,6 +269,36 @@ bool loo_reduce_multi(const MultiProblem<double>& prob, double* S, double* Q, in
 bool loo_reduce_multi(const MultiProblem<float>& prob, double* S, double* Q, int n_threads,
                       Control* control, double* U) {
     return multi_impl(prob, S, Q, n_threads, control, U);
+}
+
+namespace {
+template <class Real>
+bool weights_impl(const MultiProblem<Real>& prob, double* W, std::int64_t* order, int n_threads,
+                  Control* control) {
+    MultiProblem<Real> bare = prob;  // no label sets: the weights only
+    bare.labels = nullptr;
+    bare.weights = nullptr;
+    bare.u = nullptr;
+    bare.B = 0;
+    bare.C = 1;
+    bare.powers = 1;
+    check(W != nullptr && order != nullptr, "null output pointer (W, order)");
+    // a small block is not worth waking the other threads (callers ask for many)
+    const double pairs = static_cast<double>(prob.row_stop - prob.row_start) *
+                         static_cast<double>(prob.n);
+    if (pairs < 1048576.0) n_threads = 1;
+    return multi_impl(bare, nullptr, nullptr, n_threads, control, nullptr, W, order);
+}
+}  // namespace
+
+bool kernel_weights(const MultiProblem<double>& prob, double* W, std::int64_t* order,
+                    int n_threads, Control* control) {
+    return weights_impl(prob, W, order, n_threads, control);
+}
+
+bool kernel_weights(const MultiProblem<float>& prob, double* W, std::int64_t* order,
+                    int n_threads, Control* control) {
+    return weights_impl(prob, W, order, n_threads, control);
 }
 
 }  // namespace kdecal

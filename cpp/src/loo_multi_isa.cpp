@@ -14,6 +14,9 @@
 // weights and weight * u, over all the entries of label set b (its classes' segments are
 // consecutive), into the group's (b) accumulators.
 //
+// With an output W (kernel_weights), the tiles' weights are written out instead, in the
+// centres' sorted order, and nothing is summed.
+//
 // Every row is computed in its own vector lane with the same operations in the same
 // order, whatever the other rows of its group are (a tile skipped for the group has
 // only zero terms in every row, and adding +0 changes nothing), so results depend
@@ -208,6 +211,13 @@ void run_group(const MultiPrepared<Real>& mp, i64 q0, double* scratch) noexcept 
                 }
                 if (diag[r] >= cb && diag[r] < cb + bc) w[diag[r] - cb] = 0.0;
                 any_row = any_row || mx >= -kDrop;
+            }
+            if (mp.W != nullptr) {  // kernel_weights: the tile's weights, row by row
+                const i64 ncol = (n - cb) < kColBlock ? (n - cb) : kColBlock;
+                for (i64 r = 0; r < nr; ++r)
+                    std::memcpy(mp.W + (mp.rows[q0 + r] - mp.row_start) * n + cb,
+                                wr + r * kColBlock, static_cast<std::size_t>(ncol) * sizeof(double));
+                continue;
             }
             if (!any_row) {  // every term of the tile is dropped for the whole group
                 for (i64 x = 0; x < bc * RB; ++x) wTt[x] = 0.0;

@@ -52,6 +52,8 @@ struct MultiPrepared {
     double* Q;                    // (B, R, C) or null
     Control* control;             // progress and cancellation, or null
     double* U;                    // (B, R) or null (with uval)
+    double* W;                    // (R, n) kernel weights of the rows, centres in sorted
+                                  // order (kernel_weights), or null: the sums above
 };
 
 /// Doubles of scratch one thread needs (without the 64-byte alignment slack).

@@ -535,6 +535,41 @@ BINARY_MIN_N = 2048
 BINARY_METHOD = os.environ.get("KDECAL_BINARY_METHOD", "auto")
 
 
+def kernel_weights(
+    logq: np.ndarray,
+    p: np.ndarray,
+    m: np.ndarray,
+    scale: float,
+    bias: np.ndarray,
+    row_start: int,
+    row_stop: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Return the leave-one-out kernel weights of query rows ``[row_start, row_stop)`` (cpp).
+
+    Returns ``W`` of shape ``(row_stop - row_start, n)`` float64 and ``order`` (n,)
+    int64 with ``W[r, s] = w_{j, order[s]}`` for ``j = row_start + r``: exactly the
+    weights that :func:`loo_reduce_multi` sums (0 on the diagonal and for dropped
+    terms), the centres in the engine's order, so that products with many value
+    vectors are dense GEMMs (``W @ M[order]``).  The arguments are those of
+    :func:`loo_reduce_multi` (checked by the compiled core).
+
+    Raises
+    ------
+    RuntimeError
+        Without the compiled core.
+    ValueError, TypeError
+        As :func:`loo_reduce_multi`.
+    """
+    if _core is None or not hasattr(_core, "kernel_weights"):
+        raise RuntimeError("kernel_weights needs kdecal's compiled core")
+    if row_stop <= row_start:
+        return np.zeros((0, p.shape[0])), np.arange(p.shape[0], dtype=np.int64)
+    W, order = _core.kernel_weights(
+        logq, p, m, float(scale), bias, int(row_start), int(row_stop), _num_threads, None
+    )
+    return W, order
+
+
 def _use_binary_engine(backend: str, p: Any, powers: int) -> bool:
     """Whether :func:`loo_reduce` runs a problem on the fast binary engine."""
     return (

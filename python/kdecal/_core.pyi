@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['WATCH_MIN_WORK', 'binary_reduce', 'debias', 'has_openmp', 'kernel_bias', 'loo_grad', 'loo_reduce', 'loo_reduce_multi', 'max_threads', 'simd_path']
+__all__: list[str] = ['WATCH_MIN_WORK', 'binary_reduce', 'debias', 'has_openmp', 'kernel_bias', 'kernel_weights', 'loo_grad', 'loo_reduce', 'loo_reduce_multi', 'max_threads', 'simd_path']
 def binary_reduce(logq: numpy.typing.NDArray[numpy.float64], p: numpy.typing.NDArray[numpy.float64], labels: numpy.typing.NDArray[numpy.int64], n_classes: typing.SupportsInt | typing.SupportsIndex, scale: numpy.typing.NDArray[numpy.float64], bias: numpy.typing.NDArray[numpy.float64], powers: typing.SupportsInt | typing.SupportsIndex = 1, row_start: typing.SupportsInt | typing.SupportsIndex = 0, row_stop: typing.SupportsInt | typing.SupportsIndex = 0, n_threads: typing.SupportsInt | typing.SupportsIndex = 0, progress: typing.Callable[[int], object] | None = None, pairs: bool = False, method: str = 'binned', residuals: bool = False, u: numpy.typing.NDArray[numpy.float64] | None = None, cell_width: typing.SupportsFloat | typing.SupportsIndex = 0.8) -> tuple[numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], dict[str, int]]:
     """
     Fast leave-one-out sums of binary (K = 2) problems: the accumulators of loo_reduce.
@@ -49,6 +49,30 @@ def kernel_bias(p: numpy.typing.NDArray[numpy.float64], scale: typing.SupportsFl
     within 26 ulp of max(1, |lgamma|) below 8. The same bits for any n_threads (<= 0: the
     OpenMP default). Releases the GIL. Raises ValueError for a bad scale or a p value
     outside [0, 1] (naming the first one).
+    """
+@typing.overload
+def kernel_weights(logq: numpy.typing.NDArray[numpy.float64], p: numpy.typing.NDArray[numpy.float64], m: numpy.typing.NDArray[numpy.float64], scale: typing.SupportsFloat | typing.SupportsIndex, bias: numpy.typing.NDArray[numpy.float64], row_start: typing.SupportsInt | typing.SupportsIndex = 0, row_stop: typing.SupportsInt | typing.SupportsIndex = 0, n_threads: typing.SupportsInt | typing.SupportsIndex = 0, progress: typing.Callable[[int], object] | None = None) -> tuple[numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.int64]]:
+    """
+    The leave-one-out kernel weights of loo_reduce_multi, for dense products.
+
+    Returns (W, order): W of shape (R, n) float64, R = row_stop - row_start (row_stop = 0:
+    n), with W[r, s] = w_{j, order[s]} = exp(L_{j,order[s]} - m[j]) for query j =
+    row_start + r, exactly the weights loo_reduce_multi sums (0 on the diagonal and for
+    terms with L_ij - m[j] < -64), and order (n,) int64, the engine's order of the centres
+    (a permutation of 0..n-1). Arrays as loo_reduce_multi (no hidden copies). Releases the
+    GIL; progress and Ctrl-C as loo_reduce_multi.
+    """
+@typing.overload
+def kernel_weights(logq: numpy.typing.NDArray[numpy.float32], p: numpy.typing.NDArray[numpy.float32], m: numpy.typing.NDArray[numpy.float64], scale: typing.SupportsFloat | typing.SupportsIndex, bias: numpy.typing.NDArray[numpy.float64], row_start: typing.SupportsInt | typing.SupportsIndex = 0, row_stop: typing.SupportsInt | typing.SupportsIndex = 0, n_threads: typing.SupportsInt | typing.SupportsIndex = 0, progress: typing.Callable[[int], object] | None = None) -> tuple[numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.int64]]:
+    """
+    The leave-one-out kernel weights of loo_reduce_multi, for dense products.
+
+    Returns (W, order): W of shape (R, n) float64, R = row_stop - row_start (row_stop = 0:
+    n), with W[r, s] = w_{j, order[s]} = exp(L_{j,order[s]} - m[j]) for query j =
+    row_start + r, exactly the weights loo_reduce_multi sums (0 on the diagonal and for
+    terms with L_ij - m[j] < -64), and order (n,) int64, the engine's order of the centres
+    (a permutation of 0..n-1). Arrays as loo_reduce_multi (no hidden copies). Releases the
+    GIL; progress and Ctrl-C as loo_reduce_multi.
     """
 @typing.overload
 def loo_grad(logq: numpy.typing.NDArray[numpy.float64], p: numpy.typing.NDArray[numpy.float64], labels: numpy.typing.NDArray[numpy.int64], n_classes: typing.SupportsInt | typing.SupportsIndex, scale: typing.SupportsFloat | typing.SupportsIndex, bias: numpy.typing.NDArray[numpy.float64], lse: numpy.typing.NDArray[numpy.float64], coef: numpy.typing.NDArray[numpy.float64], n_threads: typing.SupportsInt | typing.SupportsIndex = 0, progress: typing.Callable[[int], object] | None = None) -> tuple[numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64]]:

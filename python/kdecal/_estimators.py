@@ -839,24 +839,53 @@ def residual_estimate(
       :data:`RESIDUAL_DEGENERATE` of ``S0^2`` (one effective neighbour) use ``||g_j||^2``
       and are counted in ``n_degenerate``.
     """
-    S0 = S.sum(axis=-1, keepdims=True)
-    R = S - A
-    g = R / S0
+    S0 = S.sum(axis=-1)
+    den = None
+    if debias == "ustat":
+        assert Q is not None
+        # sum over ordered pairs of distinct centres: within a class (D), across classes;
+        # without D (the resampling passes), S0^2 - Q0, which cancels only in rows that
+        # the threshold of residual_from_sums treats as degenerate anyway
+        if D is None:
+            den = S0**2 - np.sum(Q, axis=-1)
+        else:
+            den = np.sum(D, axis=-1) + np.sum(S * (S0[..., None] - S), axis=-1)
+    return residual_from_sums(
+        problem, bandwidth, debias, m, S0, S - A, den, U, warn=warn, S=S, Q=Q, A=A, stacklevel=5
+    )
+
+
+def residual_from_sums(
+    problem: Problem,
+    bandwidth: float,
+    debias: str,
+    m: np.ndarray | None,
+    S0: np.ndarray,
+    R: np.ndarray,
+    den: np.ndarray | None,
+    U: np.ndarray | None,
+    *,
+    warn: bool = True,
+    S: np.ndarray | None = None,
+    Q: np.ndarray | None = None,
+    A: np.ndarray | None = None,
+    stacklevel: int = 4,
+) -> Estimate:
+    """Form the residual-centred estimate from its sums (see :func:`residual_estimate`).
+
+    ``S0`` (B, n): ``sum_i w_ij``; ``R`` (B, n, D): ``sum_i w_ij r_i``; ``den`` (B, n):
+    the pair sum ``sum_{i != k} w_ij w_kj`` (``debias="ustat"``, else None); ``U`` (B,
+    n): ``sum_i w_ij^2 ||r_i||^2`` (``"ustat"``).  ``S``, ``Q``, ``A`` are only stored.
+    """
+    g = R / S0[..., None]
     E = problem.p + g
     sqerr = None
     n_deg = 0
     if debias == "ustat":
-        assert Q is not None and U is not None
+        assert den is not None and U is not None
         c = problem.coords
         num = np.sum(R[..., c] ** 2, axis=-1) - U
-        # sum over ordered pairs of distinct centres: within a class (D), across classes;
-        # without D (the resampling passes), S0^2 - Q0, which cancels only in rows that
-        # the threshold below treats as degenerate anyway
-        if D is None:
-            den = S0[..., 0] ** 2 - np.sum(Q, axis=-1)
-        else:
-            den = np.sum(D, axis=-1) + np.sum(S * (S0 - S), axis=-1)
-        ok = den > RESIDUAL_DEGENERATE * S0[..., 0] ** 2
+        ok = den > RESIDUAL_DEGENERATE * S0**2
         plain = np.sum(g[..., c] ** 2, axis=-1)
         with np.errstate(divide="ignore", invalid="ignore"):
             sqerr = np.where(ok, num / np.where(ok, den, 1.0), plain)
@@ -867,7 +896,7 @@ def residual_estimate(
                 f"bandwidth {bandwidth:g}; their plain squared residual was used. A "
                 "larger bandwidth avoids this.",
                 KdecalWarning,
-                stacklevel=4,
+                stacklevel=stacklevel,
             )
     elif debias == "ratio":
         raise ValueError("debias='ratio' applies to estimator='plugin' only")

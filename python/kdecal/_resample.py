@@ -113,6 +113,7 @@ def replicates(
     labels: np.ndarray,
     weights: np.ndarray | None,
     backend: str,
+    squares: bool = True,
 ) -> Iterator[_est.Estimate]:
     """Recompute the estimate for each label set (and centre multiplicities).
 
@@ -124,6 +125,10 @@ def replicates(
         Problem labels of each of R replicates (B problems of the notion).
     weights : ndarray, shape (R, n), float64, or None
         Row multiplicities of each replicate (None: all 1).
+    squares : bool, default True
+        Whether the quantities asked need the residual estimate's U-statistic of the
+        squares (``sqerr``); without it, its replicates skip the squared sums and hold
+        ``debias="none"`` (their ``E`` is the same).
 
     Yields
     ------
@@ -138,6 +143,9 @@ def replicates(
     problem = est.problem
     if est.m is None:
         raise ValueError("this estimate holds no engine accumulators to resample")
+    if est.estimator == "residual" and _dense_backend(backend):
+        yield from _residual_replicates(est, labels, weights, backend, squares)
+        return
     R, B, n = labels.shape
     C = problem.dim
     powers = 2 if est.debias == "ustat" else 1
@@ -285,3 +293,167 @@ def _residual_sums(
             if with_u:
                 U[k, b] = Q[k * per + per - 1, :, 0]  # type: ignore[index]
     return A, U
+
+
+def _dense_backend(backend: str) -> bool:
+    """Whether the residual replicates run as dense products (the compiled core)."""
+    return (
+        _backends.resolve_backend(backend) == "cpp"
+        and _backends._core is not None
+        and hasattr(_backends._core, "kernel_weights")
+    )
+
+
+def _residual_replicates(
+    est: _est.Estimate,
+    labels: np.ndarray,
+    weights: np.ndarray | None,
+    backend: str,
+    squares: bool = True,
+) -> Iterator[_est.Estimate]:
+    """:func:`replicates` of a residual estimate, as dense products with the kernel.
+
+    Every replicate ``k`` of the residual estimator needs, per problem and query row
+    ``j``, ``S0 = sum_i v_i w_ij``, ``R = sum_i v_i w_ij r_i`` (``r_i = y*_i - f_i``, D
+    values), and with ``debias="ustat"`` ``Q0 = sum_i v_i^2 w_ij^2`` and ``U = sum_i
+    v_i^2 w_ij^2 ||r_i||^2``: ``D + 1`` products with the kernel weights ``W`` and 2 with
+    ``W^2`` per bootstrap replicate (multiplicities ``v``); ``D`` and 1 per consistency
+    replicate (``v = 1``: ``S0`` and ``Q0`` are the estimate's).  The weights come a
+    block of query rows at a time from the compiled core (:func:`_backends.kernel_weights`,
+    the terms of the multi-label pass), and the products of all the replicates of a chunk
+    are one BLAS GEMM per block: ``n^2 (D + 3)`` multiply-adds per replicate at the
+    machine's GEMM rate, where the multi-label pass needs one label set per class and
+    value.  Memory: ``O(chunk x n (D + 3))`` within :data:`_CHUNK_BYTES`, plus a block of
+    at least 16 rows of weights.
+    """
+    problem = est.problem
+    R, B, n = labels.shape
+    D = problem.dim
+    ustat = est.debias == "ustat" and squares
+    debias = est.debias if ustat else "none"
+    boot = weights is not None
+    h = est.bandwidth
+    coords = problem.coords
+    m_all = est.m
+    assert m_all is not None and est.S is not None
+    logq_all, pk_all = _est.kernel_points(problem)
+    bias_all = _est.kernel_bias(problem, h)
+    ncol1 = D + 1 if boot else D
+    ncol2 = (2 if boot else 1) if ustat else 0
+    if not boot:  # S0 and Q0 do not change with the labels
+        S0_est = est.S.sum(axis=-1)
+        Q0_est = est.Q.sum(axis=-1) if ustat and est.Q is not None else None
+        if ustat and Q0_est is None:  # pragma: no cover - the estimate holds Q with ustat
+            raise ValueError("this estimate holds no squared kernel sums to resample")
+    per = 8.0 * n * B * (ncol1 + ncol2)  # the chunk's results
+    chunk = int(max(1, min(R, _CHUNK_BYTES // per)))
+    # query rows per block of weights (squared in place for the second product); at
+    # least 16 (O(n) memory), so that the products stay matrix products
+    rows = int(min(n, max(16, _CHUNK_BYTES // (2 * 8.0 * n))))
+    show = _backends._show_bar(float(R) * B * n * n * (ncol1 + ncol2) / 4.0, None)
+    total = -(-R // chunk) * B * n
+    scale = 1.0 / h
+    with _backends._bar(show, total, "kdecal LOO resampling") as cb:
+        done = 0
+        for r0 in range(0, R, chunk):
+            r1 = min(R, r0 + chunk)
+            c = r1 - r0
+            S0 = np.empty((c, B, n)) if boot else None
+            N = np.empty((c, B, n, D))
+            Q0 = np.empty((c, B, n)) if boot and ustat else None
+            U = np.empty((c, B, n)) if ustat else None
+            v = None if weights is None else np.asarray(weights[r0:r1], dtype=np.float64)
+            for b in range(B):
+                logq = np.ascontiguousarray(logq_all[b])
+                pk = np.ascontiguousarray(pk_all[b])
+                m = np.ascontiguousarray(m_all[b], dtype=np.float64)
+                bias = np.ascontiguousarray(bias_all[b])
+                M1 = M2 = None
+                for j0 in range(0, n, rows):
+                    j1 = min(n, j0 + rows)
+                    W, order = _backends.kernel_weights(logq, pk, m, scale, bias, j0, j1)
+                    if M1 is None:  # the chunk's value columns, in the weights' order
+                        M1, M2 = _value_columns(
+                            problem.p[b], labels[r0:r1, b], v, coords, order, ustat
+                        )
+                    out = (W @ M1).reshape(j1 - j0, c, ncol1)
+                    if boot:
+                        assert S0 is not None
+                        S0[:, b, j0:j1] = out[:, :, 0].T
+                    N[:, b, j0:j1] = out[:, :, ncol1 - D :].transpose(1, 0, 2)
+                    if ustat:
+                        assert M2 is not None and U is not None
+                        np.multiply(W, W, out=W)
+                        out2 = (W @ M2).reshape(j1 - j0, c, ncol2)
+                        if boot:
+                            assert Q0 is not None
+                            Q0[:, b, j0:j1] = out2[:, :, 0].T
+                        U[:, b, j0:j1] = out2[:, :, ncol2 - 1].T
+                    del W
+                    done += j1 - j0
+                    if cb is not None:
+                        cb(done)
+            for k in range(c):
+                s0 = S0[k] if S0 is not None else S0_est
+                nk = N[k]
+                den = uk = None
+                if ustat:
+                    assert U is not None
+                    q0 = Q0[k] if Q0 is not None else Q0_est
+                    den, uk = s0**2 - q0, U[k]
+                rw = None if weights is None else weights[r0 + k]
+                # A bootstrap sample can hold no centre with a non-negligible weight for
+                # some query row (all its neighbours drawn 0 times): the estimator is
+                # undefined there, so the row leaves that replicate's mean.
+                empty = np.any(s0 <= 0.0, axis=0)
+                if np.any(empty):
+                    s0 = np.where(empty[None], 1.0, s0)
+                    nk = np.where(empty[None, :, None], 0.0, nk)
+                    if den is not None and uk is not None:
+                        den = np.where(empty[None], 1.0, den)
+                        uk = np.where(empty[None], 0.0, uk)
+                    rw = np.where(empty, 0.0, rw if rw is not None else 1.0)
+                prob = replace(problem, labels=np.ascontiguousarray(labels[r0 + k]))
+                rep = _est.residual_from_sums(prob, h, debias, est.m, s0, nk, den, uk, warn=False)
+                yield replace(rep, row_weights=rw)
+
+
+def _value_columns(
+    p: np.ndarray,
+    labels: np.ndarray,
+    v: np.ndarray | None,
+    coords: slice,
+    order: np.ndarray,
+    ustat: bool,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Build the value columns of c replicates of one problem, rows in ``order``.
+
+    With multiplicities ``v`` (c, n): ``M1[i, k] = (v_ki, v_ki r_ki)`` (n, c (D + 1))
+    and ``M2[i, k] = (v_ki^2, v_ki^2 ||r_ki||^2)`` (n, 2 c); without: ``M1[i, k] =
+    r_ki`` (n, c D) and ``M2[i, k] = ||r_ki||^2`` (n, c); ``r_ki = onehot(labels[k, i])
+    - p_i``, the norm over ``coords``; ``M2`` only with ``ustat``.
+    """
+    lab = labels[:, order].T  # (n, c)
+    n, c = lab.shape
+    D = p.shape[-1]
+    off = 0 if v is None else 1  # the column of v
+    M1 = np.empty((n, c, D + off))
+    r = M1[:, :, off:]  # built in place: r = onehot(label) - p
+    r[...] = -np.asarray(p, dtype=np.float64)[order][:, None, :]
+    np.add.at(r, (np.arange(n)[:, None], np.arange(c)[None, :], lab), 1.0)
+    u = np.sum(r[..., coords] ** 2, axis=-1) if ustat else None  # (n, c)
+    M2 = None
+    if v is None:
+        if u is not None:
+            M2 = u
+        return M1.reshape(n, c * D), M2
+    vo = np.ascontiguousarray(v[:, order].T)  # (n, c)
+    r *= vo[:, :, None]
+    M1[:, :, 0] = vo
+    if u is not None:
+        vo *= vo
+        M2 = np.empty((n, c, 2))
+        M2[:, :, 0] = vo
+        np.multiply(vo, u, out=M2[:, :, 1])
+        M2 = M2.reshape(n, 2 * c)
+    return M1.reshape(n, c * (D + 1)), M2

@@ -58,6 +58,15 @@ QUANTITIES: dict[str, Callable[[_est.Estimate], float]] = {
 }
 
 
+#: The quantities that read the debiased squares of an estimate (the residual
+#: estimator's U-statistic ``sqerr``); the others read ``E`` only.
+SQUARE_QUANTITIES = frozenset({"ece_kde_l2", "ce_l2", "refinement_l2", "sharpness_l2"})
+
+
+def _needs_squares(names: list[str]) -> bool:
+    return any(q in SQUARE_QUANTITIES for q in names)
+
+
 def _check_quantity(name: object, what: str = "quantity") -> str:
     if not isinstance(name, str) or name not in QUANTITIES:
         raise ValueError(f"{what} must be one of {sorted(QUANTITIES)}, got {name!r}")
@@ -444,7 +453,7 @@ class CalibrationEstimate:
             labels = np.ascontiguousarray(
                 np.broadcast_to(base.problem.labels, (c, *base.problem.labels.shape))
             )
-            reps = _resample.replicates(base, labels, weights, self.backend)
+            reps = _resample.replicates(base, labels, weights, self.backend, _needs_squares(group))
             for r, rep in enumerate(reps):
                 for q in group:
                     dist[q][r0 + r] = _quiet(QUANTITIES[q], rep)
@@ -492,7 +501,10 @@ class CalibrationEstimate:
                 [_resample.problem_labels(self.calibration, self._probs, ys) for ys in ystar]
             )
             for base, group in self._groups(names):
-                for r, rep in enumerate(_resample.replicates(base, labels, None, self.backend)):
+                reps = _resample.replicates(
+                    base, labels, None, self.backend, _needs_squares(group)
+                )
+                for r, rep in enumerate(reps):
                     for s in group:
                         dist[s][r0 + r] = _quiet(QUANTITIES[s], rep)
         out = {}
