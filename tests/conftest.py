@@ -17,6 +17,7 @@ broken.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import sys
 from dataclasses import dataclass, field
@@ -53,6 +54,10 @@ SHIPPED_SUBSETS = {
     "speaker_verification_plda.npz": ("speaker_verification_plda.test_rows300.npz", "test_"),
 }
 BACKENDS = ["cpp", "numba"]
+# numba is optional (pip install "kdecal[numba]"; the test extra has it): the tests of the
+# numba backend (marked numba, or parametrized with "numba") skip without it
+HAS_NUMBA = importlib.util.find_spec("numba") is not None
+NO_NUMBA = 'numba is not installed (pip install "kdecal[numba]"): the numba backend is untested'
 
 
 # ----------------------------------------------------------------------------- datasets
@@ -230,11 +235,22 @@ def dataset_or_skip(name):
 
 
 # ------------------------------------------------------------------------------ fixtures
+def _numba_param(item) -> bool:
+    """Whether a parametrized test runs the numba backend ("numba" among its parameters)."""
+    callspec = getattr(item, "callspec", None)
+    values = callspec.params.values() if callspec is not None else ()
+    flat = [x for v in values for x in (v if isinstance(v, tuple) else (v,))]
+    return any(isinstance(x, str) and x == "numba" for x in flat)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Mark ``realdata`` every test that takes the whole real-data folder (``data_dir``)."""
+    """Mark ``realdata`` every test that takes the whole real-data folder (``data_dir``);
+    without numba, skip the tests marked ``numba`` or parametrized with it."""
     for item in items:
         if "data_dir" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.realdata)
+        if not HAS_NUMBA and (item.get_closest_marker("numba") or _numba_param(item)):
+            item.add_marker(pytest.mark.skip(reason=NO_NUMBA))
 
 
 @pytest.fixture(scope="session")

@@ -94,6 +94,7 @@ def _worst(a, b):
     return max(abs(a[k] - b[k]) / abs(a[k]) for k in a)
 
 
+@pytest.mark.numba
 @pytest.mark.parametrize(
     "data,h",
     [("bundled", 1e-3), ("bundled", 0.01), ("bundled", 0.05), ("twins", 3e-3), ("twins", 0.01)],
@@ -133,6 +134,7 @@ def test_these_data_need_the_pair_sums(data, h):
     assert _worst(a, b) > 1e3 * TARGET
 
 
+@pytest.mark.numba
 def test_issue_reproduction_public_api():
     """The issue's own numbers: kdecal.ece_kde on the bundled example (3000 rows,
     canonical, h = 0.01, p = 2, ustat) under a permutation and on numba (it moved by

@@ -23,7 +23,6 @@ def test_readme_has_examples():
 
 @pytest.mark.slow
 def test_readme_examples_run(monkeypatch):
-    pytest.importorskip("numba")
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("KDECAL_PROGRESS", "0")
     monkeypatch.setenv("MPLBACKEND", "Agg")

@@ -1,8 +1,8 @@
 // Internal: helpers shared by the kernels that are compiled once per instruction set
-// (loo_isa.cpp, loo_grad_isa.cpp).  Include it only from such a file: everything here
-// lives in kdecal::KDECAL_ISA_NS::(anonymous namespace), so every ISA object gets its
-// own copy, compiled with its own -m flags, and the linker can never substitute the
-// AVX-512 version of a helper into the baseline path.
+// (loo_isa.cpp, loo_grad_isa.cpp, loo_multi_isa.cpp, binary_isa.cpp).  Include it only
+// from such a file: everything here lives in kdecal::KDECAL_ISA_NS::(anonymous
+// namespace), so every ISA object gets its own copy, compiled with its own -m flags, and
+// the linker can never substitute the AVX-512 version of a helper into the baseline path.
 #pragma once
 
 #include <cmath>

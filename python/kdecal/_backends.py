@@ -22,13 +22,12 @@ import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from .warnings import BackendFallbackWarning
 
-Backend = Literal["auto", "cpp", "numba", "cuda", "dask"]
 BACKENDS = ("cpp", "numba", "cuda")
 
 _core_error: BaseException | None = None
@@ -39,6 +38,8 @@ except ImportError as exc:  # pragma: no cover - exercised by the fallback test
     _core = None  # type: ignore[assignment]
     _core_error = exc
 
+#: How to install the numba backend (an optional extra).
+NUMBA_INSTALL = 'pip install "kdecal[numba]"'
 _numba_mod: Any = None
 _numba_error: BaseException | None = None
 _cuda_mod: Any = None
@@ -48,13 +49,35 @@ _num_threads: int = 0  # 0: library default (all cores)
 
 
 def _load_numba() -> Any:
+    """Return :mod:`kdecal._numba` where numba imports, else None (tried once).
+
+    numba is optional (``pip install "kdecal[numba]"``): it is imported here, on the
+    first use of the numba backend, and nowhere else (the GPU engine aside).
+    """
     global _numba_mod, _numba_error
     if _numba_mod is None and _numba_error is None:
         try:
             _numba_mod = importlib.import_module("kdecal._numba")
-        except ImportError as exc:  # pragma: no cover - numba is a dependency
+        except ImportError as exc:
             _numba_error = exc
     return _numba_mod
+
+
+def _numba_missing() -> str:
+    """Why the numba backend cannot run here (see :data:`NUMBA_INSTALL`)."""
+    if isinstance(_numba_error, ModuleNotFoundError) and _numba_error.name == "numba":
+        return "numba is not installed"
+    return f"numba failed to import ({_numba_error})"
+
+
+def _require_numba() -> Any:
+    """Return :mod:`kdecal._numba`; raise ``ImportError`` naming the extra without numba."""
+    mod = _load_numba()
+    if mod is None:
+        raise ImportError(
+            f"the numba backend is not available: {_numba_missing()}: {NUMBA_INSTALL}"
+        )
+    return mod
 
 
 def _load_cuda() -> Any:
@@ -101,7 +124,7 @@ def available_backends() -> list[str]:
     out = []
     if _core is not None:
         out.append("cpp")
-    if importlib.util.find_spec("numba") is not None:
+    if _load_numba() is not None:
         out.append("numba")
     if _load_cuda() is not None:
         out.append("cuda")
@@ -120,9 +143,12 @@ def resolve_backend(backend: object, *data: object) -> str:
     ------
     ValueError
         If ``backend`` is unknown or not available here; the message lists the
-        available backends. For ``"dask"``: no current client, or no compiled core.
+        available backends (for ``"numba"``, it names ``pip install "kdecal[numba]"``).
+        For ``"dask"``: no current client, or no compiled core.
     ImportError
-        For ``"dask"`` when dask or dask.distributed is not installed (the message names
+        For ``"auto"`` when there is no engine at all (neither the compiled core nor
+        numba imports; the message says what to install), and for ``"dask"`` when dask
+        or dask.distributed is not installed (the message names
         ``pip install "kdecal[dask]"``).
     """
     global _warned
@@ -138,13 +164,12 @@ def resolve_backend(backend: object, *data: object) -> str:
         if _load_cuda() is None:
             raise ValueError(f"backend 'cuda' is not available here: {_cuda_error}")
         return "cuda"
-    # the CPU engines only: probing for a GPU costs an import of numba's CUDA target
-    has_numba = importlib.util.find_spec("numba") is not None
-    avail = [b for b, ok in (("cpp", _core is not None), ("numba", has_numba)) if ok]
+    # the CPU engines only: probing for a GPU costs an import of numba's CUDA target;
+    # numba itself is imported only where the compiled core is missing or it is asked for
     if backend == "auto":
-        if "cpp" in avail:
+        if _core is not None:
             return "cpp"
-        if "numba" in avail:
+        if _load_numba() is not None:
             if not _warned:
                 warnings.warn(
                     f"kdecal's compiled core could not be imported ({_core_error}); "
@@ -155,21 +180,27 @@ def resolve_backend(backend: object, *data: object) -> str:
                 )
                 _warned = True
             return "numba"
-        raise ValueError(
-            "no kdecal backend is available: the compiled core failed to import "
-            f"({_core_error}) and numba is not installed"
+        raise ImportError(
+            "kdecal has no engine here: its compiled core kdecal._core could not be "
+            f"imported ({_core_error}) and {_numba_missing()}. Install numba "
+            f"({NUMBA_INSTALL}), or kdecal from a wheel with the compiled core for this "
+            "platform (or from source, with a C++17 compiler)"
         )
     if backend not in BACKENDS:
         raise ValueError(
             f"unknown backend {backend!r}; choose 'auto', one of the available backends "
             f"{available_backends()}, or 'dask' (a dask.distributed cluster)"
         )
-    if backend not in avail:
-        why = _core_error if backend == "cpp" else "numba is not installed"
-        raise ValueError(
-            f"backend {backend!r} is not available here ({why}); available backends: {avail}"
-        )
-    return str(backend)
+    if backend == "cpp" and _core is None:
+        why = str(_core_error)
+    elif backend == "numba" and _load_numba() is None:
+        why = f"{_numba_missing()}: {NUMBA_INSTALL}"
+    else:
+        return str(backend)
+    avail = [b for b, ok in (("cpp", _core is not None), ("numba", _load_numba())) if ok]
+    raise ValueError(
+        f"backend {backend!r} is not available here ({why}); available backends: {avail}"
+    )
 
 
 #: Most engine threads :func:`set_num_threads` accepts (each thread holds O(K) scratch
@@ -302,9 +333,9 @@ def _call(backend: str) -> Callable[..., tuple[np.ndarray, ...]]:
             return tuple(core_reduce(*args, nt, progress=progress, pairs=pairs, resid=resid))
 
         return run
-    mod = _load_numba()
-    if mod is None:  # pragma: no cover
-        raise ValueError(f"the numba backend failed to import: {_numba_error}")
+    if backend != "numba":  # (an unresolved "auto" must not run on numba unnoticed)
+        raise ValueError(f"_call needs a resolved backend, got {backend!r}")
+    mod = _require_numba()
 
     def run_numba(
         *args: Any,
@@ -312,12 +343,7 @@ def _call(backend: str) -> Callable[..., tuple[np.ndarray, ...]]:
         pairs: bool = False,
         resid: np.ndarray | None = None,
     ) -> tuple[np.ndarray, ...]:
-        import numba
-
-        old = numba.get_num_threads()
-        try:
-            if _num_threads > 0:
-                numba.set_num_threads(min(_num_threads, numba.config.NUMBA_NUM_THREADS))
+        with mod.num_threads(_num_threads):
             logq, p, labels, n_classes, scale, bias = args[:6]
             if pairs and int(args[6]) < 2:
                 raise ValueError(f"pairs=True needs powers >= 2, got powers = {args[6]}")
@@ -354,8 +380,6 @@ def _call(backend: str) -> Callable[..., tuple[np.ndarray, ...]]:
                 np.stack([x[k] for x in parts]) if parts[0][k].shape != (0, 0, 0) else parts[0][k]
                 for k in range(len(parts[0]))
             )
-        finally:
-            numba.set_num_threads(old)
 
     return run_numba
 
@@ -867,17 +891,7 @@ def loo_reduce_multi(
         with _bar(show, R, "kdecal LOO resampling") as cb:
             res = _load_cuda().loo_reduce_multi(*args, row_start, row_stop, progress=cb, **kw)
         return tuple(res)
-    mod = _load_numba()
-    if mod is None:  # pragma: no cover
-        raise ValueError(f"the numba backend failed to import: {_numba_error}")
-    import numba
-
-    old = numba.get_num_threads()
-    try:
-        if _num_threads > 0:
-            numba.set_num_threads(min(_num_threads, numba.config.NUMBA_NUM_THREADS))
-        with _bar(show, R, "kdecal LOO resampling") as cb:
-            res = mod.loo_reduce_multi(*args, row_start, row_stop, progress=cb, **kw)
-        return tuple(res)
-    finally:
-        numba.set_num_threads(old)
+    mod = _require_numba()
+    with mod.num_threads(_num_threads), _bar(show, R, "kdecal LOO resampling") as cb:
+        res = mod.loo_reduce_multi(*args, row_start, row_stop, progress=cb, **kw)
+    return tuple(res)

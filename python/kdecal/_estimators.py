@@ -983,18 +983,6 @@ def fit_residual(
     return {k: (made[hs[k]], search) for k in kinds}
 
 
-def fit(
-    problem: Problem,
-    bandwidth: float | str,
-    debias: str,
-    backend: str,
-    progress: bool | None = None,
-    criterion: str = "brier",
-) -> tuple[Estimate, Search | None]:
-    """Estimate one notion at a fixed bandwidth or at the automatic one (one criterion)."""
-    return fit_criteria(problem, bandwidth, debias, backend, progress, (criterion,))[criterion]
-
-
 def fit_criteria(
     problem: Problem,
     bandwidth: float | str,

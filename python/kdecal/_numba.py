@@ -48,6 +48,8 @@ threading layer (``tbb`` or ``omp``), as for any ``parallel=True`` function.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numba
 import numpy as np
@@ -55,7 +57,7 @@ from numba import njit, prange
 from numba.core import types
 from numba.extending import intrinsic
 
-__all__ = ["loo_reduce", "loo_reduce_multi", "warmup"]
+__all__ = ["loo_reduce", "loo_reduce_multi", "num_threads"]
 
 _JIT = {"nogil": True, "cache": True, "error_model": "numpy"}
 
@@ -920,15 +922,16 @@ def loo_reduce_multi(
     return (S, Q) if resid is None else (S, Q, U)
 
 
-def warmup():
-    """Compile (or load from the cache) the kernels for float32 and float64."""
-    rng = np.random.default_rng(0)
-    n, K = 5, 3
-    labels = np.array([0, 2, 1, 0, 2], dtype=np.int64)
-    for dtype in (np.float64, np.float32):
-        p = rng.dirichlet(np.ones(K), size=n).astype(dtype)
-        logq = np.log(p)
-        scale = np.array([2.0], dtype=np.float64)
-        bias = np.zeros((1, n), dtype=np.float64)
-        loo_reduce(logq, p, labels, K, scale, bias, 3, 0, n)
-        loo_reduce(logq, p, labels, K, scale, bias, 3, 0, n, pairs=True)
+@contextmanager
+def num_threads(n: int) -> Iterator[None]:
+    """Run the block on ``n`` numba threads (0: numba's default), restoring the count after.
+
+    ``n`` is capped at ``NUMBA_NUM_THREADS``, the most numba's thread pool holds.
+    """
+    old = numba.get_num_threads()
+    try:
+        if n > 0:
+            numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+        yield
+    finally:
+        numba.set_num_threads(old)

@@ -160,12 +160,6 @@ class Probs:
     def n_classes(self) -> int:
         return int(self.p.shape[1])
 
-    def engine_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(log p, p)`` in the kernel dtype, C-contiguous."""
-        p = np.ascontiguousarray(self.p, dtype=self.dtype)
-        logp = np.ascontiguousarray(np.log(self.p), dtype=self.dtype)
-        return logp, p
-
 
 def _row_sum_deviation(a: np.ndarray) -> np.ndarray:
     return np.abs(a.sum(axis=1, dtype=np.float64) - 1.0)

@@ -17,9 +17,11 @@ plotting library, so the curves can be used for one's own figures, tables or tes
 
 Each returns a frozen dataclass of read-only arrays (its ``ax`` fields stay None; the
 drawing functions of :mod:`kdecal.plot` fill them). The kernel estimates at the data
-points come from the engine (:func:`kdecal.conditional_expectation`); the curves at grid
-points, which are not data points and leave nothing out, are direct kernel sums over the
-data, O(n x grid size), in blocks. The right-closed bins are those of
+points come from one engine pass of :func:`kdecal.estimate` (the papers' plug-in ratio,
+``estimator="plugin"``, without debiasing; ``bandwidth="auto"`` is the leave-one-out
+Brier bandwidth), read from its ``conditional_expectation``; the curves at grid points,
+which are not data points and leave nothing out, are direct kernel sums over the data,
+O(n x grid size), in blocks. The right-closed bins are those of
 :func:`kdecal.binned.bin_index`.
 
 References

@@ -1,8 +1,17 @@
 """Kernel (Dirichlet-KDE) estimators of calibration error.
 
-Every estimator here is a cheap O(nK) plug-in on top of one leave-one-out pass of the
-compiled engine (:func:`kdecal._backends.loo_reduce`), which returns, per query row,
-the running max and class-wise sums of the Dirichlet kernel.
+Every estimator here is a cheap O(nK) plug-in on top of the engine's leave-one-out
+reduction (:func:`kdecal._backends.loo_reduce`: the compiled core, or the numba, CUDA or
+Dask backend), which returns, per query row, the running max and class-wise sums of the
+Dirichlet kernel. At a fixed bandwidth an estimate is one engine pass over the n x n
+pairs (every bandwidth it needs in the same call). ``bandwidth="auto"`` first runs the
+search of :func:`select_bandwidth`, several passes: on random subsets of the query rows,
+then a local search on all of them. The plug-in estimator takes the chosen bandwidth's
+accumulators from those passes (while they fit in
+:data:`kdecal._estimators.SEARCH_FUSE_BYTES`); the residual-centred default runs one
+pass of its own after the search. ``"loo-mle"`` evaluates its whole grid in one pass,
+then the estimate runs its own. Bootstrap intervals and the calibration test add one
+multi-label pass per chunk of resamples (:mod:`kdecal._resample`).
 
 References
 ----------
@@ -564,7 +573,8 @@ def conditional_expectation(
         :func:`select_bandwidth`.
     backend : {"auto", "cpp", "numba", "cuda", "dask"}, default "auto"
         Engine backend: "auto" is the GPU engine ("cuda") for CUDA arrays, else the
-        compiled core ("cpp"), else "numba"; "cuda" runs the kernel sums on an NVIDIA GPU
+        compiled core ("cpp"), else "numba" (an optional extra, ``pip install
+        "kdecal[numba]"``); "cuda" runs the kernel sums on an NVIDIA GPU
         (``pip install "kdecal[cuda]"``, README "The GPU engine"); "dask" runs
         the compiled core on the workers of the current ``dask.distributed`` client, in
         blocks of query rows, with the same numbers as "cpp" (every function with a

@@ -273,9 +273,9 @@ def conditional_expectation(
         Clipped at 1e-12 and renormalised (differentiably) before the kernel.
     labels : torch.Tensor or array-like, shape (n,), int
         True classes in ``0..K-1`` (constants).
-    bandwidth : float or "auto"
-        Kernel bandwidth h > 0; "auto" selects it on the detached batch as
-        :func:`kdecal.select_bandwidth` does with labels (not differentiated).
+    bandwidth : float, "auto" or "loo-mle"
+        Kernel bandwidth h > 0; "auto" and "loo-mle" choose it on the detached batch as
+        in :func:`ece_kde_loss` (a constant, not differentiated).
 
     Returns
     -------
@@ -324,11 +324,14 @@ def ece_kde_loss(
         True classes in ``0..K-1``.
     p : float, default 1
         Order of the L_p norm, ``p >= 1``.
-    bandwidth : float or "auto"
-        Kernel bandwidth h > 0 (required). "auto" selects it on the detached batch as
-        :func:`kdecal.select_bandwidth` does with labels (the leave-one-out Brier risk of
-        the kernel regression of the labels), as a constant; "loo-mle" is the papers'
-        leave-one-out likelihood of the predictions' density.
+    bandwidth : float, "auto" or "loo-mle"
+        Kernel bandwidth h > 0 (required). "auto" chooses it on the detached batch, as a
+        constant, as :func:`kdecal.select_bandwidth` does with labels: the bandwidth
+        minimising the leave-one-out Brier risk of the kernel regression of the labels
+        over a grid of 73 values in [1e-5, 10] (a coarse-to-fine search on subsets of the
+        rows, then a local search on all of them: several engine passes);
+        "loo-mle" maximises the papers' leave-one-out likelihood of the predictions'
+        density over :data:`kdecal.DEFAULT_BANDWIDTH_GRID` instead.
     calibration : {"canonical", "classwise", "top_label"}, default "canonical"
         Notion of calibration, as in :func:`kdecal.ece_kde`: the full vector (Dirichlet
         kernel), the K one-vs-rest problems ``(f_c, 1[y = c])`` averaged over classes, or
@@ -386,8 +389,8 @@ def calibration_error_loss(
         "l2": F(p) = ||p||^2, the squared L2 calibration error ``mean_j ||E_j - f_j||^2``
         (Eq. 7). For the binary problems of "classwise"/"top_label", "l2" uses the
         positive coordinate, as :func:`kdecal.calibration_error`.
-    bandwidth : float or "auto"
-        Kernel bandwidth h > 0 (required); "auto" as in :func:`ece_kde_loss`.
+    bandwidth : float, "auto" or "loo-mle"
+        Kernel bandwidth h > 0 (required); "auto" and "loo-mle" as in :func:`ece_kde_loss`.
     calibration : {"canonical", "classwise", "top_label"}, default "canonical"
         Notion of calibration (see :func:`ece_kde_loss`).
     estimator : {"direct", "refinement"}, default "direct"
@@ -427,7 +430,7 @@ class ECEKDELoss(torch.nn.Module):
     ----------
     p : float, default 1
         Order of the L_p norm.
-    bandwidth : float or "auto"
+    bandwidth : float, "auto" or "loo-mle"
         Kernel bandwidth (required; see :func:`ece_kde_loss`).
     calibration : {"canonical", "classwise", "top_label"}, default "canonical"
 
@@ -462,7 +465,7 @@ class CalibrationErrorLoss(torch.nn.Module):
     Parameters
     ----------
     divergence : {"kl", "l2"}, default "kl"
-    bandwidth : float or "auto"
+    bandwidth : float, "auto" or "loo-mle"
         Kernel bandwidth (required; see :func:`ece_kde_loss`).
     calibration : {"canonical", "classwise", "top_label"}, default "canonical"
     estimator : {"direct", "refinement"}, default "direct"
