@@ -27,7 +27,7 @@ import numpy as np
 from scipy import integrate
 from scipy.special import expit, gammaln, logit
 
-from kdecal import _backends
+from kdecal._engine import runtime as _runtime
 
 H = 0.5
 F0 = 0.17
@@ -77,7 +77,7 @@ def main():
         if len(sys.argv) > 2
         else [32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
     )
-    core = _backends._core
+    core = _runtime._core
     R1, R2 = truth()
     print(f"truth: R1 = {R1:.10f}, R2 = {R2:.10f}; reps = {reps}")
     rng = np.random.default_rng(20221128)

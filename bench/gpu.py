@@ -7,7 +7,7 @@ Needs a CUDA device and numba-cuda (``pip install "kdecal[cuda]"``); torch for t
 materialised reference. Prints one table row per configuration, and with ``--out``
 writes every number as JSON. What it runs:
 
-1. ``kdecal._cuda.loo_reduce`` (the canonical forward pass: per-query maximum and class
+1. ``kdecal._engine.cuda.loo_reduce`` (the canonical forward pass: per-query maximum and class
    sums, one bandwidth h = 0.05, powers 1) on CIFAR-10-like predictions resampled to n
    rows (``bench/conftest.py``; K = 100 takes the CIFAR-10 logits' first 10 columns
    repeated with jitter), inputs already on the device, in the fast (float32) and float64
@@ -40,7 +40,7 @@ from scipy.special import gammaln
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import REAL, cifar10_probs
-from kdecal import _cuda
+from kdecal._engine import cuda as _cuda
 
 PEAK_FMA = {"float64": 16.7e12, "float32": 33.5e12}  # H100 SXM datasheet
 

@@ -22,7 +22,7 @@ from scipy.special import gammaln
 
 import kdecal
 from conftest import best_of
-from kdecal import _backends
+from kdecal._engine import runtime as _runtime
 
 
 def main() -> None:
@@ -31,7 +31,7 @@ def main() -> None:
     B = int(pos[1]) if len(pos) > 1 else 200
     hs = [float(v) for v in pos[2].split(",")] if len(pos) > 2 else [0.05]
     dense = "--dense" in sys.argv
-    core = _backends._core
+    core = _runtime._core
     nt = kdecal.get_num_threads()
     K = C = 10
     print(f"K = C = {K}, B = {B}, float64, {nt} threads, SIMD path {core.simd_path()}")

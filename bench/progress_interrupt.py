@@ -2,7 +2,7 @@
 
 Usage: python bench/progress_interrupt.py [--n N] [--threads T] [--runs R] [--stop-n N2]
 
-1. Overhead: one leave-one-out pass (``kdecal._backends.loo_reduce``, K = 10, one
+1. Overhead: one leave-one-out pass (``kdecal._engine.backends.loo_reduce``, K = 10, one
    bandwidth, powers 2) with the bar on and off, interleaved R times each; prints min and
    median of both and the relative overhead.  The bar writes to stderr.
 2. Time to stop: a subprocess runs a pass of N2 rows (minutes of work) with the bar on
@@ -25,13 +25,13 @@ import numpy as np
 from scipy.special import gammaln
 
 import kdecal
-from kdecal import _backends
+from kdecal._engine import backends as _backends
 
 CHILD = r"""
 import os, sys, numpy as np
 from scipy.special import gammaln
 import kdecal
-from kdecal import _backends
+from kdecal._engine import backends as _backends
 n, nt, bar = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "on"
 rng = np.random.default_rng(0)
 P = rng.dirichlet(np.full(10, 0.7), size=n)

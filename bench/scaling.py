@@ -3,7 +3,7 @@
 Usage: python bench/scaling.py [--n N] [--threads 1,2,4,8,16] [--task-rows 16,64,auto]
                                [--repeat R] [--repeat1 R1] [--H H]
 
-One engine call (``kdecal._backends.loo_reduce``, powers 1, bar off) on CIFAR-10
+One engine call (``kdecal._engine.backends.loo_reduce``, powers 1, bar off) on CIFAR-10
 predictions resampled to n rows, K = 10, float64, H bandwidths geometrically spaced
 around 0.05 (default 1).  For every task size (``KDECAL_TASK_ROWS``, read by the engine
 at each call; ``auto`` = the engine's own choice) and thread count: best-of-R wall time
@@ -29,7 +29,8 @@ from scipy.special import gammaln
 
 import kdecal
 from conftest import cifar10_probs
-from kdecal import _backends, _core
+from kdecal import _core
+from kdecal._engine import backends as _backends
 
 
 def main() -> None:

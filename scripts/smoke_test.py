@@ -45,9 +45,10 @@ def main() -> int:
         import numpy as np
 
         import kdecal
-        from kdecal import _backends, _io
+        from kdecal import _io
+        from kdecal._engine import runtime as _runtime
 
-    check(_backends._core is not None, f"kdecal._core imports ({_backends._core_error})")
+    check(_runtime._core is not None, f"kdecal._core imports ({_runtime._core_error})")
     check("cpp" in kdecal.available_backends(), f"backends {kdecal.available_backends()}")
     root = Path(kdecal.__file__).resolve().parent
     check(
@@ -70,10 +71,8 @@ def main() -> int:
 
     with np.load(_io.bundled_example_path(), allow_pickle=False) as d:
         probs, labels = d["probs"].astype(np.float64), d["labels"]
-    if _backends._core is not None:
-        print(
-            f"     SIMD path {_backends._core.simd_path()}, OpenMP {_backends._core.has_openmp()}"
-        )
+    if _runtime._core is not None:
+        print(f"     SIMD path {_runtime._core.simd_path()}, OpenMP {_runtime._core.has_openmp()}")
         for estimator, (want_ece, want_kl) in EXPECTED.items():
             kw = {"bandwidth": 0.1, "backend": "cpp", "estimator": estimator}
             with warnings.catch_warnings():  # the note on canonical KL at K = 10

@@ -21,6 +21,7 @@ from _helpers import (
     rtol64,
 )
 from conftest import BACKENDS, make_synthetic
+from kdecal._engine import runtime as _runtime
 
 # the papers' plug-in estimators against the plug-in brute force of _reference.py
 pytestmark = pytest.mark.usefixtures("plugin_estimator")
@@ -262,8 +263,6 @@ def test_row_blocks_give_the_same_bits(kd, monkeypatch, threads, shape):
     """
     from scipy.special import gammaln
 
-    from kdecal import _backends
-
     rng = np.random.default_rng(sum(shape) + threads)
     p = rng.dirichlet(np.full(shape[-1], 0.5), size=shape[:-1])
     p[..., 0, :] = 0.0  # exact zeros and ones
@@ -272,14 +271,14 @@ def test_row_blocks_give_the_same_bits(kd, monkeypatch, threads, shape):
     def f(a):
         return -gammaln(a / 0.013 + 1.0).sum(axis=-1)
 
-    monkeypatch.setattr(_backends, "ROW_BLOCKS_MIN_ELEMENTS", 0)
-    monkeypatch.setattr(_backends.os, "cpu_count", lambda: 64)  # blocks = threads here
-    old = _backends._num_threads
+    monkeypatch.setattr(_runtime, "ROW_BLOCKS_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(_runtime.os, "cpu_count", lambda: 64)  # blocks = threads here
+    old = _runtime._num_threads
     try:
         kd.set_num_threads(threads)
-        got = _backends.map_row_blocks(f, p)
+        got = _runtime.map_row_blocks(f, p)
     finally:
-        _backends._num_threads = old
+        _runtime._num_threads = old
     want = f(p)
     assert got.shape == want.shape == shape[:-1]
     np.testing.assert_array_equal(got, want)
@@ -289,11 +288,9 @@ def test_row_blocks_give_the_same_bits(kd, monkeypatch, threads, shape):
 
 
 def _core_or_skip():
-    from kdecal import _backends
-
-    if _backends._core is None:
+    if _runtime._core is None:
         pytest.skip("kdecal._core is not built")
-    return _backends._core
+    return _runtime._core
 
 
 def _bias_probs(rng, rows, D):

@@ -1,4 +1,4 @@
-"""The fast engine of binary problems (kdecal._binary) against the dense engine.
+"""The fast engine of binary problems (kdecal._engine.binary) against the dense engine.
 
 Every accumulator of the window and binned methods must be within 1e-8 relative of the
 dense engine (``_backends.loo_reduce``, float64) on synthetic, real and adversarial
@@ -22,8 +22,9 @@ core = pytest.importorskip("kdecal._core")
 if not hasattr(core, "binary_reduce"):
     pytest.skip("compiled core without the binary engine", allow_module_level=True)
 
-from kdecal import _backends
-from kdecal import _binary as kb
+from kdecal._engine import backends as _backends
+from kdecal._engine import binary as kb
+from kdecal._engine import runtime as _runtime
 
 TOL = 1e-8
 
@@ -222,19 +223,19 @@ def test_rows_and_threads():
     rng = np.random.default_rng(10)
     x = rng.beta(3, 1, 3000)
     y = (rng.random(3000) < x).astype(np.int64)
-    saved = _backends.get_num_threads()
+    saved = _runtime.get_num_threads()
     try:
         for method in ("window", "binned", "auto"):
-            _backends.set_num_threads(1)
+            _runtime.set_num_threads(1)
             one = _run(x, y, 2, [1e-3, 0.03], method)
-            _backends.set_num_threads(2)
+            _runtime.set_num_threads(2)
             two = _run(x, y, 2, [1e-3, 0.03], method)
             part = _run(x, y, 2, [1e-3, 0.03], method, rows=(700, 1900))
             for a, b, c in zip(one, two, part):
                 assert np.array_equal(a, b)
                 assert np.array_equal(a[:, 700:1900], c)
     finally:
-        _backends.set_num_threads(saved)
+        _runtime.set_num_threads(saved)
 
 
 def test_auto_picks_a_method_and_agrees():
@@ -316,7 +317,7 @@ def test_loo_reduce_runs_large_binary_problems_on_the_fast_engine(monkeypatch):
     """n >= BINARY_MIN_N: every accumulator within 1e-8 of the dense loop, m exactly;
     BINARY_METHOD = "exact" (KDECAL_BINARY_METHOD) keeps the dense loop."""
     import kdecal
-    from kdecal import _backends
+    from kdecal._engine import backends as _backends
 
     rng = np.random.default_rng(7)
     n = _backends.BINARY_MIN_N + 500

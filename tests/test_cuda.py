@@ -1,4 +1,4 @@
-"""The CUDA engine (kdecal._cuda, numba-cuda): every accumulator against the brute force.
+"""The CUDA engine (kdecal._engine.cuda, numba-cuda): every accumulator against the brute force.
 
 Marked ``cuda``. On a machine with an NVIDIA GPU and numba-cuda these run on the device;
 elsewhere they run under numba's CUDA simulator, in a pytest process of their own:
@@ -19,13 +19,14 @@ import pytest
 from scipy.special import gammaln
 
 import kdecal
-from kdecal import _backends
+from kdecal._engine import backends as _backends
+from kdecal._engine import runtime as _runtime
 
-cu = _backends._load_cuda()
-core = _backends._core
+cu = _runtime.load_cuda()
+core = _runtime._core
 pytestmark = [
     pytest.mark.cuda,
-    pytest.mark.skipif(cu is None, reason=f"no CUDA engine: {_backends._cuda_error}"),
+    pytest.mark.skipif(cu is None, reason=f"no CUDA engine: {_runtime._cuda_error}"),
 ]
 SIM = cu is not None and cu.SIMULATOR
 needs_core = pytest.mark.skipif(core is None, reason="compiled core not available")
@@ -310,8 +311,8 @@ def test_backend_names():
     assert "cuda" in kdecal.available_backends()
     assert _backends.resolve_backend("cuda") == "cuda"
     dev = cu.kernel_bias(np.full((3, 2), 0.5), np.array([1.0]), device_out=True)
-    assert _backends.is_device_array(dev)
-    assert not _backends.is_device_array(np.zeros(3))
+    assert _runtime.is_device_array(dev)
+    assert not _runtime.is_device_array(np.zeros(3))
     # "auto" follows the data: CUDA arrays to the GPU engine, host arrays to the CPU
     assert _backends.resolve_backend("auto", np.zeros(3), dev) == "cuda"
     assert _backends.resolve_backend("auto", np.zeros(3)) in ("cpp", "numba")

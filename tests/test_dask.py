@@ -30,7 +30,7 @@ da = pytest.importorskip("dask.array", reason="dask.array needs numpy-compatible
 
 import kdecal
 from conftest import make_synthetic
-from kdecal import _dask
+from kdecal._engine import dask as _dask
 
 NOTIONS = ("canonical", "top_label", "classwise")
 DEBIAS = ("none", "ustat", "ratio")

@@ -105,7 +105,7 @@ def _engine_estimate(kd, data, calibration, h, debias, backend="cpp"):
     val = importlib.import_module("kdecal._validation")
     P = val.check_probs(data.probs)
     y = val.check_labels(data.labels, P.n, P.n_classes)
-    be = kd._backends.resolve_backend(backend)  # the internal API takes a resolved name
+    be = kd._engine.backends.resolve_backend(backend)  # the internal API takes a resolved name
     return est_mod.estimate(est_mod.make_problem(P, y, calibration), h, debias, be)
 
 

@@ -30,7 +30,9 @@ def test_ratio_debiasing_bias_rates():
     reps = 30000
     bias = {}
     for n in (32, 64):
-        vals = np.array([mod.one_sample(rng, n, kdecal._backends._core) for _ in range(reps)])
+        vals = np.array(
+            [mod.one_sample(rng, n, kdecal._engine.runtime._core) for _ in range(reps)]
+        )
         bias[n] = vals.mean(axis=0) - np.array([R2, R2, R2, R1, R1])
     plain, ustat, ratio = 0, 1, 2
     # plain ratio of squares: bias O(1/n), halves when n doubles

@@ -17,7 +17,7 @@ import pytest
 from scipy.special import gammaln
 
 import kdecal
-from kdecal import _backends
+from kdecal._engine import runtime as _runtime
 
 
 def _problem(n, K, C, hs, seed=0, dtype=np.float64):
@@ -50,7 +50,7 @@ def _brute(P, labels, C, scale, bias):
 
 
 def _run(backend, *args):
-    return _backends._call(backend)(*args)
+    return _runtime.dense_reduce(backend)(*args)
 
 
 @pytest.mark.parametrize("backend", ["cpp", "numba"])
@@ -92,7 +92,7 @@ def test_skipped_chunks_keep_every_class_sum_to_1e12():
     float64 brute force to 1e-12 *relative to itself* (not only to the row's largest sum):
     what is dropped is below n exp(-64) ~ 1e-25 of the class's own sum.  n spans several
     tiles of 256 centres, and the bandwidths skip most chunks (0.003) or few (0.3)."""
-    core = kdecal._backends._core
+    core = kdecal._engine.runtime._core
     if core is None:
         pytest.skip("compiled core not available")
     n, K, C = 1100, 4, 3
@@ -127,7 +127,7 @@ def test_chunk_edges_ties_and_empty_classes_agree_with_numba(n, K, C, ties, empt
     n = 1, 31, 32, 33, 257; exact ties (half the rows one point); an empty class;
     a partial row range; three bandwidths from 1e-3 to 2.  The sums agree to the
     log-kernel's rounding where both engines keep every term that matters (below)."""
-    core = kdecal._backends._core
+    core = kdecal._engine.runtime._core
     if core is None or "numba" not in kdecal.available_backends():
         pytest.skip("needs both engines")
     rng = np.random.default_rng(n * 7 + K)
@@ -143,7 +143,7 @@ def test_chunk_edges_ties_and_empty_classes_agree_with_numba(n, K, C, ties, empt
     bias = np.stack([-gammaln(P / h + 1).sum(axis=1) for h in hs])
     args = (np.log(P), P, labels, C, 1.0 / hs, bias, 3, n // 4, n)
     a = core.loo_reduce(*args, pairs=True)
-    b = _backends._call("numba")(*args, pairs=True)
+    b = _runtime.dense_reduce("numba")(*args, pairs=True)
     np.testing.assert_allclose(a[0], b[0], rtol=1e-12)
     S = a[1]
     assert np.array_equal(S > 0, b[1] > 0)  # the same classes have terms in each row
@@ -165,7 +165,7 @@ def test_row_order_does_not_change_the_bits(dtype):
     """The engine sums each row's centres in an order of its own (label, predicted class,
     confidence), so permuting the rows permutes the outputs bit for bit: the results do
     not depend on the order in which a user's data arrive."""
-    core = kdecal._backends._core
+    core = kdecal._engine.runtime._core
     if core is None:
         pytest.skip("compiled core not available")
     n, K, C = 613, 6, 6
@@ -186,7 +186,7 @@ def test_task_size_does_not_change_results(monkeypatch, dtype):
     Every row is reduced by one thread in the same order whatever the task size; the
     row range and n are not multiples of any task size, so partial tasks are covered.
     """
-    core = kdecal._backends._core
+    core = kdecal._engine.runtime._core
     if core is None:
         pytest.skip("compiled core not available")
     n, K, C = 301, 5, 4
@@ -214,7 +214,9 @@ def test_task_size_does_not_change_results(monkeypatch, dtype):
 def test_powers_one_returns_empty_q_t():
     n, K = 40, 3
     _, logq, p, labels, scale, bias = _problem(n, K, K, [0.1])
-    _, _, Q, T = kdecal._backends._core.loo_reduce(logq, p, labels, K, scale, bias, 1, 0, n, 0)
+    _, _, Q, T = kdecal._engine.runtime._core.loo_reduce(
+        logq, p, labels, K, scale, bias, 1, 0, n, 0
+    )
     assert Q.shape == (0, 0, 0) and T.shape == (0, 0, 0)
 
 
@@ -227,7 +229,7 @@ def test_powers_one_returns_empty_q_t():
     ],
 )
 def test_core_argument_errors(kwargs, match):
-    core = kdecal._backends._core
+    core = kdecal._engine.runtime._core
     if core is None:
         pytest.skip("compiled core not available")
     n, K = 30, 3
@@ -249,7 +251,7 @@ def test_core_argument_errors(kwargs, match):
 
 
 def test_core_rejects_mixed_dtypes():
-    core = kdecal._backends._core
+    core = kdecal._engine.runtime._core
     if core is None:
         pytest.skip("compiled core not available")
     n, K = 30, 3
@@ -265,16 +267,16 @@ import json, sys
 import numpy as np
 from scipy.special import gammaln
 import kdecal
-from kdecal import _backends
+from kdecal._engine import runtime as _runtime
 rng = np.random.default_rng(7)
 n, K = 517, 10
 P = rng.dirichlet(np.full(K, 0.5), size=n); P = np.maximum(P, 1e-12); P /= P.sum(1, keepdims=True)
 y = rng.integers(0, K, n).astype(np.int64)
 hs = np.array([1e-4, 0.01, 0.3])
 bias = np.stack([-gammaln(P / h + 1).sum(1) for h in hs])
-out = {"isa": _backends._core.simd_path()}
+out = {"isa": _runtime._core.simd_path()}
 for dt in ("float64", "float32"):
-    m, S, Q, T = _backends._core.loo_reduce(np.log(P).astype(dt), P.astype(dt), y, K, 1 / hs, bias, 3, 0, n, 0)
+    m, S, Q, T = _runtime._core.loo_reduce(np.log(P).astype(dt), P.astype(dt), y, K, 1 / hs, bias, 3, 0, n, 0)
     out[dt] = [m.tolist(), S.tolist(), Q.tolist(), T.tolist()]
 json.dump(out, sys.stdout)
 """
@@ -294,7 +296,7 @@ def test_every_simd_path_agrees():
     They differ only in rounding (FMA contraction, summation order), amplified by the
     conditioning of exp(G / h): ~1e-16 * |G| / h relative, i.e. ~3e-11 at h = 1e-4.
     """
-    if kdecal._backends._core is None:
+    if kdecal._engine.runtime._core is None:
         pytest.skip("compiled core not available")
     runs = {isa: _isa_run(isa) for isa in ("avx512", "avx2", "baseline")}
     base = runs["baseline"]

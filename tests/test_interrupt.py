@@ -21,9 +21,10 @@ import pytest
 from scipy.special import gammaln
 
 import kdecal
-from kdecal import _backends
+from kdecal._engine import backends as _backends
+from kdecal._engine import runtime as _runtime
 
-needs_cpp = pytest.mark.skipif(_backends._core is None, reason="compiled core not available")
+needs_cpp = pytest.mark.skipif(_runtime._core is None, reason="compiled core not available")
 
 
 def _problem(n, K, H, seed=0, dtype=np.float64):
@@ -41,7 +42,7 @@ def _problem(n, K, H, seed=0, dtype=np.float64):
 
 def _watched(work):
     """Whether the core runs a call of this work on a worker thread (else inline)."""
-    return _backends._core is not None and work >= _backends._core.WATCH_MIN_WORK
+    return _runtime._core is not None and work >= _runtime._core.WATCH_MIN_WORK
 
 
 def _same(a, b):
@@ -118,7 +119,7 @@ def test_grad_bar_on_and_off_give_the_same_bits(monkeypatch):
     off = _backends.loo_grad(*args, progress=False)
     on = _backends.loo_grad(*args, progress=True)
     _same(off, on)
-    _same(off, _backends._core.loo_grad(*args, 1))  # one thread, no watcher callback
+    _same(off, _runtime._core.loo_grad(*args, 1))  # one thread, no watcher callback
 
 
 # ------------------------------------------------------- (c) the progress callback
@@ -127,7 +128,7 @@ def test_grad_bar_on_and_off_give_the_same_bits(monkeypatch):
 @needs_cpp
 @pytest.mark.parametrize("n", [200, 6000])
 def test_progress_counts_increase_to_the_total(n):
-    core = _backends._core
+    core = _runtime._core
     assert _watched(n * n * (3 + 8)) == (n > 200)
     logq, p, labels, scale, bias = _problem(n, 8, 3)
     seen = []
@@ -144,7 +145,7 @@ def test_progress_counts_increase_to_the_total(n):
 
 @needs_cpp
 def test_progress_of_grad_and_multi():
-    core = _backends._core
+    core = _runtime._core
     n, K = 5000, 6
     assert _watched(2 * n * n * (2 * K + 2)) and _watched((n - 100) * n * (K + 16 / 8))
     logq, p, labels, scale, bias = _problem(n, K, 1, seed=6)
@@ -167,7 +168,7 @@ def test_progress_of_grad_and_multi():
 def test_numba_progress_counts_increase_to_the_total():
     if "numba" not in kdecal.available_backends():
         pytest.skip("numba not available")
-    from kdecal import _numba
+    from kdecal._engine import numba as _numba
 
     n = 3000
     logq, p, labels, scale, bias = _problem(n, 4, 2)
@@ -186,7 +187,7 @@ class _Stop(Exception):
 @needs_cpp
 @pytest.mark.parametrize("which", ["loo_reduce", "loo_grad", "loo_reduce_multi"])
 def test_callback_exception_propagates_and_stops_the_engine(which):
-    core = _backends._core
+    core = _runtime._core
     n, K = 30000, 10
     logq, p, labels, scale, bias = _problem(n, K, 8, seed=8)
     b0 = np.ascontiguousarray(bias[0])
@@ -218,7 +219,7 @@ def test_callback_exception_propagates_and_stops_the_engine(which):
 
 @needs_cpp
 def test_engine_errors_still_raise_valueerror_from_the_worker():
-    core = _backends._core
+    core = _runtime._core
     n = 4000
     assert _watched(n * n * (4 + 4))  # the error is raised on the worker thread
     logq, p, labels, scale, bias = _problem(n, 4, 4)
@@ -236,7 +237,7 @@ _CHILD = textwrap.dedent(
     import numpy as np
     from scipy.special import gammaln
     import kdecal
-    from kdecal import _backends
+    from kdecal._engine import backends as _backends
 
     which, backend = sys.argv[1], sys.argv[2]
     rng = np.random.default_rng(0)
@@ -315,7 +316,7 @@ def _interrupt(argv, *, delay=1.5, marker="started", timeout=60.0):
 def test_sigint_stops_a_long_engine_call(which, backend):
     if backend not in kdecal.available_backends():
         pytest.skip(f"{backend} not available")
-    if which == "loo_grad" and _backends._core is None:
+    if which == "loo_grad" and _runtime._core is None:
         pytest.skip("compiled core not available")
     rc, stop, err = _interrupt([sys.executable, "-c", _CHILD, which, backend])
     assert "KeyboardInterrupt" in err, err

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from scipy.special import gammaln, logsumexp
 
-from kdecal import _backends
+from kdecal._engine import runtime as _runtime
 
-core = _backends._core
+core = _runtime._core
 pytestmark = pytest.mark.skipif(core is None, reason="compiled core not available")
 
 
@@ -142,8 +142,8 @@ _ISA_SCRIPT = r"""
 import json, sys
 import numpy as np
 from scipy.special import gammaln
-from kdecal import _backends
-core = _backends._core
+from kdecal._engine import runtime as _runtime
+core = _runtime._core
 rng = np.random.default_rng(3)
 n, K, h = 517, 10, 0.02
 P = rng.dirichlet(np.full(K, 0.5), size=n); P = np.maximum(P, 1e-12); P /= P.sum(1, keepdims=True)

@@ -18,11 +18,12 @@ import pytest
 from scipy.special import gammaln
 
 import kdecal
-from kdecal import _backends
+from kdecal._engine import backends as _backends
+from kdecal._engine import runtime as _runtime
 
 DROP = 64.0  # kdecal::kDrop: terms more than this below the row max are dropped
 
-core = _backends._core
+core = _runtime._core
 needs_core = pytest.mark.skipif(core is None, reason="compiled core not available")
 
 
@@ -223,16 +224,16 @@ def test_numba_thread_count_independent():
     m = _row_max(logq, p, bias, 1.0 / h)
     runs = []
     for nt in sorted({1, numba.config.NUMBA_NUM_THREADS}):
-        old = _backends._num_threads
+        old = _runtime._num_threads
         try:
-            _backends.set_num_threads(nt)
+            _runtime.set_num_threads(nt)
             runs.append(
                 _backends.loo_reduce_multi(
                     logq, p, m, labels, C, 1.0 / h, bias, weights, powers=2, backend="numba"
                 )
             )
         finally:
-            _backends.set_num_threads(old)
+            _runtime.set_num_threads(old)
     for r in runs[1:]:
         np.testing.assert_array_equal(r[0], runs[0][0])
         np.testing.assert_array_equal(r[1], runs[0][1])
@@ -426,8 +427,8 @@ _ISA_SCRIPT = r"""
 import json, sys
 import numpy as np
 from scipy.special import gammaln
-from kdecal import _backends
-core = _backends._core
+from kdecal._engine import runtime as _runtime
+core = _runtime._core
 rng = np.random.default_rng(7)
 n, K, C, B = 517, 10, 10, 5
 P = rng.dirichlet(np.full(K, 0.5), size=n); P = np.maximum(P, 1e-12); P /= P.sum(1, keepdims=True)

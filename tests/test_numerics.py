@@ -25,8 +25,9 @@ import pytest
 from scipy.special import gammaln
 
 import kdecal
-from kdecal import _backends, _debias
+from kdecal import _debias
 from kdecal import _estimators as est
+from kdecal._engine import runtime as _runtime
 from kdecal._io import bundled_example_path
 from kdecal._validation import check_labels, check_probs
 
@@ -85,7 +86,7 @@ def _estimates(P, y, h, calibration, backend, pairs=True):
 
 @pytest.fixture
 def threads():
-    before = _backends._num_threads
+    before = _runtime._num_threads
     yield kdecal.set_num_threads
     kdecal.set_num_threads(before)
 
@@ -199,7 +200,9 @@ def test_pair_sums_match_exact_brute_force(backend):
     matches D_c / (S0^2 - Q0) of the brute force (both debias implementations)."""
     logq, p, labels, C, scale, bias = _dominated_problem()
     n = len(labels)
-    _, S, Q, T, D = _backends._call(backend)(logq, p, labels, C, scale, bias, 3, 0, n, pairs=True)
+    _, S, Q, T, D = _runtime.dense_reduce(backend)(
+        logq, p, labels, C, scale, bias, 3, 0, n, pairs=True
+    )
     D, S, Q, T = D[0], S[0], Q[0], T[0]
     D_ref, den_ref = _brute_pairs(logq, p, labels, C, bias)
     S0 = S.sum(axis=1)
@@ -215,7 +218,7 @@ def test_pair_sums_match_exact_brute_force(backend):
     # the U-statistic ratio of the debiasing, C++ and NumPy, with D
     live = ratio > 1e-12
     want = D_ref[live] / den_ref[live, None]
-    for debias in (_backends._core.debias, _debias.debias):
+    for debias in (_runtime._core.debias, _debias.debias):
         E, sq, degenerate = debias(S, Q, None, float(n - 1), 1, D)
         np.testing.assert_array_equal(degenerate, ~live)
         np.testing.assert_allclose(sq[live], want, rtol=1e-13, atol=0.0)
@@ -235,7 +238,7 @@ def test_pairs_leave_the_power_sums_bit_identical(backend, dtype):
     bias = np.stack([-gammaln(P / h + 1.0).sum(axis=1) for h in hs])
     labels = rng.integers(0, C, size=n).astype(np.int64)
     args = (np.log(P).astype(dtype), P.astype(dtype), labels, C, 1.0 / hs, bias)
-    run = _backends._call(backend)
+    run = _runtime.dense_reduce(backend)
     for powers in (2, 3):
         plain = run(*args, powers, 0, n)
         with_d = run(*args, powers, 0, n, pairs=True)

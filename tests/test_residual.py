@@ -179,9 +179,10 @@ def test_dense_replicates_equal_the_multi_label_pass(calibration, monkeypatch):
     weights with value columns; the multi-label pass (label sets for S, single-class
     sets for A and U) computes the same sums: bootstrap and consistency replicates agree
     to rounding, for every quantity."""
-    from kdecal import _backends, _resample
+    from kdecal import _resample
+    from kdecal._engine import runtime as _runtime
 
-    if _backends._core is None:
+    if _runtime._core is None:
         pytest.skip("compiled core not available")
     s = datasets.make_seeds_synthetic(400, 4, t1=0.6, t2=1.0, seed=3)
     est = kdecal.estimate(s.probs, s.labels, bandwidth=0.1, calibration=calibration)

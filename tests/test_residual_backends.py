@@ -19,13 +19,14 @@ import pytest
 from scipy.special import gammaln
 
 import kdecal
-from kdecal import _backends
+from kdecal._engine import backends as _backends
+from kdecal._engine import runtime as _runtime
 
 CLAMP = -230.0  # the numba and CUDA engines clamp terms at exp(-230) of their class max
 DROP = -64.0  # loo_reduce_multi drops terms below exp(-64) of the row max
 
-core = _backends._core
-cu = _backends._load_cuda()
+core = _runtime._core
+cu = _runtime.load_cuda()
 needs_numba = pytest.mark.skipif(
     "numba" not in kdecal.available_backends(), reason="numba not installed"
 )
@@ -358,7 +359,7 @@ def test_cpp_matches_brute_force(batched):
 def _dask_client(processes):
     pytest.importorskip("dask", reason='backend="dask" needs dask: pip install "kdecal[dask]"')
     distributed = pytest.importorskip("distributed", reason="dask.distributed not installed")
-    from kdecal import _dask
+    from kdecal._engine import dask as _dask
 
     if core is None:
         pytest.skip("backend='dask' runs kdecal's compiled core, which is not built here")
@@ -377,7 +378,7 @@ def _dask_client(processes):
 
 
 def _dask_close(client, cluster, old):
-    from kdecal import _dask
+    from kdecal._engine import dask as _dask
 
     _dask.MIN_BLOCK_WORK = old
     _dask.clear_cache()
@@ -398,10 +399,10 @@ class _NumbaCore:
     def loo_reduce(self, *args, progress=None, pairs=False, resid=None):
         args, _n_threads = args[:9], args[9]
         kw = {} if resid is None else {"resid": resid}
-        return _backends._call("numba")(*args, pairs=pairs, **kw)
+        return _runtime.dense_reduce("numba")(*args, pairs=pairs, **kw)
 
     def loo_reduce_multi(self, *args, progress=None, resid=None):
-        from kdecal import _numba
+        from kdecal._engine import numba as _numba
 
         return _numba.loo_reduce_multi(*args[:11], resid=resid)
 
@@ -420,7 +421,7 @@ def test_dask_row_blocks_concatenate(monkeypatch):
     pass, bit for bit (numba's rows do not depend on the row range)."""
     client, cluster, old = _dask_client(processes=False)
     try:
-        monkeypatch.setattr(_backends, "_core", _NumbaCore(core))
+        monkeypatch.setattr(_runtime, "_core", _NumbaCore(core))
         n, C, logq, p, labels, scale, bias, u = _dask_problem()
         for batched in (False, True):
             if batched:
@@ -490,7 +491,7 @@ def test_dask_multi_equals_cpp():
 # -------------------------------------------------------------------------------- cuda
 # on a GPU, or under numba's simulator in a pytest process of its own (the variable must
 # be set before numba is imported): NUMBA_ENABLE_CUDASIM=1 pytest -m cuda
-needs_cuda = pytest.mark.skipif(cu is None, reason=f"no CUDA engine: {_backends._cuda_error}")
+needs_cuda = pytest.mark.skipif(cu is None, reason=f"no CUDA engine: {_runtime._cuda_error}")
 SIM = cu is not None and cu.SIMULATOR
 
 

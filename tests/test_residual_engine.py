@@ -19,9 +19,9 @@ import pytest
 from scipy.special import gammaln
 
 import _reference as ref
-from kdecal import _backends
+from kdecal._engine import runtime as _runtime
 
-core = _backends._core
+core = _runtime._core
 pytestmark = pytest.mark.skipif(core is None, reason="compiled core not available")
 
 HS = (1e-3, 0.1, 10.0)  # tiny to huge bandwidths, one pass

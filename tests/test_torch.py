@@ -17,9 +17,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import kdecal
-from kdecal import _backends
+from kdecal._engine import runtime as _runtime
 
-if _backends._core is None:  # pragma: no cover - the losses need the compiled core
+if _runtime._core is None:  # pragma: no cover - the losses need the compiled core
     pytest.skip("compiled core not available", allow_module_level=True)
 
 import kdecal.torch as kt

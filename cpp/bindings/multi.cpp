@@ -7,6 +7,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kdecal/multi.hpp"
@@ -26,14 +27,12 @@ std::string shape_str(const py::array& a) {
     return s + (a.ndim() == 1 ? ",)" : ")");
 }
 
+// The shapes of the points and of the per-point m and bias; returns n and K.
 template <class Real>
-py::tuple loo_reduce_multi_py(const carray<Real>& logq, const carray<Real>& p,
-                              const carray<double>& m, const carray<std::int64_t>& labels,
-                              std::int64_t n_classes, double scale, const carray<double>& bias,
-                              const std::optional<carray<double>>& weights, int powers,
-                              std::int64_t row_start, std::int64_t row_stop, int n_threads,
-                              const py::object& progress,
-                              const std::optional<carray<double>>& resid) {
+std::pair<std::int64_t, std::int64_t> check_points(const carray<Real>& logq,
+                                                   const carray<Real>& p,
+                                                   const carray<double>& m,
+                                                   const carray<double>& bias) {
     if (p.ndim() != 2) throw std::invalid_argument("p must have shape (n, K), got " + shape_str(p));
     const std::int64_t n = p.shape(0), K = p.shape(1);
     if (logq.ndim() != 2 || logq.shape(0) != n || logq.shape(1) != K)
@@ -45,6 +44,19 @@ py::tuple loo_reduce_multi_py(const carray<Real>& logq, const carray<Real>& p,
     if (bias.ndim() != 1 || bias.shape(0) != n)
         throw std::invalid_argument("bias must have shape (n,) = (" + std::to_string(n) +
                                     ",), got " + shape_str(bias));
+    return {n, K};
+}
+
+template <class Real>
+py::tuple loo_reduce_multi_py(const carray<Real>& logq, const carray<Real>& p,
+                              const carray<double>& m, const carray<std::int64_t>& labels,
+                              std::int64_t n_classes, double scale, const carray<double>& bias,
+                              const std::optional<carray<double>>& weights, int powers,
+                              std::int64_t row_start, std::int64_t row_stop, int n_threads,
+                              const py::object& progress,
+                              const std::optional<carray<double>>& resid) {
+    const auto nk = check_points(logq, p, m, bias);
+    const std::int64_t n = nk.first, K = nk.second;
     if (labels.ndim() != 2 || labels.shape(1) != n)
         throw std::invalid_argument("labels must have shape (B, n) with n = " +
                                     std::to_string(n) + ", got " + shape_str(labels));
@@ -112,17 +124,8 @@ py::tuple kernel_weights_py(const carray<Real>& logq, const carray<Real>& p,
                             const carray<double>& m, double scale, const carray<double>& bias,
                             std::int64_t row_start, std::int64_t row_stop, int n_threads,
                             const py::object& progress) {
-    if (p.ndim() != 2) throw std::invalid_argument("p must have shape (n, K), got " + shape_str(p));
-    const std::int64_t n = p.shape(0), K = p.shape(1);
-    if (logq.ndim() != 2 || logq.shape(0) != n || logq.shape(1) != K)
-        throw std::invalid_argument("logq must have the shape of p (" + std::to_string(n) +
-                                    ", " + std::to_string(K) + "), got " + shape_str(logq));
-    if (m.ndim() != 1 || m.shape(0) != n)
-        throw std::invalid_argument("m must have shape (n,) = (" + std::to_string(n) +
-                                    ",), got " + shape_str(m));
-    if (bias.ndim() != 1 || bias.shape(0) != n)
-        throw std::invalid_argument("bias must have shape (n,) = (" + std::to_string(n) +
-                                    ",), got " + shape_str(bias));
+    const auto nk = check_points(logq, p, m, bias);
+    const std::int64_t n = nk.first, K = nk.second;
     if (row_stop == 0) row_stop = n;
     if (row_start < 0 || row_stop < row_start || row_stop > n)
         throw std::invalid_argument("need 0 <= row_start <= row_stop <= n (row_stop = 0: n), "

@@ -10,8 +10,9 @@ differentiable training losses.
 from __future__ import annotations
 
 from . import binned, curves, datasets, plot, recalibration, resampling, scores, skce, smooth
-from ._backends import available_backends, get_num_threads, set_num_threads
 from ._compare import Comparison, compare
+from ._engine.backends import available_backends
+from ._engine.runtime import get_num_threads, set_num_threads
 from ._report import CalibrationReport
 from ._result import QUANTITIES, CalibrationEstimate, CalibrationTestResult, ConfidenceInterval
 from ._validation import (

@@ -20,9 +20,11 @@ import numpy as np
 
 from . import _estimators as _est
 from . import _resample
+from ._engine import backends as _backends
 from ._report import format_pvalue
 from ._result import _check_level, _check_quantity, bootstrap_distributions, centred_interval
 from ._validation import check_choice, check_labels, check_probs
+from .kde import _estimate
 from .warnings import KdecalWarning
 
 __all__ = ["Comparison", "compare"]
@@ -203,8 +205,6 @@ def compare(
         Fewer than one model, models of different shapes, invalid labels, an unknown
         quantity, ``level`` outside (0, 1) or ``n_resamples`` outside 2..1,000,000.
     """
-    from .kde import _estimate
-
     if isinstance(models, Mapping):
         items = [(str(k), v) for k, v in models.items()]
     elif isinstance(models, Sequence) and not isinstance(models, (str, bytes)):
@@ -311,8 +311,6 @@ def _pooled_bandwidth(
     backend: str,
 ) -> tuple[float, str]:
     """Return the candidate bandwidth (the models' own) with the best pooled criterion."""
-    from . import _backends
-
     candidates = np.array(sorted(set(own.values())), dtype=np.float64)
     if candidates.size == 1:
         return float(candidates[0]), f"{rule}: every model's own choice"

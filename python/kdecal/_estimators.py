@@ -25,13 +25,16 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import gammaln
+from scipy.special import gammaln, xlogy
 
-from . import _backends
 from . import _formulas as _f
+from ._debias import debias as np_debias
+from ._engine import backends as _backends
+from ._engine import runtime as _runtime
 from ._validation import Probs
 from .warnings import KdecalWarning, warn_user
 
@@ -65,6 +68,12 @@ RESIDUAL_KL_SHRINK_MIN = 1e-3
 #: fraction of ``(sum_i w_i)^2`` have one effective neighbour: the statistic is undefined
 #: there (and its numerator would lose all digits), so the plain square is used.
 RESIDUAL_DEGENERATE = 1e-8
+
+
+#: Default grid of :func:`select_bandwidth`: 50 log-spaced values in [1e-5, 1e-1] and
+#: 0.2, 0.4, 0.6, 0.8, 1.0 (the grid of Popordanoska et al. 2024's code).
+DEFAULT_BANDWIDTH_GRID = np.concatenate([np.logspace(-5, -1, 50), [0.2, 0.4, 0.6, 0.8, 1.0]])
+DEFAULT_BANDWIDTH_GRID.setflags(write=False)
 
 
 @dataclass(frozen=True)
@@ -149,13 +158,13 @@ def kernel_bias(problem: Problem, h: float) -> np.ndarray:
     tried); without it, ``gammaln`` on row blocks. Either way in the engine's threads,
     bitwise the same for any number of them.
     """
-    core = _backends._core
+    core = _runtime._core
     if core is not None:
         p = np.ascontiguousarray(problem.p, dtype=np.float64)
         flat = p.reshape(-1, p.shape[-1])
-        bias = core.kernel_bias(flat, 1.0 / h, _backends.get_num_threads())
+        bias = core.kernel_bias(flat, 1.0 / h, _runtime.get_num_threads())
         return np.asarray(bias).reshape(p.shape[:-1])
-    return _backends.map_row_blocks(lambda p: -gammaln(p / h + 1.0).sum(axis=-1), problem.p)
+    return _runtime.map_row_blocks(lambda p: -gammaln(p / h + 1.0).sum(axis=-1), problem.p)
 
 
 def engine(
@@ -786,12 +795,10 @@ def estimate_from(
     Th = np.ascontiguousarray(T) if mode == 2 else None
     if backend in ("cpp", "dask"):  # the compiled debiasing (dask runs the core too)
         Dh = None if D is None else np.ascontiguousarray(D)
-        E, sq, degenerate = _backends._core.debias(
+        E, sq, degenerate = _runtime._core.debias(
             np.ascontiguousarray(S), Qh, Th, float(problem.n - 1), mode, Dh
         )
     else:
-        from ._debias import debias as np_debias
-
         E, sq, degenerate = np_debias(S, Qh, Th, float(problem.n - 1), mode, D)
     n_deg = int(np.count_nonzero(degenerate))
     # one such row in a thousand moves no estimate visibly; more is worth a warning
@@ -941,8 +948,6 @@ def fit_residual(
     search: Search | None = None
     if isinstance(bandwidth, str):
         if bandwidth == "loo-mle" or criterion == "loo-mle":
-            from .kde import DEFAULT_BANDWIDTH_GRID
-
             h = select_bandwidth(problem, np.asarray(DEFAULT_BANDWIDTH_GRID), backend, progress)
             hs = dict.fromkeys(kinds, h)
         else:
@@ -1021,8 +1026,6 @@ def fit_criteria(
             out[c] = (made[record.bandwidth], record)
         return out
     if isinstance(bandwidth, str):
-        from .kde import DEFAULT_BANDWIDTH_GRID
-
         h = select_bandwidth(problem, np.asarray(DEFAULT_BANDWIDTH_GRID), backend, progress)
     else:
         h = float(bandwidth)
@@ -1134,6 +1137,78 @@ class CustomGenerator(Generator):
     def risk(self, problem: Problem) -> np.ndarray:
         Y = problem.one_hot()
         return self._div(Y, problem.p) - self.F_points(problem, Y)
+
+
+# ------------------------------------------------------- Bregman (the public generators)
+
+
+@dataclass(frozen=True)
+class Bregman:
+    """A Bregman divergence given by its strictly convex generator F.
+
+    ``D_F(a, b) = F(a) - F(b) - <grad_F(b), a - b>``; the proper calibration error is
+    ``E[D_F(E[y | f(x)], f(x))]`` (Popordanoska et al. 2024, Eq. 9).
+
+    Parameters
+    ----------
+    F : callable
+        ``F(P) -> ndarray (n,)`` for ``P`` of shape (n, K): the generator, vectorised
+        over rows.
+    grad_F : callable
+        ``grad_F(P) -> ndarray (n, K)``: its gradient, vectorised over rows.
+    name : str, optional
+        Label used in reports.
+    """
+
+    F: Callable[[np.ndarray], np.ndarray]
+    grad_F: Callable[[np.ndarray], np.ndarray]
+    name: str = "custom"
+
+    def divergence(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Row-wise ``D_F(a_j, b_j)``, shape (n,)."""
+        return np.asarray(self.F(a) - self.F(b) - np.sum(self.grad_F(b) * (a - b), axis=1))
+
+    def _F(self, P: np.ndarray) -> np.ndarray:
+        out = np.asarray(self.F(P), dtype=np.float64)
+        if out.shape != (P.shape[0],):
+            raise ValueError(
+                f"Bregman F must return shape ({P.shape[0]},) for input {P.shape}, got {out.shape}"
+            )
+        return out
+
+
+def _neg_entropy(P: np.ndarray) -> np.ndarray:
+    return np.asarray(np.sum(xlogy(P, P), axis=1))
+
+
+def _neg_entropy_grad(P: np.ndarray) -> np.ndarray:
+    return np.log(P) + 1.0
+
+
+def _sq_norm(P: np.ndarray) -> np.ndarray:
+    return np.asarray(np.sum(P * P, axis=1))
+
+
+def _sq_norm_grad(P: np.ndarray) -> np.ndarray:
+    return 2.0 * P
+
+
+#: The built-in generators as Bregman objects (the estimators use closed forms for them).
+KL = Bregman(_neg_entropy, _neg_entropy_grad, "kl")
+L2 = Bregman(_sq_norm, _sq_norm_grad, "l2")
+
+
+def generator_for(divergence: object) -> Generator:
+    """Return the estimators' generator of a divergence: "kl", "l2", KL, L2 or a Bregman."""
+    if divergence == "kl" or divergence is KL:
+        return KLGenerator()
+    if divergence == "l2" or divergence is L2:
+        return L2Generator()
+    if isinstance(divergence, Bregman):
+        return CustomGenerator(divergence)
+    raise ValueError(
+        f"divergence must be 'kl', 'l2' or a kdecal.Bregman(F, grad_F), got {divergence!r}"
+    )
 
 
 # ----------------------------------------------------------------------------- estimators

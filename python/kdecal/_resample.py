@@ -2,7 +2,7 @@
 
 Both reuse the kernel of an existing estimate: the leave-one-out weights
 ``w_ij = exp(L_ij - m_j)`` depend on the predictions and the bandwidth only, so one
-multi-label engine pass (:func:`kdecal._backends.loo_reduce_multi`) accumulates the
+multi-label engine pass (:func:`kdecal._engine.backends.loo_reduce_multi`) accumulates the
 class sums of many label vectors (and centre multiplicities) at once.
 
 - Consistency resampling (Bröcker & Smith, "Increasing the reliability of reliability
@@ -24,8 +24,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from . import _backends
 from . import _estimators as _est
+from ._engine import backends as _backends
+from ._engine import runtime as _runtime
+from ._validation import check_int
 
 #: Memory budget (bytes) of the class sums of one chunk of label sets.
 _CHUNK_BYTES = 64e6
@@ -51,8 +53,6 @@ def check_resamples(value: object, name: str, minimum: int) -> int:
     ValueError
         If it is below ``minimum`` or above :data:`MAX_RESAMPLES`.
     """
-    from ._validation import check_int
-
     r = check_int(value, name, minimum)
     if r > MAX_RESAMPLES:
         raise ValueError(
@@ -299,8 +299,8 @@ def _dense_backend(backend: str) -> bool:
     """Whether the residual replicates run as dense products (the compiled core)."""
     return (
         _backends.resolve_backend(backend) == "cpp"
-        and _backends._core is not None
-        and hasattr(_backends._core, "kernel_weights")
+        and _runtime._core is not None
+        and hasattr(_runtime._core, "kernel_weights")
     )
 
 
@@ -350,10 +350,10 @@ def _residual_replicates(
     # query rows per block of weights (squared in place for the second product); at
     # least 16 (O(n) memory), so that the products stay matrix products
     rows = int(min(n, max(16, _CHUNK_BYTES // (2 * 8.0 * n))))
-    show = _backends._show_bar(float(R) * B * n * n * (ncol1 + ncol2) / 4.0, None)
+    show = _runtime.show_progress(float(R) * B * n * n * (ncol1 + ncol2) / 4.0, None)
     total = -(-R // chunk) * B * n
     scale = 1.0 / h
-    with _backends._bar(show, total, "kdecal LOO resampling") as cb:
+    with _runtime.progress_bar(show, total, "kdecal LOO resampling") as cb:
         done = 0
         for r0 in range(0, R, chunk):
             r1 = min(R, r0 + chunk)

@@ -10,7 +10,7 @@ import numpy as np
 
 from . import _estimators as _est
 from . import _resample
-from ._validation import check_p
+from ._validation import check_choice, check_p
 from .warnings import KdecalWarning
 
 __all__ = [
@@ -350,30 +350,23 @@ class CalibrationEstimate:
         Popordanoska et al. 2024, Eq. 9-10, 14; see :func:`kdecal.calibration_error`
         for the arguments.
         """
-        from ._validation import check_choice
-        from .kde import _generator
-
         check_choice(estimator, "estimator", ("direct", "refinement"))
-        return _est.calibration_error(self._div_est(divergence), _generator(divergence), estimator)
+        return _est.calibration_error(
+            self._div_est(divergence), _est.generator_for(divergence), estimator
+        )
 
     def refinement(self, divergence: object = "kl") -> float:
         """Refinement ``-mean_j F(E_j)`` (Popordanoska et al. 2024, Eq. 15)."""
-        from .kde import _generator
-
-        return _est.refinement(self._div_est(divergence), _generator(divergence))
+        return _est.refinement(self._div_est(divergence), _est.generator_for(divergence))
 
     def sharpness(self, divergence: object = "kl") -> float:
         """Sharpness ``mean_j F(E_j) - F(class frequencies)`` (2024, Eq. 4-5)."""
-        from .kde import _generator
-
-        return _est.sharpness(self._div_est(divergence), _generator(divergence))
+        return _est.sharpness(self._div_est(divergence), _est.generator_for(divergence))
 
     def _div_est(self, divergence: object) -> _est.Estimate:
-        from .kde import KL, L2
-
-        if divergence == "kl" or divergence is KL:
+        if divergence == "kl" or divergence is _est.KL:
             return self._est_kl
-        return self._est_sq if divergence == "l2" or divergence is L2 else self._est
+        return self._est_sq if divergence == "l2" or divergence is _est.L2 else self._est
 
     def value(self, quantity: str) -> float:
         """Return a quantity by name: one of ``kdecal.QUANTITIES`` (the report's fields)."""

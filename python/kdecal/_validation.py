@@ -14,9 +14,11 @@ Two rules live here and nowhere else:
 from __future__ import annotations
 
 import contextlib
+import math
 import numbers
+import warnings
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -373,10 +375,8 @@ def resolve_input(
 
 def check_probs(probs: object, name: str = "probs", min_n: int = 3) -> Probs:
     """Validate and normalise probabilities; see :class:`Probs`."""
-    from . import _dask
-
-    if _dask.is_dask_array(probs):  # row checks block by block where the blocks live
-        return _dask.check_probs(probs, name, min_n)
+    if is_dask_array(probs):  # row checks block by block where the blocks live
+        return check_probs_dask(probs, name, min_n)
     arr = _numeric_array(probs, name)
     dtype = np.dtype(np.float32) if arr.dtype == np.float32 else np.dtype(np.float64)
     if arr.size == 0:
@@ -717,3 +717,114 @@ def log_probs(
         z = np.stack([np.zeros_like(z), z], axis=1)
     L = log_softmax_rows(z)
     return LogProbs(L, np.exp(L), binary, kind)
+
+
+# ------------------------------------------------------------------ dask-array input
+
+
+def is_dask_array(x: object) -> bool:
+    """Whether ``x`` is a ``dask.array.Array`` (checked without importing dask)."""
+    mod = type(x).__module__ or ""
+    return (mod == "dask" or mod.startswith("dask.")) and hasattr(x, "map_blocks")
+
+
+def _check_block(
+    block: np.ndarray, name: str, a: int, b: int
+) -> tuple[np.ndarray, list[tuple[type[Warning], str]]]:
+    """Validate rows ``[a, b)`` with the in-memory checks, where the block lives.
+
+    Returns the validated rows and the warnings the checks gave (to re-issue on the
+    client); a failed check raises with the block's rows in the message.
+    """
+    if block.shape[0] == 0:
+        return np.zeros((0, 2 if block.ndim == 1 else block.shape[1])), []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            p = check_probs(block, name, min_n=1).p
+        except ValueError as exc:
+            raise ValueError(
+                f"{name} (a dask array), in its rows {a}..{b - 1} (indices below count from "
+                f"row {a}): {exc}"
+            ) from None
+    return p, [(w.category, str(w.message)) for w in caught]
+
+
+def check_probs_dask(x: Any, name: str = "probs", min_n: int = 3) -> Probs:
+    """Validate probabilities given as a dask array, block by block on the cluster.
+
+    Every row check of :func:`kdecal._validation.check_probs` (finite, non-negative,
+    rows summing to 1, binary values in [0, 1]) and its clipping and renormalisation
+    run on each block of rows where the block lives (the current dask scheduler:
+    the workers of a ``dask.distributed`` client); the client receives the validated
+    rows once, as the in-memory path would return them, and re-issues the checks'
+    warnings (e.g. rows renormalised), naming the blocks.
+
+    Parameters
+    ----------
+    x : dask.array.Array, shape (n, K) or (n,), numeric
+        Chunked by rows (chunks along K are merged first).
+    name : str
+        Argument name used in error messages.
+    min_n : int
+        Fewest rows accepted.
+
+    Returns
+    -------
+    Probs
+        The same object as for ``x.compute()``.
+
+    Raises
+    ------
+    TypeError
+        If the dtype is not real numeric.
+    ValueError
+        On a bad shape, unknown chunk sizes, too few rows, or a row that fails a check
+        (the message names the block's rows and the index within the block).
+    """
+    dt = np.dtype(x.dtype)
+    if dt == object or not (np.issubdtype(dt, np.number) or np.issubdtype(dt, np.bool_)):
+        raise TypeError(f"{name} must be a numeric array, got dtype {dt}")
+    if np.issubdtype(dt, np.complexfloating):
+        raise TypeError(f"{name} must be real, got dtype {dt}")
+    if x.ndim not in (1, 2):
+        raise ValueError(f"{name} must have shape (n, K) or (n,), got shape {x.shape}")
+    if any(isinstance(s, float) and math.isnan(s) for s in x.shape):
+        raise ValueError(
+            f"{name} is a dask array of unknown shape {x.shape}; call "
+            f"{name}.compute_chunk_sizes() first"
+        )
+    if x.ndim == 2 and x.shape[1] == 1:
+        raise ValueError(
+            f"{name} has shape {x.shape}: K = 1 class is not a classification problem; "
+            "pass a 1-D array of P(y = 1) for binary problems"
+        )
+    if x.size == 0:
+        raise ValueError(f"{name} is empty (shape {x.shape})")
+    if x.shape[0] < min_n:
+        raise ValueError(f"{name} needs at least {min_n} samples, got n = {x.shape[0]}")
+    import dask  # an optional dependency, present since x is a dask array
+
+    binary = x.ndim == 1
+    if not binary and x.numblocks[1] != 1:
+        x = x.rechunk({1: -1})
+    edges = np.concatenate([[0], np.cumsum(x.chunks[0])]).astype(int)
+    blocks = x.to_delayed().ravel()
+    check = dask.delayed(_check_block, pure=True)
+    parts = dask.compute(
+        *[check(blk, name, int(a), int(b)) for blk, a, b in zip(blocks, edges, edges[1:])]
+    )
+    seen: dict[tuple[type[Warning], str], list[int]] = {}
+    for (_, caught), a in zip(parts, edges):
+        for category, message in caught:
+            seen.setdefault((category, message), []).append(int(a))
+    for (category, message), starts in seen.items():
+        where = ", ".join(str(a) for a in starts[:5]) + (", ..." if len(starts) > 5 else "")
+        warn_user(
+            f"{name} (a dask array), in its block(s) starting at row {where} (row "
+            f"numbers below count from the block's first row): {message}",
+            category,
+        )
+    p = np.ascontiguousarray(np.concatenate([q for q, _ in parts]), dtype=np.float64)
+    dtype = np.dtype(np.float32) if dt == np.float32 else np.dtype(np.float64)
+    return Probs(p=p, dtype=dtype, binary=binary)

@@ -44,7 +44,10 @@ from typing import TextIO
 
 import numpy as np
 
+from ._compare import compare
 from ._io import bundled_example_path, load_predictions
+from ._validation import ROW_SUM_ATOL, check_probs
+from .plot import evaluation_page, require_matplotlib
 
 __all__ = ["main"]
 
@@ -267,8 +270,6 @@ def _to_probs(scores: np.ndarray, is_logits: bool, path: object) -> np.ndarray:
         import kdecal
 
         return kdecal.softmax(scores, axis=-1)
-    from ._validation import ROW_SUM_ATOL, check_probs
-
     try:  # raises, or warns when clipping or renormalising
         check_probs(scores, "the scores", min_n=1)
     except ValueError as exc:
@@ -327,8 +328,6 @@ def _run_evaluate(args: argparse.Namespace) -> int:
             estimator=args.estimator,
         )
         if args.plot is not None:
-            from .plot import evaluation_page
-
             fig = evaluation_page(probs, labels, report=report, backend=args.backend)
             fig.savefig(args.plot)
     _emit(json.dumps(report.to_dict(), indent=2, allow_nan=False) if args.json else str(report))
@@ -358,8 +357,6 @@ def _run_compare(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("default")
         warnings.showwarning = _show_warning
-        from ._compare import compare
-
         result = compare(
             models,
             labels,
@@ -394,8 +391,6 @@ def _emit(text: str) -> None:
 def _check_plot_target(path: str) -> None:
     """Check that ``--plot`` can be honoured: matplotlib, the folder, the file type."""
     try:
-        from .plot import require_matplotlib
-
         require_matplotlib()
     except ImportError as exc:
         raise ValueError(f"--plot: {exc}") from None

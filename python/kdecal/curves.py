@@ -53,7 +53,7 @@ from scipy.special import gammaln, xlogy
 
 from . import _formulas, _validation
 from . import binned as _binned
-from ._backends import resolve_backend
+from ._engine.backends import resolve_backend
 from ._validation import (
     PROB_EPS,
     Probs,
@@ -66,6 +66,8 @@ from ._validation import (
     check_n_bins,
     check_probs,
 )
+from .kde import _resolve_bandwidth as resolve
+from .kde import estimate
 
 __all__ = [
     "BayesRiskCurve",
@@ -110,8 +112,6 @@ def _readonly(a: np.ndarray) -> np.ndarray:
 
 def _resolve_bandwidth(*args: Any) -> float:
     """:func:`kdecal.kde._resolve_bandwidth` (imported late: kde imports this package)."""
-    from .kde import _resolve_bandwidth as resolve
-
     return resolve(*args)
 
 
@@ -123,8 +123,6 @@ def _kernel_estimate(
     The plug-in regression: the curves draw the kernel ratio ``sum w y / sum w`` on a
     grid, which lies in [0, 1] and is the same formula at the data and between them.
     """
-    from .kde import estimate
-
     return estimate(
         probs,
         labels,

@@ -1,7 +1,7 @@
 """Kernel (Dirichlet-KDE) estimators of calibration error.
 
 Every estimator here is a cheap O(nK) plug-in on top of the engine's leave-one-out
-reduction (:func:`kdecal._backends.loo_reduce`: the compiled core, or the numba, CUDA or
+reduction (:func:`kdecal._engine.backends.loo_reduce`: the compiled core, or the numba, CUDA or
 Dask backend), which returns, per query row, the running max and class-wise sums of the
 Dirichlet kernel. At a fixed bandwidth an estimate is one engine pass over the n x n
 pairs (every bandwidth it needs in the same call). ``bandwidth="auto"`` first runs the
@@ -27,16 +27,17 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
 from scipy.special import softmax as _sp_softmax
-from scipy.special import xlogy
 
-from . import _backends
 from . import _estimators as _est
+from . import binned, scores
+from ._engine import backends as _backends
+from ._estimators import DEFAULT_BANDWIDTH_GRID, KL, L2, Bregman
 from ._report import CalibrationReport
+from ._resample import check_resamples
 from ._result import CalibrationEstimate, CalibrationTestResult, ResamplingError
 from ._validation import (
     Probs,
@@ -65,11 +66,6 @@ __all__ = [
     "sharpness",
     "softmax",
 ]
-
-#: Default grid of :func:`select_bandwidth`: 50 log-spaced values in [1e-5, 1e-1] and
-#: 0.2, 0.4, 0.6, 0.8, 1.0 (the grid of Popordanoska et al. 2024's code).
-DEFAULT_BANDWIDTH_GRID = np.concatenate([np.logspace(-5, -1, 50), [0.2, 0.4, 0.6, 0.8, 1.0]])
-DEFAULT_BANDWIDTH_GRID.setflags(write=False)
 
 
 # Parameters shared by every estimator that takes a notion of calibration and a
@@ -131,77 +127,6 @@ def _doc(func: _F) -> _F:
         .replace("{estimator_doc}", _ESTIMATOR_DOC)
     )
     return func
-
-
-# ----------------------------------------------------------------------------- Bregman
-
-
-@dataclass(frozen=True)
-class Bregman:
-    """A Bregman divergence given by its strictly convex generator F.
-
-    ``D_F(a, b) = F(a) - F(b) - <grad_F(b), a - b>``; the proper calibration error is
-    ``E[D_F(E[y | f(x)], f(x))]`` (Popordanoska et al. 2024, Eq. 9).
-
-    Parameters
-    ----------
-    F : callable
-        ``F(P) -> ndarray (n,)`` for ``P`` of shape (n, K): the generator, vectorised
-        over rows.
-    grad_F : callable
-        ``grad_F(P) -> ndarray (n, K)``: its gradient, vectorised over rows.
-    name : str, optional
-        Label used in reports.
-    """
-
-    F: Callable[[np.ndarray], np.ndarray]
-    grad_F: Callable[[np.ndarray], np.ndarray]
-    name: str = "custom"
-
-    def divergence(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """Row-wise ``D_F(a_j, b_j)``, shape (n,)."""
-        return np.asarray(self.F(a) - self.F(b) - np.sum(self.grad_F(b) * (a - b), axis=1))
-
-    def _F(self, P: np.ndarray) -> np.ndarray:
-        out = np.asarray(self.F(P), dtype=np.float64)
-        if out.shape != (P.shape[0],):
-            raise ValueError(
-                f"Bregman F must return shape ({P.shape[0]},) for input {P.shape}, got {out.shape}"
-            )
-        return out
-
-
-def _neg_entropy(P: np.ndarray) -> np.ndarray:
-    return np.asarray(np.sum(xlogy(P, P), axis=1))
-
-
-def _neg_entropy_grad(P: np.ndarray) -> np.ndarray:
-    return np.log(P) + 1.0
-
-
-def _sq_norm(P: np.ndarray) -> np.ndarray:
-    return np.asarray(np.sum(P * P, axis=1))
-
-
-def _sq_norm_grad(P: np.ndarray) -> np.ndarray:
-    return 2.0 * P
-
-
-#: The built-in generators as Bregman objects (the estimators use closed forms for them).
-KL = Bregman(_neg_entropy, _neg_entropy_grad, "kl")
-L2 = Bregman(_sq_norm, _sq_norm_grad, "l2")
-
-
-def _generator(divergence: object) -> _est.Generator:
-    if divergence == "kl" or divergence is KL:
-        return _est.KLGenerator()
-    if divergence == "l2" or divergence is L2:
-        return _est.L2Generator()
-    if isinstance(divergence, Bregman):
-        return _est.CustomGenerator(divergence)
-    raise ValueError(
-        f"divergence must be 'kl', 'l2' or a kdecal.Bregman(F, grad_F), got {divergence!r}"
-    )
 
 
 # ------------------------------------------------------------------------ engine glue
@@ -711,7 +636,7 @@ def calibration_error(
     TypeError, ValueError
         Invalid input, divergence, estimator, calibration or debias.
     """
-    gen = _generator(divergence)
+    gen = _est.generator_for(divergence)
     check_choice(estimator, "estimator", ("residual", "plugin", "direct", "refinement"))
     est = _fit_divergence(
         probs, labels, divergence, bandwidth, calibration, debias, backend, str(estimator)
@@ -772,7 +697,7 @@ def refinement(
     TypeError, ValueError
         As :func:`calibration_error`.
     """
-    gen = _generator(divergence)
+    gen = _est.generator_for(divergence)
     check_choice(estimator, "estimator", _est.ESTIMATORS)
     est = _fit_divergence(
         probs, labels, divergence, bandwidth, calibration, debias, backend, str(estimator)
@@ -806,7 +731,7 @@ def sharpness(
     TypeError, ValueError
         As :func:`calibration_error`.
     """
-    gen = _generator(divergence)
+    gen = _est.generator_for(divergence)
     check_choice(estimator, "estimator", _est.ESTIMATORS)
     est = _fit_divergence(
         probs, labels, divergence, bandwidth, calibration, debias, backend, str(estimator)
@@ -1107,8 +1032,6 @@ def evaluate(
         Invalid input (see :func:`conditional_expectation`), an unknown notion, or
         ``n_resamples`` outside 0..1,000,000.
     """
-    from ._resample import check_resamples
-
     t0 = time.perf_counter()
     R = check_resamples(n_resamples, "n_resamples", 0)
     wanted = tuple(notions or ())
@@ -1150,8 +1073,6 @@ def evaluate(
         # notion asked for with `calibration` is always resampled
         resample = (name in resampled or name == calibration) and str(debias) != "ratio"
         summaries[name] = _notion_summary(e, R if resample else 0, seed)
-    from . import binned, scores
-
     cal_loss = None
     notes: list[str] = []
     if calibration_loss and K >= 2 and np.unique(y).size >= 2:

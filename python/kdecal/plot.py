@@ -45,6 +45,7 @@ from .curves import (
     _simplex_arrays,
     bin_means,
 )
+from .kde import evaluate
 
 __all__ = [
     "BayesRiskCurve",
@@ -897,8 +898,6 @@ def evaluation_page(
     """
     Figure = _figure_class()
     if report is None:
-        from .kde import evaluate
-
         report = evaluate(probs, labels, bandwidth=bandwidth, backend=backend, progress=False)
     # the canonical panel at the table's canonical bandwidth (issue 26: they disagreed)
     notions = getattr(report, "notions", {}) or {}

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ._resample import check_resamples
 from ._validation import _numeric_array, check_int
 
 __all__ = ["BootstrapCI", "bootstrap_ci", "cv_folds"]
@@ -249,8 +250,6 @@ def bootstrap_ci(
     """
     if not callable(metric):
         raise TypeError(f"metric must be callable, got {type(metric).__name__}")
-    from ._resample import check_resamples
-
     n_boot = check_resamples(n_boot, "n_boot", 1)
     if isinstance(alpha, (bool, np.bool_)) or not isinstance(alpha, numbers.Real):
         raise TypeError(f"alpha must be a float in (0, 1), got {alpha!r}")

@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 from scipy.special import xlogy
 
+from . import recalibration
 from ._validation import (
     ROW_SUM_ATOL,
     _numeric_array,
@@ -554,8 +555,6 @@ def _make_calibrator(calibrator: object, input: str) -> Callable[[], Any]:
                 f"calibrator must be one of {list(_CALIBRATORS)} or a calibrator instance, "
                 f"got {calibrator!r}"
             )
-        from . import recalibration
-
         cls = getattr(recalibration, _CALIBRATORS[calibrator])
         return lambda: cls(input=input)
     if not (

@@ -22,7 +22,7 @@ Function, the tensor checks and the ``nn.Module`` wrappers.
 
 Requires torch (``pip install "kdecal[torch]"``) and, for CPU tensors, the compiled core
 ``kdecal._core`` (the numba fallback has no backward pass). CUDA tensors run the forward
-and the backward pass on their device with the GPU engine (:mod:`kdecal._cuda`,
+and the backward pass on their device with the GPU engine (:mod:`kdecal._engine.cuda`,
 ``pip install "kdecal[cuda]"``): the kernel sums, the gradient and every O(nK) step stay
 on the device; only the validation reads the predictions and labels (O(nK)) on the host.
 float32 or float64 tensors; float16 and bfloat16 are converted to float32 (differentiably,
@@ -47,10 +47,11 @@ import torch
 from scipy.special import digamma
 from torch.autograd.function import once_differentiable
 
-from . import _backends
 from . import _estimators as _est
 from . import _formulas as _f
 from . import kde as _kde
+from ._engine import backends as _backends
+from ._engine import runtime as _runtime
 from ._validation import check_bandwidth, check_choice, check_labels, check_probs
 
 __all__ = [
@@ -74,13 +75,13 @@ def __dir__() -> list[str]:
 
 def _core() -> Any:
     """Return the compiled core, or raise a RuntimeError saying why the losses need it."""
-    if _backends._core is None:
+    if _runtime._core is None:
         raise RuntimeError(
             "kdecal.torch losses need kdecal's compiled core (kdecal._core), which could not "
-            f"be imported ({_backends._core_error}); the numba fallback has no backward "
+            f"be imported ({_runtime._core_error}); the numba fallback has no backward "
             "pass. Reinstall kdecal with a C++17 compiler to build it."
         )
-    return _backends._core
+    return _runtime._core
 
 
 class _LooExpectation(torch.autograd.Function):
@@ -147,7 +148,7 @@ def _cuda_forward(ctx: Any, points: torch.Tensor, labels: np.ndarray, h: float) 
     logq = torch.log(p64).to(kdt).contiguous()
     pk = p64.to(kdt).contiguous()
     scale = 1.0 / h
-    cu = _backends._load_cuda()
+    cu = _runtime.load_cuda()
     B, n, D = p64.shape
     # the engine's own bias kernel, -sum_k lgamma(f_k / h + 1), on the device: (B, n)
     bias = _from_device(
@@ -205,10 +206,10 @@ def _check_tensor(probs: object) -> torch.Tensor:
             f"probs is on device {probs.device}; kdecal.torch supports CPU and CUDA tensors "
             "(move it with .cpu())"
         )
-    if probs.is_cuda and _backends._load_cuda() is None:
+    if probs.is_cuda and _runtime.load_cuda() is None:
         raise ValueError(
             f"probs is on device {probs.device}, but kdecal's GPU engine is not usable here: "
-            f"{_backends._cuda_error}; move the tensor with .cpu()"
+            f"{_runtime._cuda_error}; move the tensor with .cpu()"
         )
     if probs.dtype in (torch.float16, torch.bfloat16):
         return probs.to(torch.float32)  # differentiable: the gradient returns in half

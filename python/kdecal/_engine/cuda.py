@@ -916,7 +916,7 @@ def loo_reduce(
     D : array, shape ([B,] H, R, C), float64, only with ``pairs``
     A : array, shape ([B,] H, R, K), float64, only with ``resid``
     U : array, shape ([B,] H, R), float64, only with ``resid``
-        The same accumulators as the compiled core (see :func:`kdecal._backends.loo_reduce`);
+        The same accumulators as the compiled core (see :func:`kdecal._engine.backends.loo_reduce`);
         ``A`` and ``U`` over the same (clamped) terms as ``S``, in float64 in both modes
         (the fast mode's terms ``e`` are those of its ``S``).
 

@@ -4,7 +4,7 @@ Every binary problem of kdecal is the ``K = 2`` kernel problem on the points
 ``p_i = (1 - x_i, x_i)`` (clipped at ``PROB_EPS`` and renormalised), whose log-kernel
 ``L_ij = bias_i + (1/h) (log(1 - x_j) p_i0 + log(x_j) p_i1)`` is concave in the centre's
 coordinate.  :func:`loo_reduce_binary` returns the accumulators of
-:func:`kdecal._backends.loo_reduce` for such problems in ``O(n log n + n W)`` instead of
+:func:`kdecal._engine.backends.loo_reduce` for such problems in ``O(n log n + n W)`` instead of
 ``O(n^2)``:
 
 - ``method="window"``: the exact terms within ``max(64, ln n + 36)`` nats of each class
@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from . import _backends
-from . import _formulas as _f
+from .. import _formulas as _f
+from . import runtime as _runtime
 
 METHODS = ("auto", "binned", "window", "exact")
 #: Cell width of the binned method, in units of the kernel's width sqrt(h)/2 in z.
@@ -63,7 +63,7 @@ def binary_inputs(x: np.ndarray, hs: np.ndarray) -> tuple[np.ndarray, np.ndarray
     logq = np.ascontiguousarray(np.log(p))
     core = _require_core()
     flat = p.reshape(-1, 2)
-    nt = _backends.get_num_threads()
+    nt = _runtime.get_num_threads()
     bias = np.stack(
         [np.asarray(core.kernel_bias(flat, 1.0 / float(h), nt)).reshape(p.shape[:-1]) for h in hs],
         axis=1,
@@ -114,7 +114,7 @@ def loo_reduce_binary(
     Returns
     -------
     m, S, Q, T[, D][, A, U]
-        As :func:`kdecal._backends.loo_reduce` (shapes ``([B,] H, R)`` and
+        As :func:`kdecal._engine.backends.loo_reduce` (shapes ``([B,] H, R)`` and
         ``([B,] H, R, C)``, the leading B only for 2-D ``x``), then, with ``resid``,
         ``A`` of shape ``([B,] H, R, 2)``: ``sum_{i != j} w_ij p_ik`` and ``U`` of shape
         ``([B,] H, R)``: ``sum_{i != j} w_ij^2 u_i``, with ``w_ij = exp(L_ij - m_j)``.
@@ -182,7 +182,7 @@ def loo_reduce_k2(
     u: np.ndarray | None = None,
     stats: dict[str, int] | None = None,
 ) -> tuple[np.ndarray, ...]:
-    """:func:`kdecal._backends.loo_reduce` for ``K = 2`` inputs, on the fast engine.
+    """:func:`kdecal._engine.backends.loo_reduce` for ``K = 2`` inputs, on the fast engine.
 
     The arguments are those of ``loo_reduce`` (logq, p of shape (B, n, 2), float64;
     labels (B, n); scale (H,); bias (B, H, n)), plus ``method`` (see the module
@@ -195,13 +195,13 @@ def loo_reduce_k2(
     n = p.shape[-2]
     r0, r1 = (0, n) if rows is None else (int(rows[0]), int(rows[1]))
     if method == "exact":  # the dense loop itself (not loo_reduce, which comes back here)
-        with _backends._bar(
-            _backends._show_bar(float(r1 - r0) * n * len(scale) * p.shape[0], progress),
+        with _runtime.progress_bar(
+            _runtime.show_progress(float(r1 - r0) * n * len(scale) * p.shape[0], progress),
             (r1 - r0) * p.shape[0],
             "kdecal LOO kernel",
         ) as cb:
             return tuple(
-                _backends._call("cpp")(
+                _runtime.dense_reduce("cpp")(
                     logq,
                     p,
                     labels,
@@ -228,7 +228,9 @@ def loo_reduce_k2(
     total = (r1 - r0) * B * H
     work = float(r1 - r0) * B * H * max(1, n_classes) * 1000.0  # ~1 us per (query, class)
     order: list[int] = []
-    with _backends._bar(_backends._show_bar(work, progress), total, "kdecal binary kernel") as cb:
+    with _runtime.progress_bar(
+        _runtime.show_progress(work, progress), total, "kdecal binary kernel"
+    ) as cb:
         done = 0
         for mth, ts in groups:
             idx = np.asarray(ts)
@@ -248,7 +250,7 @@ def loo_reduce_k2(
                 powers,
                 r0,
                 r1,
-                _backends.get_num_threads(),
+                _runtime.get_num_threads(),
                 report if cb is not None else None,
                 pairs,
                 mth,
@@ -310,7 +312,7 @@ def choose_method(
 
 
 def _require_core() -> Any:
-    core = _backends._core
+    core = _runtime._core
     if core is None or not hasattr(core, "binary_reduce"):
         raise RuntimeError("the fast binary engine needs kdecal's compiled core")
     return core

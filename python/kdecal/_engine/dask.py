@@ -34,11 +34,12 @@ from __future__ import annotations
 import math
 import threading
 import uuid
-import warnings
 from collections import OrderedDict
 from typing import Any
 
 import numpy as np
+
+from . import runtime as _runtime
 
 INSTALL_HINT = 'pip install "kdecal[dask]"'
 
@@ -115,13 +116,11 @@ def check_available() -> None:
         If there is no current client, or kdecal's compiled core (which the workers run,
         and whose debiasing the client uses) is not importable.
     """
-    from . import _backends
-
     get_client()
-    if _backends._core is None:
+    if _runtime._core is None:
         raise ValueError(
             f"backend 'dask' runs kdecal's compiled core, which could not be imported here "
-            f"({_backends._core_error})"
+            f"({_runtime._core_error})"
         )
 
 
@@ -186,14 +185,13 @@ def plan_blocks(start: int, stop: int, row_work: float, n_threads: int) -> list[
 
 
 def _core_on_worker() -> Any:
-    from . import _backends
 
-    if _backends._core is None:
+    if _runtime._core is None:
         raise RuntimeError(
             "kdecal's compiled core could not be imported on this dask worker "
-            f"({_backends._core_error}); install kdecal with its core on every worker"
+            f"({_runtime._core_error}); install kdecal with its core on every worker"
         )
-    return _backends._core
+    return _runtime._core
 
 
 def _reduce_block(*args: Any) -> tuple[np.ndarray, ...]:
@@ -275,7 +273,7 @@ def loo_reduce(
     pairs: bool = False,
     resid: np.ndarray | None = None,
 ) -> tuple[np.ndarray, ...]:
-    """``kdecal._backends.loo_reduce`` on the current client; same arguments and results.
+    """``kdecal._engine.backends.loo_reduce`` on the current client; same arguments and results.
 
     The query rows ``[row_start, row_stop)`` are cut by :func:`plan_blocks`; ``show``
     displays ``distributed.progress`` over the tasks.
@@ -286,20 +284,18 @@ def loo_reduce(
     S, Q, T : ndarray, shape ([B,] H, R, C), float64, or (0, 0, 0) when not requested
         Equal, bit for bit, to the in-process engine's.
     D : ndarray, shape ([B,] H, R, C), float64, only with ``pairs``
-        The pair sums ``S**2 - Q`` (see ``kdecal._backends.loo_reduce``), bit for bit too.
+        The pair sums ``S**2 - Q`` (see ``kdecal._engine.backends.loo_reduce``), bit for bit too.
     A : ndarray, shape ([B,] H, R, K), float64, only with ``resid``
     U : ndarray, shape ([B,] H, R), float64, only with ``resid``
-        The residual sums (see ``kdecal._backends.loo_reduce``), bit for bit too: the
+        The residual sums (see ``kdecal._engine.backends.loo_reduce``), bit for bit too: the
         row blocks' A concatenate along the row axis like S, their U like m.
     """
-    from . import _backends
-
     if row_stop <= row_start:  # nothing to distribute; same (degenerate) call in-process
         if resid is not None:
-            core_reduce: Any = _backends._core.loo_reduce
+            core_reduce: Any = _runtime._core.loo_reduce
             args0 = (logq, p, labels, n_classes, scale, bias, powers, row_start, row_stop, 1)
             return tuple(core_reduce(*args0, pairs=pairs, resid=resid))
-        return _backends._core.loo_reduce(
+        return _runtime._core.loo_reduce(
             logq, p, labels, n_classes, scale, bias, powers, row_start, row_stop, 1, pairs=pairs
         )
     client = get_client()
@@ -349,7 +345,7 @@ def loo_reduce_multi(
     show: bool = False,
     resid: np.ndarray | None = None,
 ) -> tuple[np.ndarray, ...]:
-    """``kdecal._backends.loo_reduce_multi`` on the current client (validated arguments).
+    """``kdecal._engine.backends.loo_reduce_multi`` on the current client (validated arguments).
 
     Returns
     -------
@@ -381,120 +377,3 @@ def loo_reduce_multi(
     parts = _run_blocks(client, _reduce_multi_block_resid, args, blocks, "kdecal-loo-multi", show)
     U = np.concatenate([x[2] for x in parts], axis=1)
     return _concat(parts, 0, 1), _concat(parts, 1, 1), U
-
-
-# ------------------------------------------------------------------ dask-array input
-
-
-def is_dask_array(x: object) -> bool:
-    """Whether ``x`` is a ``dask.array.Array`` (checked without importing dask)."""
-    mod = type(x).__module__ or ""
-    return (mod == "dask" or mod.startswith("dask.")) and hasattr(x, "map_blocks")
-
-
-def _check_block(
-    block: np.ndarray, name: str, a: int, b: int
-) -> tuple[np.ndarray, list[tuple[type[Warning], str]]]:
-    """Validate rows ``[a, b)`` with the in-memory checks, where the block lives.
-
-    Returns the validated rows and the warnings the checks gave (to re-issue on the
-    client); a failed check raises with the block's rows in the message.
-    """
-    from ._validation import check_probs
-
-    if block.shape[0] == 0:
-        return np.zeros((0, 2 if block.ndim == 1 else block.shape[1])), []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            p = check_probs(block, name, min_n=1).p
-        except ValueError as exc:
-            raise ValueError(
-                f"{name} (a dask array), in its rows {a}..{b - 1} (indices below count from "
-                f"row {a}): {exc}"
-            ) from None
-    return p, [(w.category, str(w.message)) for w in caught]
-
-
-def check_probs(x: Any, name: str = "probs", min_n: int = 3) -> Any:
-    """Validate probabilities given as a dask array, block by block on the cluster.
-
-    Every row check of :func:`kdecal._validation.check_probs` (finite, non-negative,
-    rows summing to 1, binary values in [0, 1]) and its clipping and renormalisation
-    run on each block of rows where the block lives (the current dask scheduler:
-    the workers of a ``dask.distributed`` client); the client receives the validated
-    rows once, as the in-memory path would return them, and re-issues the checks'
-    warnings (e.g. rows renormalised), naming the blocks.
-
-    Parameters
-    ----------
-    x : dask.array.Array, shape (n, K) or (n,), numeric
-        Chunked by rows (chunks along K are merged first).
-    name : str
-        Argument name used in error messages.
-    min_n : int
-        Fewest rows accepted.
-
-    Returns
-    -------
-    kdecal._validation.Probs
-        The same object as for ``x.compute()``.
-
-    Raises
-    ------
-    TypeError
-        If the dtype is not real numeric.
-    ValueError
-        On a bad shape, unknown chunk sizes, too few rows, or a row that fails a check
-        (the message names the block's rows and the index within the block).
-    """
-    from ._validation import Probs
-
-    dt = np.dtype(x.dtype)
-    if dt == object or not (np.issubdtype(dt, np.number) or np.issubdtype(dt, np.bool_)):
-        raise TypeError(f"{name} must be a numeric array, got dtype {dt}")
-    if np.issubdtype(dt, np.complexfloating):
-        raise TypeError(f"{name} must be real, got dtype {dt}")
-    if x.ndim not in (1, 2):
-        raise ValueError(f"{name} must have shape (n, K) or (n,), got shape {x.shape}")
-    if any(isinstance(s, float) and math.isnan(s) for s in x.shape):
-        raise ValueError(
-            f"{name} is a dask array of unknown shape {x.shape}; call "
-            f"{name}.compute_chunk_sizes() first"
-        )
-    if x.ndim == 2 and x.shape[1] == 1:
-        raise ValueError(
-            f"{name} has shape {x.shape}: K = 1 class is not a classification problem; "
-            "pass a 1-D array of P(y = 1) for binary problems"
-        )
-    if x.size == 0:
-        raise ValueError(f"{name} is empty (shape {x.shape})")
-    if x.shape[0] < min_n:
-        raise ValueError(f"{name} needs at least {min_n} samples, got n = {x.shape[0]}")
-    import dask
-
-    from .warnings import warn_user
-
-    binary = x.ndim == 1
-    if not binary and x.numblocks[1] != 1:
-        x = x.rechunk({1: -1})
-    edges = np.concatenate([[0], np.cumsum(x.chunks[0])]).astype(int)
-    blocks = x.to_delayed().ravel()
-    check = dask.delayed(_check_block, pure=True)
-    parts = dask.compute(
-        *[check(blk, name, int(a), int(b)) for blk, a, b in zip(blocks, edges, edges[1:])]
-    )
-    seen: dict[tuple[type[Warning], str], list[int]] = {}
-    for (_, caught), a in zip(parts, edges):
-        for category, message in caught:
-            seen.setdefault((category, message), []).append(int(a))
-    for (category, message), starts in seen.items():
-        where = ", ".join(str(a) for a in starts[:5]) + (", ..." if len(starts) > 5 else "")
-        warn_user(
-            f"{name} (a dask array), in its block(s) starting at row {where} (row "
-            f"numbers below count from the block's first row): {message}",
-            category,
-        )
-    p = np.ascontiguousarray(np.concatenate([q for q, _ in parts]), dtype=np.float64)
-    dtype = np.dtype(np.float32) if dt == np.float32 else np.dtype(np.float64)
-    return Probs(p=p, dtype=dtype, binary=binary)

@@ -5,111 +5,29 @@ Backends return the same per-query accumulators (running max ``m`` and power sum
 :func:`loo_reduce_multi` gives the class sums of many label sets at one bandwidth.
 ``"auto"`` picks ``"cuda"`` for arrays on a CUDA device (when the GPU engine is usable),
 else ``"cpp"`` (the compiled core) when it imports, else ``"numba"``; ``"cuda"`` runs
-the numba-cuda kernels of :mod:`kdecal._cuda` (``pip install "kdecal[cuda]"``, an NVIDIA
+the numba-cuda kernels of :mod:`kdecal._engine.cuda` (``pip install "kdecal[cuda]"``, an NVIDIA
 GPU, or numba's CUDA simulator); ``"dask"`` runs the compiled core on the workers of the
 current ``dask.distributed`` client, one task per block of query rows
-(:mod:`kdecal._dask`), with the same results.
+(:mod:`kdecal._engine.dask`), with the same results.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import math
 import os
-import threading
 import warnings
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
-from .warnings import BackendFallbackWarning
+from ..warnings import BackendFallbackWarning
+from . import binary as _binary
+from . import dask as _dask
+from . import runtime as _runtime
 
 BACKENDS = ("cpp", "numba", "cuda")
 
-_core_error: BaseException | None = None
-try:
-    # typed by _core.pyi; the alias re-exports it (kdecal.torch, _estimators use it)
-    from . import _core as _core  # noqa: PLC0414
-except ImportError as exc:  # pragma: no cover - exercised by the fallback test
-    _core = None  # type: ignore[assignment]
-    _core_error = exc
-
-#: How to install the numba backend (an optional extra).
-NUMBA_INSTALL = 'pip install "kdecal[numba]"'
-_numba_mod: Any = None
-_numba_error: BaseException | None = None
-_cuda_mod: Any = None
-_cuda_error: BaseException | str | None = None
 _warned = False
-_num_threads: int = 0  # 0: library default (all cores)
-
-
-def _load_numba() -> Any:
-    """Return :mod:`kdecal._numba` where numba imports, else None (tried once).
-
-    numba is optional (``pip install "kdecal[numba]"``): it is imported here, on the
-    first use of the numba backend, and nowhere else (the GPU engine aside).
-    """
-    global _numba_mod, _numba_error
-    if _numba_mod is None and _numba_error is None:
-        try:
-            _numba_mod = importlib.import_module("kdecal._numba")
-        except ImportError as exc:
-            _numba_error = exc
-    return _numba_mod
-
-
-def _numba_missing() -> str:
-    """Why the numba backend cannot run here (see :data:`NUMBA_INSTALL`)."""
-    if isinstance(_numba_error, ModuleNotFoundError) and _numba_error.name == "numba":
-        return "numba is not installed"
-    return f"numba failed to import ({_numba_error})"
-
-
-def _require_numba() -> Any:
-    """Return :mod:`kdecal._numba`; raise ``ImportError`` naming the extra without numba."""
-    mod = _load_numba()
-    if mod is None:
-        raise ImportError(
-            f"the numba backend is not available: {_numba_missing()}: {NUMBA_INSTALL}"
-        )
-    return mod
-
-
-def _load_cuda() -> Any:
-    """Return :mod:`kdecal._cuda` when a CUDA device (or the simulator) is usable, else None.
-
-    Probed once: importing numba's CUDA target and asking the driver for a device.
-    """
-    global _cuda_mod, _cuda_error
-    if _cuda_mod is None and _cuda_error is None:
-        if importlib.util.find_spec("numba") is None:
-            _cuda_error = 'numba is not installed (pip install "kdecal[cuda]")'
-            return None
-        try:
-            mod = importlib.import_module("kdecal._cuda")
-        except Exception as exc:  # noqa: BLE001 - a missing or broken numba-cuda
-            _cuda_error = exc
-            return None
-        if mod.is_available():
-            _cuda_mod = mod
-        else:
-            _cuda_error = (
-                "no CUDA device is usable (an NVIDIA GPU with its driver, and numba-cuda: "
-                'pip install "kdecal[cuda]"; or numba\'s simulator, NUMBA_ENABLE_CUDASIM=1)'
-            )
-    return _cuda_mod
-
-
-def is_device_array(x: object) -> bool:
-    """Whether ``x`` is an array on a CUDA device (``__cuda_array_interface__``)."""
-    return hasattr(x, "__cuda_array_interface__") or (
-        type(x).__module__.startswith("numba.cuda") and hasattr(x, "copy_to_host")
-    )
 
 
 def available_backends() -> list[str]:
@@ -122,11 +40,11 @@ def available_backends() -> list[str]:
         (or numba's CUDA simulator) is usable.
     """
     out = []
-    if _core is not None:
+    if _runtime._core is not None:
         out.append("cpp")
-    if _load_numba() is not None:
+    if _runtime.load_numba() is not None:
         out.append("numba")
-    if _load_cuda() is not None:
+    if _runtime.load_cuda() is not None:
         out.append("cuda")
     return out
 
@@ -153,26 +71,24 @@ def resolve_backend(backend: object, *data: object) -> str:
     """
     global _warned
     if backend == "dask":
-        from . import _dask
-
         _dask.check_available()
         return "dask"
-    on_device = backend == "auto" and any(is_device_array(x) for x in data)
-    if on_device and _load_cuda() is not None:
+    on_device = backend == "auto" and any(_runtime.is_device_array(x) for x in data)
+    if on_device and _runtime.load_cuda() is not None:
         return "cuda"
     if backend == "cuda":
-        if _load_cuda() is None:
-            raise ValueError(f"backend 'cuda' is not available here: {_cuda_error}")
+        if _runtime.load_cuda() is None:
+            raise ValueError(f"backend 'cuda' is not available here: {_runtime._cuda_error}")
         return "cuda"
     # the CPU engines only: probing for a GPU costs an import of numba's CUDA target;
     # numba itself is imported only where the compiled core is missing or it is asked for
     if backend == "auto":
-        if _core is not None:
+        if _runtime._core is not None:
             return "cpp"
-        if _load_numba() is not None:
+        if _runtime.load_numba() is not None:
             if not _warned:
                 warnings.warn(
-                    f"kdecal's compiled core could not be imported ({_core_error}); "
+                    f"kdecal's compiled core could not be imported ({_runtime._core_error}); "
                     "using the slower numba backend. Reinstall kdecal with a C++ compiler "
                     "to build kdecal._core.",
                     BackendFallbackWarning,
@@ -182,8 +98,8 @@ def resolve_backend(backend: object, *data: object) -> str:
             return "numba"
         raise ImportError(
             "kdecal has no engine here: its compiled core kdecal._core could not be "
-            f"imported ({_core_error}) and {_numba_missing()}. Install numba "
-            f"({NUMBA_INSTALL}), or kdecal from a wheel with the compiled core for this "
+            f"imported ({_runtime._core_error}) and {_runtime.numba_missing()}. Install numba "
+            f"({_runtime.NUMBA_INSTALL}), or kdecal from a wheel with the compiled core for this "
             "platform (or from source, with a C++17 compiler)"
         )
     if backend not in BACKENDS:
@@ -191,232 +107,20 @@ def resolve_backend(backend: object, *data: object) -> str:
             f"unknown backend {backend!r}; choose 'auto', one of the available backends "
             f"{available_backends()}, or 'dask' (a dask.distributed cluster)"
         )
-    if backend == "cpp" and _core is None:
-        why = str(_core_error)
-    elif backend == "numba" and _load_numba() is None:
-        why = f"{_numba_missing()}: {NUMBA_INSTALL}"
+    if backend == "cpp" and _runtime._core is None:
+        why = str(_runtime._core_error)
+    elif backend == "numba" and _runtime.load_numba() is None:
+        why = f"{_runtime.numba_missing()}: {_runtime.NUMBA_INSTALL}"
     else:
         return str(backend)
-    avail = [b for b, ok in (("cpp", _core is not None), ("numba", _load_numba())) if ok]
+    avail = [
+        b
+        for b, ok in (("cpp", _runtime._core is not None), ("numba", _runtime.load_numba()))
+        if ok
+    ]
     raise ValueError(
         f"backend {backend!r} is not available here ({why}); available backends: {avail}"
     )
-
-
-#: Most engine threads :func:`set_num_threads` accepts (each thread holds O(K) scratch
-#: per tile; more threads than this is a typo, not a machine).
-MAX_THREADS = 4096
-
-
-def set_num_threads(n: int | None) -> None:
-    """Set the number of threads the engine uses (``None`` or 0: all cores).
-
-    Threads beyond the number of cores are allowed (up to :data:`MAX_THREADS`) but only
-    add scheduling overhead.
-
-    Parameters
-    ----------
-    n : int or None
-        Number of threads in ``0..MAX_THREADS``; ``None`` or 0 uses every core.
-
-    Raises
-    ------
-    ValueError
-        If ``n`` is not an integer in ``0..MAX_THREADS``.
-    """
-    global _num_threads
-    if n is None:
-        n = 0
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= MAX_THREADS:
-        raise ValueError(
-            f"n must be an integer in 0..{MAX_THREADS} (0 or None: all cores), got {n!r}"
-        )
-    _num_threads = int(n)
-
-
-def get_num_threads() -> int:
-    """Return the number of threads the engine will use.
-
-    Returns
-    -------
-    int
-        The value of :func:`set_num_threads`; when unset, the compiled core's OpenMP
-        default (all cores unless ``OMP_NUM_THREADS`` is set), or, without the compiled
-        core, the number of cores.
-    """
-    if _num_threads > 0:
-        return _num_threads
-    if _core is not None:
-        return int(_core.max_threads())
-    return os.cpu_count() or 1
-
-
-#: Elements below which :func:`map_row_blocks` runs on the calling thread alone.
-ROW_BLOCKS_MIN_ELEMENTS = 1 << 15
-
-_pool: ThreadPoolExecutor | None = None
-_pool_key: tuple[int, int] = (0, 0)  # (threads, process id) the pool was made for
-_pool_lock = threading.Lock()
-
-
-def _thread_pool(n: int) -> ThreadPoolExecutor:
-    """Return a pool of ``n`` threads, kept between calls (made again after a fork)."""
-    global _pool, _pool_key
-    key = (n, os.getpid())
-    with _pool_lock:
-        if _pool is None or _pool_key != key:
-            if _pool is not None and _pool_key[1] == key[1]:
-                _pool.shutdown(wait=False)
-            _pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="kdecal")
-            _pool_key = key
-        return _pool
-
-
-def map_row_blocks(f: Callable[[np.ndarray], np.ndarray], a: np.ndarray) -> np.ndarray:
-    """``f(a)`` for a row-wise ``f``, computed on blocks of rows in the engine's threads.
-
-    ``a`` is (..., n, D) and ``f`` maps (..., r, D) to (..., r), each row on its own
-    (elementwise NumPy or SciPy ufuncs, then a reduction over the last axis: they release
-    the GIL), so the result is bitwise ``f(a)`` for any blocking. With one thread, or
-    under :data:`ROW_BLOCKS_MIN_ELEMENTS` elements, it is ``f(a)``. Used for the
-    per-centre kernel biases (n K lgamma per bandwidth) when the compiled core, which
-    computes them itself, is not built: otherwise they would be the serial part of a
-    bandwidth search on many cores. At most one thread per core.
-    """
-    nt = min(get_num_threads(), os.cpu_count() or 1, a.shape[-2])
-    if nt <= 1 or a.size < ROW_BLOCKS_MIN_ELEMENTS:
-        return f(a)
-    edges = np.linspace(0, a.shape[-2], nt + 1).astype(int)
-    blocks = [a[..., i:j, :] for i, j in zip(edges[:-1], edges[1:])]
-    return np.concatenate(list(_thread_pool(nt).map(f, blocks)), axis=-1)
-
-
-def _call(backend: str) -> Callable[..., tuple[np.ndarray, ...]]:
-    """Return the engine's ``loo_reduce`` of a resolved backend.
-
-    The returned function takes ``(logq, p, labels, n_classes, scale, bias, powers,
-    row_start, row_stop)``, an optional ``progress`` callback, called with the number
-    of query rows done so far, counted over the batch (``B (row_stop - row_start)`` in
-    all), ``pairs`` (append the pair sums ``D``) and ``resid`` (per-centre residuals
-    ``u``, shape (n,) or (B, n): append the residual sums ``A`` and ``U``).  Either
-    backend stops on Ctrl-C (``KeyboardInterrupt``) within about a second.
-    """
-    if backend == "cuda":
-        cu = _load_cuda()
-
-        def run_cuda(
-            *args: Any,
-            progress: Callable[[int], object] | None = None,
-            pairs: bool = False,
-            resid: Any = None,
-        ) -> tuple[np.ndarray, ...]:
-            kw = {} if resid is None else {"resid": resid}
-            return tuple(cu.loo_reduce(*args, progress=progress, pairs=pairs, **kw))
-
-        return run_cuda
-    if backend == "cpp":
-        nt = _num_threads
-
-        def run(
-            *args: Any,
-            progress: Callable[[int], object] | None = None,
-            pairs: bool = False,
-            resid: np.ndarray | None = None,
-        ) -> tuple[np.ndarray, ...]:
-            # one engine call: the core polls for Ctrl-C and reports progress itself
-            # (star-arguments cannot select one of the stub's dtype overloads)
-            if resid is None:
-                return _core.loo_reduce(  # type: ignore[call-overload]
-                    *args, nt, progress=progress, pairs=pairs
-                )
-            core_reduce: Any = _core.loo_reduce
-            return tuple(core_reduce(*args, nt, progress=progress, pairs=pairs, resid=resid))
-
-        return run
-    if backend != "numba":  # (an unresolved "auto" must not run on numba unnoticed)
-        raise ValueError(f"_call needs a resolved backend, got {backend!r}")
-    mod = _require_numba()
-
-    def run_numba(
-        *args: Any,
-        progress: Callable[[int], object] | None = None,
-        pairs: bool = False,
-        resid: np.ndarray | None = None,
-    ) -> tuple[np.ndarray, ...]:
-        with mod.num_threads(_num_threads):
-            logq, p, labels, n_classes, scale, bias = args[:6]
-            if pairs and int(args[6]) < 2:
-                raise ValueError(f"pairs=True needs powers >= 2, got powers = {args[6]}")
-            kw = {} if resid is None else {"resid": resid}
-            if p.ndim == 2:
-                return tuple(mod.loo_reduce(*args, progress=progress, pairs=pairs, **kw))
-            # a batch of independent problems: one numba call per problem
-            rows = int(args[8]) - int(args[7])
-            parts = []
-            for b in range(p.shape[0]):
-                cb = None
-                if progress is not None:
-
-                    def cb(done: int, off: int = b * rows) -> None:
-                        progress(off + done)
-
-                if resid is not None:
-                    kw = {"resid": resid[b]}
-                parts.append(
-                    mod.loo_reduce(
-                        logq[b],
-                        p[b],
-                        labels[b],
-                        n_classes,
-                        scale,
-                        bias[b],
-                        *args[6:],
-                        progress=cb,
-                        pairs=pairs,
-                        **kw,
-                    )
-                )
-            return tuple(
-                np.stack([x[k] for x in parts]) if parts[0][k].shape != (0, 0, 0) else parts[0][k]
-                for k in range(len(parts[0]))
-            )
-
-    return run_numba
-
-
-# Work above this many kernel evaluations (pairs x bandwidths) gets a progress bar.
-PROGRESS_MIN_WORK = 2e9
-
-
-def _show_bar(work: float, progress: bool | None) -> bool:
-    """Decide whether to show a bar.
-
-    ``progress``, or for ``None`` long work only; never when the environment variable
-    ``KDECAL_PROGRESS`` is ``0``.
-    """
-    if os.environ.get("KDECAL_PROGRESS", "1") == "0":
-        return False
-    return (work >= PROGRESS_MIN_WORK) if progress is None else bool(progress)
-
-
-@contextmanager
-def _bar(show: bool, total: int, desc: str) -> Iterator[Callable[[int], None] | None]:
-    """Show a tqdm bar of ``total`` rows while the block runs.
-
-    Yields the callback that the engine calls with the rows done so far (``None`` when
-    no bar is shown).
-    """
-    if not show:
-        yield None
-        return
-    from tqdm.auto import tqdm
-
-    with tqdm(total=total, unit="row", desc=desc, leave=False) as bar:
-
-        def update(done: int) -> None:
-            bar.update(int(done) - bar.n)
-
-        yield update
 
 
 def loo_reduce(
@@ -504,8 +208,6 @@ def loo_reduce(
     work = float(r1 - r0) * n * len(scale) * n_problems
     total = (r1 - r0) * n_problems
     if backend == "dask":  # row blocks on the workers; dask's own progress report
-        from . import _dask
-
         return _dask.loo_reduce(
             logq,
             p,
@@ -516,13 +218,11 @@ def loo_reduce(
             powers,
             r0,
             r1,
-            show=_show_bar(work, progress),
+            show=_runtime.show_progress(work, progress),
             pairs=pairs,
             resid=resid,
         )
     if _use_binary_engine(backend, p, powers):
-        from . import _binary
-
         batched = p.ndim == 3
         out = _binary.loo_reduce_k2(
             logq if batched else logq[None],
@@ -540,15 +240,17 @@ def loo_reduce(
         )
         return out if batched else tuple(x[0] if x.size else x for x in out)
     kw = {} if resid is None else {"resid": resid}
-    with _bar(_show_bar(work, progress), total, "kdecal LOO kernel") as cb:
-        out = _call(backend)(
+    with _runtime.progress_bar(
+        _runtime.show_progress(work, progress), total, "kdecal LOO kernel"
+    ) as cb:
+        out = _runtime.dense_reduce(backend)(
             logq, p, labels, n_classes, scale, bias, powers, r0, r1, progress=cb, pairs=pairs, **kw
         )
     return out
 
 
 #: Binary problems (K = 2: top-label, class-wise, binary inputs) with at least this many
-#: points run on the fast engine of :mod:`kdecal._binary` (the compiled core, float64):
+#: points run on the fast engine of :mod:`kdecal._engine.binary` (the compiled core, float64):
 #: every accumulator within 3e-9 relative of the exact sums (``m`` exactly), in
 #: O(n log n + n W) instead of O(n^2). Below it the exact loop is as fast.
 BINARY_MIN_N = 2048
@@ -584,12 +286,12 @@ def kernel_weights(
     ValueError, TypeError
         As :func:`loo_reduce_multi`.
     """
-    if _core is None or not hasattr(_core, "kernel_weights"):
+    if _runtime._core is None or not hasattr(_runtime._core, "kernel_weights"):
         raise RuntimeError("kernel_weights needs kdecal's compiled core")
     if row_stop <= row_start:
         return np.zeros((0, p.shape[0])), np.arange(p.shape[0], dtype=np.int64)
-    W, order = _core.kernel_weights(
-        logq, p, m, float(scale), bias, int(row_start), int(row_stop), _num_threads, None
+    W, order = _runtime._core.kernel_weights(
+        logq, p, m, float(scale), bias, int(row_start), int(row_stop), _runtime._num_threads, None
     )
     return W, order
 
@@ -602,8 +304,8 @@ def _use_binary_engine(backend: str, p: Any, powers: int) -> bool:
         and p.shape[-1] == 2
         and p.shape[-2] >= BINARY_MIN_N
         and p.dtype == np.float64
-        and _core is not None
-        and hasattr(_core, "binary_reduce")
+        and _runtime._core is not None
+        and hasattr(_runtime._core, "binary_reduce")
     )
 
 
@@ -613,7 +315,7 @@ def _check_resid(resid: Any, shape: tuple[int, ...], *, on_device: bool = False)
     Host arrays come back as C-contiguous float64 (a copy only when needed); a CUDA array
     (``on_device``) is checked for its shape only and passed on as it is.
     """
-    if on_device and is_device_array(resid):
+    if on_device and _runtime.is_device_array(resid):
         if tuple(resid.shape) != shape:
             raise ValueError(f"resid must have shape {shape}, got {tuple(resid.shape)}")
         return resid
@@ -651,7 +353,7 @@ def loo_grad(
     ``(grad_logq, grad_p, grad_bias, row_sum)``) with the engine's thread count, a
     progress bar (``progress``: bool, or ``None`` for long work only) over its two
     passes, and Ctrl-C stopping it within about a second.  ``backend="cuda"`` runs
-    :func:`kdecal._cuda.loo_grad` instead (CUDA arrays in and out).
+    :func:`kdecal._engine.cuda.loo_grad` instead (CUDA arrays in and out).
 
     Raises
     ------
@@ -662,19 +364,23 @@ def loo_grad(
     n_problems = p.shape[0] if len(p.shape) == 3 else 1
     work = 2.0 * n * n * n_problems  # two passes over the pairs
     if backend == "cuda":
-        with _bar(_show_bar(work, progress), 2 * n * n_problems, "kdecal LOO backward") as cb:
-            g = _load_cuda().loo_grad(
+        with _runtime.progress_bar(
+            _runtime.show_progress(work, progress), 2 * n * n_problems, "kdecal LOO backward"
+        ) as cb:
+            g = _runtime.load_cuda().loo_grad(
                 logq, p, labels, n_classes, scale, bias, lse, coef, cb, device_out=True
             )
             return g[0], g[1], g[2], g[3]
-    if _core is None:
+    if _runtime._core is None:
         raise RuntimeError(
             f"the backward pass needs kdecal's compiled core, which could not be imported "
-            f"({_core_error})"
+            f"({_runtime._core_error})"
         )
-    with _bar(_show_bar(work, progress), 2 * n * n_problems, "kdecal LOO backward") as cb:
-        out = _core.loo_grad(
-            logq, p, labels, n_classes, scale, bias, lse, coef, _num_threads, progress=cb
+    with _runtime.progress_bar(
+        _runtime.show_progress(work, progress), 2 * n * n_problems, "kdecal LOO backward"
+    ) as cb:
+        out = _runtime._core.loo_grad(
+            logq, p, labels, n_classes, scale, bias, lse, coef, _runtime._num_threads, progress=cb
         )
     return out
 
@@ -871,27 +577,34 @@ def loo_reduce_multi(
     args = (logq, p, m, labels, n_classes, float(scale), bias, weights, powers)
     kw = {} if resid is None else {"resid": resid}
     R = row_stop - row_start
-    show = _show_bar(float(R) * n * max(1.0, B / 8.0), progress)
+    show = _runtime.show_progress(float(R) * n * max(1.0, B / 8.0), progress)
     if be == "dask":  # row blocks on the workers
-        from . import _dask
-
         _check_multi_values(m, labels, n_classes, weights, row_start, row_stop)
         return _dask.loo_reduce_multi(*args, row_start, row_stop, show=show, resid=resid)
     if be == "cpp":
         if resid is not None:  # (through Any: the stub may not list resid yet)
-            core_multi: Any = _core.loo_reduce_multi
-            with _bar(show, R, "kdecal LOO resampling") as cb:
-                out = core_multi(*args, row_start, row_stop, _num_threads, progress=cb, **kw)
+            core_multi: Any = _runtime._core.loo_reduce_multi
+            with _runtime.progress_bar(show, R, "kdecal LOO resampling") as cb:
+                out = core_multi(
+                    *args, row_start, row_stop, _runtime._num_threads, progress=cb, **kw
+                )
             return tuple(out)
-        with _bar(show, R, "kdecal LOO resampling") as cb:
-            S, Q = _core.loo_reduce_multi(*args, row_start, row_stop, _num_threads, progress=cb)
+        with _runtime.progress_bar(show, R, "kdecal LOO resampling") as cb:
+            S, Q = _runtime._core.loo_reduce_multi(
+                *args, row_start, row_stop, _runtime._num_threads, progress=cb
+            )
         return S, Q
     _check_multi_values(m, labels, n_classes, weights, row_start, row_stop)
     if be == "cuda":
-        with _bar(show, R, "kdecal LOO resampling") as cb:
-            res = _load_cuda().loo_reduce_multi(*args, row_start, row_stop, progress=cb, **kw)
+        with _runtime.progress_bar(show, R, "kdecal LOO resampling") as cb:
+            res = _runtime.load_cuda().loo_reduce_multi(
+                *args, row_start, row_stop, progress=cb, **kw
+            )
         return tuple(res)
-    mod = _require_numba()
-    with mod.num_threads(_num_threads), _bar(show, R, "kdecal LOO resampling") as cb:
+    mod = _runtime.require_numba()
+    with (
+        mod.num_threads(_runtime._num_threads),
+        _runtime.progress_bar(show, R, "kdecal LOO resampling") as cb,
+    ):
         res = mod.loo_reduce_multi(*args, row_start, row_stop, progress=cb, **kw)
     return tuple(res)

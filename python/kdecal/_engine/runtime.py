@@ -1,0 +1,320 @@
+"""The engine's runtime: the compiled core, the optional engines, threads, progress.
+
+The lowest module of :mod:`kdecal._engine`: the handle of the compiled core
+(``kdecal._core``, or None where it failed to import), the lazy loaders of the numba
+and numba-cuda engines (each imported on first use only), the engine's thread count,
+the thread pool of :func:`map_row_blocks`, the progress bar of long calls, and the
+dense ``loo_reduce`` of a resolved backend (:func:`dense_reduce`), which both the dispatch
+(:mod:`kdecal._engine.backends`) and the fast binary engine
+(:mod:`kdecal._engine.binary`) run.  Mutable state (``_core``, ``_num_threads``) is
+read here, as ``runtime._core``, so that one assignment changes it for every caller.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+_core_error: BaseException | None = None
+try:
+    # typed by _core.pyi; the alias re-exports it (kdecal.torch, _estimators use it)
+    from .. import _core as _core  # noqa: PLC0414
+except ImportError as exc:  # pragma: no cover - exercised by the fallback test
+    _core = None  # type: ignore[assignment]
+    _core_error = exc
+
+#: How to install the numba backend (an optional extra).
+NUMBA_INSTALL = 'pip install "kdecal[numba]"'
+_numba_mod: Any = None
+_numba_error: BaseException | None = None
+_cuda_mod: Any = None
+_cuda_error: BaseException | str | None = None
+_num_threads: int = 0  # 0: library default (all cores)
+
+
+def load_numba() -> Any:
+    """Return :mod:`kdecal._numba` where numba imports, else None (tried once).
+
+    numba is optional (``pip install "kdecal[numba]"``): it is imported here, on the
+    first use of the numba backend, and nowhere else (the GPU engine aside).
+    """
+    global _numba_mod, _numba_error
+    if _numba_mod is None and _numba_error is None:
+        try:
+            _numba_mod = importlib.import_module("kdecal._engine.numba")
+        except ImportError as exc:
+            _numba_error = exc
+    return _numba_mod
+
+
+def numba_missing() -> str:
+    """Why the numba backend cannot run here (see :data:`NUMBA_INSTALL`)."""
+    if isinstance(_numba_error, ModuleNotFoundError) and _numba_error.name == "numba":
+        return "numba is not installed"
+    return f"numba failed to import ({_numba_error})"
+
+
+def require_numba() -> Any:
+    """Return :mod:`kdecal._numba`; raise ``ImportError`` naming the extra without numba."""
+    mod = load_numba()
+    if mod is None:
+        raise ImportError(
+            f"the numba backend is not available: {numba_missing()}: {NUMBA_INSTALL}"
+        )
+    return mod
+
+
+def load_cuda() -> Any:
+    """Return :mod:`kdecal._cuda` when a CUDA device (or the simulator) is usable, else None.
+
+    Probed once: importing numba's CUDA target and asking the driver for a device.
+    """
+    global _cuda_mod, _cuda_error
+    if _cuda_mod is None and _cuda_error is None:
+        if importlib.util.find_spec("numba") is None:
+            _cuda_error = 'numba is not installed (pip install "kdecal[cuda]")'
+            return None
+        try:
+            mod = importlib.import_module("kdecal._engine.cuda")
+        except Exception as exc:  # noqa: BLE001 - a missing or broken numba-cuda
+            _cuda_error = exc
+            return None
+        if mod.is_available():
+            _cuda_mod = mod
+        else:
+            _cuda_error = (
+                "no CUDA device is usable (an NVIDIA GPU with its driver, and numba-cuda: "
+                'pip install "kdecal[cuda]"; or numba\'s simulator, NUMBA_ENABLE_CUDASIM=1)'
+            )
+    return _cuda_mod
+
+
+def is_device_array(x: object) -> bool:
+    """Whether ``x`` is an array on a CUDA device (``__cuda_array_interface__``)."""
+    return hasattr(x, "__cuda_array_interface__") or (
+        type(x).__module__.startswith("numba.cuda") and hasattr(x, "copy_to_host")
+    )
+
+
+#: Most engine threads :func:`set_num_threads` accepts (each thread holds O(K) scratch
+#: per tile; more threads than this is a typo, not a machine).
+MAX_THREADS = 4096
+
+
+def set_num_threads(n: int | None) -> None:
+    """Set the number of threads the engine uses (``None`` or 0: all cores).
+
+    Threads beyond the number of cores are allowed (up to :data:`MAX_THREADS`) but only
+    add scheduling overhead.
+
+    Parameters
+    ----------
+    n : int or None
+        Number of threads in ``0..MAX_THREADS``; ``None`` or 0 uses every core.
+
+    Raises
+    ------
+    ValueError
+        If ``n`` is not an integer in ``0..MAX_THREADS``.
+    """
+    global _num_threads
+    if n is None:
+        n = 0
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= MAX_THREADS:
+        raise ValueError(
+            f"n must be an integer in 0..{MAX_THREADS} (0 or None: all cores), got {n!r}"
+        )
+    _num_threads = int(n)
+
+
+def get_num_threads() -> int:
+    """Return the number of threads the engine will use.
+
+    Returns
+    -------
+    int
+        The value of :func:`set_num_threads`; when unset, the compiled core's OpenMP
+        default (all cores unless ``OMP_NUM_THREADS`` is set), or, without the compiled
+        core, the number of cores.
+    """
+    if _num_threads > 0:
+        return _num_threads
+    if _core is not None:
+        return int(_core.max_threads())
+    return os.cpu_count() or 1
+
+
+#: Elements below which :func:`map_row_blocks` runs on the calling thread alone.
+ROW_BLOCKS_MIN_ELEMENTS = 1 << 15
+
+_pool: ThreadPoolExecutor | None = None
+_pool_key: tuple[int, int] = (0, 0)  # (threads, process id) the pool was made for
+_pool_lock = threading.Lock()
+
+
+def _thread_pool(n: int) -> ThreadPoolExecutor:
+    """Return a pool of ``n`` threads, kept between calls (made again after a fork)."""
+    global _pool, _pool_key
+    key = (n, os.getpid())
+    with _pool_lock:
+        if _pool is None or _pool_key != key:
+            if _pool is not None and _pool_key[1] == key[1]:
+                _pool.shutdown(wait=False)
+            _pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="kdecal")
+            _pool_key = key
+        return _pool
+
+
+def map_row_blocks(f: Callable[[np.ndarray], np.ndarray], a: np.ndarray) -> np.ndarray:
+    """``f(a)`` for a row-wise ``f``, computed on blocks of rows in the engine's threads.
+
+    ``a`` is (..., n, D) and ``f`` maps (..., r, D) to (..., r), each row on its own
+    (elementwise NumPy or SciPy ufuncs, then a reduction over the last axis: they release
+    the GIL), so the result is bitwise ``f(a)`` for any blocking. With one thread, or
+    under :data:`ROW_BLOCKS_MIN_ELEMENTS` elements, it is ``f(a)``. Used for the
+    per-centre kernel biases (n K lgamma per bandwidth) when the compiled core, which
+    computes them itself, is not built: otherwise they would be the serial part of a
+    bandwidth search on many cores. At most one thread per core.
+    """
+    nt = min(get_num_threads(), os.cpu_count() or 1, a.shape[-2])
+    if nt <= 1 or a.size < ROW_BLOCKS_MIN_ELEMENTS:
+        return f(a)
+    edges = np.linspace(0, a.shape[-2], nt + 1).astype(int)
+    blocks = [a[..., i:j, :] for i, j in zip(edges[:-1], edges[1:])]
+    return np.concatenate(list(_thread_pool(nt).map(f, blocks)), axis=-1)
+
+
+def dense_reduce(backend: str) -> Callable[..., tuple[np.ndarray, ...]]:
+    """Return the engine's ``loo_reduce`` of a resolved backend.
+
+    The returned function takes ``(logq, p, labels, n_classes, scale, bias, powers,
+    row_start, row_stop)``, an optional ``progress`` callback, called with the number
+    of query rows done so far, counted over the batch (``B (row_stop - row_start)`` in
+    all), ``pairs`` (append the pair sums ``D``) and ``resid`` (per-centre residuals
+    ``u``, shape (n,) or (B, n): append the residual sums ``A`` and ``U``).  Either
+    backend stops on Ctrl-C (``KeyboardInterrupt``) within about a second.
+    """
+    if backend == "cuda":
+        cu = load_cuda()
+
+        def run_cuda(
+            *args: Any,
+            progress: Callable[[int], object] | None = None,
+            pairs: bool = False,
+            resid: Any = None,
+        ) -> tuple[np.ndarray, ...]:
+            kw = {} if resid is None else {"resid": resid}
+            return tuple(cu.loo_reduce(*args, progress=progress, pairs=pairs, **kw))
+
+        return run_cuda
+    if backend == "cpp":
+        nt = _num_threads
+
+        def run(
+            *args: Any,
+            progress: Callable[[int], object] | None = None,
+            pairs: bool = False,
+            resid: np.ndarray | None = None,
+        ) -> tuple[np.ndarray, ...]:
+            # one engine call: the core polls for Ctrl-C and reports progress itself
+            # (star-arguments cannot select one of the stub's dtype overloads)
+            if resid is None:
+                return _core.loo_reduce(  # type: ignore[call-overload]
+                    *args, nt, progress=progress, pairs=pairs
+                )
+            core_reduce: Any = _core.loo_reduce
+            return tuple(core_reduce(*args, nt, progress=progress, pairs=pairs, resid=resid))
+
+        return run
+    if backend != "numba":  # (an unresolved "auto" must not run on numba unnoticed)
+        raise ValueError(f"dense_reduce needs a resolved backend, got {backend!r}")
+    mod = require_numba()
+
+    def run_numba(
+        *args: Any,
+        progress: Callable[[int], object] | None = None,
+        pairs: bool = False,
+        resid: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, ...]:
+        with mod.num_threads(_num_threads):
+            logq, p, labels, n_classes, scale, bias = args[:6]
+            if pairs and int(args[6]) < 2:
+                raise ValueError(f"pairs=True needs powers >= 2, got powers = {args[6]}")
+            kw = {} if resid is None else {"resid": resid}
+            if p.ndim == 2:
+                return tuple(mod.loo_reduce(*args, progress=progress, pairs=pairs, **kw))
+            # a batch of independent problems: one numba call per problem
+            rows = int(args[8]) - int(args[7])
+            parts = []
+            for b in range(p.shape[0]):
+                cb = None
+                if progress is not None:
+
+                    def cb(done: int, off: int = b * rows) -> None:
+                        progress(off + done)
+
+                if resid is not None:
+                    kw = {"resid": resid[b]}
+                parts.append(
+                    mod.loo_reduce(
+                        logq[b],
+                        p[b],
+                        labels[b],
+                        n_classes,
+                        scale,
+                        bias[b],
+                        *args[6:],
+                        progress=cb,
+                        pairs=pairs,
+                        **kw,
+                    )
+                )
+            return tuple(
+                np.stack([x[k] for x in parts]) if parts[0][k].shape != (0, 0, 0) else parts[0][k]
+                for k in range(len(parts[0]))
+            )
+
+    return run_numba
+
+
+# Work above this many kernel evaluations (pairs x bandwidths) gets a progress bar.
+PROGRESS_MIN_WORK = 2e9
+
+
+def show_progress(work: float, progress: bool | None) -> bool:
+    """Decide whether to show a bar.
+
+    ``progress``, or for ``None`` long work only; never when the environment variable
+    ``KDECAL_PROGRESS`` is ``0``.
+    """
+    if os.environ.get("KDECAL_PROGRESS", "1") == "0":
+        return False
+    return (work >= PROGRESS_MIN_WORK) if progress is None else bool(progress)
+
+
+@contextmanager
+def progress_bar(show: bool, total: int, desc: str) -> Iterator[Callable[[int], None] | None]:
+    """Show a tqdm bar of ``total`` rows while the block runs.
+
+    Yields the callback that the engine calls with the rows done so far (``None`` when
+    no bar is shown).
+    """
+    if not show:
+        yield None
+        return
+    from tqdm.auto import tqdm
+
+    with tqdm(total=total, unit="row", desc=desc, leave=False) as bar:
+
+        def update(done: int) -> None:
+            bar.update(int(done) - bar.n)
+
+        yield update
