@@ -438,3 +438,31 @@ def test_calibrators_and_scores_refuse_careless_probabilities():
     # with input="probs" the stray entry is clipped (with a warning) and the fit runs
     ts = _quiet(TemperatureScaling(input="probs").fit, Z, y)
     assert np.isfinite(ts.temperature_)
+
+
+def test_report_keeps_its_estimates():
+    """The report holds the CalibrationEstimate of every notion: its numbers are those
+    estimates' quantities, bit for bit, and they answer further questions without a new
+    kernel pass; the dict and JSON forms leave them out and still round-trip."""
+    P, y = _calibrated(n=300, K=3, seed=2)
+    rep = kdecal.evaluate(P, y, bandwidth=0.2, n_resamples=8, calibration_loss=False)
+    assert set(rep.estimates) == {"canonical", "top_label", "classwise"}
+    main = rep.estimates["canonical"]
+    assert main.value("ce_l2") == rep.ce_l2
+    assert main.value("ece_kde_l1") == rep.ece_kde_l1
+    assert main.value("ce_kl") == rep.ce_kl
+    for name, row in rep.notions.items():
+        est = rep.estimates[name]
+        assert est.calibration == name
+        assert est.value("ece_kde_l1") == row["ece_kde_l1"]
+        assert est.value("ce_l2") == row["ce_l2"]
+    # the numbers of a fresh estimate (evaluate validates the probabilities twice for
+    # its other notions: the second renormalisation moves the last bits)
+    fresh = kdecal.estimate(P, y, bandwidth=0.2, calibration="top_label")
+    got = rep.estimates["top_label"].value("ce_l2")
+    assert got == pytest.approx(fresh.value("ce_l2"), rel=1e-12, abs=1e-18)
+    d = rep.to_dict()
+    assert "estimates" not in d
+    json.dumps(d)
+    again = kdecal.CalibrationReport(**d)
+    assert again.estimates == {} and again.ce_l2 == rep.ce_l2

@@ -216,6 +216,12 @@ class CalibrationReport:
     bandwidth_l2 : float or None
         Bandwidth of the squared L2 and L2 quantities (``ce_l2``, ``ece_kde_l2``,
         ``refinement_l2``, ``sharpness_l2``); equal to ``bandwidth`` for the plug-in.
+    estimates : dict
+        Per notion of :attr:`notions` (and the notion of :attr:`calibration`), the
+        :class:`kdecal.CalibrationEstimate` its numbers were computed from (its engine sums kept): further quantities, intervals at
+        another level or more resamples, without a new kernel pass. Not part of
+        :meth:`to_dict` (nor of the JSON of ``kdecal evaluate --json``); empty for a
+        report made from such a dict.
 
     References
     ----------
@@ -257,6 +263,7 @@ class CalibrationReport:
     notes: list[str] = field(default_factory=list)
     estimator: str = "plugin"
     bandwidth_l2: float | None = None
+    estimates: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         """Return the report as a dict of plain Python values.
@@ -264,12 +271,16 @@ class CalibrationReport:
         Returns
         -------
         dict
-            One entry per field, in field order. Numbers are plain ``int`` or
+            One entry per field but ``estimates``, in field order. Numbers are plain ``int`` or
             ``float`` (numpy scalars are converted), ``backend`` is a ``str`` and
             ``source`` a ``str`` or None, so the result can be passed to
             :func:`json.dumps` directly and back to ``CalibrationReport(**d)``.
         """
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return {
+            f.name: _plain(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if f.name != "estimates"
+        }
 
     def __str__(self) -> str:
         """Return a human-readable table of all metrics."""

@@ -1054,6 +1054,7 @@ def evaluate(
     P, y = main._probs, main._labels
     K, n = main.n_classes, main.n
     summaries: dict[str, dict[str, object]] = {}
+    estimates: dict[str, CalibrationEstimate] = {}
     for name in wanted:
         e = (
             main
@@ -1073,6 +1074,8 @@ def evaluate(
         # notion asked for with `calibration` is always resampled
         resample = (name in resampled or name == calibration) and str(debias) != "ratio"
         summaries[name] = _notion_summary(e, R if resample else 0, seed)
+        estimates[name] = e
+    estimates.setdefault(str(calibration), main)
     cal_loss = None
     notes: list[str] = []
     if calibration_loss and K >= 2 and np.unique(y).size >= 2:
@@ -1125,5 +1128,6 @@ def evaluate(
             if "resampling_skipped" in row
         ]
         + notes,
+        estimates=estimates,
     )
     return report
