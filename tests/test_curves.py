@@ -156,3 +156,31 @@ def test_formulas_same_numbers_on_torch():
     x = torch.tensor([0.0, 0.5], dtype=torch.float64, requires_grad=True)
     F.xlogx(x).sum().backward()
     assert torch.isfinite(x.grad).all() and x.grad[0] == 0.0
+
+
+def test_canonical_curve_from_a_report_needs_no_kernel_pass(monkeypatch):
+    """The evaluation page's canonical panel reuses the report's canonical estimate:
+    the plug-in ratio of its kernel sums, the same arrays as a fresh plug-in estimate at
+    that bandwidth (to rounding), and no engine call."""
+    from kdecal import curves as _curves
+    from kdecal._engine import backends as _engine_backends
+
+    rng = np.random.default_rng(3)
+    P = rng.dirichlet(np.ones(4), size=400)
+    y = np.array([rng.choice(4, p=p) for p in P])
+    report = kdecal.evaluate(P, y, n_resamples=0, calibration_loss=False)
+    canon = report.estimates["canonical"]
+    h = canon.bandwidth
+    fresh = _curves._reliability_arrays(P, y, "kernel", "canonical", None, 15, h, 200, "auto")
+
+    def no_pass(*args, **kwargs):
+        raise AssertionError("a kernel pass ran")
+
+    monkeypatch.setattr(_engine_backends, "loo_reduce", no_pass)
+    reused = _curves._reliability_arrays(
+        P, y, "kernel", "canonical", None, 15, h, 200, "auto", canon
+    )
+    assert reused.bandwidth == fresh.bandwidth == h
+    np.testing.assert_allclose(reused.x, fresh.x, rtol=0, atol=0)
+    np.testing.assert_allclose(reused.y, fresh.y, rtol=1e-12, atol=1e-15)
+    assert reused.ece == pytest.approx(fresh.ece, rel=1e-12)

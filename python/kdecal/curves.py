@@ -51,9 +51,11 @@ from typing import Any
 import numpy as np
 from scipy.special import gammaln, xlogy
 
+from . import _estimators as _est
 from . import _formulas, _validation
 from . import binned as _binned
 from ._engine.backends import resolve_backend
+from ._result import CalibrationEstimate
 from ._validation import (
     PROB_EPS,
     Probs,
@@ -134,6 +136,24 @@ def _kernel_estimate(
         backend=backend,
         progress=False,
     )
+
+
+def _plugin_view(est: CalibrationEstimate) -> CalibrationEstimate:
+    """Return the curves' estimate (plug-in ratio, no debiasing) from the sums of ``est``.
+
+    A residual or debiased estimate keeps the engine's class sums ``S`` of its main
+    bandwidth; the plug-in ratio ``S_c / sum S`` of :func:`_kernel_estimate` at that
+    bandwidth is formed from them without a new kernel pass (the report's canonical
+    estimate gives the canonical panel of :func:`kdecal.plot.evaluation_page`).
+    """
+    e = est._est
+    if e.estimator == "plugin" and e.debias == "none":
+        return est
+    if e.S is None or e.m is None:
+        raise ValueError("this estimate holds no kernel sums to draw the curves from")
+    empty = np.zeros((0, 0, 0))
+    plug = _est.estimate_from(e.problem, e.bandwidth, "none", est.backend, e.m, e.S, empty, empty)
+    return CalibrationEstimate(plug, est._probs, est._labels, est.backend, est.search)
 
 
 def _dirichlet_grid(
@@ -400,8 +420,14 @@ def _reliability_arrays(
     bandwidth: object,
     n_grid: object,
     backend: str,
+    estimate: CalibrationEstimate | None = None,
 ) -> ReliabilityDiagram:
-    """Compute a :class:`ReliabilityDiagram` without drawing (no matplotlib)."""
+    """Compute a :class:`ReliabilityDiagram` without drawing (no matplotlib).
+
+    ``estimate``: a :class:`CalibrationEstimate` of these predictions and of this
+    ``calibration`` whose sums the kernel curve reuses (:func:`_plugin_view`) instead of
+    a new kernel pass; ``bandwidth`` is then its bandwidth.
+    """
     check_choice(kind, "kind", _KINDS)
     check_choice(calibration, "calibration", _REL_CALIBRATIONS)
     n_bins = check_n_bins(n_bins, len(as_array(probs, "probs")))
@@ -442,7 +468,10 @@ def _reliability_arrays(
     if class_index is not None:
         class_index = check_class_index(class_index, P.n_classes)
     # class-wise: one bandwidth for the K problems (their risks summed)
-    est = _kernel_estimate(probs, labels, calibration, bandwidth, backend)
+    if estimate is not None and estimate.calibration == calibration:
+        est = _plugin_view(estimate)
+    else:
+        est = _kernel_estimate(probs, labels, calibration, bandwidth, backend)
     h = est.bandwidth
     E_all = est.conditional_expectation  # (n, K), (n,) top-label, (n, K) class-wise
     if calibration == "canonical":

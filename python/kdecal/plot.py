@@ -910,7 +910,13 @@ def evaluation_page(
     rk = _reliability_arrays(
         probs, labels, "kernel", "top_label", None, 15, _PAGE_TOP_LABEL_H, 200, backend
     )
-    rc = _reliability_arrays(probs, labels, "kernel", "canonical", None, 15, canon_h, 200, backend)
+    # the report's canonical estimate holds the sums of this bandwidth: no new pass
+    canon = getattr(report, "estimates", {}).get("canonical")
+    if canon is not None and canon.bandwidth != canon_h:
+        canon = None
+    rc = _reliability_arrays(
+        probs, labels, "kernel", "canonical", None, 15, canon_h, 200, backend, canon
+    )
     cs = _sharpness_arrays(probs, labels, "l2", 0.05, 1000, 0, 5000, 0)
 
     fig = Figure(figsize=(18, 12), dpi=100)
