@@ -10,7 +10,7 @@ import numpy as np
 
 from . import _estimators as _est
 from . import _resample
-from ._validation import check_choice, check_p
+from ._validation import Probs, check_choice, check_p
 from .warnings import KdecalWarning
 
 __all__ = [
@@ -273,8 +273,12 @@ class CalibrationEstimate:
         est_kl: _est.Estimate | None = None,
         search_kl: _est.Search | None = None,
         est_sq: _est.Estimate | None = None,
+        validated: Probs | None = None,
     ) -> None:
         self._est = est
+        # the validated probabilities (dtype, binary input), for the estimates of other
+        # notions on the same rows (kdecal.evaluate) without validating them again
+        self._validated = validated
         self._est_kl = est if est_kl is None else est_kl
         self._est_sq = est if est_sq is None else est_sq
         self._probs = probs

@@ -374,7 +374,16 @@ def resolve_input(
 
 
 def check_probs(probs: object, name: str = "probs", min_n: int = 3) -> Probs:
-    """Validate and normalise probabilities; see :class:`Probs`."""
+    """Validate and normalise probabilities; see :class:`Probs`.
+
+    A :class:`Probs` is validated already and comes back as it is (validating its
+    clipped, renormalised rows again would move their last bits), so that the layers
+    below a public function take the validated object.
+    """
+    if isinstance(probs, Probs):
+        if probs.n < min_n:
+            raise ValueError(f"{name} needs at least {min_n} samples, got n = {probs.n}")
+        return probs
     if is_dask_array(probs):  # row checks block by block where the blocks live
         return check_probs_dask(probs, name, min_n)
     arr = _numeric_array(probs, name)

@@ -360,7 +360,7 @@ def _estimate(
         )
         (est, search), (est_sq, _) = fits["lp"], fits["sq"]
         out = CalibrationEstimate(
-            est, P.p, y, be, search, est_kl=est_sq, search_kl=search, est_sq=est_sq
+            est, P.p, y, be, search, est_kl=est_sq, search_kl=search, est_sq=est_sq, validated=P
         )
     else:
         criteria = ("brier", "log") if criterion == "auto" else (str(criterion),)
@@ -369,7 +369,9 @@ def _estimate(
         )
         est, search = fits[criteria[0]]
         est_kl, search_kl = fits[criteria[-1]]
-        out = CalibrationEstimate(est, P.p, y, be, search, est_kl=est_kl, search_kl=search_kl)
+        out = CalibrationEstimate(
+            est, P.p, y, be, search, est_kl=est_kl, search_kl=search_kl, validated=P
+        )
     if bandwidth == "loo-mle" or criterion == "loo-mle":
         out.criterion = "loo-mle"
     return out
@@ -1060,7 +1062,7 @@ def evaluate(
             main
             if name == calibration
             else estimate(
-                P,
+                main._validated if main._validated is not None else P,
                 y,
                 bandwidth=bandwidth,
                 calibration=name,
