@@ -206,7 +206,6 @@ def loo_reduce(
     if resid is not None:
         resid = _check_resid(resid, tuple(p.shape[:-1]), on_device=backend == "cuda")
     work = float(r1 - r0) * n * len(scale) * n_problems
-    total = (r1 - r0) * n_problems
     if backend == "dask":  # row blocks on the workers; dask's own progress report
         return _dask.loo_reduce(
             logq,
@@ -239,14 +238,21 @@ def loo_reduce(
             u=None if resid is None else (resid if batched else resid[None]),
         )
         return out if batched else tuple(x[0] if x.size else x for x in out)
-    kw = {} if resid is None else {"resid": resid}
-    with _runtime.progress_bar(
-        _runtime.show_progress(work, progress), total, "kdecal LOO kernel"
-    ) as cb:
-        out = _runtime.dense_reduce(backend)(
-            logq, p, labels, n_classes, scale, bias, powers, r0, r1, progress=cb, pairs=pairs, **kw
-        )
-    return out
+    return _runtime.dense_loo_reduce(
+        backend,
+        logq,
+        p,
+        labels,
+        n_classes,
+        scale,
+        bias,
+        powers,
+        r0,
+        r1,
+        progress=progress,
+        pairs=pairs,
+        resid=resid,
+    )
 
 
 #: Binary problems (K = 2: top-label, class-wise, binary inputs) with at least this many

@@ -195,27 +195,21 @@ def loo_reduce_k2(
     n = p.shape[-2]
     r0, r1 = (0, n) if rows is None else (int(rows[0]), int(rows[1]))
     if method == "exact":  # the dense loop itself (not loo_reduce, which comes back here)
-        with _runtime.progress_bar(
-            _runtime.show_progress(float(r1 - r0) * n * len(scale) * p.shape[0], progress),
-            (r1 - r0) * p.shape[0],
-            "kdecal LOO kernel",
-        ) as cb:
-            return tuple(
-                _runtime.dense_reduce("cpp")(
-                    logq,
-                    p,
-                    labels,
-                    n_classes,
-                    scale,
-                    bias,
-                    powers,
-                    r0,
-                    r1,
-                    progress=cb,
-                    pairs=pairs,
-                    resid=u,
-                )
-            )
+        return _runtime.dense_loo_reduce(
+            "cpp",
+            logq,
+            p,
+            labels,
+            n_classes,
+            scale,
+            bias,
+            powers,
+            r0,
+            r1,
+            progress=progress,
+            pairs=pairs,
+            resid=u,
+        )
     core = _require_core()
     B, H = p.shape[0], scale.shape[0]
     if method == "auto":

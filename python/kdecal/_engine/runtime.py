@@ -318,3 +318,49 @@ def progress_bar(show: bool, total: int, desc: str) -> Iterator[Callable[[int], 
             bar.update(int(done) - bar.n)
 
         yield update
+
+
+def dense_loo_reduce(
+    backend: str,
+    logq: Any,
+    p: Any,
+    labels: Any,
+    n_classes: int,
+    scale: np.ndarray,
+    bias: Any,
+    powers: int,
+    row_start: int,
+    row_stop: int,
+    *,
+    progress: bool | None,
+    pairs: bool = False,
+    resid: Any = None,
+) -> tuple[np.ndarray, ...]:
+    """Run :func:`dense_reduce` of a resolved backend under the progress bar of long calls.
+
+    The dense O(n^2) leave-one-out reduction of query rows ``[row_start, row_stop)`` of
+    one problem (``p`` of shape (n, K)) or a batch (B, n, K); the bar counts query rows
+    over the batch and is shown for long work only when ``progress`` is None.
+    """
+    n = p.shape[-2]
+    n_problems = p.shape[0] if p.ndim == 3 else 1
+    rows = row_stop - row_start
+    work = float(rows) * n * len(scale) * n_problems
+    kw = {} if resid is None else {"resid": resid}
+    with progress_bar(show_progress(work, progress), rows * n_problems, "kdecal LOO kernel") as cb:
+        return tuple(
+            dense_reduce(backend)(
+                logq,
+                p,
+                labels,
+                n_classes,
+                scale,
+                bias,
+                powers,
+                row_start,
+                row_stop,
+                progress=cb,
+                pairs=pairs,
+                **kw,
+            )
+        )
