@@ -4,10 +4,10 @@ Not a pytest file. For each real file (``../shared/data/real``, n >= 5000; or th
 named on the command line) and notion, and for the seeds' synthetic protocol at
 n = 10,000 and 100,000 (``--synthetic``):
 
-- ``auto``: :func:`kdecal._estimators.fit_criteria` with ``bandwidth="auto"`` and the
+- ``auto``: :func:`kdecal._estimation.regression.fit_criteria` with ``bandwidth="auto"`` and the
   default debiasing (the search plus the estimate's accumulators), one criterion
   ("brier"), or both ("brier", "log") as ``kdecal evaluate`` runs them (``--both``);
-- ``fixed``: one estimate at the chosen bandwidth (``kdecal._estimators.estimate``);
+- ``fixed``: one estimate at the chosen bandwidth (``kdecal._estimation.regression.estimate``);
 - ``--synthetic``: the seeds' synthetic protocol (K = 10) at ``--sizes`` rows (default
   10,000 and 100,000; canonical unless ``--notions`` says otherwise); ``--resampled``:
   the resampled CIFAR-10 logits of ``bench/large_n.py`` at the same sizes;
@@ -31,7 +31,9 @@ import numpy as np
 
 import kdecal
 from conftest import best_of, cifar10_probs
-from kdecal import _estimators as E
+from kdecal._estimation import problem as _problem
+from kdecal._estimation import regression as _regression
+from kdecal._estimation import search as _search
 from kdecal._validation import check_probs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -48,20 +50,21 @@ def load(path: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def row(name: str, P: np.ndarray, y: np.ndarray, cal: str, args: argparse.Namespace) -> str:
-    pr = E.make_problem(check_probs(P), y, cal)
+    pr = _problem.make_problem(check_probs(P), y, cal)
     criteria = ("brier", "log") if args.both else ("brier",)
     t_auto, fits = best_of(
-        lambda: E.fit_criteria(pr, "auto", "ustat", "cpp", False, criteria), args.repeat
+        lambda: _regression.fit_criteria(pr, "auto", "ustat", "cpp", False, criteria), args.repeat
     )
     rec = fits["brier"][1]
     hs = sorted({fits[c][1].bandwidth for c in criteria})
     t_fixed = sum(
-        best_of(lambda h=h: E.estimate(pr, h, "ustat", "cpp", False), args.repeat)[0] for h in hs
+        best_of(lambda h=h: _regression.estimate(pr, h, "ustat", "cpp", False), args.repeat)[0]
+        for h in hs
     )
     steps = ""
     if args.exhaustive:
-        risk = E.cv_risk_grid(pr, E.SEARCH_GRID, "brier", "cpp", False)
-        j = int(np.flatnonzero(E.SEARCH_GRID == rec.bandwidth)[0])
+        risk = _search.cv_risk_grid(pr, _search.SEARCH_GRID, "brier", "cpp", False)
+        j = int(np.flatnonzero(_search.SEARCH_GRID == rec.bandwidth)[0])
         steps = f" {j - int(np.argmin(risk)):+d} |"
     return (
         f"| {name} | {cal} | {pr.n} | {rec.bandwidth:.3g} |{steps} {rec.kernel_work:.1f} | "

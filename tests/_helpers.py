@@ -117,13 +117,13 @@ def auto_bandwidth(kd, probs, labels, **kwargs):
     Returns the bandwidth kd.select_bandwidth(probs, labels, **kwargs) chooses, and
     ``expect_warning(*others)``, a context manager for a call with bandwidth="auto"
     on the same data.  It asserts that the call warns (KdecalWarning) that h is at
-    an end of the search range (kdecal._estimators.SEARCH_GRID) exactly when it is,
+    an end of the search range (kdecal._estimation.search.SEARCH_GRID) exactly when it is,
     and that its other warnings are exactly the messages ``others`` (e.g. those of
     the same call at the explicit bandwidth h: debias="ustat" warns about degenerate
     rows at tiny h).  Also checks that select_bandwidth itself warns exactly when h
     is at an end.
     """
-    from kdecal._estimators import SEARCH_GRID  # kdecal is imported by the tests only
+    from kdecal._estimation.search import SEARCH_GRID  # kdecal is imported by the tests only
 
     h, caught = record_warnings(kd.select_bandwidth, probs, labels, **kwargs)
     h = float(h)

@@ -19,12 +19,16 @@ ROOT = Path(kdecal.__file__).resolve().parent
 #: The layers of docs/architecture.md, from the bottom: a module may import modules of
 #: its own layer or of the layers below (never above).
 LAYERS: list[set[str]] = [
-    {"warnings", "_validation", "_formulas", "_debias", "_io", "_report", "datasets"},
+    {"warnings", "_validation", "_formulas", "_debias", "_io", "datasets"},
     {"_engine", "_engine.runtime"},
     {"_engine.numba", "_engine.cuda", "_engine.dask", "_engine.binary"},
     {"_engine.backends"},
-    {"_estimators"},
-    {"_resample"},
+    {"_estimation", "_estimation.problem"},
+    {"_estimation.search"},
+    {"_estimation.regression"},
+    {"_estimation.generators"},
+    {"_estimation.quantities"},
+    {"_resample", "_report"},
     {"_result"},
     {"binned", "recalibration", "scores", "resampling", "smooth", "skce"},
     {"kde"},

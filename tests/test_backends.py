@@ -371,14 +371,14 @@ def test_compiled_kernel_bias_rejects_bad_input(kd):
 
 
 def test_search_bias_is_the_compiled_one(kd):
-    """_estimators.kernel_bias uses the compiled lgamma when the core is built."""
-    from kdecal import _estimators as E
+    """_estimation.problem.kernel_bias uses the compiled lgamma when the core is built."""
+    from kdecal._estimation import problem as _problem
     from kdecal._validation import check_probs
 
     core = _core_or_skip()
     P, y = make_synthetic(300, 4, seed=3)
-    pb = E.make_problem(check_probs(P), y, "classwise")
-    got = E.kernel_bias(pb, 0.02)
+    pb = _problem.make_problem(check_probs(P), y, "classwise")
+    got = _problem.kernel_bias(pb, 0.02)
     want = core.kernel_bias(np.ascontiguousarray(pb.p.reshape(-1, pb.p.shape[-1])), 1 / 0.02)
     assert got.shape == pb.p.shape[:2]
     np.testing.assert_array_equal(got, want.reshape(got.shape))

@@ -98,15 +98,16 @@ def _power_sums(X, Y):
 def _engine_estimate(kd, data, calibration, h, debias, backend="cpp"):
     """kdecal's internal estimate (E, sq arrays) for one notion at bandwidth h.
 
-    Internal API (kdecal._estimators.make_problem / estimate), used for entry-wise checks
+    Internal API (kdecal._estimation: make_problem, estimate), used for entry-wise checks
     of the engine's power sums; the public functions are checked on the same numbers.
     """
-    est_mod = importlib.import_module("kdecal._estimators")
+    problem_mod = importlib.import_module("kdecal._estimation.problem")
+    regression_mod = importlib.import_module("kdecal._estimation.regression")
     val = importlib.import_module("kdecal._validation")
     P = val.check_probs(data.probs)
     y = val.check_labels(data.labels, P.n, P.n_classes)
     be = kd._engine.backends.resolve_backend(backend)  # the internal API takes a resolved name
-    return est_mod.estimate(est_mod.make_problem(P, y, calibration), h, debias, be)
+    return regression_mod.estimate(problem_mod.make_problem(P, y, calibration), h, debias, be)
 
 
 def close(actual, expected, *, rtol, atol=0.0, what=""):

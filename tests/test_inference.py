@@ -23,6 +23,7 @@ import pytest
 import _reference as ref
 import kdecal
 from kdecal import _resample, binned, scores
+from kdecal._engine import backends as _backends
 from kdecal._report import _format_value
 from kdecal._result import ResamplingError, bootstrap_counts
 from kdecal._validation import check_probs
@@ -467,3 +468,52 @@ def test_report_keeps_its_estimates():
     json.dumps(d)
     again = kdecal.CalibrationReport(**d)
     assert again.estimates == {} and again.ce_l2 == rep.ce_l2
+
+
+# ------------------------------------------- intervals and tests share one resampling pass
+
+
+@pytest.mark.parametrize("calibration", ["canonical", "classwise", "top_label"])
+@pytest.mark.parametrize("estimator", ["residual", "plugin"])
+def test_intervals_and_tests_share_one_pass(monkeypatch, calibration, estimator):
+    """evaluate's joint resampling equals the two separate calls.
+
+    To rounding (1e-13 relative): the shared products sum the same terms in another
+    blocking; the intervals, p-values and statistics are equal.
+
+    On the compiled core a residual estimate computes the kernel weights once for the
+    bootstrap and the consistency replicates of a chunk (half the kernel_weights calls
+    of the two separate calls); the plug-in runs them one after the other.
+    """
+    P, y = _calibrated(n=400, K=4, seed=5)
+    est = _quiet(kdecal.estimate, P, y, calibration=calibration, estimator=estimator)
+    names = ["ece_kde_l1", "ce_l2", "ce_kl"]
+    calls = Counter()
+    real = _backends.kernel_weights
+
+    def counted(*args, **kwargs):
+        calls["w"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_backends, "kernel_weights", counted)
+    cis = est.confidence_intervals(names, n_resamples=30, seed=7)
+    tests = est.calibration_tests(names, n_resamples=30, seed=7)
+    separate = calls["w"]
+    calls.clear()
+    cis2, tests2 = est._intervals_and_tests(names, names, level=0.95, n_resamples=30, seed=7)
+    for q in names:
+        np.testing.assert_allclose(
+            cis2[q].bootstrap_distribution, cis[q].bootstrap_distribution, rtol=1e-13, atol=1e-17
+        )
+        assert cis[q].estimate == cis2[q].estimate
+        np.testing.assert_allclose(
+            [cis2[q].low, cis2[q].high], [cis[q].low, cis[q].high], rtol=1e-13
+        )
+        np.testing.assert_allclose(
+            tests2[q].null_distribution, tests[q].null_distribution, rtol=1e-13, atol=1e-17
+        )
+        assert tests[q].pvalue == tests2[q].pvalue and tests[q].statistic == tests2[q].statistic
+    if estimator == "residual" and "cpp" in kdecal.available_backends():
+        assert separate > 0 and calls["w"] * 2 == separate
+    else:
+        assert calls["w"] == separate

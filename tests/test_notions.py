@@ -8,7 +8,7 @@ notion itself (Popordanoska et al. 2024, Eq. 24-25 and App. D):
 - class-wise: K binary problems ``(1 - f~_c, f~_c)`` with labels ``1[y = c]``;
 
 materialises each n x n log kernel in float64 (gammaln, -inf diagonal, per-class
-logsumexp) and applies the conventions of kdecal._estimators: L_p errors use the positive
+logsumexp) and applies the conventions of kdecal._estimation: L_p errors use the positive
 coordinate only, "l2" is ``F(q) = q^2`` and "kl" is ``q log q + (1 - q) log(1 - q)`` for
 binary problems; "loo-mle" maximises the sum over the problems of a notion of their mean
 leave-one-out log likelihoods over the default grid (kdecal's bandwidth="loo-mle"; its

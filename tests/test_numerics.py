@@ -26,8 +26,10 @@ from scipy.special import gammaln
 
 import kdecal
 from kdecal import _debias
-from kdecal import _estimators as est
 from kdecal._engine import runtime as _runtime
+from kdecal._estimation import problem as _problem
+from kdecal._estimation import quantities as _quantities
+from kdecal._estimation import regression as _regression
 from kdecal._io import bundled_example_path
 from kdecal._validation import check_labels, check_probs
 
@@ -68,8 +70,8 @@ def _estimates(P, y, h, calibration, backend, pairs=True):
     With ``pairs=False`` the U-statistic is formed from S and Q (the former behaviour).
     """
     probs = check_probs(P)
-    problem = est.make_problem(probs, check_labels(y, len(y), P.shape[1]), calibration)
-    sums = est.engine(
+    problem = _problem.make_problem(probs, check_labels(y, len(y), P.shape[1]), calibration)
+    sums = _problem.engine(
         problem, np.array([h]), labelled=True, powers=3, backend=backend, pairs=pairs
     )
     m, S, Q, T = (x[:, 0] for x in sums[:4])
@@ -78,9 +80,9 @@ def _estimates(P, y, h, calibration, backend, pairs=True):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", kdecal.KdecalWarning)  # degenerate-row notes
         for debias in ("ustat", "ratio"):
-            e = est.estimate_from(problem, h, debias, backend, m, S, Q, T, warn=False, D=D)
+            e = _regression.estimate_from(problem, h, debias, backend, m, S, Q, T, warn=False, D=D)
             for p in (1.0, 2.0):
-                out[debias, p] = est.ce_p(e, p)
+                out[debias, p] = _quantities.ce_p(e, p)
     return out
 
 

@@ -17,8 +17,9 @@ import pytest
 
 import _reference as ref
 import kdecal
-from kdecal import _estimators as _est
 from kdecal import _resample
+from kdecal._estimation import problem as _problem
+from kdecal._estimation import search as _search
 from kdecal._result import bootstrap_counts
 from kdecal._validation import check_probs
 from kdecal.datasets import make_seeds_synthetic
@@ -56,8 +57,8 @@ def test_exact_grid_mode_matches_brute_force_risk(calibration):
     problems = ref.ref_notion_problems(P, y, calibration)
     coords = slice(None) if calibration == "canonical" else slice(1, 2)
     risk = sum(_brute_cv_risk(pts, lab, grid, coords) for pts, lab in problems)
-    pr = _est.make_problem(check_probs(P), y, calibration)
-    got = _est.cv_risk_grid(pr, grid, "brier", "cpp")
+    pr = _problem.make_problem(check_probs(P), y, calibration)
+    got = _search.cv_risk_grid(pr, grid, "brier", "cpp")
     np.testing.assert_allclose(got, risk, rtol=1e-10)
     h = kdecal.select_bandwidth(P, y, calibration=calibration, grid=grid)
     assert h == grid[int(np.argmin(risk))]
@@ -66,9 +67,9 @@ def test_exact_grid_mode_matches_brute_force_risk(calibration):
 @pytest.mark.parametrize("n,K,t2", [(500, 3, 0.6), (3000, 4, 0.6), (5000, 10, 1.5)])
 def test_search_equals_exhaustive_synthetic(n, K, t2):
     P, y = _data(n, K, t2, seed=n)
-    exhaustive = kdecal.select_bandwidth(P, y, grid=_est.SEARCH_GRID)
+    exhaustive = kdecal.select_bandwidth(P, y, grid=_search.SEARCH_GRID)
     fast = kdecal.select_bandwidth(P, y)
-    i, j = (int(np.argmin(np.abs(_est.SEARCH_GRID - v))) for v in (exhaustive, fast))
+    i, j = (int(np.argmin(np.abs(_search.SEARCH_GRID - v))) for v in (exhaustive, fast))
     assert abs(i - j) <= 1, (exhaustive, fast)
 
 
@@ -113,11 +114,11 @@ def test_search_equals_exhaustive_real(fname, prefix, calibration):
         # K one-vs-rest problems: the exhaustive grid takes 30 s at K = 10; the class-wise
         # curves at K = 10 and 100 are checked by bench/search_real.py
         pytest.skip("class-wise exhaustive grid at K > 4 (bench/search_real.py covers it)")
-    pr = _est.make_problem(check_probs(P), np.asarray(y, dtype=np.int64), calibration)
+    pr = _problem.make_problem(check_probs(P), np.asarray(y, dtype=np.int64), calibration)
     for criterion in ("brier", "log"):
-        risk = _est.cv_risk_grid(pr, _est.SEARCH_GRID, criterion, "cpp")
-        record, _ = _est.search_bandwidth(pr, criterion, 0, "cpp")
-        j = int(np.flatnonzero(_est.SEARCH_GRID == record.bandwidth)[0])
+        risk = _search.cv_risk_grid(pr, _search.SEARCH_GRID, criterion, "cpp")
+        record, _ = _search.search_bandwidth(pr, criterion, 0, "cpp")
+        j = int(np.flatnonzero(_search.SEARCH_GRID == record.bandwidth)[0])
         assert abs(j - int(np.argmin(risk))) <= 1, (criterion, j, int(np.argmin(risk)))
         # the search's own risks are the exact ones on all rows at the chosen bandwidth
         assert record.subset_rows == pr.n
@@ -166,8 +167,8 @@ def test_log_risk_matches_brute_force():
         W = ref.ref_loo_weights(pts, h)
         E = W @ ref.ref_one_hot(y, 3) / W.sum(axis=1, keepdims=True)
         want.append(-np.mean(np.log(E[np.arange(len(y)), y])))
-    pr = _est.make_problem(check_probs(P), y, "canonical")
-    np.testing.assert_allclose(_est.cv_risk_grid(pr, grid, "log", "cpp"), want, rtol=1e-10)
+    pr = _problem.make_problem(check_probs(P), y, "canonical")
+    np.testing.assert_allclose(_search.cv_risk_grid(pr, grid, "log", "cpp"), want, rtol=1e-10)
 
 
 def test_loo_mle_spec_is_the_papers_rule():
@@ -195,7 +196,7 @@ def test_auto_warns_at_the_end_of_the_range():
     y = rng.integers(0, 3, 400)  # independent of P: the regression is flat
     with pytest.warns(kdecal.KdecalWarning, match="largest value of the search range"):
         h = kdecal.select_bandwidth(P, y)
-    assert h == _est.SEARCH_GRID[-1]
+    assert h == _search.SEARCH_GRID[-1]
 
 
 # ---------------------------------------------------------------- resampling machinery
@@ -384,12 +385,12 @@ def test_search_accumulators_are_the_estimate_pass(monkeypatch, fuse, powers):
     all rows, to rounding, whether the search held them or ran the pass afterwards.
     """
     if not fuse:
-        monkeypatch.setattr(_est, "SEARCH_FUSE_BYTES", 0)
+        monkeypatch.setattr(_search, "SEARCH_FUSE_BYTES", 0)
     P, y = _data(3000, 4, seed=8)
-    pr = _est.make_problem(check_probs(P), y, "canonical")
-    found = _est.search_bandwidths(pr, ("brier", "log"), powers, "cpp")
+    pr = _problem.make_problem(check_probs(P), y, "canonical")
+    found = _search.search_bandwidths(pr, ("brier", "log"), powers, "cpp")
     for record, sums in found.values():
-        want = _est.engine(
+        want = _problem.engine(
             pr,
             np.array([record.bandwidth]),
             labelled=True,
@@ -415,7 +416,7 @@ def test_search_accumulators_are_the_estimate_pass(monkeypatch, fuse, powers):
 
 
 def _search_work_without_sums(pr):
-    found = _est.search_bandwidths(pr, ("brier", "log"), 0, "cpp")
+    found = _search.search_bandwidths(pr, ("brier", "log"), 0, "cpp")
     assert all(sums == () for _, sums in found.values())
     return next(iter(found.values()))[0].kernel_work
 
@@ -428,10 +429,10 @@ def test_search_follows_every_mode_to_all_rows():
     Following only the subset's best mode returned index 42 (risk 0.7 % higher).
     """
     s = kdecal.datasets.make_seeds_synthetic(5000, 4, t1=0.6, t2=0.6, seed=2)
-    pr = _est.make_problem(check_probs(s.probs), s.labels, "canonical")
-    risk = _est.cv_risk_grid(pr, _est.SEARCH_GRID, "brier", "cpp")
-    record, _ = _est.search_bandwidth(pr, "brier", 0, "cpp")
-    j = int(np.flatnonzero(_est.SEARCH_GRID == record.bandwidth)[0])
+    pr = _problem.make_problem(check_probs(s.probs), s.labels, "canonical")
+    risk = _search.cv_risk_grid(pr, _search.SEARCH_GRID, "brier", "cpp")
+    record, _ = _search.search_bandwidth(pr, "brier", 0, "cpp")
+    j = int(np.flatnonzero(_search.SEARCH_GRID == record.bandwidth)[0])
     assert j == int(np.argmin(risk)) == 57
     # the other mode is a local minimum within 1 % of the global one
     assert risk[42] < risk[41] and risk[42] < risk[43] and risk[42] < risk[57] * 1.01

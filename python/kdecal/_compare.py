@@ -18,9 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from . import _estimators as _est
 from . import _resample
 from ._engine import backends as _backends
+from ._estimation import problem as _problem
+from ._estimation import regression as _regression
+from ._estimation import search as _search
 from ._report import format_pvalue
 from ._result import _check_level, _check_quantity, bootstrap_distributions, centred_interval
 from ._validation import check_choice, check_labels, check_probs
@@ -220,7 +222,7 @@ def compare(
     if len(set(names)) != len(names):
         raise ValueError(f"models has duplicate names: {names}")
     check_choice(calibration, "calibration", ("canonical", "classwise", "top_label"))
-    check_choice(estimator, "estimator", _est.ESTIMATORS)
+    check_choice(estimator, "estimator", _regression.ESTIMATORS)
     qs = [_check_quantity(q, "quantities") for q in quantities]
     if not qs:
         raise ValueError("quantities is empty")
@@ -317,11 +319,11 @@ def _pooled_bandwidth(
     be = _backends.resolve_backend(backend)
     total = np.zeros(candidates.size)
     for P in checked.values():
-        problem = _est.make_problem(P, y, calibration)
+        problem = _problem.make_problem(P, y, calibration)
         if rule == "loo-mle":
-            total -= _est.loo_log_likelihood(problem, candidates, be).sum(axis=0)
+            total -= _search.loo_log_likelihood(problem, candidates, be).sum(axis=0)
         else:
-            total += _est.cv_risk_grid(problem, candidates, "brier", be)
+            total += _search.cv_risk_grid(problem, candidates, "brier", be)
     best = float(candidates[int(np.argmin(total))])
     what = "leave-one-out log-likelihood" if rule == "loo-mle" else "leave-one-out Brier risk"
     return best, f"{rule}: the models' own bandwidths, best pooled {what}"

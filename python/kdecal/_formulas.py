@@ -2,7 +2,7 @@
 
 Every function takes arrays of one array library (NumPy or torch, through the array API
 and ``array-api-compat``) and returns arrays of the same library, so that
-:mod:`kdecal._estimators` (NumPy, with debiasing and bootstrap weights) and
+:mod:`kdecal._estimation` (NumPy, with debiasing and bootstrap weights) and
 :mod:`kdecal.torch` (autograd) evaluate the same expressions. Shapes: ``E``, ``f``, ``sq``
 are ``(B, n, D)`` (B problems of n points on the simplex of dimension D), ``labels`` is
 ``(B, n)``; every ``*_rows`` function reduces the last axis and returns ``(B, n)``.

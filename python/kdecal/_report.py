@@ -8,6 +8,8 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._estimation.quantities import QUANTITIES
+
 __all__ = ["CalibrationReport"]
 
 # Short references used in the description column of ``str(report)``.
@@ -66,16 +68,10 @@ def _notion_line(name: str, row: dict[str, Any]) -> str:
     )
 
 
-# (field name, description) for each metric row of the table, in display order.
+# (field name, description) for each metric row of the table, in display order: the
+# kernel quantities of the estimators' table, then the context metrics.
 _METRICS: tuple[tuple[str, str], ...] = (
-    ("ece_kde_l1", "ECE^KDE (L1, {calibration}) [P22]"),
-    ("ece_kde_l2", "ECE^KDE (L2, {calibration}) [P22]"),
-    ("ce_kl", "calibration error, KL divergence, {calibration}, nats [P24]"),
-    ("ce_l2", "calibration error, squared L2, {calibration} [P24]"),
-    ("refinement_kl", "refinement, KL: mean entropy of E[y|f], nats [P24]"),
-    ("refinement_l2", "refinement, L2: -mean ||E[y|f]||^2 [P24]"),
-    ("sharpness_kl", "sharpness, KL: mean F(E[y|f]) - F(class freq) [P24]"),
-    ("sharpness_l2", "sharpness, L2: mean F(E[y|f]) - F(class freq) [P24]"),
+    *((q.name, q.label) for q in QUANTITIES.values()),
     ("accuracy", "top-1 (argmax) accuracy"),
     ("log_loss", "log loss: -mean log p(true class), nats"),
     ("brier_score", "Brier score, summed over classes"),

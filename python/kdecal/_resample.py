@@ -24,9 +24,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from . import _estimators as _est
 from ._engine import backends as _backends
 from ._engine import runtime as _runtime
+from ._estimation import problem as _problem
+from ._estimation import regression as _regression
 from ._validation import check_int
 
 #: Memory budget (bytes) of the class sums of one chunk of label sets.
@@ -109,12 +110,12 @@ def problem_labels(calibration: str, P: np.ndarray, y: np.ndarray) -> np.ndarray
 
 
 def replicates(
-    est: _est.Estimate,
+    est: _regression.Estimate,
     labels: np.ndarray,
     weights: np.ndarray | None,
     backend: str,
     squares: bool = True,
-) -> Iterator[_est.Estimate]:
+) -> Iterator[_regression.Estimate]:
     """Recompute the estimate for each label set (and centre multiplicities).
 
     Parameters
@@ -144,7 +145,8 @@ def replicates(
     if est.m is None:
         raise ValueError("this estimate holds no engine accumulators to resample")
     if est.estimator == "residual" and _dense_backend(backend):
-        yield from _residual_replicates(est, labels, weights, backend, squares)
+        for reps in _residual_replicates(est, [(labels, weights)], squares):
+            yield reps[0]
         return
     R, B, n = labels.shape
     C = problem.dim
@@ -163,10 +165,10 @@ def replicates(
     h = est.bandwidth
     per = 8.0 * n * B * (C * powers * (2 if twice else 1) + 2 * extra)
     chunk = int(max(1, min(R, _CHUNK_BYTES // per)))
-    logq_all, pk_all = _est.kernel_points(problem)
+    logq_all, pk_all = _problem.kernel_points(problem)
     logq = [np.ascontiguousarray(logq_all[b]) for b in range(B)]
     pk = [np.ascontiguousarray(pk_all[b]) for b in range(B)]
-    bias = list(_est.kernel_bias(problem, h))
+    bias = list(_problem.kernel_bias(problem, h))
     for r0 in range(0, R, chunk):
         r1 = min(R, r0 + chunk)
         c = r1 - r0
@@ -222,7 +224,7 @@ def replicates(
             prob = replace(problem, labels=np.ascontiguousarray(labels[r0 + k]))
             if resid:
                 assert A is not None
-                rep = _est.residual_estimate(
+                rep = _regression.residual_estimate(
                     prob,
                     h,
                     est.debias,
@@ -235,14 +237,37 @@ def replicates(
                     warn=False,
                 )
             else:
-                rep = _est.estimate_from(
+                rep = _regression.estimate_from(
                     prob, h, est.debias, backend, est.m, S, Q, np.zeros((0, 0, 0)), warn=False
                 )
             yield replace(rep, row_weights=rw)
 
 
+def replicates_jobs(
+    est: _regression.Estimate,
+    jobs: list[tuple[np.ndarray, np.ndarray | None]],
+    backend: str,
+    squares: bool = True,
+) -> Iterator[tuple[_regression.Estimate, ...]]:
+    """:func:`replicates` of several resamplings of one estimate, replicate by replicate.
+
+    ``jobs`` holds ``(labels, weights)`` pairs of the same number R of replicates (e.g.
+    a bootstrap and a consistency resampling); the k-th tuple yielded holds the k-th
+    replicate of every job, each equal to what :func:`replicates` yields for that job
+    alone. A residual estimate on the compiled core computes every job's sums from the
+    same kernel weights (one pass for all); other estimates run the jobs one after the
+    other.
+    """
+    if est.estimator == "residual" and _dense_backend(backend) and est.debias != "ratio":
+        if est.m is None:
+            raise ValueError("this estimate holds no engine accumulators to resample")
+        yield from _residual_replicates(est, jobs, squares)
+        return
+    yield from zip(*(replicates(est, lab, w, backend, squares) for lab, w in jobs))
+
+
 def _residual_sums(
-    est: _est.Estimate,
+    est: _regression.Estimate,
     logq: list[np.ndarray],
     pk: list[np.ndarray],
     bias: list[np.ndarray],
@@ -272,7 +297,7 @@ def _residual_sums(
                 sets.extend(v * problem.p[b, :, d] for d in range(D))
             if with_u:
                 rep = replace(problem, p=problem.p[b : b + 1], labels=labels[k, b : b + 1])
-                sets.append(v * v * _est.residual_weights(rep)[0])
+                sets.append(v * v * _problem.residual_weights(rep)[0])
         W = np.ascontiguousarray(np.stack(sets), dtype=np.float64)
         S, Q = _backends.loo_reduce_multi(
             logq[b],
@@ -305,13 +330,11 @@ def _dense_backend(backend: str) -> bool:
 
 
 def _residual_replicates(
-    est: _est.Estimate,
-    labels: np.ndarray,
-    weights: np.ndarray | None,
-    backend: str,
+    est: _regression.Estimate,
+    jobs: list[tuple[np.ndarray, np.ndarray | None]],
     squares: bool = True,
-) -> Iterator[_est.Estimate]:
-    """:func:`replicates` of a residual estimate, as dense products with the kernel.
+) -> Iterator[tuple[_regression.Estimate, ...]]:
+    """:func:`replicates_jobs` of a residual estimate, as dense products with the kernel.
 
     Every replicate ``k`` of the residual estimator needs, per problem and query row
     ``j``, ``S0 = sum_i v_i w_ij``, ``R = sum_i v_i w_ij r_i`` (``r_i = y*_i - f_i``, D
@@ -321,36 +344,42 @@ def _residual_replicates(
     replicate (``v = 1``: ``S0`` and ``Q0`` are the estimate's).  The weights come a
     block of query rows at a time from the compiled core (:func:`_backends.kernel_weights`,
     the terms of the multi-label pass), and the products of all the replicates of a chunk
-    are one BLAS GEMM per block: ``n^2 (D + 3)`` multiply-adds per replicate at the
-    machine's GEMM rate, where the multi-label pass needs one label set per class and
-    value.  Memory: ``O(chunk x n (D + 3))`` within :data:`_CHUNK_BYTES`, plus a block of
-    at least 16 rows of weights.
+    of every job (a bootstrap and a consistency resampling share the weights) are one
+    BLAS GEMM per block: ``n^2 (D + 3)`` multiply-adds per replicate at the machine's
+    GEMM rate, where the multi-label pass needs one label set per class and value.
+    Memory: ``O(chunk x n (D + 3))`` within :data:`_CHUNK_BYTES`, plus a block of at
+    least 16 rows of weights.
     """
     problem = est.problem
-    R, B, n = labels.shape
+    R = jobs[0][0].shape[0]
+    _, B, n = jobs[0][0].shape
+    if any(lab.shape != (R, B, n) for lab, _ in jobs):
+        raise ValueError("the jobs of one resampling pass need the same number of replicates")
     D = problem.dim
     ustat = est.debias == "ustat" and squares
     debias = est.debias if ustat else "none"
-    boot = weights is not None
+    boots = [w is not None for _, w in jobs]
     h = est.bandwidth
     coords = problem.coords
     m_all = est.m
     assert m_all is not None and est.S is not None
-    logq_all, pk_all = _est.kernel_points(problem)
-    bias_all = _est.kernel_bias(problem, h)
-    ncol1 = D + 1 if boot else D
-    ncol2 = (2 if boot else 1) if ustat else 0
-    if not boot:  # S0 and Q0 do not change with the labels
+    logq_all, pk_all = _problem.kernel_points(problem)
+    bias_all = _problem.kernel_bias(problem, h)
+    ncol1 = [D + 1 if boot else D for boot in boots]
+    ncol2 = [(2 if boot else 1) if ustat else 0 for boot in boots]
+    S0_est = Q0_est = None
+    if not all(boots):  # S0 and Q0 of a consistency replicate are the estimate's
         S0_est = est.S.sum(axis=-1)
         Q0_est = est.Q.sum(axis=-1) if ustat and est.Q is not None else None
         if ustat and Q0_est is None:  # pragma: no cover - the estimate holds Q with ustat
             raise ValueError("this estimate holds no squared kernel sums to resample")
-    per = 8.0 * n * B * (ncol1 + ncol2)  # the chunk's results
+    per = 8.0 * n * B * (sum(ncol1) + sum(ncol2))  # the chunk's results
     chunk = int(max(1, min(R, _CHUNK_BYTES // per)))
     # query rows per block of weights (squared in place for the second product); at
     # least 16 (O(n) memory), so that the products stay matrix products
     rows = int(min(n, max(16, _CHUNK_BYTES // (2 * 8.0 * n))))
-    show = _runtime.show_progress(float(R) * B * n * n * (ncol1 + ncol2) / 4.0, None)
+    work = float(R) * B * n * n * (sum(ncol1) + sum(ncol2)) / 4.0
+    show = _runtime.show_progress(work, None)
     total = -(-R // chunk) * B * n
     scale = 1.0 / h
     with _runtime.progress_bar(show, total, "kdecal LOO resampling") as cb:
@@ -358,11 +387,11 @@ def _residual_replicates(
         for r0 in range(0, R, chunk):
             r1 = min(R, r0 + chunk)
             c = r1 - r0
-            S0 = np.empty((c, B, n)) if boot else None
-            N = np.empty((c, B, n, D))
-            Q0 = np.empty((c, B, n)) if boot and ustat else None
-            U = np.empty((c, B, n)) if ustat else None
-            v = None if weights is None else np.asarray(weights[r0:r1], dtype=np.float64)
+            S0 = [np.empty((c, B, n)) if boot else None for boot in boots]
+            N = [np.empty((c, B, n, D)) for _ in jobs]
+            Q0 = [np.empty((c, B, n)) if boot and ustat else None for boot in boots]
+            U = [np.empty((c, B, n)) if ustat else None for _ in jobs]
+            v = [None if w is None else np.asarray(w[r0:r1], dtype=np.float64) for _, w in jobs]
             for b in range(B):
                 logq = np.ascontiguousarray(logq_all[b])
                 pk = np.ascontiguousarray(pk_all[b])
@@ -373,49 +402,74 @@ def _residual_replicates(
                     j1 = min(n, j0 + rows)
                     W, order = _backends.kernel_weights(logq, pk, m, scale, bias, j0, j1)
                     if M1 is None:  # the chunk's value columns, in the weights' order
-                        M1, M2 = _value_columns(
-                            problem.p[b], labels[r0:r1, b], v, coords, order, ustat
-                        )
-                    out = (W @ M1).reshape(j1 - j0, c, ncol1)
-                    if boot:
-                        assert S0 is not None
-                        S0[:, b, j0:j1] = out[:, :, 0].T
-                    N[:, b, j0:j1] = out[:, :, ncol1 - D :].transpose(1, 0, 2)
+                        cols = [
+                            _value_columns(problem.p[b], lab[r0:r1, b], vk, coords, order, ustat)
+                            for (lab, _), vk in zip(jobs, v)
+                        ]
+                        M1 = cols[0][0] if len(jobs) == 1 else np.hstack([x[0] for x in cols])
+                        if ustat:
+                            M2 = (
+                                cols[0][1] if len(jobs) == 1 else np.hstack([x[1] for x in cols])  # type: ignore[misc]
+                            )
+                    out_all = W @ M1
+                    out2_all = None
                     if ustat:
-                        assert M2 is not None and U is not None
+                        assert M2 is not None
                         np.multiply(W, W, out=W)
-                        out2 = (W @ M2).reshape(j1 - j0, c, ncol2)
-                        if boot:
-                            assert Q0 is not None
-                            Q0[:, b, j0:j1] = out2[:, :, 0].T
-                        U[:, b, j0:j1] = out2[:, :, ncol2 - 1].T
+                        out2_all = W @ M2
                     del W
+                    o1 = o2 = 0
+                    for t in range(len(jobs)):
+                        out = out_all[:, o1 : o1 + c * ncol1[t]].reshape(j1 - j0, c, ncol1[t])
+                        o1 += c * ncol1[t]
+                        S0t = S0[t]
+                        if S0t is not None:
+                            S0t[:, b, j0:j1] = out[:, :, 0].T
+                        N[t][:, b, j0:j1] = out[:, :, ncol1[t] - D :].transpose(1, 0, 2)
+                        Ut = U[t]
+                        if out2_all is not None and Ut is not None:
+                            out2 = out2_all[:, o2 : o2 + c * ncol2[t]].reshape(
+                                j1 - j0, c, ncol2[t]
+                            )
+                            o2 += c * ncol2[t]
+                            Q0t = Q0[t]
+                            if Q0t is not None:
+                                Q0t[:, b, j0:j1] = out2[:, :, 0].T
+                            Ut[:, b, j0:j1] = out2[:, :, ncol2[t] - 1].T
                     done += j1 - j0
                     if cb is not None:
                         cb(done)
             for k in range(c):
-                s0 = S0[k] if S0 is not None else S0_est
-                nk = N[k]
-                den = uk = None
-                if ustat:
-                    assert U is not None
-                    q0 = Q0[k] if Q0 is not None else Q0_est
-                    den, uk = s0**2 - q0, U[k]
-                rw = None if weights is None else weights[r0 + k]
-                # A bootstrap sample can hold no centre with a non-negligible weight for
-                # some query row (all its neighbours drawn 0 times): the estimator is
-                # undefined there, so the row leaves that replicate's mean.
-                empty = np.any(s0 <= 0.0, axis=0)
-                if np.any(empty):
-                    s0 = np.where(empty[None], 1.0, s0)
-                    nk = np.where(empty[None, :, None], 0.0, nk)
-                    if den is not None and uk is not None:
-                        den = np.where(empty[None], 1.0, den)
-                        uk = np.where(empty[None], 0.0, uk)
-                    rw = np.where(empty, 0.0, rw if rw is not None else 1.0)
-                prob = replace(problem, labels=np.ascontiguousarray(labels[r0 + k]))
-                rep = _est.residual_from_sums(prob, h, debias, est.m, s0, nk, den, uk, warn=False)
-                yield replace(rep, row_weights=rw)
+                reps = []
+                for t, (lab, weights) in enumerate(jobs):
+                    S0t, Q0t, Ut = S0[t], Q0[t], U[t]
+                    s0 = S0t[k] if S0t is not None else S0_est
+                    assert s0 is not None
+                    nk = N[t][k]
+                    den = uk = None
+                    if ustat:
+                        assert Ut is not None
+                        q0 = Q0t[k] if Q0t is not None else Q0_est
+                        den, uk = s0**2 - q0, Ut[k]
+                    rw = None if weights is None else weights[r0 + k]
+                    # A bootstrap sample can hold no centre with a non-negligible weight
+                    # for some query row (all its neighbours drawn 0 times): the
+                    # estimator is undefined there, so the row leaves that replicate's
+                    # mean.
+                    empty = np.any(s0 <= 0.0, axis=0)
+                    if np.any(empty):
+                        s0 = np.where(empty[None], 1.0, s0)
+                        nk = np.where(empty[None, :, None], 0.0, nk)
+                        if den is not None and uk is not None:
+                            den = np.where(empty[None], 1.0, den)
+                            uk = np.where(empty[None], 0.0, uk)
+                        rw = np.where(empty, 0.0, rw if rw is not None else 1.0)
+                    prob = replace(problem, labels=np.ascontiguousarray(lab[r0 + k]))
+                    rep = _regression.residual_from_sums(
+                        prob, h, debias, est.m, s0, nk, den, uk, warn=False
+                    )
+                    reps.append(replace(rep, row_weights=rw))
+                yield tuple(reps)
 
 
 def _value_columns(

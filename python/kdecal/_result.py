@@ -8,8 +8,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import _estimators as _est
 from . import _resample
+from ._estimation import quantities as _quantities
+from ._estimation import regression as _regression
+from ._estimation import search as _search
+from ._estimation.quantities import QUANTITIES
 from ._validation import Probs, check_choice, check_p
 from .warnings import KdecalWarning
 
@@ -30,47 +33,13 @@ class ResamplingError(ValueError):
     """
 
 
-def _q(kind: str, arg: object) -> Callable[[_est.Estimate], float]:
-    def value(e: _est.Estimate) -> float:
-        if kind == "ece":
-            return _est.ce_p(e, float(arg))  # type: ignore[arg-type]
-        gen = _est.KLGenerator() if arg == "kl" else _est.L2Generator()
-        if kind == "ce":
-            return _est.calibration_error(e, gen, "direct")
-        if kind == "refinement":
-            return _est.refinement(e, gen)
-        return _est.sharpness(e, gen)
-
-    return value
-
-
-#: Named quantities (the fields of :class:`kdecal.CalibrationReport`) and how each is
-#: computed from an estimate.
-QUANTITIES: dict[str, Callable[[_est.Estimate], float]] = {
-    "ece_kde_l1": _q("ece", 1.0),
-    "ece_kde_l2": _q("ece", 2.0),
-    "ce_kl": _q("ce", "kl"),
-    "ce_l2": _q("ce", "l2"),
-    "refinement_kl": _q("refinement", "kl"),
-    "refinement_l2": _q("refinement", "l2"),
-    "sharpness_kl": _q("sharpness", "kl"),
-    "sharpness_l2": _q("sharpness", "l2"),
-}
-
-
-#: The quantities that read the debiased squares of an estimate (the residual
-#: estimator's U-statistic ``sqerr``); the others read ``E`` only.
-SQUARE_QUANTITIES = frozenset({"ece_kde_l2", "ce_l2", "refinement_l2", "sharpness_l2"})
-
-
 def _needs_squares(names: list[str]) -> bool:
-    return any(q in SQUARE_QUANTITIES for q in names)
+    """Whether a replicate must carry the debiased squares for any of ``names``."""
+    return any(QUANTITIES[q].squares for q in names)
 
 
 def _check_quantity(name: object, what: str = "quantity") -> str:
-    if not isinstance(name, str) or name not in QUANTITIES:
-        raise ValueError(f"{what} must be one of {sorted(QUANTITIES)}, got {name!r}")
-    return name
+    return _quantities.check_quantity(name, what).name
 
 
 def _check_level(level: object) -> float:
@@ -81,7 +50,7 @@ def _check_level(level: object) -> float:
     return float(level)
 
 
-def _quiet(fn: Callable[[_est.Estimate], float], e: _est.Estimate) -> float:
+def _quiet(fn: Callable[[_regression.Estimate], float], e: _regression.Estimate) -> float:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", KdecalWarning)
         return fn(e)
@@ -193,15 +162,20 @@ def bootstrap_distributions(
         for est, dist in zip(estimates, dists):
             est._bootstrap_chunk(names, counts, dist, r0)
     for est, dist in zip(estimates, dists):
-        for q in names:
-            bad = ~np.isfinite(dist[q])
-            if np.any(bad):
-                raise ResamplingError(
-                    f"bootstrap replicate {int(np.argmax(bad))} of {q}: no row of the "
-                    f"resampled data keeps a neighbour of non-negligible kernel weight at "
-                    f"bandwidth {est._for(q).bandwidth:g} (n = {n}); pass a larger bandwidth"
-                )
+        _check_replicates(est, dist)
     return dists
+
+
+def _check_replicates(est: CalibrationEstimate, dist: dict[str, np.ndarray]) -> None:
+    """Raise :class:`ResamplingError` on a bootstrap replicate that is not finite."""
+    for q, values in dist.items():
+        bad = ~np.isfinite(values)
+        if np.any(bad):
+            raise ResamplingError(
+                f"bootstrap replicate {int(np.argmax(bad))} of {q}: no row of the "
+                f"resampled data keeps a neighbour of non-negligible kernel weight at "
+                f"bandwidth {est._for(q).bandwidth:g} (n = {est.n}); pass a larger bandwidth"
+            )
 
 
 def percentile_interval(dist: np.ndarray, level: float) -> tuple[float, float]:
@@ -264,15 +238,15 @@ class CalibrationEstimate:
 
     def __init__(
         self,
-        est: _est.Estimate,
+        est: _regression.Estimate,
         probs: np.ndarray,
         labels: np.ndarray,
         backend: str,
-        search: _est.Search | None,
+        search: _search.Search | None,
         *,
-        est_kl: _est.Estimate | None = None,
-        search_kl: _est.Search | None = None,
-        est_sq: _est.Estimate | None = None,
+        est_kl: _regression.Estimate | None = None,
+        search_kl: _search.Search | None = None,
+        est_sq: _regression.Estimate | None = None,
         validated: Probs | None = None,
     ) -> None:
         self._est = est
@@ -296,18 +270,18 @@ class CalibrationEstimate:
         self.n = int(probs.shape[0])
         self.n_classes = int(probs.shape[1])
 
-    def _for(self, quantity: str) -> _est.Estimate:
+    def _for(self, quantity: str) -> _regression.Estimate:
         """Return the estimate a named quantity is computed on.
 
         KL quantities: the KL estimate (plug-in: at the log-risk bandwidth); squared L2
         and L2 ones: the squared-error estimate (residual: at half the Brier bandwidth);
         the rest: the main estimate.
         """
-        if quantity.endswith("_kl"):
-            return self._est_kl
-        if quantity.endswith("_l2"):
-            return self._est_sq
-        return self._est
+        return self._fit(QUANTITIES[quantity].fit)
+
+    def _fit(self, which: str) -> _regression.Estimate:
+        """Return the estimate "kl", "sq" or "main" (:attr:`Quantity.fit`, :attr:`Divergence.fit`)."""
+        return self._est_kl if which == "kl" else self._est_sq if which == "sq" else self._est
 
     def __repr__(self) -> str:
         return (
@@ -346,7 +320,7 @@ class CalibrationEstimate:
             "ustat" or "ratio".
         """
         p = check_p(p)
-        return _est.ce_p(self._est_sq if p == 2.0 else self._est, p)
+        return _quantities.ce_p(self._est_sq if p == 2.0 else self._est, p)
 
     def calibration_error(self, divergence: object = "kl", estimator: str = "direct") -> float:
         """Proper calibration error for a Bregman generator.
@@ -355,22 +329,18 @@ class CalibrationEstimate:
         for the arguments.
         """
         check_choice(estimator, "estimator", ("direct", "refinement"))
-        return _est.calibration_error(
-            self._div_est(divergence), _est.generator_for(divergence), estimator
-        )
+        d = _quantities.divergence_of(divergence)
+        return _quantities.calibration_error(self._fit(d.fit), d.generator, estimator)
 
     def refinement(self, divergence: object = "kl") -> float:
         """Refinement ``-mean_j F(E_j)`` (Popordanoska et al. 2024, Eq. 15)."""
-        return _est.refinement(self._div_est(divergence), _est.generator_for(divergence))
+        d = _quantities.divergence_of(divergence)
+        return _quantities.refinement(self._fit(d.fit), d.generator)
 
     def sharpness(self, divergence: object = "kl") -> float:
         """Sharpness ``mean_j F(E_j) - F(class frequencies)`` (2024, Eq. 4-5)."""
-        return _est.sharpness(self._div_est(divergence), _est.generator_for(divergence))
-
-    def _div_est(self, divergence: object) -> _est.Estimate:
-        if divergence == "kl" or divergence is _est.KL:
-            return self._est_kl
-        return self._est_sq if divergence == "l2" or divergence is _est.L2 else self._est
+        d = _quantities.divergence_of(divergence)
+        return _quantities.sharpness(self._fit(d.fit), d.generator)
 
     def value(self, quantity: str) -> float:
         """Return a quantity by name: one of ``kdecal.QUANTITIES`` (the report's fields)."""
@@ -432,32 +402,131 @@ class CalibrationEstimate:
         names = [_check_quantity(q) for q in quantities]
         level = _check_level(level)
         R = _resample.check_resamples(n_resamples, "n_resamples", 2)
-        dist = bootstrap_distributions([self], names, R, np.random.default_rng(seed))[0]
+        dist, _ = self._resampled(names, [], R, np.random.default_rng(seed), None)
+        return self._intervals(dist, level)
+
+    def _intervals(
+        self, dist: dict[str, np.ndarray], level: float
+    ) -> dict[str, ConfidenceInterval]:
         out = {}
-        for q in names:
+        for q, values in dist.items():
             value = _quiet(QUANTITIES[q], self._for(q))
-            lo, hi = centred_interval(dist[q], value, level)
-            out[q] = ConfidenceInterval(q, value, lo, hi, level, dist[q])
+            lo, hi = centred_interval(values, value, level)
+            out[q] = ConfidenceInterval(q, value, lo, hi, level, values)
         return out
+
+    def _intervals_and_tests(
+        self,
+        quantities: list[str],
+        statistics: list[str],
+        *,
+        level: float,
+        n_resamples: int,
+        seed: int | None,
+    ) -> tuple[dict[str, ConfidenceInterval], dict[str, CalibrationTestResult]]:
+        """:meth:`confidence_intervals` and :meth:`calibration_tests` with the same seed.
+
+        The same numbers as the two calls, from one resampling pass: each chunk of
+        bootstrap replicates and of consistency replicates shares the kernel weights
+        (:func:`kdecal._resample.replicates_jobs`).
+        """
+        R = _resample.check_resamples(n_resamples, "n_resamples", 2)
+        boot, test = self._resampled(
+            [_check_quantity(q) for q in quantities],
+            [_check_quantity(s, "statistic") for s in statistics],
+            R,
+            np.random.default_rng(seed),
+            np.random.default_rng(seed),
+        )
+        return self._intervals(boot, _check_level(level)), self._tests(test, R)
+
+    def _resampled(
+        self,
+        boot: list[str],
+        test: list[str],
+        R: int,
+        boot_rng: np.random.Generator | None,
+        test_rng: np.random.Generator | None,
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Bootstrap replicates of ``boot`` and consistency replicates of ``test``.
+
+        Drawn a chunk at a time (memory O(n + chunk x n) for any R; the draws do not
+        depend on the chunking), each chunk of both in one resampling pass per estimate.
+
+        Raises
+        ------
+        ResamplingError
+            A bootstrap replicate on which the estimator is undefined.
+        """
+        dist_b = {q: np.empty(R) for q in boot}
+        dist_t = {s: np.empty(R) for s in test}
+        B = self._est.problem.labels.shape[0]
+        step = R
+        if boot:
+            step = min(step, _resample.draw_chunk(self.n, B + 2, R))
+        if test:
+            step = min(step, _resample.draw_chunk(self.n, B + 1, R))
+        for r0 in range(0, R, step):
+            c = min(step, R - r0)
+            counts = None
+            if boot:
+                assert boot_rng is not None
+                counts = _resample.draw_bootstrap_counts(self.n, c, boot_rng)
+            labels = None
+            if test:
+                assert test_rng is not None
+                ystar = _resample.draw_consistency_labels(self._probs, c, test_rng)
+                labels = np.stack(
+                    [_resample.problem_labels(self.calibration, self._probs, ys) for ys in ystar]
+                )
+            self._fill_chunk(boot, counts, dist_b, test, labels, dist_t, r0)
+        _check_replicates(self, dist_b)
+        return dist_b, dist_t
+
+    def _fill_chunk(
+        self,
+        boot: list[str],
+        counts: np.ndarray | None,
+        dist_b: dict[str, np.ndarray],
+        test: list[str],
+        labels: np.ndarray | None,
+        dist_t: dict[str, np.ndarray],
+        r0: int,
+    ) -> None:
+        """Fill the replicates ``r0 .. r0 + c`` of the bootstrap and consistency samples.
+
+        ``counts`` (c, n): row multiplicities of the bootstrap samples of ``boot``;
+        ``labels`` (c, B, n): problem labels of the consistency samples of ``test``.
+        Per estimate the quantities are computed on, one resampling pass for both.
+        """
+        for base, group in self._groups(list(dict.fromkeys(boot + test))):
+            gb = [q for q in group if q in boot]
+            gt = [s for s in group if s in test]
+            jobs: list[tuple[np.ndarray, np.ndarray | None]] = []
+            if gb:
+                assert counts is not None
+                shape = (counts.shape[0], *base.problem.labels.shape)
+                lab = np.ascontiguousarray(np.broadcast_to(base.problem.labels, shape))
+                jobs.append((lab, counts.astype(np.float64)))
+            if gt:
+                assert labels is not None
+                jobs.append((labels, None))
+            reps = _resample.replicates_jobs(base, jobs, self.backend, _needs_squares(group))
+            for r, rep in enumerate(reps):
+                for q in gb:
+                    dist_b[q][r0 + r] = _quiet(QUANTITIES[q], rep[0])
+                for s in gt:
+                    dist_t[s][r0 + r] = _quiet(QUANTITIES[s], rep[-1])
 
     def _bootstrap_chunk(
         self, names: list[str], counts: np.ndarray, dist: dict[str, np.ndarray], r0: int
     ) -> None:
         """Fill ``dist[q][r0:r0 + c]`` with the quantities on the row samples ``counts`` (c, n)."""
-        c = counts.shape[0]
-        weights = counts.astype(np.float64)
-        for base, group in self._groups(names):
-            labels = np.ascontiguousarray(
-                np.broadcast_to(base.problem.labels, (c, *base.problem.labels.shape))
-            )
-            reps = _resample.replicates(base, labels, weights, self.backend, _needs_squares(group))
-            for r, rep in enumerate(reps):
-                for q in group:
-                    dist[q][r0 + r] = _quiet(QUANTITIES[q], rep)
+        self._fill_chunk(names, counts, dist, [], None, {}, r0)
 
-    def _groups(self, names: list[str]) -> list[tuple[_est.Estimate, list[str]]]:
+    def _groups(self, names: list[str]) -> list[tuple[_regression.Estimate, list[str]]]:
         """Group the quantities by the estimate they are computed on."""
-        out: list[tuple[_est.Estimate, list[str]]] = []
+        out: list[tuple[_regression.Estimate, list[str]]] = []
         for q in names:
             base = self._for(q)
             for b, group in out:
@@ -488,26 +557,14 @@ class CalibrationEstimate:
         """Run the test for several statistics on the same resampled label sets."""
         names = [_check_quantity(s, "statistic") for s in statistics]
         R = _resample.check_resamples(n_resamples, "n_resamples", 1)
-        rng = np.random.default_rng(seed)
-        dist = {s: np.empty(R) for s in names}
-        B = self._est.problem.labels.shape[0]
-        step = _resample.draw_chunk(self.n, B + 1, R)
-        for r0 in range(0, R, step):  # memory O(n + chunk x n), any R
-            ystar = _resample.draw_consistency_labels(self._probs, min(step, R - r0), rng)
-            labels = np.stack(
-                [_resample.problem_labels(self.calibration, self._probs, ys) for ys in ystar]
-            )
-            for base, group in self._groups(names):
-                reps = _resample.replicates(
-                    base, labels, None, self.backend, _needs_squares(group)
-                )
-                for r, rep in enumerate(reps):
-                    for s in group:
-                        dist[s][r0 + r] = _quiet(QUANTITIES[s], rep)
+        _, dist = self._resampled([], names, R, None, np.random.default_rng(seed))
+        return self._tests(dist, R)
+
+    def _tests(self, dist: dict[str, np.ndarray], R: int) -> dict[str, CalibrationTestResult]:
         out = {}
-        for s in names:
+        for s, null in dist.items():
             t = _quiet(QUANTITIES[s], self._for(s))
-            pv = (1.0 + np.count_nonzero(dist[s] >= t)) / (1.0 + R)
+            pv = (1.0 + np.count_nonzero(null >= t)) / (1.0 + R)
             h = self._for(s).bandwidth
-            out[s] = CalibrationTestResult(s, t, float(pv), dist[s], float(h))
+            out[s] = CalibrationTestResult(s, t, float(pv), null, float(h))
         return out

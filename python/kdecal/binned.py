@@ -50,7 +50,7 @@ from typing import Literal, Union
 
 import numpy as np
 
-from ._estimators import power_scale
+from ._estimation.quantities import power_scale
 from ._validation import (
     MAX_BINS_FLOOR,
     ROW_SUM_ATOL,
@@ -461,7 +461,7 @@ def ece(
     (bins with fewer than two samples contribute 0), class-wise averaged over the
     classes.  This is unbiased for the squared binned L2 error of the bins' population
     (given the bin sizes); following kdecal's rule for squared errors
-    (``kdecal._estimators.SQUARED_RULE``) it is not clipped: the result is the signed
+    (``kdecal._estimation.quantities.SQUARED_RULE``) it is not clipped: the result is the signed
     root ``sign(v) sqrt(|v|)``, negative when the error is indistinguishable from 0 at
     this n.  uncertainty-calibration returns ``sqrt(max(v, 0))`` instead (per class for
     class-wise), which is the same number whenever it is positive.

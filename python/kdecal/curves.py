@@ -51,10 +51,10 @@ from typing import Any
 import numpy as np
 from scipy.special import gammaln, xlogy
 
-from . import _estimators as _est
 from . import _formulas, _validation
 from . import binned as _binned
 from ._engine.backends import resolve_backend
+from ._estimation import regression as _regression
 from ._result import CalibrationEstimate
 from ._validation import (
     PROB_EPS,
@@ -152,7 +152,9 @@ def _plugin_view(est: CalibrationEstimate) -> CalibrationEstimate:
     if e.S is None or e.m is None:
         raise ValueError("this estimate holds no kernel sums to draw the curves from")
     empty = np.zeros((0, 0, 0))
-    plug = _est.estimate_from(e.problem, e.bandwidth, "none", est.backend, e.m, e.S, empty, empty)
+    plug = _regression.estimate_from(
+        e.problem, e.bandwidth, "none", est.backend, e.m, e.S, empty, empty
+    )
     return CalibrationEstimate(plug, est._probs, est._labels, est.backend, est.search)
 
 

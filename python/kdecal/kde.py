@@ -8,7 +8,7 @@ pairs (every bandwidth it needs in the same call). ``bandwidth="auto"`` first ru
 search of :func:`select_bandwidth`, several passes: on random subsets of the query rows,
 then a local search on all of them. The plug-in estimator takes the chosen bandwidth's
 accumulators from those passes (while they fit in
-:data:`kdecal._estimators.SEARCH_FUSE_BYTES`); the residual-centred default runs one
+:data:`kdecal._estimation.search.SEARCH_FUSE_BYTES`); the residual-centred default runs one
 pass of its own after the search. ``"loo-mle"`` evaluates its whole grid in one pass,
 then the estimate runs its own. Bootstrap intervals and the calibration test add one
 multi-label pass per chunk of resamples (:mod:`kdecal._resample`).
@@ -32,10 +32,14 @@ from typing import TypeVar
 import numpy as np
 from scipy.special import softmax as _sp_softmax
 
-from . import _estimators as _est
 from . import binned, scores
 from ._engine import backends as _backends
-from ._estimators import DEFAULT_BANDWIDTH_GRID, KL, L2, Bregman
+from ._estimation import problem as _problem
+from ._estimation import quantities as _quantities
+from ._estimation import regression as _regression
+from ._estimation import search as _search
+from ._estimation.generators import Bregman
+from ._estimation.search import DEFAULT_BANDWIDTH_GRID
 from ._report import CalibrationReport
 from ._resample import check_resamples
 from ._result import CalibrationEstimate, CalibrationTestResult, ResamplingError
@@ -158,13 +162,13 @@ def _resolve_bandwidth(
     spec = _check_bandwidth_spec(bandwidth)
     if not isinstance(spec, str):
         return spec
-    problem = _est.make_problem(probs, labels, calibration)
+    problem = _problem.make_problem(probs, labels, calibration)
     if spec == "loo-mle" or labels is None:
-        return _est.select_bandwidth(
+        return _search.select_bandwidth(
             problem, np.asarray(DEFAULT_BANDWIDTH_GRID), backend, progress
         )
-    record, _ = _est.search_bandwidth(problem, "brier", 0, backend, progress)
-    _warn_at_grid_end(record.bandwidth, _est.SEARCH_GRID, record.criterion)
+    record, _ = _search.search_bandwidth(problem, "brier", 0, backend, progress)
+    _warn_at_grid_end(record.bandwidth, _search.SEARCH_GRID, record.criterion)
     return record.bandwidth
 
 
@@ -179,21 +183,21 @@ def _run(
     criterion: object = "brier",
     estimator: object = "plugin",
     kind: str = "lp",
-) -> tuple[_est.Estimate, Probs, np.ndarray, str, _est.Search | None]:
+) -> tuple[_regression.Estimate, Probs, np.ndarray, str, _search.Search | None]:
     """Validate, resolve the bandwidth, and run the engine once for one notion.
 
     ``estimator="residual"`` fits the residual-centred estimate of the quantity kind
-    ``kind`` ("lp" or "sq", see :func:`kdecal._estimators.fit_residual`); "plugin" the
+    ``kind`` ("lp" or "sq", see :func:`kdecal._estimation.regression.fit_residual`); "plugin" the
     plug-in at the bandwidth of ``criterion``.
     """
-    check_choice(estimator, "estimator", _est.ESTIMATORS)
+    check_choice(estimator, "estimator", _regression.ESTIMATORS)
     if estimator == "residual":
         fits, P, y, be = _run_criteria(
             probs, labels, bandwidth, calibration, debias, backend, progress, (kind,), "brier"
         )
         est, search = fits[kind]
         return est, P, y, be, search
-    check_choice(criterion, "criterion", _est.CRITERIA)
+    check_choice(criterion, "criterion", _search.CRITERIA)
     fits, P, y, be = _run_criteria(
         probs, labels, bandwidth, calibration, debias, backend, progress, (str(criterion),)
     )
@@ -211,16 +215,16 @@ def _run_criteria(
     progress: bool | None,
     criteria: tuple[str, ...],
     residual: str | None = None,
-) -> tuple[dict[str, tuple[_est.Estimate, _est.Search | None]], Probs, np.ndarray, str]:
+) -> tuple[dict[str, tuple[_regression.Estimate, _search.Search | None]], Probs, np.ndarray, str]:
     """Validate and estimate one notion at the bandwidth of each criterion.
 
     With ``residual`` (the criterion of the residual rule: "brier", "log" or
     "loo-mle"), ``criteria`` are the quantity kinds of
-    :func:`kdecal._estimators.fit_residual` ("lp", "sq") and the estimates are
+    :func:`kdecal._estimation.regression.fit_residual` ("lp", "sq") and the estimates are
     residual-centred.
     """
-    check_choice(calibration, "calibration", _est.CALIBRATIONS)
-    check_choice(debias, "debias", _est.DEBIAS_MODES)
+    check_choice(calibration, "calibration", _problem.CALIBRATIONS)
+    check_choice(debias, "debias", _problem.DEBIAS_MODES)
     if residual and debias == "ratio":
         raise ValueError(
             "debias='ratio' (App. C/D of Popordanoska et al. 2022) debiases the plug-in "
@@ -230,24 +234,19 @@ def _run_criteria(
     y = check_labels(labels, P.n, P.n_classes)
     be = _backends.resolve_backend(backend, probs)
     h = bandwidth if isinstance(bandwidth, dict) else _check_bandwidth_spec(bandwidth)
-    problem = _est.make_problem(P, y, str(calibration))
+    problem = _problem.make_problem(P, y, str(calibration))
     if residual:
-        fits = _est.fit_residual(problem, h, str(debias), be, progress, criteria, residual)
+        fits = _regression.fit_residual(problem, h, str(debias), be, progress, criteria, residual)
     else:
         assert not isinstance(h, dict)  # the plug-in's bandwidth is one float
-        fits = _est.fit_criteria(problem, h, str(debias), be, progress, criteria)
+        fits = _regression.fit_criteria(problem, h, str(debias), be, progress, criteria)
     for _, search in fits.values():
         if search is not None:
-            _warn_at_grid_end(search.bandwidth, _est.SEARCH_GRID, search.criterion)
+            _warn_at_grid_end(search.bandwidth, _search.SEARCH_GRID, search.criterion)
     return fits, P, y, be
 
 
-def _criterion_for(divergence: object) -> str:
-    """Return the "auto" bandwidth criterion of a divergence: log risk for KL, else Brier."""
-    return "log" if divergence == "kl" or divergence is KL else "brier"
-
-
-_warn_at_grid_end = _est.warn_at_grid_end
+_warn_at_grid_end = _search.warn_at_grid_end
 
 
 # ------------------------------------------------------------------------- public API
@@ -338,11 +337,11 @@ def _estimate(
     quantities are at h and its squared ones at ``RESIDUAL_SQ_FACTOR * h``, as if the
     search had chosen h (used by :func:`kdecal.compare`); the plug-in's are all at h.
     """
-    check_choice(criterion, "criterion", ("auto", *_est.CRITERIA))
-    check_choice(estimator, "estimator", _est.ESTIMATORS)
+    check_choice(criterion, "criterion", ("auto", *_search.CRITERIA))
+    check_choice(estimator, "estimator", _regression.ESTIMATORS)
     if rule_at is not None:
         bandwidth = (
-            {"lp": rule_at, "sq": _est.RESIDUAL_SQ_FACTOR * rule_at}
+            {"lp": rule_at, "sq": _regression.RESIDUAL_SQ_FACTOR * rule_at}
             if estimator == "residual"
             else rule_at
         )
@@ -432,15 +431,14 @@ def calibration_test(
         Invalid input, an unknown statistic, ``n_resamples < 1``, or ``debias="ratio"``.
     """
     # search only the criterion of the statistic (KL: the log risk, else Brier)
+    quantity = _quantities.check_quantity(statistic, "statistic")
     est = estimate(
         probs,
         labels,
         bandwidth=bandwidth,
         calibration=calibration,
         debias=debias,
-        criterion="brier"
-        if estimator == "residual"
-        else ("log" if str(statistic).endswith("_kl") else "brier"),
+        criterion="brier" if estimator == "residual" else quantity.criterion,
         estimator=estimator,
         backend=backend,
     )
@@ -576,7 +574,7 @@ def ece_kde(
     est = _run(
         probs, labels, bandwidth, calibration, debias, backend, None, "brier", estimator, kind
     )[0]
-    return _est.ce_p(est, p)
+    return _quantities.ce_p(est, p)
 
 
 @_doc
@@ -638,38 +636,44 @@ def calibration_error(
     TypeError, ValueError
         Invalid input, divergence, estimator, calibration or debias.
     """
-    gen = _est.generator_for(divergence)
+    div = _quantities.divergence_of(divergence)
     check_choice(estimator, "estimator", ("residual", "plugin", "direct", "refinement"))
     est = _fit_divergence(
-        probs, labels, divergence, bandwidth, calibration, debias, backend, str(estimator)
+        probs, labels, div, bandwidth, calibration, debias, backend, str(estimator)
     )
     why = _kl_unreliable(calibration, est.problem.dim)
-    if why is not None and estimator == "residual" and (divergence == "kl" or divergence is KL):
+    if why is not None and estimator == "residual" and div is _quantities.DIVERGENCES["kl"]:
         warn_user(f"kdecal.calibration_error: {why}", KdecalWarning)
-    return _est.calibration_error(
-        est, gen, "refinement" if estimator == "refinement" else "direct"
+    return _quantities.calibration_error(
+        est, div.generator, "refinement" if estimator == "refinement" else "direct"
     )
 
 
 def _fit_divergence(
     probs: object,
     labels: object,
-    divergence: object,
+    div: _quantities.Divergence,
     bandwidth: object,
     calibration: object,
     debias: object,
     backend: object,
     estimator: str,
-) -> _est.Estimate:
+) -> _regression.Estimate:
     """Fit the estimate of a generator's quantities at the bandwidth of ``estimator``'s rule."""
     if estimator == "residual":
-        builtin = divergence in ("kl", "l2") or divergence is KL or divergence is L2
-        kind = "sq" if builtin else "lp"
         return _run(
-            probs, labels, bandwidth, calibration, debias, backend, None, "brier", "residual", kind
+            probs,
+            labels,
+            bandwidth,
+            calibration,
+            debias,
+            backend,
+            None,
+            "brier",
+            "residual",
+            div.residual_kind,
         )[0]
-    crit = _criterion_for(divergence)
-    return _run(probs, labels, bandwidth, calibration, debias, backend, None, crit)[0]
+    return _run(probs, labels, bandwidth, calibration, debias, backend, None, div.criterion)[0]
 
 
 def refinement(
@@ -699,12 +703,12 @@ def refinement(
     TypeError, ValueError
         As :func:`calibration_error`.
     """
-    gen = _est.generator_for(divergence)
-    check_choice(estimator, "estimator", _est.ESTIMATORS)
+    div = _quantities.divergence_of(divergence)
+    check_choice(estimator, "estimator", _regression.ESTIMATORS)
     est = _fit_divergence(
-        probs, labels, divergence, bandwidth, calibration, debias, backend, str(estimator)
+        probs, labels, div, bandwidth, calibration, debias, backend, str(estimator)
     )
-    return _est.refinement(est, gen)
+    return _quantities.refinement(est, div.generator)
 
 
 def sharpness(
@@ -733,12 +737,12 @@ def sharpness(
     TypeError, ValueError
         As :func:`calibration_error`.
     """
-    gen = _est.generator_for(divergence)
-    check_choice(estimator, "estimator", _est.ESTIMATORS)
+    div = _quantities.divergence_of(divergence)
+    check_choice(estimator, "estimator", _regression.ESTIMATORS)
     est = _fit_divergence(
-        probs, labels, divergence, bandwidth, calibration, debias, backend, str(estimator)
+        probs, labels, div, bandwidth, calibration, debias, backend, str(estimator)
     )
-    return _est.sharpness(est, gen)
+    return _quantities.sharpness(est, div.generator)
 
 
 def loo_log_likelihood(probs: object, bandwidths: object, *, backend: str = "auto") -> np.ndarray:
@@ -769,8 +773,8 @@ def loo_log_likelihood(probs: object, bandwidths: object, *, backend: str = "aut
     P = check_probs(probs)
     hs = check_bandwidths(bandwidths)
     be = _backends.resolve_backend(backend, probs)
-    problem = _est.make_problem(P, None, "canonical")
-    return np.asarray(_est.loo_log_likelihood(problem, hs, be)[0])
+    problem = _problem.make_problem(P, None, "canonical")
+    return np.asarray(_search.loo_log_likelihood(problem, hs, be)[0])
 
 
 def select_bandwidth(
@@ -809,7 +813,7 @@ def select_bandwidth(
         (ratio 1.21): coarse, then fine, on a random subset of ``max(500, n / 20)``
         query rows, then a local search on twice, four times, ... as many rows up to
         all n, which ends at a local minimum of the exact risk on all rows (see
-        ``kdecal._estimators.search_bandwidths``); for "loo-mle",
+        ``kdecal._estimation.search.search_bandwidths``); for "loo-mle",
         :data:`DEFAULT_BANDWIDTH_GRID` (55 values) exhaustively.
     backend : {"auto", "cpp", "numba", "cuda", "dask"}, default "auto"
     progress : bool or None, default None
@@ -826,26 +830,26 @@ def select_bandwidth(
         Invalid probabilities, labels, grid or criterion; "brier"/"log" without labels.
     """
     P = check_probs(probs)
-    check_choice(calibration, "calibration", _est.CALIBRATIONS)
+    check_choice(calibration, "calibration", _problem.CALIBRATIONS)
     if criterion is None:
         criterion = "loo-mle" if labels is None else "brier"
-    check_choice(criterion, "criterion", _est.CRITERIA)
+    check_choice(criterion, "criterion", _search.CRITERIA)
     if criterion != "loo-mle" and labels is None:
         raise ValueError(f"criterion={criterion!r} needs labels; pass labels or 'loo-mle'")
     y = None if labels is None else check_labels(labels, P.n, P.n_classes)
     be = _backends.resolve_backend(backend, probs)
-    problem = _est.make_problem(P, y, str(calibration))
+    problem = _problem.make_problem(P, y, str(calibration))
     if criterion == "loo-mle":
         hs = DEFAULT_BANDWIDTH_GRID if grid is None else check_bandwidths(grid, "grid")
-        return _est.select_bandwidth(problem, np.asarray(hs, dtype=np.float64), be, progress)
+        return _search.select_bandwidth(problem, np.asarray(hs, dtype=np.float64), be, progress)
     if grid is not None:
         hs = np.asarray(check_bandwidths(grid, "grid"), dtype=np.float64)
-        risk = _est.cv_risk_grid(problem, hs, str(criterion), be, progress)
+        risk = _search.cv_risk_grid(problem, hs, str(criterion), be, progress)
         h = float(hs[int(np.argmin(risk))])
         _warn_at_grid_end(h, hs, str(criterion))
         return h
-    record, _ = _est.search_bandwidth(problem, str(criterion), 0, be, progress)
-    _warn_at_grid_end(record.bandwidth, _est.SEARCH_GRID, record.criterion)
+    record, _ = _search.search_bandwidth(problem, str(criterion), 0, be, progress)
+    _warn_at_grid_end(record.bandwidth, _search.SEARCH_GRID, record.criterion)
     return record.bandwidth
 
 
@@ -862,12 +866,13 @@ def _notion_summary(
     for q in names:
         row[q] = est.value(q)
     if n_resamples > 0:
-        try:
-            cis = est.confidence_intervals(names, n_resamples=n_resamples, seed=seed)
+        try:  # the intervals and the tests share one resampling pass
+            cis, tests = est._intervals_and_tests(
+                list(names), list(names), level=0.95, n_resamples=n_resamples, seed=seed
+            )
         except ResamplingError as exc:
             row["resampling_skipped"] = str(exc)
             return row
-        tests = est.calibration_tests(names, n_resamples=n_resamples, seed=seed)
         for q in names:
             row[f"{q}_ci"] = [cis[q].low, cis[q].high]
             row[f"{q}_null_mean"] = tests[q].null_mean
@@ -1038,10 +1043,10 @@ def evaluate(
     R = check_resamples(n_resamples, "n_resamples", 0)
     wanted = tuple(notions or ())
     for name in wanted:
-        check_choice(name, "notions", _est.CALIBRATIONS)
+        check_choice(name, "notions", _problem.CALIBRATIONS)
     resampled = tuple(resample_notions or ())
     for name in resampled:
-        check_choice(name, "resample_notions", _est.CALIBRATIONS)
+        check_choice(name, "resample_notions", _problem.CALIBRATIONS)
     main = estimate(
         probs,
         labels,

@@ -47,11 +47,12 @@ import torch
 from scipy.special import digamma
 from torch.autograd.function import once_differentiable
 
-from . import _estimators as _est
 from . import _formulas as _f
 from . import kde as _kde
 from ._engine import backends as _backends
 from ._engine import runtime as _runtime
+from ._estimation import problem as _problem
+from ._estimation import quantities as _quantities
 from ._validation import check_bandwidth, check_choice, check_labels, check_probs
 
 __all__ = [
@@ -62,7 +63,8 @@ __all__ = [
     "ece_kde_loss",
 ]
 
-DIVERGENCES = ("kl", "l2")
+#: The built-in divergences of the losses (the keys of the estimators' table).
+DIVERGENCES = tuple(_quantities.DIVERGENCES)
 ESTIMATORS = ("direct", "refinement")
 
 
@@ -104,8 +106,8 @@ class _LooExpectation(torch.autograd.Function):
         _core()
         kdt = np.float32 if points.dtype == torch.float32 else np.float64
         p64 = np.ascontiguousarray(points.detach().to(torch.float64).numpy())
-        problem = _est.Problem("canonical", p64, labels, np.dtype(kdt))
-        logq, pk, bias = _est.kernel_inputs(problem, np.array([bandwidth]))
+        problem = _problem.Problem("canonical", p64, labels, np.dtype(kdt))
+        logq, pk, bias = _problem.kernel_inputs(problem, np.array([bandwidth]))
         scale = 1.0 / bandwidth
         # one engine call; a progress bar for long work, Ctrl-C stops it
         m, S, _, _ = _backends.loo_reduce(
@@ -240,7 +242,7 @@ def _prepare(
     x = _check_tensor(probs)
     if not x.is_cuda:
         _core()
-    check_choice(calibration, "calibration", _est.CALIBRATIONS)
+    check_choice(calibration, "calibration", _problem.CALIBRATIONS)
     checked = check_probs(x.detach().cpu().numpy())  # shapes, NaN, negatives, row sums
     y = check_labels(_labels_array(labels), checked.n, checked.n_classes)
     be = "cuda" if x.is_cuda else "cpp"

@@ -25,7 +25,7 @@ import numpy as np
 
 _core_error: BaseException | None = None
 try:
-    # typed by _core.pyi; the alias re-exports it (kdecal.torch, _estimators use it)
+    # typed by _core.pyi; the alias re-exports it (kdecal.torch, _estimation use it)
     from .. import _core as _core  # noqa: PLC0414
 except ImportError as exc:  # pragma: no cover - exercised by the fallback test
     _core = None  # type: ignore[assignment]

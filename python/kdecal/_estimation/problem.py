@@ -1,0 +1,182 @@
+"""The kernel problems of a notion of calibration, and the engine pass over them.
+
+A notion of calibration turns ``(probs, labels)`` into a batch of B kernel problems on
+the simplex of dimension D (Popordanoska et al. 2024, Eq. 24-25 and App. D):
+
+- ``"canonical"``: one problem, the full vectors ``f_j`` (D = K) and the labels;
+- ``"top_label"``: one binary problem, ``(1 - max_k f_jk, max_k f_jk)`` with the label
+  ``1[argmax_k f_jk = y_j]`` (the Beta kernel, i.e. the K = 2 Dirichlet kernel);
+- ``"classwise"``: K binary problems ``(1 - f_jc, f_jc)`` with labels ``1[y_j = c]``,
+  all in one batched engine call.
+
+The per-row formulas are those of :mod:`kdecal._formulas`, shared with
+:mod:`kdecal.torch`. Every estimator is a plug-in of the leave-one-out conditional
+expectation ``E`` (and,
+with debiasing, of the estimate ``sq`` of its square) into a Bregman generator F.  For
+binary problems built from a multiclass output (top-label and class-wise) the "l2"
+generator is the scalar ``F(q) = q^2`` of App. D (so that the class-wise L2 calibration
+error is the square of the class-wise ECE^KDE with p = 2; the one-vs-rest Brier
+generator ``q^2 + (1 - q)^2`` would give exactly twice that), and the L_p errors use the
+positive coordinate only.  "kl" is ``q log q + (1 - q) log(1 - q)`` there, the same
+formula as the canonical negative entropy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import gammaln
+
+from .. import _formulas as _f
+from .._engine import backends as _backends
+from .._engine import runtime as _runtime
+from .._validation import Probs
+
+CALIBRATIONS = ("canonical", "classwise", "top_label")
+DEBIAS_MODES = ("none", "ustat", "ratio")
+_POWERS = {"none": 1, "ustat": 2, "ratio": 3}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A batch of leave-one-out kernel problems.
+
+    Attributes
+    ----------
+    calibration : str
+        The notion it was built for.
+    p : ndarray, shape (B, n, D), float64
+        Clipped, renormalised points on the simplex.
+    labels : ndarray, shape (B, n), int64
+        Labels in ``0..D-1``.
+    dtype : numpy dtype
+        Kernel dtype (float32 or float64).
+    """
+
+    calibration: str
+    p: np.ndarray
+    labels: np.ndarray
+    dtype: np.dtype
+
+    @property
+    def binary(self) -> bool:
+        return self.calibration != "canonical"
+
+    @property
+    def n(self) -> int:
+        return int(self.p.shape[1])
+
+    @property
+    def dim(self) -> int:
+        return int(self.p.shape[2])
+
+    @property
+    def coords(self) -> slice:
+        """Coordinates that enter L_p and L2 quantities (the positive one when binary)."""
+        return _f.coords(self.binary)
+
+    def one_hot(self) -> np.ndarray:
+        """Labels as one-hot vectors, shape (B, n, D)."""
+        return np.asarray(_f.one_hot(self.labels, self.dim))
+
+    def frequencies(self) -> np.ndarray:
+        """Label frequencies per problem, shape (B, 1, D)."""
+        return self.one_hot().mean(axis=1, keepdims=True)
+
+
+def make_problem(probs: Probs, labels: np.ndarray | None, calibration: str) -> Problem:
+    """Build the kernel problems of one notion of calibration (labels None: unlabelled)."""
+    y = np.zeros(probs.n, dtype=np.int64) if labels is None else labels
+    points, lab = _f.problem_arrays(probs.p, y, calibration)
+    return Problem(calibration, points, lab, probs.dtype)
+
+
+def kernel_inputs(problem: Problem, hs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return the engine's inputs: ``log p``, ``p`` in the kernel dtype, and the bias.
+
+    Returns ``logq``, ``pk`` (B, n, D), C-contiguous in ``problem.dtype``, and the
+    per-centre bias ``-sum_k lgamma(p_ik / h + 1)`` (B, H, n), float64.
+    """
+    logq, pk = kernel_points(problem)
+    bias = np.stack([kernel_bias(problem, h) for h in hs], axis=1)
+    return logq, pk, np.ascontiguousarray(bias)
+
+
+def kernel_points(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
+    """``log p`` and ``p`` (B, n, D), C-contiguous in ``problem.dtype``."""
+    p = problem.p
+    return (
+        np.ascontiguousarray(np.log(p), dtype=problem.dtype),
+        np.ascontiguousarray(p, dtype=problem.dtype),
+    )
+
+
+def kernel_bias(problem: Problem, h: float) -> np.ndarray:
+    """Per-centre bias ``-sum_k lgamma(p_ik / h + 1)`` of one bandwidth, (B, n) float64.
+
+    With the compiled core, its vectorised lgamma (``kdecal._core.kernel_bias``, about 6x
+    ``scipy.special.gammaln`` per value: a bandwidth search needs n K values per bandwidth
+    tried); without it, ``gammaln`` on row blocks. Either way in the engine's threads,
+    bitwise the same for any number of them.
+    """
+    core = _runtime._core
+    if core is not None:
+        p = np.ascontiguousarray(problem.p, dtype=np.float64)
+        flat = p.reshape(-1, p.shape[-1])
+        bias = core.kernel_bias(flat, 1.0 / h, _runtime.get_num_threads())
+        return np.asarray(bias).reshape(p.shape[:-1])
+    return _runtime.map_row_blocks(lambda p: -gammaln(p / h + 1.0).sum(axis=-1), problem.p)
+
+
+def engine(
+    problem: Problem,
+    hs: np.ndarray,
+    *,
+    labelled: bool,
+    powers: int,
+    backend: str,
+    progress: bool | None = None,
+    rows: tuple[int, int] | None = None,
+    pairs: bool = False,
+    inputs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+    resid: bool = False,
+) -> tuple[np.ndarray, ...]:
+    """One batched leave-one-out pass: m (B, H, R) and S, Q, T (B, H, R, C).
+
+    ``rows`` restricts the query rows to ``[start, stop)`` (R of them; default all n),
+    always against all n centres; ``pairs`` appends the pair sums D (B, H, R, C);
+    ``resid`` appends the residual sums A (B, H, R, D) and U (B, H, R) of
+    :func:`residual_weights`.
+    ``inputs``: :func:`kernel_inputs` of ``problem`` and ``hs``, when the caller has them.
+    """
+    logq, pk, bias = kernel_inputs(problem, hs) if inputs is None else inputs
+    if labelled:
+        lab, n_groups = problem.labels, problem.dim
+    else:
+        lab, n_groups = np.zeros_like(problem.labels), 1
+    return _backends.loo_reduce(
+        logq,
+        pk,
+        np.ascontiguousarray(lab),
+        n_groups,
+        np.ascontiguousarray(1.0 / hs),
+        bias,
+        powers=powers,
+        backend=backend,
+        progress=progress,
+        rows=rows,
+        pairs=pairs,
+        resid=residual_weights(problem) if resid else None,
+    )
+
+
+def residual_weights(problem: Problem) -> np.ndarray:
+    """``||y_i - f_i||^2`` over the coordinates of the squared quantities, (B, n) float64.
+
+    The per-centre weights of the engine's residual sum ``U = sum_i w_ij^2 u_i`` (the
+    diagonal of the residual U-statistic); binary problems use the positive coordinate.
+    """
+    c = problem.coords
+    r = (problem.one_hot() - problem.p)[..., c]
+    return np.ascontiguousarray(np.sum(r * r, axis=-1), dtype=np.float64)

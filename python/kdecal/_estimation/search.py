@@ -1,0 +1,416 @@
+"""Bandwidth selection.
+
+The papers' leave-one-out likelihood of the density of f, and the leave-one-out risk
+of the regression ``E[y | f]`` (Brier or log score), searched coarse to fine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import gammaln
+
+from .. import _formulas as _f
+from ..warnings import KdecalWarning, warn_user
+from .problem import Problem, engine, kernel_bias, kernel_points
+
+#: Default grid of :func:`select_bandwidth`: 50 log-spaced values in [1e-5, 1e-1] and
+#: 0.2, 0.4, 0.6, 0.8, 1.0 (the grid of Popordanoska et al. 2024's code).
+DEFAULT_BANDWIDTH_GRID = np.concatenate([np.logspace(-5, -1, 50), [0.2, 0.4, 0.6, 0.8, 1.0]])
+DEFAULT_BANDWIDTH_GRID.setflags(write=False)
+
+
+def loo_log_likelihood(
+    problem: Problem, hs: np.ndarray, backend: str, progress: bool | None = None
+) -> np.ndarray:
+    """Mean LOO log density per problem and bandwidth, shape (B, H)."""
+    m, S, _, _ = engine(problem, hs, labelled=False, powers=1, backend=backend, progress=progress)
+    n, D = problem.n, problem.dim
+    log_dens = gammaln(1.0 / hs + D)[None, :, None] + m + np.log(S[..., 0]) - np.log(n - 1)
+    return np.asarray(log_dens.mean(axis=-1))
+
+
+def select_bandwidth(
+    problem: Problem, grid: np.ndarray, backend: str, progress: bool | None = None
+) -> float:
+    """Grid value maximising the LOO likelihood (summed over the problems of a batch)."""
+    ll = loo_log_likelihood(problem, grid, backend, progress).sum(axis=0)
+    h = float(grid[int(np.argmax(ll))])
+    warn_at_grid_end(h, grid, "loo-mle")
+    return h
+
+
+def warn_at_grid_end(h: float, grid: np.ndarray, criterion: str) -> None:
+    """Warn when a search of more than one bandwidth chose an end of its range."""
+    lo, hi = float(np.min(grid)), float(np.max(grid))
+    if len(grid) > 1 and (h <= lo or h >= hi):
+        warn_user(
+            f"the bandwidth search ({criterion} criterion) chose h = {h:g}, the "
+            f"{'smallest' if h <= lo else 'largest'} value of the search range [{lo:g}, {hi:g}]: "
+            "the optimum may lie outside it; pass a fixed bandwidth or inspect "
+            "kdecal.select_bandwidth(..., grid=...)",
+            KdecalWarning,
+        )
+
+
+# ------------------------------------------------------------- regression bandwidth
+
+#: Bandwidth criteria: leave-one-out cross-validation of the regression ``E[y | f]``
+#: with the Brier or the log score, or the papers' LOO likelihood of the density of f.
+CRITERIA = ("brier", "log", "loo-mle")
+
+#: Grid of the regression bandwidth search: 73 log-spaced values in [1e-5, 10], a ratio
+#: of 10^(1/12) ~ 1.21 between neighbours. Bandwidths above 1 matter for near one-hot
+#: predictions at large K, where the Dirichlet kernel at h ~ 1-3 weighs a centre by the
+#: query's probability of the centre's top class (a confusion-matrix-like regression).
+SEARCH_GRID = np.logspace(-5.0, 1.0, 73)
+SEARCH_GRID.setflags(write=False)
+
+#: Query rows of the subsampled stages of the search: at least this many, else n / 20
+#: (the coarse stage uses half of them).
+SEARCH_SUBSET_MIN = 500
+
+#: ... and at most this many (n / 20 would make the subset stages cost 0.6 passes).
+SEARCH_SUBSET_MAX = 5000
+
+#: Paired standard errors by which a neighbour of the best bandwidth must be worse on
+#: the rows evaluated so far for the search to stop evaluating it on more rows.
+SEARCH_SEPARATED_Z = 4.0
+
+#: Paired standard errors by which the local minimum of one mode of the risk curve must
+#: be worse than the best mode's for the search to stop following that mode.
+SEARCH_MODE_Z = 2.0
+
+#: Memory (bytes) the search may hold in accumulators of candidate bandwidths so that
+#: its last stages double as the estimate's pass. Above it, the accumulators farthest
+#: from the current best are dropped (their rows are recomputed if one of them is
+#: chosen); when a window of 3 bandwidths alone exceeds it, the estimate runs its own.
+SEARCH_FUSE_BYTES = 2 << 30
+
+
+def cv_risk_rows(problem: Problem, S: np.ndarray, criterion: str, rows: slice) -> np.ndarray:
+    """Per-row leave-one-out risk of the kernel regression, shape (H, R).
+
+    ``S`` (B, H, R, C) holds the class sums of the query rows ``rows`` of ``problem``.
+    "brier": ``||y_j - E_-j(f_j)||^2`` over the coordinates that enter L2 quantities (the
+    positive one of binary problems); "log": ``-log E_-j(f_j)[y_j]`` (floored at 1e-300).
+    Summed over the problems of a batch.
+    """
+    lab = problem.labels[:, rows]  # (B, R)
+    out = np.zeros(S.shape[1:3])
+    for t in range(S.shape[1]):
+        St = S[:, t]
+        E = St / St.sum(axis=-1, keepdims=True)
+        if criterion == "brier":
+            c = problem.coords
+            err = _f.squared_rows(E[..., c], _f.one_hot(lab, St.shape[-1])[..., c])
+        else:
+            err = _f.log_risk_rows(np.maximum(E, 1e-300), lab)
+        out[t] = np.sum(err, axis=0)
+    return out
+
+
+def cv_risk(problem: Problem, S: np.ndarray, criterion: str, rows: slice) -> np.ndarray:
+    """Mean leave-one-out risk at each bandwidth, shape (H,); see :func:`cv_risk_rows`."""
+    return np.asarray(cv_risk_rows(problem, S, criterion, rows).mean(axis=1))
+
+
+def cv_risk_grid(
+    problem: Problem, grid: np.ndarray, criterion: str, backend: str, progress: bool | None = None
+) -> np.ndarray:
+    """Exact leave-one-out risk at every bandwidth of ``grid`` (one pass), shape (H,)."""
+    _, S, _, _ = engine(problem, grid, labelled=True, powers=1, backend=backend, progress=progress)
+    return cv_risk(problem, S, criterion, slice(None))
+
+
+@dataclass(frozen=True)
+class Search:
+    """Record of a bandwidth search: the candidates tried and their risks."""
+
+    criterion: str
+    bandwidth: float
+    tried: dict[float, float]  # bandwidth -> mean risk on the rows it was evaluated on
+    subset_rows: int  # query rows of the last stage (all n)
+    kernel_work: float  # kernel evaluations, in units of n^2 (one bandwidth, all rows)
+
+
+def search_bandwidth(
+    problem: Problem,
+    criterion: str,
+    powers: int,
+    backend: str,
+    progress: bool | None = None,
+) -> tuple[Search, tuple[np.ndarray, ...]]:
+    """Search one criterion; see :func:`search_bandwidths`."""
+    return search_bandwidths(problem, (criterion,), powers, backend, progress)[criterion]
+
+
+class _Evaluations:
+    """Per-row risks of grid bandwidths on the rows ``[0, have)`` of a row-permuted problem.
+
+    Every engine call serves every criterion (the class sums give each one's risk).  With
+    ``keep`` the calls also hold the accumulators with the ``powers`` an estimate needs,
+    so that the accumulators of the chosen bandwidth need no further pass over the rows
+    already evaluated; :meth:`retain` bounds how many bandwidths' accumulators are held.
+    """
+
+    def __init__(
+        self,
+        sub: Problem,
+        criteria: tuple[str, ...],
+        powers: int,
+        backend: str,
+        progress: bool | None,
+    ) -> None:
+        self.sub, self.criteria, self.powers = sub, criteria, powers
+        self.backend, self.progress = backend, progress
+        self.risks: dict[str, dict[int, list[np.ndarray]]] = {c: {} for c in criteria}
+        self.have: dict[int, int] = {}
+        self.blocks: dict[int, list[tuple[int, int, tuple[np.ndarray, ...]]]] = {}
+        self.work = 0.0
+        # the kernel inputs, each bandwidth's bias computed once (n K lgamma calls)
+        self.logq, self.pk = kernel_points(sub)
+        self.bias: dict[int, np.ndarray] = {}
+
+    def _engine(self, idx: list[int], r0: int, r1: int, full: bool) -> tuple[np.ndarray, ...]:
+        for i in idx:
+            if i not in self.bias:
+                self.bias[i] = kernel_bias(self.sub, float(SEARCH_GRID[i]))
+        bias = np.ascontiguousarray(np.stack([self.bias[i] for i in idx], axis=1))
+        sums = engine(
+            self.sub,
+            SEARCH_GRID[idx],
+            labelled=True,
+            powers=self.powers if full else 1,
+            backend=self.backend,
+            progress=self.progress,
+            rows=(r0, r1),
+            pairs=full and self.powers >= 2,
+            inputs=(self.logq, self.pk, bias),
+        )
+        self.work += (r1 - r0) / self.sub.n * len(idx)
+        return sums
+
+    def ensure(self, idx: list[int], upto: int, keep: bool) -> None:
+        """Evaluate the grid indices ``idx`` on rows ``[0, upto)`` (only what is missing)."""
+        groups: dict[int, list[int]] = {}
+        for i in idx:
+            if self.have.get(i, 0) < upto:
+                groups.setdefault(self.have.get(i, 0), []).append(i)
+        for r0, group in sorted(groups.items()):
+            sums = self._engine(group, r0, upto, keep)
+            for c in self.criteria:
+                for i, r in zip(group, cv_risk_rows(self.sub, sums[1], c, slice(r0, upto))):
+                    self.risks[c].setdefault(i, []).append(r)
+            for t, i in enumerate(group):
+                self.have[i] = upto
+                if keep:
+                    one = tuple(np.ascontiguousarray(x[:, t]) if x.size else x for x in sums)
+                    self.blocks.setdefault(i, []).append((r0, upto, one))
+
+    def risk(self, c: str, i: int, rows: int) -> np.ndarray:
+        """Per-row risks of grid index ``i`` on the rows ``[0, rows)``."""
+        return np.concatenate(self.risks[c][i])[:rows]
+
+    def retain(self, idx: set[int], budget: float = 0.0) -> None:
+        """Drop accumulators, farthest from ``idx`` first, until at most ``budget`` bytes.
+
+        The accumulators of ``idx`` are never dropped.
+        """
+
+        def size(i: int) -> int:
+            return sum(x.nbytes for blk in self.blocks[i] for x in blk[2])
+
+        held = {i: size(i) for i in self.blocks}
+        total = sum(held.values())
+        far = sorted(
+            (i for i in held if i not in idx),
+            key=lambda i: min((abs(i - j) for j in idx), default=0),
+            reverse=True,
+        )
+        for i in far:
+            if total <= budget:
+                break
+            total -= held[i]
+            del self.blocks[i]
+
+    def sums(self, i: int) -> tuple[np.ndarray, ...]:
+        """Accumulators of grid index ``i`` on all rows, in the permuted row order."""
+        parts, at = [], 0  # the held blocks in row order, gaps computed
+        for r0, r1, one in sorted(self.blocks.get(i, []), key=lambda blk: blk[0]):
+            if r0 > at:
+                parts.append(self._one(i, at, r0))
+            parts.append(one)
+            at = r1
+        if at < self.sub.n:
+            parts.append(self._one(i, at, self.sub.n))
+        return tuple(
+            np.concatenate([p[k] for p in parts], axis=1) if parts[0][k].size else parts[0][k]
+            for k in range(len(parts[0]))
+        )
+
+    def _one(self, i: int, r0: int, r1: int) -> tuple[np.ndarray, ...]:
+        sums = self._engine([i], r0, r1, True)
+        return tuple(np.ascontiguousarray(x[:, 0]) if x.size else x for x in sums)
+
+
+def search_bandwidths(
+    problem: Problem,
+    criteria: tuple[str, ...],
+    powers: int,
+    backend: str,
+    progress: bool | None = None,
+) -> dict[str, tuple[Search, tuple[np.ndarray, ...]]]:
+    """Minimise leave-one-out risks over :data:`SEARCH_GRID`: subsets, then a local search.
+
+    Several criteria (e.g. "brier" for the L1 / L2 quantities and "log" for the KL ones)
+    share every engine pass: the class sums of a bandwidth give every criterion's risk.
+    The query rows are visited in one random order (against all n centres, always), so
+    that the first ``r`` rows are a random subset and every stage reuses the rows the
+    earlier ones evaluated. For each criterion:
+
+    1. every 6th grid value (a ratio of 3.16) on the first ``m / 2`` rows, where
+       ``m = n // 20`` clipped to [:data:`SEARCH_SUBSET_MIN`, :data:`SEARCH_SUBSET_MAX`]
+       (``m = n`` when ``n <= 2 * SEARCH_SUBSET_MIN``);
+    2. the 5 grid values around the best of 1, and around every other local minimum of
+       1 whose paired mean risk excess over the best is within 3 standard errors, on
+       the first ``m`` rows;
+    3. a local search on rows ``m, 2 m, 4 m, ..., n`` from the best of each window of
+       stage 2: at each row count, the best bandwidth's two neighbours are evaluated,
+       and the search steps to a neighbour while it is better, until the best is a
+       local minimum of the risk on those rows. A neighbour whose paired mean risk
+       excess over the best is at least :data:`SEARCH_SEPARATED_Z` (4) standard errors
+       is not evaluated on more rows while that bandwidth stays the best, and a mode
+       whose local minimum is :data:`SEARCH_MODE_Z` (2) standard errors worse than the
+       best mode's is no longer followed; the best local minimum on all n rows is the
+       result.
+
+    The result is therefore the best of the local minima (over the grid) of the exact
+    leave-one-out risk on all n rows that the modes lead to, up to neighbours that a
+    random subset of the rows already shows worse by 4 standard errors (the chance that
+    all rows reverse such a difference is about 3e-5) and modes shown worse by 2. On the real files of ``tests/test_trust.py`` and of
+    ``bench/search_real.py`` it is the exhaustive search's argmin. The rows doubling means
+    that the final local search usually starts one step or less from its end, which
+    matters where the risk curve is flat (the top-label and class-wise curves of real
+    classifiers, whose argmin moves by several grid steps between random halves of the
+    data, so that neighbours are never 4 standard errors apart and the result is exact).
+
+    ``powers`` is what the estimate needs (0: no estimate). Stages 2-3 then run with it
+    (while the candidates' accumulators fit in :data:`SEARCH_FUSE_BYTES`), so that the
+    chosen bandwidth's accumulators need a pass over the rows of stage 1 at most.
+    Returns, per criterion, the search record (``tried``: the mean risk on the rows each
+    bandwidth was evaluated on) and the accumulators ``(m, S, Q, T)`` of the chosen
+    bandwidth on all rows (shapes (B, n), (B, n, C)), followed by the pair sums ``D``
+    when ``powers >= 2``; an empty tuple when ``powers == 0``.
+    """
+    grid = SEARCH_GRID
+    G, n = len(grid), problem.n
+    m_sub = (
+        n
+        if n <= 2 * SEARCH_SUBSET_MIN
+        else min(max(SEARCH_SUBSET_MIN, n // 20), SEARCH_SUBSET_MAX)
+    )
+    m_coarse = m_sub if m_sub == n else m_sub // 2
+    perm = None
+    sub = problem
+    if m_sub < n:
+        perm = np.random.default_rng(0).permutation(n)
+        sub = Problem(
+            problem.calibration, problem.p[:, perm], problem.labels[:, perm], problem.dtype
+        )
+    # accumulators on all rows (m; S, Q, T, D as powers asks) of a local search's window
+    # of 3 bandwidths and of the bandwidth an earlier criterion chose
+    held = 4 * (powers + 1) * problem.p.shape[0] * n * (problem.dim + 1) * 8
+    keep = 0 < powers and held <= SEARCH_FUSE_BYTES
+    ev = _Evaluations(sub, criteria, max(powers, 1), backend, progress)
+
+    def choose(c: str) -> tuple[int, int]:
+        done = m_coarse  # every comparison uses the query rows [0, done)
+
+        def risk(i: int) -> float:
+            return float(np.mean(ev.risk(c, i, done)))
+
+        def excess(i: int, b: int) -> float:
+            """Paired mean risk excess of i over b, in standard errors (rows [0, done))."""
+            d = ev.risk(c, i, done) - ev.risk(c, b, done)
+            se = float(np.std(d, ddof=1)) / np.sqrt(d.size) if d.size > 1 else np.inf
+            mean = float(np.mean(d))
+            return mean / se if se > 0 else (np.inf if mean > 0 else -np.inf if mean < 0 else 0.0)
+
+        def close(i: int, b: int, z: float) -> bool:
+            """Whether i's paired mean risk excess over b is within z standard errors."""
+            return excess(i, b) <= z
+
+        coarse = list(range(0, G, 6))
+        if coarse[-1] != G - 1:
+            coarse.append(G - 1)
+        ev.ensure(coarse, done, False)
+        # stage 2 around every local minimum of the coarse curve that the subset cannot
+        # tell from the best one (risk curves can have two modes, e.g. a small-h and a
+        # large-h regression of nearly equal risk)
+        cr = [risk(i) for i in coarse]
+        a = coarse[int(np.argmin(cr))]
+        modes = [
+            coarse[k]
+            for k in range(len(coarse))
+            if (k == 0 or cr[k] <= cr[k - 1]) and (k == len(coarse) - 1 or cr[k] <= cr[k + 1])
+        ]
+        modes = [i for i in modes if i == a or close(i, a, 3.0)]
+        cand = sorted({j for i in modes for j in range(max(0, i - 2), min(G, i + 3))})
+        done = m_sub
+        ev.ensure(cand, done, keep)
+        # the best of each mode's window (two modes' windows may overlap: one start)
+        starts = sorted({min((j for j in cand if abs(j - i) <= 2), key=risk) for i in modes})
+        # stage 3: a local search from each start on the first `done` rows, `done`
+        # doubling up to n. A neighbour shown worse than its best by SEARCH_SEPARATED_Z
+        # standard errors is not evaluated on more rows (while that best stays a best),
+        # and neither is a mode whose local minimum is that much worse than the best one.
+        separated: dict[int, int] = {}  # neighbour -> the best it was shown worse than
+        while True:
+            ends: list[int] = []
+            for b in starts:
+                for _ in range(G):
+                    need = [b] + [
+                        i for i in (b - 1, b + 1) if 0 <= i < G and separated.get(i) != b
+                    ]
+                    ev.ensure(need, done, keep)
+                    nb = min(need, key=risk)
+                    window = {j + k for j in [*ends, nb] for k in (-1, 0, 1)}
+                    ev.retain(window | winners, SEARCH_FUSE_BYTES)
+                    if nb == b:
+                        break
+                    b = nb
+                for i in (b - 1, b + 1):
+                    if 0 <= i < G and separated.get(i) != b and excess(i, b) >= SEARCH_SEPARATED_Z:
+                        separated[i] = b
+                ends.append(b)
+            best = min(ends, key=risk)
+            if done >= n:
+                return best, done
+            starts = sorted({b for b in ends if b == best or excess(b, best) < SEARCH_MODE_Z})
+            done = min(n, 2 * done)
+
+    chosen: dict[str, tuple[int, int]] = {}
+    winners: set[int] = set()  # accumulators kept for the criteria already searched
+    for c in criteria:
+        chosen[c] = choose(c)
+        winners.add(chosen[c][0])
+    acc: dict[int, tuple[np.ndarray, ...]] = {}
+    if powers > 0:
+        if not keep:
+            ev.retain(set())
+        inv = None if perm is None else np.argsort(perm)
+        for b, _ in chosen.values():
+            if b not in acc:
+                # with keep, only the rows before stage 2 are missing (at most m / 2)
+                sums = ev.sums(b)
+                acc[b] = sums if inv is None else tuple(x[:, inv] if x.size else x for x in sums)
+    out = {}
+    for c, (b, done) in chosen.items():
+        tried = {
+            float(grid[i]): float(np.mean(np.concatenate(ev.risks[c][i])))
+            for i in sorted(ev.risks[c])
+        }
+        out[c] = (Search(c, float(grid[b]), tried, done, ev.work), acc.get(b, ()))
+    return out
