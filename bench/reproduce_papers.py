@@ -106,7 +106,7 @@ def load(fname: str, split: str | None = None):
         if pre + "logits" in d:
             z = log_softmax(d[pre + "logits"].astype(np.float64), axis=1)
         else:
-            p = np.clip(d[pre + "probs"].astype(np.float64), kdecal.PROB_EPS, None)
+            p = np.clip(d[pre + "probs"].astype(np.float64), kdecal.tolerances.PROB_EPS, None)
             z = np.log(p / p.sum(axis=1, keepdims=True))
     return z, y
 
@@ -291,7 +291,7 @@ class AffinePsrcal:
     def _logq(self, X):
         X = np.asarray(X, dtype=np.float64)
         if self.input == "probs":
-            X = np.log(np.clip(X, kdecal.PROB_EPS, None))
+            X = np.log(np.clip(X, kdecal.tolerances.PROB_EPS, None))
         return log_softmax(X, axis=1)
 
     def fit(self, X, y):
@@ -953,7 +953,7 @@ def directions(raw, ir, ts) -> list[bool]:
 def ovr_risk(P: np.ndarray, y: np.ndarray, divergence: str) -> float:
     """Class-wise one-vs-rest risk mean_{i,c} [D_F(y_ic, f_ic) - F(y_ic)] on kdecal's
     clipped probabilities: binary log loss (KL) or (y - f)^2 - y^2 (L2, F(q) = q^2)."""
-    Pc = np.clip(P, kdecal.PROB_EPS, None)
+    Pc = np.clip(P, kdecal.tolerances.PROB_EPS, None)
     Pc /= Pc.sum(axis=1, keepdims=True)
     Y = np.eye(P.shape[1])[y]
     if divergence == "kl":

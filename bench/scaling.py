@@ -43,7 +43,7 @@ def main() -> None:
     ap.add_argument("--H", type=int, default=1)
     args = ap.parse_args()
     p, y = cifar10_probs(args.n)
-    p = np.maximum(p, kdecal.PROB_EPS)
+    p = np.maximum(p, kdecal.tolerances.PROB_EPS)
     p /= p.sum(axis=1, keepdims=True)
     hs = 0.05 * np.geomspace(0.5, 2.0, args.H) if args.H > 1 else np.array([0.05])
     bias = np.stack([-gammaln(p / h + 1).sum(axis=1) for h in hs])

@@ -39,10 +39,10 @@ def row(P, y):
             est = kdecal.estimate(P, y, **kw)
             top = kdecal.estimate(P, y, calibration="top_label", **kw)
             out[tag] = (
-                est.ece(1),
+                est.ece_kde(1),
                 est.calibration_error("kl"),
                 est.calibration_error("l2"),
-                top.ece(1),
+                top.ece_kde(1),
                 est.bandwidth,
             )
             if tag == "new":

@@ -18,7 +18,7 @@ H = 0.05
 
 def numpy_conditional_expectation(p: np.ndarray, y: np.ndarray, h: float) -> np.ndarray:
     """Materialised n x n float64 reference (what peer libraries do)."""
-    p = np.maximum(p, kdecal.PROB_EPS)
+    p = np.maximum(p, kdecal.tolerances.PROB_EPS)
     p = p / p.sum(axis=1, keepdims=True)
     K = p.shape[1]
     L = np.log(p) @ p.T / h - gammaln(p / h + 1).sum(axis=1)[None, :]

@@ -1,5 +1,6 @@
 """The package's layers (docs/architecture.md): no import cycle, no import of kdecal's
-own modules inside a function, and no import from a higher layer.
+own modules inside a function, and no import from a higher layer; the public namespace
+(deprecated aliases) and the one table of quantities.
 
 The imports are read from the source with ``ast`` (nothing is imported), so a test
 that fails names the module, the line and the import.
@@ -8,18 +9,21 @@ that fails names the module, the line and the import.
 from __future__ import annotations
 
 import ast
+import dataclasses
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import kdecal
+from kdecal._estimation import quantities as q
 
 ROOT = Path(kdecal.__file__).resolve().parent
 
 #: The layers of docs/architecture.md, from the bottom: a module may import modules of
 #: its own layer or of the layers below (never above).
 LAYERS: list[set[str]] = [
-    {"warnings", "_validation", "_formulas", "_debias", "_io", "datasets"},
+    {"warnings", "tolerances", "_validation", "_formulas", "_debias", "_io", "datasets"},
     {"_engine", "_engine.runtime"},
     {"_engine.numba", "_engine.cuda", "_engine.dask", "_engine.binary"},
     {"_engine.backends"},
@@ -127,3 +131,45 @@ def test_no_import_cycle():
     for n in sorted(MODULES):
         if n not in state:
             visit(n, [n])
+
+
+# ------------------------------------------------------------------ the public namespace
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["INFER_ROW_SUM_ATOL", "MIN_BANDWIDTH", "PROBS_ROW_SUM_ATOL", "PROB_EPS", "ROW_SUM_ATOL"],
+)
+def test_tolerances_moved_with_deprecated_aliases(name):
+    """The tolerance constants live in kdecal.tolerances; the old names warn for a release."""
+    assert name not in kdecal.__all__ and name not in dir(kdecal)
+    with pytest.warns(DeprecationWarning, match=f"kdecal.tolerances.{name}"):
+        value = getattr(kdecal, name)
+    assert value == getattr(kdecal.tolerances, name)
+
+
+def test_ece_alias_is_deprecated():
+    rng = np.random.default_rng(0)
+    P = rng.dirichlet(np.ones(3), 200)
+    y = rng.integers(0, 3, 200)
+    est = kdecal.estimate(P, y, bandwidth=0.1)
+    with pytest.warns(DeprecationWarning, match="ece_kde"):
+        old = est.ece(1)
+    assert old == est.ece_kde(1) == est.value("ece_kde_l1")
+
+
+def test_quantity_table_routes_every_quantity():
+    """Each quantity of the table reads the estimate its divergence names (one table)."""
+    assert list(kdecal.QUANTITIES) == [
+        f.name for f in dataclasses.fields(kdecal.CalibrationReport) if f.name in q.QUANTITIES
+    ]
+    for name, quantity in q.QUANTITIES.items():
+        assert quantity.name == name
+        assert quantity.squares == name.endswith("_l2")
+        assert quantity.fit == {"l1": "main", "l2": "sq", "kl": "kl"}[quantity.divergence]
+        assert quantity.criterion == ("log" if name.endswith("_kl") else "brier")
+    assert q.divergence_of("kl") is q.DIVERGENCES["kl"]
+    custom = q.divergence_of(kdecal.Bregman(lambda P: (P * P).sum(1), lambda P: 2 * P, "sq"))
+    assert (custom.fit, custom.criterion, custom.residual_kind) == ("main", "brier", "lp")
+    with pytest.raises(ValueError, match="divergence must be"):
+        q.divergence_of("l1")

@@ -68,7 +68,7 @@ def test_squared_errors_one_value_everywhere(calibration):
     assert e2 == pytest.approx(-math.sqrt(-want), rel=1e-9)
     assert -(e2**2) == pytest.approx(v, rel=1e-14)
     est = kdecal.estimate(P, y, **kw)
-    assert est.value("ce_l2") == v and est.ece(2) == e2
+    assert est.value("ce_l2") == v and est.ece_kde(2) == e2
     rep = _quiet(kdecal.evaluate, P, y, notions=(calibration,), n_resamples=0, **kw)
     d = json.loads(json.dumps(rep.to_dict()))
     assert rep.ce_l2 == d["ce_l2"] == d["notions"][calibration]["ce_l2"] == v

@@ -9,19 +9,25 @@ differentiable training losses.
 
 from __future__ import annotations
 
-from . import binned, curves, datasets, plot, recalibration, resampling, scores, skce, smooth
+import warnings as _warnings
+
+from . import (
+    binned,
+    curves,
+    datasets,
+    plot,
+    recalibration,
+    resampling,
+    scores,
+    skce,
+    smooth,
+    tolerances,
+)
 from ._compare import Comparison, compare
 from ._engine.backends import available_backends
 from ._engine.runtime import get_num_threads, set_num_threads
 from ._report import CalibrationReport
 from ._result import QUANTITIES, CalibrationEstimate, CalibrationTestResult, ConfidenceInterval
-from ._validation import (
-    INFER_ROW_SUM_ATOL,
-    MIN_BANDWIDTH,
-    PROB_EPS,
-    PROBS_ROW_SUM_ATOL,
-    ROW_SUM_ATOL,
-)
 from .kde import (
     DEFAULT_BANDWIDTH_GRID,
     Bregman,
@@ -45,12 +51,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_BANDWIDTH_GRID",
-    "INFER_ROW_SUM_ATOL",
-    "MIN_BANDWIDTH",
-    "PROBS_ROW_SUM_ATOL",
-    "PROB_EPS",
     "QUANTITIES",
-    "ROW_SUM_ATOL",
     "BackendFallbackWarning",
     "Bregman",
     "CalibrationEstimate",
@@ -87,7 +88,20 @@ __all__ = [
     "smooth",
     "smooth_ece",
     "softmax",
+    "tolerances",
 ]
+
+#: Old top-level names kept for one release (DeprecationWarning): name -> (module, name).
+_DEPRECATED = {
+    name: ("tolerances", name)
+    for name in (
+        "INFER_ROW_SUM_ATOL",
+        "MIN_BANDWIDTH",
+        "PROBS_ROW_SUM_ATOL",
+        "PROB_EPS",
+        "ROW_SUM_ATOL",
+    )
+}
 
 
 def __dir__() -> list[str]:
@@ -108,4 +122,13 @@ def __getattr__(name: str) -> object:
             raise AttributeError(
                 "kdecal.torch needs PyTorch, which is not installed: pip install 'kdecal[torch]'"
             ) from exc
+    if name in _DEPRECATED:
+        module, attr = _DEPRECATED[name]
+        _warnings.warn(
+            f"kdecal.{name} is deprecated and will be removed in the next release; "
+            f"use kdecal.{module}.{attr}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(globals()[module], attr)
     raise AttributeError(f"module 'kdecal' has no attribute {name!r}")

@@ -310,17 +310,37 @@ class CalibrationEstimate:
 
     # -------------------------------------------------------------- quantities
 
-    def ece(self, p: float = 1) -> float:
+    def ece_kde(self, p: float = 1) -> float:
         """L_p calibration error ECE^KDE (Popordanoska et al. 2022, Eq. 9, p-th root).
+
+        Parameters
+        ----------
+        p : float, default 1
+            Order of the norm, ``p >= 1``.
 
         Returns
         -------
         float
             In probability units; p = 2 uses the debiased squares when ``debias`` is
             "ustat" or "ratio".
+
+        Raises
+        ------
+        TypeError, ValueError
+            ``p`` not a real number >= 1.
         """
         p = check_p(p)
         return _quantities.ce_p(self._est_sq if p == 2.0 else self._est, p)
+
+    def ece(self, p: float = 1) -> float:
+        """Return :meth:`ece_kde` (deprecated alias, removed in the next release)."""
+        warnings.warn(
+            "CalibrationEstimate.ece is deprecated and will be removed in the next "
+            "release; use CalibrationEstimate.ece_kde (binned.ece is the binned ECE)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.ece_kde(p)
 
     def calibration_error(self, divergence: object = "kl", estimator: str = "direct") -> float:
         """Proper calibration error for a Bregman generator.

@@ -22,32 +22,16 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .tolerances import (
+    INFER_RANGE_ATOL,
+    INFER_ROW_SUM_ATOL,
+    MIN_BANDWIDTH,
+    PROB_EPS,
+    PROBS_RANGE_ATOL,
+    PROBS_ROW_SUM_ATOL,
+    ROW_SUM_ATOL,
+)
 from .warnings import RenormalizationWarning, warn_user
-
-#: Probabilities below this are clipped to it and each row renormalised, so that the
-#: Dirichlet kernel (which needs ``log f``) and the KL estimators never see ``log 0``.
-PROB_EPS = 1e-12
-#: Rows of probabilities whose sums differ from 1 by at most this are renormalised
-#: silently (float32 storage, softmax rounding).
-ROW_SUM_ATOL = 1e-3
-#: With ``input="auto"``, scores in [0, 1] whose rows all sum to 1 within this are
-#: recognised as probabilities.  Probabilities rounded to 3 decimals pass for every
-#: K <= 40 (each entry moves by at most 5e-4); rows further off are neither clearly
-#: probabilities nor clearly logits, and the caller must say which they are.
-INFER_ROW_SUM_ATOL = 0.02
-#: Probabilities passed as such (``input="probs"``, ``--probs``, or any function that
-#: takes only probabilities) may have rows off by up to this (probabilities rounded to
-#: 2 decimals at K = 10, for example); they are renormalised with a
-#: :class:`~kdecal.warnings.RenormalizationWarning` that says by how much.
-PROBS_ROW_SUM_ATOL = 0.1
-#: With ``input="auto"``, scores whose entries all lie within this of [0, 1] but not all
-#: inside it (``1.0000001``, ``-1e-7``: probabilities with a rounding error, or logits
-#: that happen to be small) are refused as ambiguous rather than read as logits.
-INFER_RANGE_ATOL = 0.05
-#: Probabilities passed as such may stray outside [0, 1] by up to this (float rounding
-#: in a softmax, a CSV written with too few digits); such entries are clipped to [0, 1]
-#: with a :class:`~kdecal.warnings.RenormalizationWarning`; further out is an error.
-PROBS_RANGE_ATOL = 0.01
 
 
 def _type_name(x: object) -> str:
@@ -473,12 +457,6 @@ def check_labels(labels: object, n: int, n_classes: int, name: str = "labels") -
         )
     return np.ascontiguousarray(arr.astype(np.int64))
 
-
-#: Smallest bandwidth accepted.  Below about 3e-306 the kernel constants
-#: ``lgamma(f / h + 1)`` overflow; long before that (h below about 1e-8 for
-#: probabilities stored in float64) every estimate has reached its h -> 0 limit, the
-#: nearest-neighbour estimate, so nothing is lost by refusing smaller values.
-MIN_BANDWIDTH = 1e-300
 
 
 def check_bandwidth(bandwidth: object, name: str = "bandwidth") -> float:

@@ -496,7 +496,7 @@ def _reliability_arrays(
             grid_curve=None,
             density=None,
             bandwidth=h,
-            ece=est.ece(1),
+            ece=est.ece_kde(1),
         )
     points, lab = _formulas.problem_arrays(P.p, y, calibration)
     E_cols = E_all[:, None] if calibration == "top_label" else E_all
@@ -824,7 +824,7 @@ def _simplex_arrays(
         with np.errstate(invalid="ignore", divide="ignore"):
             freq = _readonly(np.where(counts[:, None] > 0, lab / counts[:, None], np.nan))
         sece = _binned.simplex_ece(probs, labels, n_bins_per_side=m)
-        ekde = est.ece(1)
+        ekde = est.ece_kde(1)
     return SimplexDensity(
         grid=_readonly(grid),
         xy=_readonly(grid @ _TRI),

@@ -268,7 +268,7 @@ def estimate(
     """Compute the leave-one-out kernel estimate once; derive every quantity from it.
 
     One bandwidth search (when ``bandwidth="auto"``) whose last stage is the estimate's
-    own engine pass, then O(nK) plug-ins: ``est.ece(p)``, ``est.calibration_error(div)``,
+    own engine pass, then O(nK) plug-ins: ``est.ece_kde(p)``, ``est.calibration_error(div)``,
     ``est.refinement(div)``, ``est.sharpness(div)``, ``est.conditional_expectation``,
     bootstrap intervals (``est.confidence_interval(quantity)``) and the calibration test
     (``est.calibration_test(statistic)``).
@@ -312,7 +312,7 @@ def estimate(
     >>> from kdecal.datasets import make_seeds_synthetic
     >>> s = make_seeds_synthetic(2000, 4, seed=0)
     >>> est = kdecal.estimate(s.probs, s.labels)
-    >>> round(est.ece(1), 2), round(est.calibration_error("l2"), 3)  # doctest: +SKIP
+    >>> round(est.ece_kde(1), 2), round(est.calibration_error("l2"), 3)  # doctest: +SKIP
     """
     return _estimate(
         probs, labels, bandwidth, calibration, debias, criterion, estimator, backend, progress

@@ -24,7 +24,7 @@ Common conventions
 - ``scores`` is any array object (NumPy, pandas, torch, ...; see
   ``kdecal._validation.as_array``). ``input`` says what it holds: ``"logits"`` (real
   logits, shape ``(n, K)``), ``"probs"`` (rows on the simplex, checked and renormalised
-  like every other kdecal function, but *not* clipped to ``kdecal.PROB_EPS``: the
+  like every other kdecal function, but *not* clipped to ``kdecal.tolerances.PROB_EPS``: the
   calibrators fit on the logarithms of the probabilities as given, and only an exact 0,
   a probability that underflowed, is read as the smallest positive number of its dtype,
   ``4.9e-324`` in float64 and ``1.4e-45`` in float32) or ``"auto"``

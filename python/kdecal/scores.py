@@ -10,7 +10,7 @@ Conventions
 -----------
 - **Inputs.** ``probs`` as everywhere in kdecal: shape (n, K) rows on the simplex, or
   (n,) holding P(y = 1) of a binary problem; probabilities are clipped to
-  ``kdecal.PROB_EPS = 1e-12`` and renormalised (so one sample adds at most
+  ``kdecal.tolerances.PROB_EPS = 1e-12`` and renormalised (so one sample adds at most
   ``-log(1e-12) = 27.6`` nats to the log loss). ``input="logits"`` takes unnormalised
   log-probabilities instead (log-softmax applied; (n,) means the log-odds of class 1)
   and keeps the full precision of very small posteriors, as Ferrer & Ramos's code does with
@@ -704,7 +704,7 @@ def calibration_loss(
         The EPSR. "log_loss": :func:`log_loss` (nats), "brier_score": :func:`brier_score`
         (sum convention; RCL does not depend on it). The raw EPSR uses the scores as
         given (``input``); the calibrated one the probabilities the calibrator returns,
-        clipped to ``kdecal.PROB_EPS`` (so the exact zeros of isotonic / histogram
+        clipped to ``kdecal.tolerances.PROB_EPS`` (so the exact zeros of isotonic / histogram
         calibration give a large but finite log loss, where Ferrer & Ramos's code gives inf). A
         callable is called as ``metric(probs, labels) -> float`` with probabilities
         (n, K), e.g. ``functools.partial(bayes_risk, cost_matrix=C)``.

@@ -16,7 +16,7 @@ class BackendFallbackWarning(KdecalWarning):
 class RenormalizationWarning(KdecalWarning):
     """Rows of probabilities that did not sum to 1 were renormalised.
 
-    Raised when a row is off by more than :data:`kdecal.ROW_SUM_ATOL` (rounded or
+    Raised when a row is off by more than :data:`kdecal.tolerances.ROW_SUM_ATOL` (rounded or
     truncated probabilities); the message gives how many rows and the largest deviation.
     """
 
