@@ -22,10 +22,11 @@ import pytest
 
 import _reference as ref
 import kdecal
-from kdecal import _resample, binned, scores
+from kdecal import binned, scores
+from kdecal._calibration_estimate import ResamplingError, bootstrap_counts
 from kdecal._engine import backends as _backends
+from kdecal._estimation import replicates as _replicates
 from kdecal._report import _format_value
-from kdecal._result import ResamplingError, bootstrap_counts
 from kdecal._validation import check_probs
 from kdecal.cli import main
 from kdecal.datasets import make_seeds_synthetic, temperature_scale
@@ -214,8 +215,8 @@ def test_resampling_memory_is_chunked(monkeypatch):
     full = R * 2000 * 8  # one (R, n) int64 array: 9.6 MB
     want = est.confidence_intervals(["ce_l2"], n_resamples=R, seed=1)["ce_l2"]
     null = est.calibration_tests(["ce_l2"], n_resamples=R, seed=1)["ce_l2"]
-    monkeypatch.setattr(_resample, "DRAW_CHUNK_BYTES", 2e5)
-    monkeypatch.setattr(_resample, "_CHUNK_BYTES", 2e5)
+    monkeypatch.setattr(_replicates, "DRAW_CHUNK_BYTES", 2e5)
+    monkeypatch.setattr(_replicates, "_CHUNK_BYTES", 2e5)
     tracemalloc.start()
     try:
         got = est.confidence_intervals(["ce_l2"], n_resamples=R, seed=1)["ce_l2"]

@@ -150,14 +150,14 @@ def test_resampling_of_residual_estimates():
 
 def test_bootstrap_replicate_with_unit_weights_equals_estimate():
     """A replicate whose multiplicities are all 1 is the estimate itself (all backends)."""
-    from kdecal import _resample
+    from kdecal._estimation import replicates as _replicates
 
     s = datasets.make_seeds_synthetic(90, 3, t1=0.6, t2=0.6, seed=6)
     for calibration in NOTIONS:
         est = kdecal.estimate(s.probs, s.labels, bandwidth=0.2, calibration=calibration)
         base = est._est_sq
         labels = base.problem.labels[None]
-        rep = next(_resample.replicates(base, labels, np.ones((1, 90)), est.backend))
+        rep = next(_replicates.replicates(base, labels, np.ones((1, 90)), est.backend))
         assert rep.estimator == "residual"
         np.testing.assert_allclose(rep.E, base.E, rtol=1e-12, atol=1e-15)
         q = kdecal.QUANTITIES["ce_l2"]
@@ -179,8 +179,8 @@ def test_dense_replicates_equal_the_multi_label_pass(calibration, monkeypatch):
     weights with value columns; the multi-label pass (label sets for S, single-class
     sets for A and U) computes the same sums: bootstrap and consistency replicates agree
     to rounding, for every quantity."""
-    from kdecal import _resample
     from kdecal._engine import runtime as _runtime
+    from kdecal._estimation import replicates as _replicates
 
     if _runtime._core is None:
         pytest.skip("compiled core not available")
@@ -189,7 +189,7 @@ def test_dense_replicates_equal_the_multi_label_pass(calibration, monkeypatch):
     names = ["ce_l2", "ece_kde_l1", "ce_kl", "refinement_l2"]
     got = est.confidence_intervals(names, n_resamples=12, seed=1)
     got_t = est.calibration_tests(names, n_resamples=12, seed=1)
-    monkeypatch.setattr(_resample, "_dense_backend", lambda backend: False)
+    monkeypatch.setattr(_replicates, "_dense_backend", lambda backend: False)
     want = est.confidence_intervals(names, n_resamples=12, seed=1)
     want_t = est.calibration_tests(names, n_resamples=12, seed=1)
     for q in names:

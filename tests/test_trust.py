@@ -17,10 +17,10 @@ import pytest
 
 import _reference as ref
 import kdecal
-from kdecal import _resample
+from kdecal._calibration_estimate import bootstrap_counts
 from kdecal._estimation import problem as _problem
+from kdecal._estimation import replicates as _replicates
 from kdecal._estimation import search as _search
-from kdecal._result import bootstrap_counts
 from kdecal._validation import check_probs
 from kdecal.datasets import make_seeds_synthetic
 
@@ -204,7 +204,7 @@ def test_auto_warns_at_the_end_of_the_range():
 
 def test_consistency_labels_follow_the_probabilities():
     P = np.array([[0.7, 0.2, 0.1], [0.05, 0.05, 0.9], [1 / 3, 1 / 3, 1 / 3]])
-    ys = _resample.draw_consistency_labels(P, 40000, np.random.default_rng(1))
+    ys = _replicates.draw_consistency_labels(P, 40000, np.random.default_rng(1))
     for i in range(3):
         freq = np.bincount(ys[:, i], minlength=3) / ys.shape[0]
         se = np.sqrt(P[i] * (1 - P[i]) / ys.shape[0])
@@ -219,7 +219,7 @@ def test_null_distribution_equals_separate_calls(backend, calibration):
     est = kdecal.estimate(P, y, bandwidth=h, calibration=calibration, backend=backend)
     res = est.calibration_tests(["ce_l2", "ece_kde_l1", "ce_kl"], n_resamples=R, seed=seed)
     Pt = check_probs(P).p
-    ys = _resample.draw_consistency_labels(Pt, R, np.random.default_rng(seed))
+    ys = _replicates.draw_consistency_labels(Pt, R, np.random.default_rng(seed))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", kdecal.KdecalWarning)
         for stat, fn in (

@@ -23,11 +23,12 @@ from . import (
     smooth,
     tolerances,
 )
+from ._calibration_estimate import CalibrationEstimate, CalibrationTestResult, ConfidenceInterval
 from ._compare import Comparison, compare
 from ._engine.backends import available_backends
 from ._engine.runtime import get_num_threads, set_num_threads
+from ._estimation.quantities import QUANTITIES
 from ._report import CalibrationReport
-from ._result import QUANTITIES, CalibrationEstimate, CalibrationTestResult, ConfidenceInterval
 from .kde import (
     DEFAULT_BANDWIDTH_GRID,
     Bregman,

@@ -18,13 +18,18 @@ from typing import Any
 
 import numpy as np
 
-from . import _resample
+from ._calibration_estimate import (
+    _check_level,
+    _check_quantity,
+    bootstrap_distributions,
+    centred_interval,
+)
 from ._engine import backends as _backends
 from ._estimation import problem as _problem
 from ._estimation import regression as _regression
+from ._estimation import replicates as _replicates
 from ._estimation import search as _search
 from ._report import format_pvalue
-from ._result import _check_level, _check_quantity, bootstrap_distributions, centred_interval
 from ._validation import check_choice, check_labels, check_probs
 from .kde import _estimate
 from .warnings import KdecalWarning
@@ -227,7 +232,7 @@ def compare(
     if not qs:
         raise ValueError("quantities is empty")
     level = _check_level(level)
-    R = _resample.check_resamples(n_resamples, "n_resamples", 2)
+    R = _replicates.check_resamples(n_resamples, "n_resamples", 2)
     checked = {k: check_probs(v, f"models[{k!r}]") for k, v in items}
     shapes = {k: P.p.shape for k, P in checked.items()}
     if len(set(shapes.values())) != 1:

@@ -458,7 +458,6 @@ def check_labels(labels: object, n: int, n_classes: int, name: str = "labels") -
     return np.ascontiguousarray(arr.astype(np.int64))
 
 
-
 def check_bandwidth(bandwidth: object, name: str = "bandwidth") -> float:
     """Validate one bandwidth: a finite float in ``[MIN_BANDWIDTH, inf)``.
 

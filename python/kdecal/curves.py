@@ -53,9 +53,9 @@ from scipy.special import gammaln, xlogy
 
 from . import _formulas, _validation
 from . import binned as _binned
+from ._calibration_estimate import CalibrationEstimate
 from ._engine.backends import resolve_backend
 from ._estimation import regression as _regression
-from ._result import CalibrationEstimate
 from ._validation import (
     PROB_EPS,
     Probs,

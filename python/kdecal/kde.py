@@ -11,7 +11,7 @@ accumulators from those passes (while they fit in
 :data:`kdecal._estimation.search.SEARCH_FUSE_BYTES`); the residual-centred default runs one
 pass of its own after the search. ``"loo-mle"`` evaluates its whole grid in one pass,
 then the estimate runs its own. Bootstrap intervals and the calibration test add one
-multi-label pass per chunk of resamples (:mod:`kdecal._resample`).
+multi-label pass per chunk of resamples (:mod:`kdecal._estimation.replicates`).
 
 References
 ----------
@@ -33,16 +33,16 @@ import numpy as np
 from scipy.special import softmax as _sp_softmax
 
 from . import binned, scores
+from ._calibration_estimate import CalibrationEstimate, CalibrationTestResult, ResamplingError
 from ._engine import backends as _backends
 from ._estimation import problem as _problem
 from ._estimation import quantities as _quantities
 from ._estimation import regression as _regression
 from ._estimation import search as _search
 from ._estimation.generators import Bregman
+from ._estimation.replicates import check_resamples
 from ._estimation.search import DEFAULT_BANDWIDTH_GRID
 from ._report import CalibrationReport
-from ._resample import check_resamples
-from ._result import CalibrationEstimate, CalibrationTestResult, ResamplingError
 from ._validation import (
     Probs,
     _numeric_array,

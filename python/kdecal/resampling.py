@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._resample import check_resamples
+from ._estimation.replicates import check_resamples
 from ._validation import _numeric_array, check_int
 
 __all__ = ["BootstrapCI", "bootstrap_ci", "cv_folds"]

@@ -8,16 +8,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import _resample
 from ._estimation import quantities as _quantities
 from ._estimation import regression as _regression
+from ._estimation import replicates as _replicates
 from ._estimation import search as _search
 from ._estimation.quantities import QUANTITIES
 from ._validation import Probs, check_choice, check_p
 from .warnings import KdecalWarning
 
 __all__ = [
-    "QUANTITIES",
     "CalibrationEstimate",
     "CalibrationTestResult",
     "ConfidenceInterval",
@@ -129,9 +128,9 @@ def bootstrap_counts(n: int, n_resamples: int, rng: np.random.Generator) -> np.n
     """Row multiplicities of ``n_resamples`` bootstrap samples of n rows, (R, n) int64.
 
     All at once, for tests; the estimators draw them in chunks
-    (:func:`kdecal._resample.draw_bootstrap_counts`), which gives the same samples.
+    (:func:`kdecal._estimation.replicates.draw_bootstrap_counts`), which gives the same samples.
     """
-    return _resample.draw_bootstrap_counts(n, n_resamples, rng)
+    return _replicates.draw_bootstrap_counts(n, n_resamples, rng)
 
 
 def bootstrap_distributions(
@@ -142,7 +141,7 @@ def bootstrap_distributions(
 ) -> list[dict[str, np.ndarray]]:
     """Compute ``names`` of every estimate on the same bootstrap row samples.
 
-    The samples (:func:`kdecal._resample.draw_bootstrap_counts`) are drawn a chunk at a
+    The samples (:func:`kdecal._estimation.replicates.draw_bootstrap_counts`) are drawn a chunk at a
     time and applied to every estimate (a paired bootstrap when there are several), so
     memory is O(n + chunk x n) for any ``n_resamples``.
 
@@ -156,9 +155,9 @@ def bootstrap_distributions(
     n = estimates[0].n
     dists = [{q: np.empty(R) for q in names} for _ in estimates]
     widest = max(e._est.problem.labels.shape[0] for e in estimates)
-    step = _resample.draw_chunk(n, widest + 2, R)
+    step = _replicates.draw_chunk(n, widest + 2, R)
     for r0 in range(0, R, step):
-        counts = _resample.draw_bootstrap_counts(n, min(step, R - r0), rng)
+        counts = _replicates.draw_bootstrap_counts(n, min(step, R - r0), rng)
         for est, dist in zip(estimates, dists):
             est._bootstrap_chunk(names, counts, dist, r0)
     for est, dist in zip(estimates, dists):
@@ -407,7 +406,7 @@ class CalibrationEstimate:
         """
         name = _check_quantity(quantity)
         level = _check_level(level)
-        R = _resample.check_resamples(n_resamples, "n_resamples", 2)
+        R = _replicates.check_resamples(n_resamples, "n_resamples", 2)
         return self.confidence_intervals([name], level=level, n_resamples=R, seed=seed)[name]
 
     def confidence_intervals(
@@ -421,7 +420,7 @@ class CalibrationEstimate:
         """Bootstrap intervals of several quantities from the same replicates."""
         names = [_check_quantity(q) for q in quantities]
         level = _check_level(level)
-        R = _resample.check_resamples(n_resamples, "n_resamples", 2)
+        R = _replicates.check_resamples(n_resamples, "n_resamples", 2)
         dist, _ = self._resampled(names, [], R, np.random.default_rng(seed), None)
         return self._intervals(dist, level)
 
@@ -448,9 +447,9 @@ class CalibrationEstimate:
 
         The same numbers as the two calls, from one resampling pass: each chunk of
         bootstrap replicates and of consistency replicates shares the kernel weights
-        (:func:`kdecal._resample.replicates_jobs`).
+        (:func:`kdecal._estimation.replicates.replicates_jobs`).
         """
-        R = _resample.check_resamples(n_resamples, "n_resamples", 2)
+        R = _replicates.check_resamples(n_resamples, "n_resamples", 2)
         boot, test = self._resampled(
             [_check_quantity(q) for q in quantities],
             [_check_quantity(s, "statistic") for s in statistics],
@@ -483,21 +482,21 @@ class CalibrationEstimate:
         B = self._est.problem.labels.shape[0]
         step = R
         if boot:
-            step = min(step, _resample.draw_chunk(self.n, B + 2, R))
+            step = min(step, _replicates.draw_chunk(self.n, B + 2, R))
         if test:
-            step = min(step, _resample.draw_chunk(self.n, B + 1, R))
+            step = min(step, _replicates.draw_chunk(self.n, B + 1, R))
         for r0 in range(0, R, step):
             c = min(step, R - r0)
             counts = None
             if boot:
                 assert boot_rng is not None
-                counts = _resample.draw_bootstrap_counts(self.n, c, boot_rng)
+                counts = _replicates.draw_bootstrap_counts(self.n, c, boot_rng)
             labels = None
             if test:
                 assert test_rng is not None
-                ystar = _resample.draw_consistency_labels(self._probs, c, test_rng)
+                ystar = _replicates.draw_consistency_labels(self._probs, c, test_rng)
                 labels = np.stack(
-                    [_resample.problem_labels(self.calibration, self._probs, ys) for ys in ystar]
+                    [_replicates.problem_labels(self.calibration, self._probs, ys) for ys in ystar]
                 )
             self._fill_chunk(boot, counts, dist_b, test, labels, dist_t, r0)
         _check_replicates(self, dist_b)
@@ -531,7 +530,7 @@ class CalibrationEstimate:
             if gt:
                 assert labels is not None
                 jobs.append((labels, None))
-            reps = _resample.replicates_jobs(base, jobs, self.backend, _needs_squares(group))
+            reps = _replicates.replicates_jobs(base, jobs, self.backend, _needs_squares(group))
             for r, rep in enumerate(reps):
                 for q in gb:
                     dist_b[q][r0 + r] = _quiet(QUANTITIES[q], rep[0])
@@ -576,7 +575,7 @@ class CalibrationEstimate:
     ) -> dict[str, CalibrationTestResult]:
         """Run the test for several statistics on the same resampled label sets."""
         names = [_check_quantity(s, "statistic") for s in statistics]
-        R = _resample.check_resamples(n_resamples, "n_resamples", 1)
+        R = _replicates.check_resamples(n_resamples, "n_resamples", 1)
         _, dist = self._resampled([], names, R, None, np.random.default_rng(seed))
         return self._tests(dist, R)
 

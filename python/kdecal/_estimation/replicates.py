@@ -24,11 +24,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from ._engine import backends as _backends
-from ._engine import runtime as _runtime
-from ._estimation import problem as _problem
-from ._estimation import regression as _regression
-from ._validation import check_int
+from .._engine import backends as _backends
+from .._engine import runtime as _runtime
+from .._validation import check_int
+from . import problem as _problem
+from . import regression as _regression
 
 #: Memory budget (bytes) of the class sums of one chunk of label sets.
 _CHUNK_BYTES = 64e6
