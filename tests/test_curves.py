@@ -3,6 +3,8 @@ array-API formulas shared by kdecal and kdecal.torch, against independent refere
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import subprocess
 import sys
 
@@ -53,7 +55,9 @@ def test_bin_means_against_loop():
 @pytest.mark.usefixtures("plugin_estimator")
 def test_curves_equal_plot_arrays_and_kernel_estimates():
     P, y = _data()
-    rd = curves.reliability_diagram(P, y, kind="kernel", calibration="classwise", bandwidth=H)
+    rd = curves.ReliabilityDiagram.from_predictions(
+        P, y, kind="kernel", calibration="classwise", bandwidth=H
+    )
     same = kdecal.plot.reliability_diagram(
         P, y, kind="kernel", calibration="classwise", bandwidth=H, draw=False
     )
@@ -66,9 +70,11 @@ def test_curves_equal_plot_arrays_and_kernel_estimates():
     for c in range(4):
         order = np.argsort(np.clip(P[:, c], 1e-12, None), kind="stable")
         np.testing.assert_allclose(rd.y[c], E[order, c], rtol=1e-12)
-    cs = curves.calibration_sharpness_diagram(P, y, n_grid=11)
+    cs = curves.CalibrationSharpnessDiagram.from_predictions(P, y, n_grid=11)
     assert cs.total == pytest.approx(kdecal.scores.brier_score(P, y), rel=1e-12)
-    br = curves.bayes_risk_curve(P[:, 1] / P[:, :2].sum(1), (y == 1).astype(int), n_grid=11)
+    br = curves.BayesRiskCurve.from_predictions(
+        P[:, 1] / P[:, :2].sum(1), (y == 1).astype(int), n_grid=11
+    )
     assert br.risk.shape == (1, 11)
 
 
@@ -91,10 +97,11 @@ def test_dirichlet_grid_against_scipy():
 
 def test_curves_import_no_matplotlib():
     code = (
-        "import sys, numpy as np, kdecal.curves as c\n"
+        "import sys, numpy as np, kdecal, kdecal.curves as c\n"
         "P = np.random.default_rng(0).dirichlet(np.ones(3), 50); y = P.argmax(1)\n"
-        "c.reliability_diagram(P, y, kind='kernel', bandwidth=0.1)\n"
-        "c.simplex_density(P, y, bandwidth=0.1, resolution=5)\n"
+        "c.ReliabilityDiagram.from_predictions(P, y, kind='kernel', bandwidth=0.1)\n"
+        "c.SimplexDensity.from_predictions(P, y, bandwidth=0.1, resolution=5)\n"
+        "c.ReliabilityDiagram.from_estimate(kdecal.estimate(P, y, bandwidth=0.1))\n"
         "print('matplotlib' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -158,29 +165,178 @@ def test_formulas_same_numbers_on_torch():
     assert torch.isfinite(x.grad).all() and x.grad[0] == 0.0
 
 
-def test_canonical_curve_from_a_report_needs_no_kernel_pass(monkeypatch):
+# ------------------------------------------------ from_predictions / from_estimate
+def _fields_equal(a, b):
+    """Every field of two curves objects equal, array for array (NaN == NaN)."""
+    assert type(a) is type(b)
+    for f in dataclasses.fields(a):
+        u, v = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(u, np.ndarray) or isinstance(v, np.ndarray):
+            assert u.dtype == v.dtype, f.name
+            assert np.array_equal(u, v, equal_nan=u.dtype.kind == "f"), f.name
+        elif isinstance(u, float) and math.isnan(u):
+            assert math.isnan(v), f.name
+        else:
+            assert u == v, f.name
+
+
+def _binary_data():
+    P, y = _data(n=120, K=2, seed=5)
+    return P[:, 1], y
+
+
+_DEPRECATED = [
+    ("reliability_diagram", "ReliabilityDiagram", _data, {}),
+    ("reliability_diagram", "ReliabilityDiagram", _data, {"calibration": "classwise"}),
+    ("reliability_diagram", "ReliabilityDiagram", _data, {"kind": "kernel", "bandwidth": H}),
+    (
+        "reliability_diagram",
+        "ReliabilityDiagram",
+        _data,
+        {"kind": "kernel", "calibration": "canonical", "bandwidth": H, "n_bins": 7},
+    ),
+    ("calibration_sharpness_diagram", "CalibrationSharpnessDiagram", _data, {"n_grid": 11}),
+    (
+        "simplex_density",
+        "SimplexDensity",
+        lambda: _data(n=90, K=3, seed=2),
+        {"bandwidth": H, "resolution": 6},
+    ),
+    ("bayes_risk_curve", "BayesRiskCurve", _binary_data, {"n_grid": 11}),
+]
+
+
+@pytest.mark.parametrize("old, cls, make, kw", _DEPRECATED)
+def test_deprecated_functions_warn_and_equal_from_predictions(old, cls, make, kw):
+    P, y = make()
+    new = getattr(curves, cls).from_predictions(P, y, **kw)
+    msg = f"kdecal.curves.{old} is deprecated; use kdecal.curves.{cls}.from_predictions"
+    with pytest.warns(DeprecationWarning, match=msg):
+        got = getattr(curves, old)(P, y, **kw)
+    _fields_equal(got, new)
+    assert old not in curves.__all__ and cls in curves.__all__
+
+
+def test_plot_reexports_are_deprecated():
+    from kdecal import plot as kp
+
+    for name in (
+        "BayesRiskCurve",
+        "CalibrationSharpnessDiagram",
+        "ReliabilityDiagram",
+        "SimplexDensity",
+    ):
+        assert name not in kp.__all__
+        msg = f"kdecal.plot.{name} is deprecated; use kdecal.curves.{name}"
+        with pytest.warns(DeprecationWarning, match=msg):
+            assert getattr(kp, name) is getattr(curves, name)
+    with pytest.warns(DeprecationWarning, match="kdecal.plot.ReliabilityDiagram"):
+        from kdecal.plot import ReliabilityDiagram  # noqa: F401
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchDiagram'"):
+        kp.NoSuchDiagram  # noqa: B018
+
+
+@pytest.fixture
+def kernel_passes(monkeypatch):
+    """Count the engine's kernel passes (every estimate's sums come from loo_reduce)."""
+    from kdecal._engine import backends
+
+    calls = []
+    reduce = backends.loo_reduce
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return reduce(*args, **kwargs)
+
+    monkeypatch.setattr(backends, "loo_reduce", counted)
+    return calls
+
+
+@pytest.mark.parametrize("calibration", ["canonical", "top_label", "classwise"])
+@pytest.mark.parametrize("estimator", ["residual", "plugin"])
+def test_reliability_from_estimate_reuses_its_kernel_sums(calibration, estimator, kernel_passes):
+    """from_estimate = from_predictions at the estimate's bandwidth, with no kernel pass."""
+    P, y = _data(n=150)
+    est = kdecal.estimate(
+        P, y, bandwidth=H, calibration=calibration, estimator=estimator, progress=False
+    )
+    fresh = curves.ReliabilityDiagram.from_predictions(
+        P, y, kind="kernel", calibration=calibration, bandwidth=est.bandwidth, n_grid=21
+    )
+    assert kernel_passes, "the counter is not on the estimate's path"
+    kernel_passes.clear()
+    reused = curves.ReliabilityDiagram.from_estimate(est, n_grid=21)
+    assert kernel_passes == []
+    assert (reused.kind, reused.calibration) == ("kernel", calibration)
+    assert reused.bandwidth == fresh.bandwidth == H
+    np.testing.assert_array_equal(reused.x, fresh.x)
+    np.testing.assert_array_equal(reused.counts, fresh.counts)
+    np.testing.assert_allclose(reused.y, fresh.y, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(reused.ece, fresh.ece, rtol=1e-12)
+    if calibration != "canonical":
+        np.testing.assert_array_equal(reused.grid_curve, fresh.grid_curve)
+        np.testing.assert_array_equal(reused.density, fresh.density)
+    if calibration == "classwise":
+        one = curves.ReliabilityDiagram.from_estimate(est, class_index=2, n_grid=21)
+        np.testing.assert_array_equal(one.y, reused.y[2])
+    assert kernel_passes == []
+
+
+def test_simplex_density_from_canonical_estimate(kernel_passes):
+    P, y = _data(n=150, K=3, seed=4)
+    est = kdecal.estimate(P, y, bandwidth=H, progress=False)  # canonical, residual
+    fresh = curves.SimplexDensity.from_predictions(P, y, bandwidth=est.bandwidth, resolution=12)
+    kernel_passes.clear()
+    reused = curves.SimplexDensity.from_estimate(est, resolution=12)
+    assert kernel_passes == []
+    assert reused.ece_kde == pytest.approx(fresh.ece_kde, rel=1e-12)
+    # the rest is the same arrays (no prediction lies on a cell edge here)
+    _fields_equal(dataclasses.replace(reused, ece_kde=fresh.ece_kde), fresh)
+
+
+def test_canonical_curve_from_a_report_needs_no_kernel_pass(kernel_passes):
     """The evaluation page's canonical panel reuses the report's canonical estimate:
     the plug-in ratio of its kernel sums, the same arrays as a fresh plug-in estimate at
     that bandwidth (to rounding), and no engine call."""
-    from kdecal import curves as _curves
-    from kdecal._engine import backends as _engine_backends
-
     rng = np.random.default_rng(3)
     P = rng.dirichlet(np.ones(4), size=400)
     y = np.array([rng.choice(4, p=p) for p in P])
     report = kdecal.evaluate(P, y, n_resamples=0, calibration_loss=False)
     canon = report.estimates["canonical"]
     h = canon.bandwidth
-    fresh = _curves._reliability_arrays(P, y, "kernel", "canonical", None, 15, h, 200, "auto")
-
-    def no_pass(*args, **kwargs):
-        raise AssertionError("a kernel pass ran")
-
-    monkeypatch.setattr(_engine_backends, "loo_reduce", no_pass)
-    reused = _curves._reliability_arrays(
-        P, y, "kernel", "canonical", None, 15, h, 200, "auto", canon
+    fresh = curves.ReliabilityDiagram.from_predictions(
+        P, y, kind="kernel", calibration="canonical", bandwidth=h
     )
+    kernel_passes.clear()
+    reused = curves.ReliabilityDiagram.from_estimate(canon)
+    assert kernel_passes == []
     assert reused.bandwidth == fresh.bandwidth == h
     np.testing.assert_allclose(reused.x, fresh.x, rtol=0, atol=0)
     np.testing.assert_allclose(reused.y, fresh.y, rtol=1e-12, atol=1e-15)
     assert reused.ece == pytest.approx(fresh.ece, rel=1e-12)
+
+
+def test_from_estimate_bad_input_names_the_argument():
+    P, y = _data(n=60)
+    top = kdecal.estimate(P, y, bandwidth=H, calibration="top_label", progress=False)
+    canon4 = kdecal.estimate(P, y, bandwidth=H, progress=False)
+    with pytest.raises(ValueError, match="class_index is only meaningful for a class-wise"):
+        curves.ReliabilityDiagram.from_estimate(top, class_index=1)
+    cw = kdecal.estimate(P, y, bandwidth=H, calibration="classwise", progress=False)
+    with pytest.raises(ValueError, match="class_index must be an integer in 0..3"):
+        curves.ReliabilityDiagram.from_estimate(cw, class_index=4)
+    with pytest.raises(ValueError, match="n_grid must be an integer >= 2"):
+        curves.ReliabilityDiagram.from_estimate(top, n_grid=1)
+    with pytest.raises(ValueError, match=r"estimate must be canonical .*'top_label'"):
+        curves.SimplexDensity.from_estimate(top)
+    with pytest.raises(ValueError, match="estimate must be of K = 3 classes .* K = 4"):
+        curves.SimplexDensity.from_estimate(canon4)
+    with pytest.raises(ValueError, match="resolution must be an integer >= 2"):
+        curves.SimplexDensity.from_estimate(
+            kdecal.estimate(*_data(n=60, K=3), bandwidth=H, progress=False), resolution=1
+        )
+    report = kdecal.evaluate(P, y, bandwidth=H, n_resamples=0, calibration_loss=False)
+    with pytest.raises(TypeError, match=r"estimate must be a kdecal.CalibrationEstimate.*report"):
+        curves.ReliabilityDiagram.from_estimate(report)
+    with pytest.raises(TypeError, match="estimate must be a kdecal.CalibrationEstimate"):
+        curves.SimplexDensity.from_estimate(P)

@@ -624,8 +624,8 @@ def test_curve_sizes_are_bounded():
 
     P, y = _calibrated(12, n=50, k=3)
     with pytest.raises(ValueError, match="n_bins = 1000000000 is more than"):
-        curves.reliability_diagram(P, y, n_bins=10**9)
+        curves.ReliabilityDiagram.from_predictions(P, y, n_bins=10**9)
     with pytest.raises(ValueError, match="n_grid must be at most 100,000"):
-        curves.reliability_diagram(P, y, kind="kernel", n_grid=10**9)
+        curves.ReliabilityDiagram.from_predictions(P, y, kind="kernel", n_grid=10**9)
     with pytest.raises(ValueError, match="n_bins_per_side must be at most 1000"):
-        curves.simplex_density(P, y, n_bins_per_side=10**6)
+        curves.SimplexDensity.from_predictions(P, y, n_bins_per_side=10**6)

@@ -442,6 +442,88 @@ def test_render_other_plots(plt, tmp_path):
     assert _png(fig, tmp_path, dpi=20) == (240, 360)
 
 
+def _texts(ax):
+    """Title, axis labels and the legend's texts of an Axes (what a picture says)."""
+    legend = ax.get_legend()
+    entries = [] if legend is None else [t.get_text() for t in legend.get_texts()]
+    return ax.get_title(), ax.get_xlabel(), ax.get_ylabel(), entries, len(ax.get_lines())
+
+
+def test_draw_computed_curves_as_the_drawing_functions(plt, tmp_path):
+    """kp.draw(data) draws what the function of the same diagram draws, from the arrays."""
+    P, y = _data(n=200, K=3)
+    p, yb = _binary()
+    cases = [
+        (kp.reliability_diagram, (P, y), {"kind": "kernel", "bandwidth": H}, {"title": "t"}),
+        (kp.reliability_diagram, (P, y), {"calibration": "classwise"}, {}),
+        (kp.calibration_sharpness_diagram, (P, y), {"n_grid": 50}, {"title": "cs"}),
+        (kp.simplex_density, (P, y), {"bandwidth": H, "resolution": 12}, {"max_points": 50}),
+        (kp.bayes_risk_curve, ([p, p**2], yb), {"n_grid": 51}, {"ylim": 3.0}),
+    ]
+    for fn, args, kw, style in cases:
+        data = fn(*args, **kw, draw=False)
+        drawn = kp.draw(data, **style)
+        direct = fn(*args, **kw, **style)
+        assert data.ax is None and type(drawn) is type(data)
+        for name in ("x", "t", "kde", "risk"):
+            if hasattr(data, name):
+                assert getattr(drawn, name) is getattr(data, name)  # nothing recomputed
+        axs, ref = np.ravel(drawn.ax), np.ravel(direct.ax)
+        assert len(axs) == len(ref)
+        for a, b in zip(axs, ref):
+            assert _texts(a) == _texts(b)
+        _png(axs[0].figure, tmp_path)
+    # from an estimate: its kernel sums, on Axes of one's own
+    est = kdecal.estimate(P, y, bandwidth=H, progress=False)
+    _, ax = plt.subplots()
+    rd = kp.draw(kdecal.curves.ReliabilityDiagram.from_estimate(est), ax=ax)
+    assert rd.ax is ax and "h = 0.05" in ax.get_title()
+    sd = kp.draw(kdecal.curves.SimplexDensity.from_estimate(est, resolution=12))
+    assert len(sd.ax) == 2 and "ECE" in sd.ax[1].get_title()
+
+
+def test_draw_errors(plt):
+    P, y = _data(n=60, K=3)
+    rd = kdecal.curves.ReliabilityDiagram.from_predictions(P, y)
+    with pytest.raises(TypeError, match="style option.*'max_points'.*its options: title"):
+        kp.draw(rd, max_points=10)
+    with pytest.raises(TypeError, match="data must be a ReliabilityDiagram"):
+        kp.draw((P, y))
+    sd = kdecal.curves.SimplexDensity.from_predictions(P, y, bandwidth=H, resolution=5)
+    with pytest.raises(ValueError, match="class_names must have 3 entries"):
+        kp.draw(sd, class_names=["a", "b"])
+    with pytest.raises(ValueError, match="ax must be a sequence of 2 Axes"):
+        kp.draw(sd, ax=[plt.subplots()[1]])
+
+
+def test_drawing_functions_compute_once(plt, monkeypatch):
+    """A drawing function computes its arrays by one from_predictions call, nothing else."""
+    P, y = _data(n=60, K=3)
+    calls = []
+    for cls in (
+        kdecal.curves.ReliabilityDiagram,
+        kdecal.curves.CalibrationSharpnessDiagram,
+        kdecal.curves.SimplexDensity,
+        kdecal.curves.BayesRiskCurve,
+    ):
+
+        def counted(*args, _orig=cls.from_predictions, _name=cls.__name__, **kwargs):
+            calls.append(_name)
+            return _orig(*args, **kwargs)
+
+        monkeypatch.setattr(cls, "from_predictions", counted)
+    kp.reliability_diagram(P, y, kind="kernel", bandwidth=H)
+    kp.calibration_sharpness_diagram(P, y, n_grid=20)
+    kp.simplex_density(P, y, bandwidth=H, resolution=5)
+    kp.bayes_risk_curve(P[:, 0], (y == 0).astype(int), n_grid=11)
+    assert calls == [
+        "ReliabilityDiagram",
+        "CalibrationSharpnessDiagram",
+        "SimplexDensity",
+        "BayesRiskCurve",
+    ]
+
+
 # -------------------------------------------------------------------------------- CLI
 def test_cli_plot_writes_png(plt, tmp_path, capsys):
     P, y = _data(n=200, K=3)

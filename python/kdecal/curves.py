@@ -1,28 +1,38 @@
 """Arrays of the calibration plots, computed without matplotlib.
 
 Every plot of :mod:`kdecal.plot` draws arrays computed here; this module imports no
-plotting library, so the curves can be used for one's own figures, tables or tests:
+plotting library, so the curves can be used for one's own figures, tables or tests.
+Each diagram is a frozen dataclass of read-only arrays, built with its class methods
+(the ``from_predictions`` / ``from_estimate`` pattern of scikit-learn's displays):
 
-- :func:`reliability_diagram`: binned reliability statistics (Guo et al. 2017), or the
+- :class:`ReliabilityDiagram`: binned reliability statistics (Guo et al. 2017), or the
   leave-one-out Beta/Dirichlet-kernel estimate of ``E[y | f]`` at the data points
   (Popordanoska, Sayer & Blaschko, NeurIPS 2022, Eq. 3, 10) with the plain Beta-kernel
   Nadaraya-Watson curve and density on a grid;
-- :func:`calibration_sharpness_diagram`: the Gaussian Nadaraya-Watson regressions, the
+  :meth:`ReliabilityDiagram.from_estimate` draws the kernel curve of a
+  :class:`kdecal.CalibrationEstimate` from the kernel sums it holds (no new pass);
+- :class:`CalibrationSharpnessDiagram`: the Gaussian Nadaraya-Watson regressions, the
   sharpness band and the plug-in calibration term of Chidambaram & Ge (arXiv 2406.04068,
   2024, Eq. 5.1-5.2, Lemma 4.1);
-- :func:`simplex_density`: for K = 3 the simplex-binned histogram and the Dirichlet KDE
-  on a barycentric grid (Popordanoska et al. 2022, Sec. 4, Fig. 1, Fig. 7);
-- :func:`bayes_risk_curve`: Bayes risk of binary posteriors against the decision
+- :class:`SimplexDensity`: for K = 3 the simplex-binned histogram and the Dirichlet KDE
+  on a barycentric grid (Popordanoska et al. 2022, Sec. 4, Fig. 1, Fig. 7), also from a
+  canonical estimate (:meth:`SimplexDensity.from_estimate`);
+- :class:`BayesRiskCurve`: Bayes risk of binary posteriors against the decision
   threshold (Ferrer & Ramos, TMLR 2025, Eq. 8-12, 34, Fig. 4).
 
-Each returns a frozen dataclass of read-only arrays (its ``ax`` fields stay None; the
-drawing functions of :mod:`kdecal.plot` fill them). The kernel estimates at the data
-points come from one engine pass of :func:`kdecal.estimate` (the papers' plug-in ratio,
-``estimator="plugin"``, without debiasing; ``bandwidth="auto"`` is the leave-one-out
-Brier bandwidth), read from its ``conditional_expectation``; the curves at grid points,
-which are not data points and leave nothing out, are direct kernel sums over the data,
-O(n x grid size), in blocks. The right-closed bins are those of
-:func:`kdecal.binned.bin_index`.
+The ``ax`` fields stay None: :func:`kdecal.plot.draw` draws any of them (and the
+drawing functions of :mod:`kdecal.plot`, which compute and draw in one call, fill them).
+The kernel estimates at the data points come from one engine pass of
+:func:`kdecal.estimate` (the papers' plug-in ratio, ``estimator="plugin"``, without
+debiasing; ``bandwidth="auto"`` is the leave-one-out Brier bandwidth), read from its
+``conditional_expectation``, or, with ``from_estimate``, from the plug-in ratio of the
+given estimate's kernel sums at its bandwidth; the curves at grid points, which are not
+data points and leave nothing out, are direct kernel sums over the data, O(n x grid
+size), in blocks. The right-closed bins are those of :func:`kdecal.binned.bin_index`.
+
+The functions ``reliability_diagram``, ``calibration_sharpness_diagram``,
+``simplex_density`` and ``bayes_risk_curve`` of this module are deprecated aliases of
+the ``from_predictions`` class methods (they warn, and go in the next release).
 
 References
 ----------
@@ -44,7 +54,8 @@ References
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,10 +87,6 @@ __all__ = [
     "CalibrationSharpnessDiagram",
     "ReliabilityDiagram",
     "SimplexDensity",
-    "bayes_risk_curve",
-    "calibration_sharpness_diagram",
-    "reliability_diagram",
-    "simplex_density",
 ]
 
 #: Largest kernel-curve grid (``n_grid``) and simplex histogram (``n_bins_per_side``):
@@ -113,7 +120,7 @@ def _readonly(a: np.ndarray) -> np.ndarray:
 
 
 def _resolve_bandwidth(*args: Any) -> float:
-    """:func:`kdecal.kde._resolve_bandwidth` (imported late: kde imports this package)."""
+    """Return the bandwidth of a spec: :func:`kdecal.kde._resolve_bandwidth`."""
     return resolve(*args)
 
 
@@ -150,12 +157,44 @@ def _plugin_view(est: CalibrationEstimate) -> CalibrationEstimate:
     if e.estimator == "plugin" and e.debias == "none":
         return est
     if e.S is None or e.m is None:
-        raise ValueError("this estimate holds no kernel sums to draw the curves from")
+        raise ValueError("estimate holds no kernel sums to draw the curves from")
     empty = np.zeros((0, 0, 0))
     plug = _regression.estimate_from(
         e.problem, e.bandwidth, "none", est.backend, e.m, e.S, empty, empty
     )
     return CalibrationEstimate(plug, est._probs, est._labels, est.backend, est.search)
+
+
+def _check_estimate(estimate: object) -> CalibrationEstimate:
+    """Refuse anything but a :class:`kdecal.CalibrationEstimate` (a TypeError naming it)."""
+    if not isinstance(estimate, CalibrationEstimate):
+        hint = (
+            " (a CalibrationReport holds one per notion: report.estimates['canonical'])"
+            if hasattr(estimate, "estimates")
+            else ""
+        )
+        raise TypeError(
+            "estimate must be a kdecal.CalibrationEstimate (made by kdecal.estimate)"
+            f"{hint}, got {type(estimate).__name__}"
+        )
+    return estimate
+
+
+def _check_n_grid(n_grid: object) -> int:
+    """Check the number of points of a kernel curve's grid: 2..MAX_GRID."""
+    g = check_int(n_grid, "n_grid", 2)
+    if g > MAX_GRID:
+        raise ValueError(f"n_grid must be at most {MAX_GRID:,}, got {g:,}")
+    return g
+
+
+def _deprecated(old: str, new: str) -> None:
+    """Warn that ``kdecal.curves.<old>`` is deprecated in favour of ``<new>``."""
+    warnings.warn(
+        f"kdecal.curves.{old} is deprecated; use kdecal.curves.{new}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
 
 
 def _dirichlet_grid(
@@ -341,7 +380,11 @@ def _gaussian_nw_exact(
 # ------------------------------------------------------------------ reliability diagram
 @dataclass(frozen=True)
 class ReliabilityDiagram:
-    """Arrays of a reliability diagram (see :func:`reliability_diagram`) and its Axes.
+    """Arrays of a reliability diagram and the Axes it is drawn on.
+
+    Made by :meth:`from_predictions` (binned or kernel) or :meth:`from_estimate` (the
+    kernel curve of a :class:`kdecal.CalibrationEstimate`); drawn by
+    :func:`kdecal.plot.draw` or :func:`kdecal.plot.reliability_diagram`.
 
     For one binary problem (top-label, canonical, or class-wise with ``class_index``)
     the arrays are 1-D; for class-wise diagrams of all K classes they are stacked into
@@ -390,8 +433,8 @@ class ReliabilityDiagram:
         :func:`kdecal.ece_kde` with ``p=1`` on that problem); canonical:
         ``mean_j sum_c |E_jc - f_jc|`` (canonical ECE^KDE, p = 1).
     ax : matplotlib Axes, ndarray of Axes, or None
-        The main Axes (an array of K Axes for all class-wise diagrams); None when
-        ``draw=False``.
+        The main Axes (an array of K Axes for all class-wise diagrams); None until
+        drawn.
     hist_ax : matplotlib Axes, ndarray of Axes, or None
         The Axes beneath with the distribution of the confidences.
     """
@@ -411,81 +454,222 @@ class ReliabilityDiagram:
     ax: Any = None
     hist_ax: Any = None
 
+    @classmethod
+    def from_predictions(
+        cls,
+        probs: object,
+        labels: object,
+        *,
+        kind: str = "binned",
+        calibration: str = "top_label",
+        class_index: int | None = None,
+        n_bins: int = 15,
+        bandwidth: float | str = "auto",
+        n_grid: int = 200,
+        backend: str = "auto",
+    ) -> ReliabilityDiagram:
+        """Compute a reliability diagram, ``E[y | f]`` against the confidence.
 
-def _reliability_arrays(
-    probs: object,
-    labels: object,
-    kind: str,
-    calibration: str,
+        The computation of :func:`kdecal.plot.reliability_diagram` (see there for the
+        picture): binned statistics (:func:`kdecal.binned.binned_statistics`, Guo et al.
+        2017) or the leave-one-out kernel estimate at the data points (Beta kernel on
+        the binary problem for top-label / class-wise, Popordanoska et al. 2024, Eq.
+        24-25; Dirichlet kernel for canonical, Popordanoska et al. 2022, Eq. 3, 10), from
+        one engine pass of :func:`kdecal.estimate` (plug-in ratio, no debiasing).
+
+        Parameters
+        ----------
+        probs : array-like, shape (n, K) or (n,), float
+            Predicted probabilities (rows on the simplex), or P(y = 1) of a binary
+            problem.
+        labels : array-like, shape (n,), int
+            True classes in ``0..K-1``.
+        kind : {"binned", "kernel"}, default "binned"
+        calibration : {"top_label", "classwise", "canonical"}, default "top_label"
+            ``"canonical"`` needs ``kind="kernel"``.
+        class_index : int, optional
+            Class-wise only: the class; None stacks all K classes into ``(K, ...)``
+            arrays.
+        n_bins : int, default 15
+            Equal-width bins (binned; the histogram of a canonical kernel diagram).
+        bandwidth : float, "auto" or "loo-mle", default "auto"
+            Kernel bandwidth h > 0 (dimensionless, on the simplex); "auto" minimises the
+            leave-one-out Brier risk of the regression, "loo-mle" maximises the
+            leave-one-out likelihood (:func:`kdecal.select_bandwidth`).
+        n_grid : int, default 200
+            Grid points of the Beta-kernel curve and density (top-label / class-wise
+            kernel).
+        backend : {"auto", "cpp", "numba", "cuda"}, default "auto"
+
+        Returns
+        -------
+        ReliabilityDiagram
+            Read-only arrays; shapes in :class:`ReliabilityDiagram`. ``ax`` is None.
+
+        Raises
+        ------
+        ValueError
+            Invalid ``probs``/``labels`` (the messages of the metrics), unknown ``kind``
+            or ``calibration``, canonical with ``kind="binned"``, a bad ``class_index``,
+            ``n_bins < 1``, ``n_grid < 2``, a bad bandwidth or backend.
+        TypeError
+            Non-numeric input or bandwidth, ``n_bins`` or ``n_grid`` not an integer.
+
+        Examples
+        --------
+        >>> import kdecal
+        >>> from kdecal.curves import ReliabilityDiagram
+        >>> s = kdecal.datasets.make_seeds_synthetic(500, 3, seed=0)
+        >>> rd = ReliabilityDiagram.from_predictions(
+        ...     s.probs, s.labels, kind="kernel", bandwidth=0.05
+        ... )
+        >>> rd.x.shape, rd.grid_curve.shape
+        ((500,), (200,))
+        """
+        check_choice(kind, "kind", _KINDS)
+        check_choice(calibration, "calibration", _REL_CALIBRATIONS)
+        n_bins = check_n_bins(n_bins, len(as_array(probs, "probs")))
+        if calibration == "canonical" and kind != "kernel":
+            raise ValueError(
+                "calibration='canonical' needs kind='kernel' (the binned canonical estimate "
+                "is kdecal.binned.simplex_ece; see SimplexDensity for K = 3)"
+            )
+        if class_index is not None and calibration != "classwise":
+            raise ValueError("class_index is only meaningful with calibration='classwise'")
+        if kind == "binned":
+            stats = _binned.binned_statistics(
+                probs, labels, n_bins=n_bins, calibration=calibration, class_index=class_index
+            )
+            nonempty = stats.counts > 0
+            gap = np.abs(np.where(nonempty, stats.gap, 0.0))
+            ece = np.sum(stats.counts / stats.n_samples * gap, axis=-1)
+            return cls(
+                kind=kind,
+                calibration=calibration,
+                class_index=None if class_index is None else int(class_index),
+                x=stats.mean_confidence,
+                y=stats.frequency,
+                edges=stats.edges,
+                counts=stats.counts,
+                grid=None,
+                grid_curve=None,
+                density=None,
+                bandwidth=None,
+                ece=float(ece) if np.ndim(ece) == 0 else _readonly(ece),
+            )
+        n_grid = _check_n_grid(n_grid)
+        P = check_probs(probs)
+        y = check_labels(labels, P.n, P.n_classes)
+        if class_index is not None:
+            class_index = check_class_index(class_index, P.n_classes)
+        # the validated arrays go on (no second validation); "auto" sees the input as given
+        be = resolve_backend(backend, probs)
+        # class-wise: one bandwidth for the K problems (their risks summed)
+        est = _kernel_estimate(P, y, calibration, bandwidth, be)
+        return _kernel_reliability(est, P.p, y, class_index, n_bins, n_grid)
+
+    @classmethod
+    def from_estimate(
+        cls,
+        estimate: CalibrationEstimate,
+        *,
+        class_index: int | None = None,
+        n_bins: int = 15,
+        n_grid: int = 200,
+    ) -> ReliabilityDiagram:
+        """Build the kernel reliability diagram of an estimate from its kernel sums.
+
+        ``kind="kernel"`` at the estimate's notion (``estimate.calibration``) and main
+        bandwidth (``estimate.bandwidth``): the plug-in ratio ``S_c / sum S`` of the
+        leave-one-out class sums the estimate holds (of a residual-centred or debiased
+        estimate as of a plug-in one), so no kernel pass runs. The arrays equal those of
+        :meth:`from_predictions` with ``kind="kernel"``, the same ``calibration`` and
+        ``bandwidth=estimate.bandwidth`` (to about 1e-12 relative for a residual or
+        debiased estimate, whose plug-in ratio is formed from its sums). The Beta-kernel
+        grid curve and density of a top-label / class-wise diagram are direct sums on
+        the grid, as in :meth:`from_predictions`.
+
+        Parameters
+        ----------
+        estimate : CalibrationEstimate
+            Made by :func:`kdecal.estimate` (any notion, estimator and debiasing), or
+            one of :attr:`kdecal.CalibrationReport.estimates` (e.g.
+            ``report.estimates["canonical"]``).
+        class_index : int, optional
+            A class-wise estimate only: the class; None stacks all K classes into
+            ``(K, ...)`` arrays.
+        n_bins : int, default 15
+            Equal-width bins of the histogram of the confidences.
+        n_grid : int, default 200
+            Grid points of the Beta-kernel curve and density (top-label / class-wise).
+
+        Returns
+        -------
+        ReliabilityDiagram
+            Read-only arrays (``kind="kernel"``); shapes in :class:`ReliabilityDiagram`.
+            ``ax`` is None.
+
+        Raises
+        ------
+        TypeError
+            ``estimate`` is not a :class:`kdecal.CalibrationEstimate` (a
+            ``CalibrationReport``, say), or ``n_bins`` / ``n_grid`` not an integer.
+        ValueError
+            ``class_index`` given for an estimate that is not class-wise, or out of
+            range; ``n_bins < 1``, ``n_grid < 2``; an ``estimate`` without kernel sums.
+
+        Examples
+        --------
+        >>> import kdecal
+        >>> from kdecal.curves import ReliabilityDiagram
+        >>> s = kdecal.datasets.make_seeds_synthetic(500, 3, seed=0)
+        >>> est = kdecal.estimate(s.probs, s.labels, bandwidth=0.05)  # canonical
+        >>> rd = ReliabilityDiagram.from_estimate(est)
+        >>> rd.calibration, rd.bandwidth, rd.y.shape
+        ('canonical', 0.05, (500,))
+        """
+        est = _check_estimate(estimate)
+        calibration = est.calibration
+        if class_index is not None and calibration != "classwise":
+            raise ValueError(
+                "class_index is only meaningful for a class-wise estimate; estimate has "
+                f"calibration={calibration!r}"
+            )
+        n_bins = check_n_bins(n_bins, est.n)
+        n_grid = _check_n_grid(n_grid)
+        if class_index is not None:
+            class_index = check_class_index(class_index, est.n_classes)
+        view = _plugin_view(est)
+        return _kernel_reliability(view, est._probs, est._labels, class_index, n_bins, n_grid)
+
+
+def _kernel_reliability(
+    est: CalibrationEstimate,
+    p: np.ndarray,
+    y: np.ndarray,
     class_index: int | None,
-    n_bins: object,
-    bandwidth: object,
-    n_grid: object,
-    backend: str,
-    estimate: CalibrationEstimate | None = None,
+    n_bins: int,
+    n_grid: int,
 ) -> ReliabilityDiagram:
-    """Compute a :class:`ReliabilityDiagram` without drawing (no matplotlib).
+    """Build the kernel :class:`ReliabilityDiagram` of a plug-in estimate (no engine call).
 
-    ``estimate``: a :class:`CalibrationEstimate` of these predictions and of this
-    ``calibration`` whose sums the kernel curve reuses (:func:`_plugin_view`) instead of
-    a new kernel pass; ``bandwidth`` is then its bandwidth.
+    ``est``: a plug-in, not debiased estimate (:func:`_kernel_estimate` or
+    :func:`_plugin_view`) of the validated rows ``p`` (n, K) and labels ``y`` (n,);
+    the options are checked already.
     """
-    check_choice(kind, "kind", _KINDS)
-    check_choice(calibration, "calibration", _REL_CALIBRATIONS)
-    n_bins = check_n_bins(n_bins, len(as_array(probs, "probs")))
-    if calibration == "canonical" and kind != "kernel":
-        raise ValueError(
-            "calibration='canonical' needs kind='kernel' (the binned canonical estimate "
-            "is kdecal.binned.simplex_ece; see simplex_density for K = 3)"
-        )
-    if class_index is not None and calibration != "classwise":
-        raise ValueError("class_index is only meaningful with calibration='classwise'")
-    if kind == "binned":
-        stats = _binned.binned_statistics(
-            probs, labels, n_bins=n_bins, calibration=calibration, class_index=class_index
-        )
-        nonempty = stats.counts > 0
-        gap = np.abs(np.where(nonempty, stats.gap, 0.0))
-        ece = np.sum(stats.counts / stats.n_samples * gap, axis=-1)
-        return ReliabilityDiagram(
-            kind=kind,
-            calibration=calibration,
-            class_index=None if class_index is None else int(class_index),
-            x=stats.mean_confidence,
-            y=stats.frequency,
-            edges=stats.edges,
-            counts=stats.counts,
-            grid=None,
-            grid_curve=None,
-            density=None,
-            bandwidth=None,
-            ece=float(ece) if np.ndim(ece) == 0 else _readonly(ece),
-        )
-    # ---- kernel
-    n_grid = check_int(n_grid, "n_grid", 2)
-    if n_grid > MAX_GRID:
-        raise ValueError(f"n_grid must be at most {MAX_GRID:,}, got {n_grid:,}")
-    P = check_probs(probs)
-    y = check_labels(labels, P.n, P.n_classes)
-    if class_index is not None:
-        class_index = check_class_index(class_index, P.n_classes)
-    # class-wise: one bandwidth for the K problems (their risks summed)
-    if estimate is not None and estimate.calibration == calibration:
-        est = _plugin_view(estimate)
-    else:
-        est = _kernel_estimate(probs, labels, calibration, bandwidth, backend)
+    calibration = est.calibration
     h = est.bandwidth
     E_all = est.conditional_expectation  # (n, K), (n,) top-label, (n, K) class-wise
+    n = p.shape[0]
     if calibration == "canonical":
-        Pp = P.p
-        pred = Pp.argmax(axis=1)
-        rows = np.arange(P.n)
-        conf = Pp[rows, pred]
+        pred = p.argmax(axis=1)
+        rows = np.arange(n)
+        conf = p[rows, pred]
         E = E_all[rows, pred]
         order = np.argsort(conf, kind="stable")
         counts = np.bincount(_binned._uniform_bins(conf, n_bins)[1], minlength=n_bins)
         return ReliabilityDiagram(
-            kind=kind,
+            kind="kernel",
             calibration=calibration,
             class_index=None,
             x=_readonly(conf[order]),
@@ -498,7 +682,7 @@ def _reliability_arrays(
             bandwidth=h,
             ece=est.ece_kde(1),
         )
-    points, lab = _formulas.problem_arrays(P.p, y, calibration)
+    points, lab = _formulas.problem_arrays(p, y, calibration)
     E_cols = E_all[:, None] if calibration == "top_label" else E_all
     rows_b = range(points.shape[0]) if class_index is None else [class_index]
     grid = np.linspace(0.0, 1.0, n_grid)
@@ -523,7 +707,7 @@ def _reliability_arrays(
         return _readonly(lst[0] if single else np.stack(lst))
 
     return ReliabilityDiagram(
-        kind=kind,
+        kind="kernel",
         calibration=calibration,
         class_index=class_index,
         x=pick(xs),
@@ -541,7 +725,10 @@ def _reliability_arrays(
 # ---------------------------------------------------------- calibration-sharpness diagram
 @dataclass(frozen=True)
 class CalibrationSharpnessDiagram:
-    """Arrays of a calibration-sharpness diagram (:func:`calibration_sharpness_diagram`).
+    """Arrays of a calibration-sharpness diagram and the Axes it is drawn on.
+
+    Made by :meth:`from_predictions`; drawn by :func:`kdecal.plot.draw` or
+    :func:`kdecal.plot.calibration_sharpness_diagram`.
 
     Attributes
     ----------
@@ -601,6 +788,64 @@ class CalibrationSharpnessDiagram:
     divergence: str
     bandwidth: float
     ax: Any = None
+
+    @classmethod
+    def from_predictions(
+        cls,
+        probs: object,
+        labels: object,
+        *,
+        divergence: str = "l2",
+        bandwidth: float = 0.05,
+        n_grid: int = 1000,
+        n_subsamples: int = 0,
+        n_points: int = 5000,
+        seed: int | None = 0,
+    ) -> CalibrationSharpnessDiagram:
+        """Compute the calibration-sharpness diagram of Chidambaram & Ge (2024), Sec. 5.
+
+        The computation of :func:`kdecal.plot.calibration_sharpness_diagram` (see there
+        for the definitions): Gaussian Nadaraya-Watson regressions of the accuracy and
+        of the loss on the confidence (Eq. 5.2), ``rho`` (Eq. 5.1), the band and the box
+        values. The Gaussian kernel is not kdecal's Dirichlet kernel, so there is no
+        ``from_estimate``.
+
+        Parameters
+        ----------
+        probs : array-like, shape (n, K) or (n,), float
+            Predicted probabilities (2-D: top-label reduction; 1-D: P(y = 1) as is).
+        labels : array-like, shape (n,), int
+            True classes in ``0..K-1``.
+        divergence : {"l2", "kl"}, default "l2"
+            Brier score or log loss.
+        bandwidth : float, default 0.05
+            Standard deviation of the Gaussian kernel (confidence units).
+        n_grid : int, default 1000
+            Grid points in [0, 1].
+        n_subsamples : int, default 0
+            0: the calibration term averages all n points; > 0: mean and standard
+            deviation over that many subsamples of ``n_points`` indices.
+        n_points : int, default 5000
+            Subsample size.
+        seed : int or None, default 0
+            Seed of the subsampling.
+
+        Returns
+        -------
+        CalibrationSharpnessDiagram
+            Read-only arrays of shape (n_grid,) and the box values; ``ax`` is None.
+
+        Raises
+        ------
+        ValueError
+            Invalid ``probs``/``labels``, unknown ``divergence``, ``bandwidth`` not a
+            finite float > 0, ``n_grid < 2``, ``n_subsamples < 0`` or ``n_points < 1``.
+        TypeError
+            Non-numeric input or bandwidth (including "auto").
+        """
+        return _sharpness_arrays(
+            probs, labels, divergence, bandwidth, n_grid, n_subsamples, n_points, seed
+        )
 
 
 def _phi1(q: np.ndarray, divergence: str) -> np.ndarray:
@@ -710,7 +955,11 @@ _TRI = np.array([[0.0, 0.0], [1.0, 0.0], [0.5, math.sqrt(3.0) / 2.0]])
 
 @dataclass(frozen=True)
 class SimplexDensity:
-    """Arrays of :func:`simplex_density` (K = 3) and its two Axes.
+    """Arrays of the simplex density plot (K = 3) and its two Axes.
+
+    Made by :meth:`from_predictions` or :meth:`from_estimate` (a canonical estimate of
+    K = 3 classes); drawn by :func:`kdecal.plot.draw` or
+    :func:`kdecal.plot.simplex_density`.
 
     Attributes
     ----------
@@ -742,7 +991,13 @@ class SimplexDensity:
     simplex_ece : float or None
         With labels: :func:`kdecal.binned.simplex_ece` at the same m (p = 1).
     ece_kde : float or None
-        With labels: canonical ECE^KDE (p = 1) at the same bandwidth.
+        With labels: canonical ECE^KDE (p = 1) of the plug-in regression at the same
+        bandwidth.
+    points : ndarray or None, shape (n, 3), float64
+        The predictions as the kernel sees them (clipped to ``PROB_EPS``, rows
+        renormalised), scattered over the cells when drawn.
+    labels : ndarray or None, shape (n,), int64
+        Their true classes (the colours of the points); None without labels.
     ax : ndarray of 2 Axes or None
         Left: the cells and the points; right: the Dirichlet KDE.
     """
@@ -758,7 +1013,140 @@ class SimplexDensity:
     cell_frequency: np.ndarray | None
     simplex_ece: float | None
     ece_kde: float | None
+    points: np.ndarray | None = None
+    labels: np.ndarray | None = None
     ax: Any = None
+
+    @classmethod
+    def from_predictions(
+        cls,
+        probs: object,
+        labels: object = None,
+        *,
+        bandwidth: float | str = "auto",
+        n_bins_per_side: int | None = None,
+        resolution: int = 150,
+        backend: str = "auto",
+    ) -> SimplexDensity:
+        """Compute the simplex-binned histogram and the Dirichlet KDE, for K = 3.
+
+        The computation of :func:`kdecal.plot.simplex_density`: the ``m^2`` cells of
+        :func:`kdecal.binned.simplex_ece` with their counts and densities, and the
+        Dirichlet KDE ``1/n sum_i Dir(u; f_i / h + 1)`` on a barycentric grid
+        (Popordanoska et al. 2022, Sec. 4, Fig. 1, Fig. 7). With labels, the bandwidth
+        and ``ece_kde`` come from one engine pass of :func:`kdecal.estimate` (canonical,
+        plug-in, no debiasing).
+
+        Parameters
+        ----------
+        probs : array-like, shape (n, 3), float
+            Predicted probabilities of a three-class problem.
+        labels : array-like, shape (n,), int, optional
+            True classes in 0..2 (per-cell frequencies and the two calibration errors).
+        bandwidth : float, "auto" or "loo-mle", default "auto"
+            Dirichlet bandwidth h > 0; "auto" is the leave-one-out Brier bandwidth of
+            the canonical regression with labels, the leave-one-out likelihood
+            (:func:`kdecal.select_bandwidth`) without.
+        n_bins_per_side : int, optional
+            m; default: Doane's rule, as :func:`kdecal.binned.simplex_ece`.
+        resolution : int, default 150
+            Grid divisions per side (``(r + 1)(r + 2) / 2`` points).
+        backend : {"auto", "cpp", "numba", "cuda"}, default "auto"
+
+        Returns
+        -------
+        SimplexDensity
+            Read-only arrays; shapes in :class:`SimplexDensity`. ``ax`` is None.
+
+        Raises
+        ------
+        ValueError
+            Invalid ``probs``/``labels``, K != 3, bad ``bandwidth``,
+            ``n_bins_per_side < 1`` or ``resolution < 2``.
+        TypeError
+            Non-numeric input or bandwidth, or an integer option that is not an integer.
+        """
+        P = check_probs(probs)
+        if P.n_classes != 3:
+            raise ValueError(
+                "simplex_density needs K = 3 classes (probs of shape (n, 3)), got "
+                f"K = {P.n_classes}"
+            )
+        y = None if labels is None else check_labels(labels, P.n, 3)
+        r = check_int(resolution, "resolution", 2)
+        be = resolve_backend(backend, probs)
+        est = None
+        if y is not None:  # the bandwidth and estimate of the canonical regression
+            est = _kernel_estimate(P, y, "canonical", bandwidth, be)
+            h = est.bandwidth
+        else:  # no labels: the leave-one-out likelihood of the density
+            h = _resolve_bandwidth(P, None, "canonical", bandwidth, be, False)
+        raw = _binned._raw_probs(probs)
+        m = _bins_per_side(n_bins_per_side, raw)
+        return _simplex(P.p, raw, y, h, est, m, r)
+
+    @classmethod
+    def from_estimate(
+        cls,
+        estimate: CalibrationEstimate,
+        *,
+        n_bins_per_side: int | None = None,
+        resolution: int = 150,
+    ) -> SimplexDensity:
+        """Build the simplex density of a canonical K = 3 estimate, with no kernel pass.
+
+        The Dirichlet KDE on the grid at ``estimate.bandwidth`` (direct sums on the
+        grid), the cells of :func:`kdecal.binned.simplex_ece` with the estimate's rows
+        and labels, and ``ece_kde``, the L1 error of the plug-in ratio of the kernel
+        sums the estimate holds (of a residual-centred or debiased estimate as of a
+        plug-in one). The arrays equal those of :meth:`from_predictions` with the labels
+        and ``bandwidth=estimate.bandwidth`` (``ece_kde`` to about 1e-12 relative),
+        except that the cells are those of the estimate's validated rows (clipped to
+        ``PROB_EPS`` and renormalised) instead of the raw input, which can move a
+        prediction lying exactly on a cell edge to the neighbouring cell.
+
+        Parameters
+        ----------
+        estimate : CalibrationEstimate
+            A canonical estimate (``calibration="canonical"``) of K = 3 classes, made by
+            :func:`kdecal.estimate` or held by a report
+            (``report.estimates["canonical"]``).
+        n_bins_per_side : int, optional
+            m; default: Doane's rule on the estimate's rows, as
+            :func:`kdecal.binned.simplex_ece`.
+        resolution : int, default 150
+            Grid divisions per side (``(r + 1)(r + 2) / 2`` points).
+
+        Returns
+        -------
+        SimplexDensity
+            Read-only arrays with the labels' fields; shapes in :class:`SimplexDensity`.
+            ``ax`` is None.
+
+        Raises
+        ------
+        TypeError
+            ``estimate`` is not a :class:`kdecal.CalibrationEstimate`, or an integer
+            option that is not an integer.
+        ValueError
+            ``estimate`` is not canonical, not of K = 3 classes, or holds no kernel
+            sums; ``n_bins_per_side < 1`` or ``resolution < 2``.
+        """
+        est = _check_estimate(estimate)
+        if est.calibration != "canonical":
+            raise ValueError(
+                "estimate must be canonical (calibration='canonical') for a simplex "
+                f"density, got calibration={est.calibration!r}"
+            )
+        if est.n_classes != 3:
+            raise ValueError(
+                f"estimate must be of K = 3 classes for a simplex density, got K = {est.n_classes}"
+            )
+        r = check_int(resolution, "resolution", 2)
+        view = _plugin_view(est)
+        p = est._probs
+        m = _bins_per_side(n_bins_per_side, p)
+        return _simplex(p, p, est._labels, view.bandwidth, view, m, r)
 
 
 def _all_cells(m: int) -> tuple[np.ndarray, np.ndarray]:
@@ -777,53 +1165,50 @@ def _all_cells(m: int) -> tuple[np.ndarray, np.ndarray]:
     return np.array(keys, dtype=np.int64), np.array(verts)
 
 
-def _simplex_arrays(
-    probs: object,
-    labels: object,
-    bandwidth: object,
-    n_bins_per_side: object,
-    resolution: object,
-    backend: str,
-) -> SimplexDensity:
-    """Compute a :class:`SimplexDensity` without drawing (no matplotlib)."""
-    P = check_probs(probs)
-    if P.n_classes != 3:
-        raise ValueError(
-            f"simplex_density needs K = 3 classes (probs of shape (n, 3)), got K = {P.n_classes}"
-        )
-    y = None if labels is None else check_labels(labels, P.n, 3)
-    r = check_int(resolution, "resolution", 2)
-    est = None
-    if y is not None:  # the bandwidth and estimate of the canonical regression
-        est = _kernel_estimate(probs, labels, "canonical", bandwidth, backend)
-        h = est.bandwidth
-    else:  # no labels: the leave-one-out likelihood of the density
-        h = _resolve_bandwidth(P, None, "canonical", bandwidth, resolve_backend(backend), False)
-    raw = _binned._raw_probs(probs)
+def _bins_per_side(n_bins_per_side: object, raw: np.ndarray) -> int:
+    """Return m of the simplex binning: Doane's rule on ``raw`` when None, else checked."""
     if n_bins_per_side is None:
-        m = _binned._default_bins_per_side(raw)
-    else:
-        m = check_int(n_bins_per_side, "n_bins_per_side", 1)
-        if m > MAX_BINS_PER_SIDE:  # m^2 cells
-            raise ValueError(f"n_bins_per_side must be at most {MAX_BINS_PER_SIDE}, got {m}")
+        return _binned._default_bins_per_side(raw)
+    m = check_int(n_bins_per_side, "n_bins_per_side", 1)
+    if m > MAX_BINS_PER_SIDE:  # m^2 cells
+        raise ValueError(f"n_bins_per_side must be at most {MAX_BINS_PER_SIDE}, got {m}")
+    return m
+
+
+def _simplex(
+    p: np.ndarray,
+    raw: np.ndarray,
+    y: np.ndarray | None,
+    h: float,
+    est: CalibrationEstimate | None,
+    m: int,
+    r: int,
+) -> SimplexDensity:
+    """Build the :class:`SimplexDensity` of validated rows (no engine call).
+
+    ``p``: the clipped rows (n, 3) of the KDE; ``raw``: the rows binned into cells;
+    ``y``: labels or None; ``est``: the canonical plug-in estimate at ``h`` (with
+    labels); ``m``, ``r``: checked options.
+    """
+    n = p.shape[0]
     # ---- Dirichlet KDE on the barycentric grid
     ii, jj = np.meshgrid(np.arange(r + 1), np.arange(r + 1), indexing="ij")
     keep = ii + jj <= r
     grid = np.stack([ii[keep], jj[keep], r - ii[keep] - jj[keep]], axis=1) / r
-    kde = np.exp(_dirichlet_grid(P.p, np.log(np.maximum(grid, PROB_EPS)), h)[0])
+    kde = np.exp(_dirichlet_grid(p, np.log(np.maximum(grid, PROB_EPS)), h)[0])
     # ---- simplex binning (the cell rule of kdecal.binned.simplex_ece)
     keys, verts = _all_cells(m)
     lookup = {tuple(k): i for i, k in enumerate(keys.tolist())}
     ka, kp = _binned._simplex_cell_keys(raw, m)
     cell = np.array([lookup[tuple(k)] for k in np.concatenate([ka, kp], axis=1).tolist()])
     counts = np.bincount(cell, minlength=m * m).astype(np.int64)
-    density = counts / (P.n * (0.5 / (m * m)))
+    density = counts / (n * (0.5 / (m * m)))
     freq = sece = ekde = None
     if y is not None and est is not None:
         lab = np.bincount(cell * 3 + y, minlength=3 * m * m).reshape(m * m, 3).astype(float)
         with np.errstate(invalid="ignore", divide="ignore"):
             freq = _readonly(np.where(counts[:, None] > 0, lab / counts[:, None], np.nan))
-        sece = _binned.simplex_ece(probs, labels, n_bins_per_side=m)
+        sece = _binned.simplex_ece(raw, y, n_bins_per_side=m)
         ekde = est.ece_kde(1)
     return SimplexDensity(
         grid=_readonly(grid),
@@ -837,13 +1222,18 @@ def _simplex_arrays(
         cell_frequency=freq,
         simplex_ece=sece,
         ece_kde=ekde,
+        points=_readonly(np.array(p, dtype=np.float64)),
+        labels=None if y is None else _readonly(np.array(y, dtype=np.int64)),
     )
 
 
 # --------------------------------------------------------------------- Bayes risk curve
 @dataclass(frozen=True)
 class BayesRiskCurve:
-    """Arrays of :func:`bayes_risk_curve` (S systems) and the Axes.
+    """Arrays of the Bayes risk curves of S systems and the Axes they are drawn on.
+
+    Made by :meth:`from_predictions`; drawn by :func:`kdecal.plot.draw` or
+    :func:`kdecal.plot.bayes_risk_curve`.
 
     Attributes
     ----------
@@ -884,6 +1274,108 @@ class BayesRiskCurve:
     normalized_brier: np.ndarray
     error_rate: np.ndarray
     ax: Any = None
+
+    @classmethod
+    def from_predictions(
+        cls,
+        probs: object,
+        labels: object,
+        *,
+        names: Sequence[str] | None = None,
+        weight: str = "uniform",
+        normalize: bool = False,
+        n_grid: int = 2001,
+        thresholds: object = None,
+    ) -> BayesRiskCurve:
+        """Compute the Bayes risk of binary posteriors against the decision threshold.
+
+        The computation of :func:`kdecal.plot.bayes_risk_curve` (Ferrer & Ramos 2025,
+        Eq. 10-12, 34, Fig. 4): ``Risk(t)``, whose integral over [0, 1] is the
+        cross-entropy (``weight="uniform"``) or 1.5 x the Brier score (``"beta22"``).
+        No kernel is involved, so there is no ``from_estimate``.
+
+        Parameters
+        ----------
+        probs : array-like, sequence of array-likes, or mapping name -> array-like
+            One system or several, each of shape (n,) (P(y = 1)) or (n, 2).
+        labels : array-like, sequence of array-likes, or mapping name -> array-like
+            Labels in {0, 1}: one array for every system, or one per system.
+        names : sequence of str, optional
+            System names; default the mapping's keys or "system i".
+        weight : {"uniform", "beta22"}, default "uniform"
+        normalize : bool, default False
+            Divide by the area of the naive system (NCE, NBS).
+        n_grid : int, default 2001
+            Equally spaced thresholds in [0, 1].
+        thresholds : array-like, shape (G,), optional
+            Strictly increasing thresholds in [0, 1] instead.
+
+        Returns
+        -------
+        BayesRiskCurve
+            Thresholds, curves (S, G), CE/NCE, Brier/NBS and error rates; ``ax`` is
+            None.
+
+        Raises
+        ------
+        ValueError
+            Invalid probabilities or labels, K != 2, unknown ``weight``, ``n_grid < 3``,
+            bad ``thresholds``, mismatched numbers of systems, labels and names, or
+            ``normalize=True`` with a single class present.
+        TypeError
+            Non-numeric input or thresholds, ``n_grid`` not an integer, or ``normalize``
+            not a bool.
+        """
+        check_choice(weight, "weight", _WEIGHTS)
+        if not isinstance(normalize, (bool, np.bool_)):
+            raise TypeError(f"normalize must be True or False, got {normalize!r}")
+        if thresholds is None:
+            t = np.linspace(0.0, 1.0, check_int(n_grid, "n_grid", 3))
+        else:
+            t = np.asarray(_validation._numeric_array(thresholds, "thresholds"), dtype=np.float64)
+            if t.ndim != 1 or t.size < 2 or not np.all(np.isfinite(t)):
+                raise ValueError("thresholds must be a 1-D array of >= 2 finite values")
+            if np.any(t < 0) or np.any(t > 1) or np.any(np.diff(t) <= 0):
+                raise ValueError("thresholds must increase strictly within [0, 1]")
+        w = np.ones_like(t) if weight == "uniform" else 6.0 * t * (1.0 - t)
+        systems = _as_systems(probs, labels, names)
+        out: dict[str, list[float]] = {k: [] for k in ("ce", "nce", "bs", "nbs", "err")}
+        curves = []
+        for name, p, lab in systems:
+            P = check_probs(p, name="probs" if len(systems) == 1 else f"probs[{name!r}]")
+            p1 = _binary_column(P, "probs")
+            y = check_labels(lab, P.n, 2)
+            pi1 = float(np.mean(y))
+            ce = float(-np.mean(np.log(P.p[np.arange(P.n), y])))
+            ent = float(-xlogy(pi1, pi1) - xlogy(1.0 - pi1, 1.0 - pi1))
+            bs = float(2.0 * np.mean((p1 - y) ** 2))
+            naive_bs = 2.0 * pi1 * (1.0 - pi1)
+            curve = w * _bayes_risk(p1, y, t)
+            if normalize:
+                naive = ent if weight == "uniform" else 1.5 * naive_bs
+                if naive <= 0:
+                    raise ValueError(
+                        f"normalize=True needs both classes among the labels of {name!r}"
+                    )
+                curve = curve / naive
+            curves.append(curve)
+            out["ce"].append(ce)
+            out["nce"].append(ce / ent if ent > 0 else math.inf)
+            out["bs"].append(bs)
+            out["nbs"].append(bs / naive_bs if naive_bs > 0 else math.inf)
+            out["err"].append(float(np.mean((p1 > 0.5).astype(np.int64) != y)))
+        return cls(
+            names=tuple(s[0] for s in systems),
+            threshold=_readonly(t),
+            risk=_readonly(np.array(curves)),
+            weight=str(weight),
+            normalize=bool(normalize),
+            cross_entropy=_readonly(np.array(out["ce"])),
+            normalized_cross_entropy=_readonly(np.array(out["nce"])),
+            brier=_readonly(np.array(out["bs"])),
+            normalized_brier=_readonly(np.array(out["nbs"])),
+            error_rate=_readonly(np.array(out["err"])),
+        )
 
 
 def _binary_column(P: Probs, name: str) -> np.ndarray:
@@ -940,273 +1432,42 @@ def _as_systems(probs: object, labels: object, names: object) -> list[tuple[str,
     return list(zip(nm, ps, ls))
 
 
-def _bayes_arrays(
-    probs: object,
-    labels: object,
-    names: object,
-    weight: object,
-    normalize: object,
-    n_grid: object,
-    thresholds: object = None,
-) -> BayesRiskCurve:
-    """Compute a :class:`BayesRiskCurve` without drawing (no matplotlib)."""
-    check_choice(weight, "weight", _WEIGHTS)
-    if not isinstance(normalize, (bool, np.bool_)):
-        raise TypeError(f"normalize must be True or False, got {normalize!r}")
-    if thresholds is None:
-        t = np.linspace(0.0, 1.0, check_int(n_grid, "n_grid", 3))
-    else:
-        t = np.asarray(_validation._numeric_array(thresholds, "thresholds"), dtype=np.float64)
-        if t.ndim != 1 or t.size < 2 or not np.all(np.isfinite(t)):
-            raise ValueError("thresholds must be a 1-D array of >= 2 finite values")
-        if np.any(t < 0) or np.any(t > 1) or np.any(np.diff(t) <= 0):
-            raise ValueError("thresholds must increase strictly within [0, 1]")
-    w = np.ones_like(t) if weight == "uniform" else 6.0 * t * (1.0 - t)
-    systems = _as_systems(probs, labels, names)
-    out: dict[str, list[float]] = {k: [] for k in ("ce", "nce", "bs", "nbs", "err")}
-    curves = []
-    for name, p, lab in systems:
-        P = check_probs(p, name="probs" if len(systems) == 1 else f"probs[{name!r}]")
-        p1 = _binary_column(P, "probs")
-        y = check_labels(lab, P.n, 2)
-        pi1 = float(np.mean(y))
-        ce = float(-np.mean(np.log(P.p[np.arange(P.n), y])))
-        ent = float(-xlogy(pi1, pi1) - xlogy(1.0 - pi1, 1.0 - pi1))
-        bs = float(2.0 * np.mean((p1 - y) ** 2))
-        naive_bs = 2.0 * pi1 * (1.0 - pi1)
-        curve = w * _bayes_risk(p1, y, t)
-        if normalize:
-            naive = ent if weight == "uniform" else 1.5 * naive_bs
-            if naive <= 0:
-                raise ValueError(f"normalize=True needs both classes among the labels of {name!r}")
-            curve = curve / naive
-        curves.append(curve)
-        out["ce"].append(ce)
-        out["nce"].append(ce / ent if ent > 0 else math.inf)
-        out["bs"].append(bs)
-        out["nbs"].append(bs / naive_bs if naive_bs > 0 else math.inf)
-        out["err"].append(float(np.mean((p1 > 0.5).astype(np.int64) != y)))
-    return BayesRiskCurve(
-        names=tuple(s[0] for s in systems),
-        threshold=_readonly(t),
-        risk=_readonly(np.array(curves)),
-        weight=str(weight),
-        normalize=bool(normalize),
-        cross_entropy=_readonly(np.array(out["ce"])),
-        normalized_cross_entropy=_readonly(np.array(out["nce"])),
-        brier=_readonly(np.array(out["bs"])),
-        normalized_brier=_readonly(np.array(out["nbs"])),
-        error_rate=_readonly(np.array(out["err"])),
-    )
+# --------------------------------------------------------- deprecated aliases (one release)
+def reliability_diagram(*args: Any, **kwargs: Any) -> ReliabilityDiagram:
+    """Compute :meth:`ReliabilityDiagram.from_predictions` (deprecated alias).
 
-
-# ------------------------------------------------------------------------- public API
-def reliability_diagram(
-    probs: object,
-    labels: object,
-    *,
-    kind: str = "binned",
-    calibration: str = "top_label",
-    class_index: int | None = None,
-    n_bins: int = 15,
-    bandwidth: float | str = "auto",
-    n_grid: int = 200,
-    backend: str = "auto",
-) -> ReliabilityDiagram:
-    """Arrays of a reliability diagram: ``E[y | f]`` against the confidence.
-
-    The computation of :func:`kdecal.plot.reliability_diagram` (see there for the
-    picture): binned statistics (:func:`kdecal.binned.binned_statistics`, Guo et al.
-    2017) or the leave-one-out kernel estimate at the data points (Beta kernel on the
-    binary problem for top-label / class-wise, Popordanoska et al. 2024, Eq. 24-25;
-    Dirichlet kernel for canonical, Popordanoska et al. 2022, Eq. 3, 10).
-
-    Parameters
-    ----------
-    probs : array-like, shape (n, K) or (n,), float
-        Predicted probabilities (rows on the simplex), or P(y = 1) of a binary problem.
-    labels : array-like, shape (n,), int
-        True classes in ``0..K-1``.
-    kind : {"binned", "kernel"}, default "binned"
-    calibration : {"top_label", "classwise", "canonical"}, default "top_label"
-        ``"canonical"`` needs ``kind="kernel"``.
-    class_index : int, optional
-        Class-wise only: the class; None stacks all K classes into ``(K, ...)`` arrays.
-    n_bins : int, default 15
-        Equal-width bins (binned; the histogram of a canonical kernel diagram).
-    bandwidth : float, "auto" or "loo-mle", default "auto"
-        Kernel bandwidth h > 0 (dimensionless, on the simplex); "auto" minimises the
-        leave-one-out Brier risk of the regression, "loo-mle" maximises the leave-one-out
-        likelihood (:func:`kdecal.select_bandwidth`).
-    n_grid : int, default 200
-        Grid points of the Beta-kernel curve and density (top-label / class-wise kernel).
-    backend : {"auto", "cpp", "numba", "cuda"}, default "auto"
-
-    Returns
-    -------
-    ReliabilityDiagram
-        Read-only arrays; shapes in :class:`ReliabilityDiagram`. ``ax`` is None.
-
-    Raises
-    ------
-    ValueError
-        Invalid ``probs``/``labels`` (the messages of the metrics), unknown ``kind`` or
-        ``calibration``, canonical with ``kind="binned"``, a bad ``class_index``,
-        ``n_bins < 1``, ``n_grid < 2``, a bad bandwidth or backend.
-    TypeError
-        Non-numeric input or bandwidth, ``n_bins`` or ``n_grid`` not an integer.
+    Warns with a :class:`DeprecationWarning` and returns the same object; removed in the
+    next release.
     """
-    return _reliability_arrays(
-        probs, labels, kind, calibration, class_index, n_bins, bandwidth, n_grid, backend
-    )
+    _deprecated("reliability_diagram", "ReliabilityDiagram.from_predictions")
+    return ReliabilityDiagram.from_predictions(*args, **kwargs)
 
 
-def calibration_sharpness_diagram(
-    probs: object,
-    labels: object,
-    *,
-    divergence: str = "l2",
-    bandwidth: float = 0.05,
-    n_grid: int = 1000,
-    n_subsamples: int = 0,
-    n_points: int = 5000,
-    seed: int | None = 0,
-) -> CalibrationSharpnessDiagram:
-    """Arrays of the calibration-sharpness diagram of Chidambaram & Ge (2024), Sec. 5.
+def calibration_sharpness_diagram(*args: Any, **kwargs: Any) -> CalibrationSharpnessDiagram:
+    """Compute :meth:`CalibrationSharpnessDiagram.from_predictions` (deprecated alias).
 
-    The computation of :func:`kdecal.plot.calibration_sharpness_diagram` (see there for
-    the definitions): Gaussian Nadaraya-Watson regressions of the accuracy and of the
-    loss on the confidence (Eq. 5.2), ``rho`` (Eq. 5.1), the band and the box values.
-
-    Parameters
-    ----------
-    probs : array-like, shape (n, K) or (n,), float
-        Predicted probabilities (2-D: top-label reduction; 1-D: P(y = 1) as is).
-    labels : array-like, shape (n,), int
-        True classes in ``0..K-1``.
-    divergence : {"l2", "kl"}, default "l2"
-        Brier score or log loss.
-    bandwidth : float, default 0.05
-        Standard deviation of the Gaussian kernel (confidence units).
-    n_grid : int, default 1000
-        Grid points in [0, 1].
-    n_subsamples : int, default 0
-        0: the calibration term averages all n points; > 0: mean and standard deviation
-        over that many subsamples of ``n_points`` indices.
-    n_points : int, default 5000
-        Subsample size.
-    seed : int or None, default 0
-        Seed of the subsampling.
-
-    Returns
-    -------
-    CalibrationSharpnessDiagram
-        Read-only arrays of shape (n_grid,) and the box values; ``ax`` is None.
-
-    Raises
-    ------
-    ValueError
-        Invalid ``probs``/``labels``, unknown ``divergence``, ``bandwidth`` not a finite
-        float > 0, ``n_grid < 2``, ``n_subsamples < 0`` or ``n_points < 1``.
-    TypeError
-        Non-numeric input or bandwidth (including "auto").
+    Warns with a :class:`DeprecationWarning` and returns the same object; removed in the
+    next release.
     """
-    return _sharpness_arrays(
-        probs, labels, divergence, bandwidth, n_grid, n_subsamples, n_points, seed
-    )
+    _deprecated("calibration_sharpness_diagram", "CalibrationSharpnessDiagram.from_predictions")
+    return CalibrationSharpnessDiagram.from_predictions(*args, **kwargs)
 
 
-def simplex_density(
-    probs: object,
-    labels: object = None,
-    *,
-    bandwidth: float | str = "auto",
-    n_bins_per_side: int | None = None,
-    resolution: int = 150,
-    backend: str = "auto",
-) -> SimplexDensity:
-    """Arrays of the simplex-binned histogram and the Dirichlet KDE, for K = 3.
+def simplex_density(*args: Any, **kwargs: Any) -> SimplexDensity:
+    """Compute :meth:`SimplexDensity.from_predictions` (deprecated alias).
 
-    The computation of :func:`kdecal.plot.simplex_density`: the ``m^2`` cells of
-    :func:`kdecal.binned.simplex_ece` with their counts and densities, and the Dirichlet
-    KDE ``1/n sum_i Dir(u; f_i / h + 1)`` on a barycentric grid (Popordanoska et al.
-    2022, Sec. 4, Fig. 1, Fig. 7).
-
-    Parameters
-    ----------
-    probs : array-like, shape (n, 3), float
-        Predicted probabilities of a three-class problem.
-    labels : array-like, shape (n,), int, optional
-        True classes in 0..2 (per-cell frequencies and the two calibration errors).
-    bandwidth : float, "auto" or "loo-mle", default "auto"
-        Dirichlet bandwidth h > 0.
-    n_bins_per_side : int, optional
-        m; default: Doane's rule, as :func:`kdecal.binned.simplex_ece`.
-    resolution : int, default 150
-        Grid divisions per side (``(r + 1)(r + 2) / 2`` points).
-    backend : {"auto", "cpp", "numba", "cuda"}, default "auto"
-
-    Returns
-    -------
-    SimplexDensity
-        Read-only arrays; shapes in :class:`SimplexDensity`. ``ax`` is None.
-
-    Raises
-    ------
-    ValueError
-        Invalid ``probs``/``labels``, K != 3, bad ``bandwidth``, ``n_bins_per_side < 1``
-        or ``resolution < 2``.
-    TypeError
-        Non-numeric input or bandwidth, or an integer option that is not an integer.
+    Warns with a :class:`DeprecationWarning` and returns the same object; removed in the
+    next release.
     """
-    return _simplex_arrays(probs, labels, bandwidth, n_bins_per_side, resolution, backend)
+    _deprecated("simplex_density", "SimplexDensity.from_predictions")
+    return SimplexDensity.from_predictions(*args, **kwargs)
 
 
-def bayes_risk_curve(
-    probs: object,
-    labels: object,
-    *,
-    names: object = None,
-    weight: str = "uniform",
-    normalize: bool = False,
-    n_grid: int = 2001,
-    thresholds: object = None,
-) -> BayesRiskCurve:
-    """Arrays of the Bayes risk of binary posteriors against the decision threshold.
+def bayes_risk_curve(*args: Any, **kwargs: Any) -> BayesRiskCurve:
+    """Compute :meth:`BayesRiskCurve.from_predictions` (deprecated alias).
 
-    The computation of :func:`kdecal.plot.bayes_risk_curve` (Ferrer & Ramos 2025,
-    Eq. 10-12, 34, Fig. 4): ``Risk(t)``, whose integral over [0, 1] is the
-    cross-entropy (``weight="uniform"``) or 1.5 x the Brier score (``"beta22"``).
-
-    Parameters
-    ----------
-    probs : array-like, sequence of array-likes, or mapping name -> array-like
-        One system or several, each of shape (n,) (P(y = 1)) or (n, 2).
-    labels : array-like, sequence of array-likes, or mapping name -> array-like
-        Labels in {0, 1}: one array for every system, or one per system.
-    names : sequence of str, optional
-        System names; default the mapping's keys or "system i".
-    weight : {"uniform", "beta22"}, default "uniform"
-    normalize : bool, default False
-        Divide by the area of the naive system (NCE, NBS).
-    n_grid : int, default 2001
-        Equally spaced thresholds in [0, 1].
-    thresholds : array-like, shape (G,), optional
-        Strictly increasing thresholds in [0, 1] instead.
-
-    Returns
-    -------
-    BayesRiskCurve
-        Thresholds, curves (S, G), CE/NCE, Brier/NBS and error rates; ``ax`` is None.
-
-    Raises
-    ------
-    ValueError
-        Invalid probabilities or labels, K != 2, unknown ``weight``, ``n_grid < 3``,
-        bad ``thresholds``, mismatched numbers of systems, labels and names, or
-        ``normalize=True`` with a single class present.
-    TypeError
-        Non-numeric input or thresholds, ``n_grid`` not an integer, or ``normalize``
-        not a bool.
+    Warns with a :class:`DeprecationWarning` and returns the same object; removed in the
+    next release.
     """
-    return _bayes_arrays(probs, labels, names, weight, normalize, n_grid, thresholds)
+    _deprecated("bayes_risk_curve", "BayesRiskCurve.from_predictions")
+    return BayesRiskCurve.from_predictions(*args, **kwargs)

@@ -2,9 +2,13 @@
 
 Drawing only: every function takes its arrays from :mod:`kdecal.curves` (which imports
 no plotting library) and draws them with matplotlib, an optional dependency
-(``pip install 'kdecal[plot]'``); ``draw=False`` returns the arrays without importing
-it. The results are the frozen dataclasses of :mod:`kdecal.curves` (re-exported here),
-holding the arrays and the matplotlib Axes drawn on (``.ax``, None when ``draw=False``).
+(``pip install 'kdecal[plot]'``). The functions named after a diagram compute its arrays
+(the ``from_predictions`` class method of the :mod:`kdecal.curves` class, called once)
+and draw them; ``draw=False`` returns the arrays without importing matplotlib.
+:func:`draw` draws arrays computed already, e.g. from an estimate with no new kernel
+pass (``kdecal.curves.ReliabilityDiagram.from_estimate(est)``). The results are the
+frozen dataclasses of :mod:`kdecal.curves`, holding the arrays and the matplotlib Axes
+drawn on (``.ax``, None when ``draw=False``).
 
 - :func:`reliability_diagram`: binned bars (Guo et al. 2017; class-wise as in
   Popordanoska et al. 2024, Fig. 8) or the leave-one-out Beta/Dirichlet-kernel estimate
@@ -17,7 +21,12 @@ holding the arrays and the matplotlib Axes drawn on (``.ax``, None when ``draw=F
 - :func:`bayes_risk_curve`: Bayes risk of binary posteriors against the decision
   threshold, whose area is the cross-entropy (Ferrer & Ramos 2025, Eq. 10-12, 34,
   Fig. 4).
+- :func:`draw`: any of the four, computed already (by their class methods).
 - :func:`evaluation_page`: the one-page summary written by ``kdecal evaluate --plot``.
+
+The dataclasses were importable from this module too (``kdecal.plot.ReliabilityDiagram``
+etc.); those names are deprecated (they warn) and go in the next release: import them
+from :mod:`kdecal.curves`.
 
 References
 ----------
@@ -26,39 +35,31 @@ The papers behind every diagram are listed in :mod:`kdecal.curves`, which comput
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import textwrap
+import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-from ._validation import check_int, check_probs
-from .curves import (
-    _TRI,
-    BayesRiskCurve,
-    CalibrationSharpnessDiagram,
-    ReliabilityDiagram,
-    SimplexDensity,
-    _bayes_arrays,
-    _reliability_arrays,
-    _sharpness_arrays,
-    _simplex_arrays,
-    bin_means,
-)
+from . import curves as _curves
+from ._validation import check_int
 from .kde import evaluate
 
 __all__ = [
-    "BayesRiskCurve",
-    "CalibrationSharpnessDiagram",
-    "ReliabilityDiagram",
-    "SimplexDensity",
     "bayes_risk_curve",
     "calibration_sharpness_diagram",
+    "draw",
     "evaluation_page",
     "reliability_diagram",
     "require_matplotlib",
     "simplex_density",
 ]
+
+#: The dataclasses this module re-exported until 0.1 (deprecated: kdecal.curves has them).
+_MOVED = ("BayesRiskCurve", "CalibrationSharpnessDiagram", "ReliabilityDiagram", "SimplexDensity")
 
 _INSTALL_HINT = "pip install 'kdecal[plot]'"
 #: Beta-kernel bandwidth of the top-label kernel curve of :func:`evaluation_page`: the
@@ -67,6 +68,19 @@ _INSTALL_HINT = "pip install 'kdecal[plot]'"
 #: confidences alone is unusable for a picture when many confidences tie near 1 (float32
 #: outputs): it then selects bandwidths of order 1e-5 and the curve is noise.
 _PAGE_TOP_LABEL_H = 0.02
+
+
+def __getattr__(name: str) -> type:
+    """Return a dataclass of :mod:`kdecal.curves` by its deprecated name here (warns)."""
+    if name in _MOVED:
+        warnings.warn(
+            f"kdecal.plot.{name} is deprecated; use kdecal.curves.{name}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        cls: type = getattr(_curves, name)
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -137,7 +151,7 @@ def _with_hist_axis(ax: Any) -> Any:
 def _draw_reliability_one(
     ax: Any,
     hax: Any,
-    rd: ReliabilityDiagram,
+    rd: _curves.ReliabilityDiagram,
     row: int | None,
     title: str | None,
     legend: bool,
@@ -201,7 +215,7 @@ def _draw_reliability_one(
             label=r"LOO $\hat E[y_{pred}\mid f]$, samples",
             zorder=2,
         )
-        bx, by = bin_means(x, y, counts.shape[0])
+        bx, by = _curves.bin_means(x, y, counts.shape[0])
         ax.fill_between(
             bx, bx, by, color="C3", alpha=0.3, lw=0, label="gap of bin means", zorder=1
         )
@@ -258,7 +272,7 @@ def reliability_diagram(
     title: str | None = None,
     ax: Any = None,
     draw: bool = True,
-) -> ReliabilityDiagram:
+) -> _curves.ReliabilityDiagram:
     """Reliability diagram: E[y | f] against the confidence, binned or kernel.
 
     Draws the estimate of ``E[1{y = c} | confidence]`` against the confidence, the
@@ -317,7 +331,8 @@ def reliability_diagram(
         Axes to draw on (it is split into the diagram and the panel beneath); for
         class-wise diagrams of all K classes a sequence of K Axes. Default: a new figure.
     draw : bool, default True
-        False: compute and return the arrays only (matplotlib is not imported).
+        False: compute and return the arrays only (matplotlib is not imported;
+        :func:`draw` draws them later).
 
     Returns
     -------
@@ -349,12 +364,25 @@ def reliability_diagram(
     ((500,), (500,))
     >>> rd.ax.figure.savefig("reliability.png")  # doctest: +SKIP
     """
-    draw = _check_draw(draw)
-    rd = _reliability_arrays(
-        probs, labels, kind, calibration, class_index, n_bins, bandwidth, n_grid, backend
+    drawn = _check_draw(draw)
+    rd = _curves.ReliabilityDiagram.from_predictions(
+        probs,
+        labels,
+        kind=kind,
+        calibration=calibration,
+        class_index=class_index,
+        n_bins=n_bins,
+        bandwidth=bandwidth,
+        n_grid=n_grid,
+        backend=backend,
     )
-    if not draw:
-        return rd
+    return _draw_reliability(rd, ax, title) if drawn else rd
+
+
+def _draw_reliability(
+    rd: _curves.ReliabilityDiagram, ax: Any, title: str | None
+) -> _curves.ReliabilityDiagram:
+    """Draw a reliability diagram (one, or K class-wise panels); return it with its Axes."""
     plt = _pyplot()
     many = rd.x.ndim == 2
     if not many:
@@ -396,8 +424,6 @@ def reliability_diagram(
 
 
 def _replace(obj: Any, **changes: Any) -> Any:
-    import dataclasses
-
     return dataclasses.replace(obj, **changes)
 
 
@@ -414,7 +440,7 @@ def calibration_sharpness_diagram(
     title: str | None = None,
     ax: Any = None,
     draw: bool = True,
-) -> CalibrationSharpnessDiagram:
+) -> _curves.CalibrationSharpnessDiagram:
     r"""Calibration-sharpness diagram of Chidambaram & Ge (2024), Sec. 5, Fig. 1.
 
     A reliability curve augmented by a band whose height shows, at each confidence,
@@ -478,7 +504,8 @@ def calibration_sharpness_diagram(
     ax : matplotlib Axes, optional
         Axes to draw on; default: a new figure.
     draw : bool, default True
-        False: compute the arrays only (matplotlib is not imported).
+        False: compute the arrays only (matplotlib is not imported; :func:`draw`
+        draws them later).
 
     Returns
     -------
@@ -503,12 +530,24 @@ def calibration_sharpness_diagram(
     8192 nodes and a convolution (agreeing with the exact sums to about 1e-6 at sigma =
     0.05), which takes well under a second for n = 100,000.
     """
-    draw = _check_draw(draw)
-    cs = _sharpness_arrays(
-        probs, labels, divergence, bandwidth, n_grid, n_subsamples, n_points, seed
+    drawn = _check_draw(draw)
+    cs = _curves.CalibrationSharpnessDiagram.from_predictions(
+        probs,
+        labels,
+        divergence=divergence,
+        bandwidth=bandwidth,
+        n_grid=n_grid,
+        n_subsamples=n_subsamples,
+        n_points=n_points,
+        seed=seed,
     )
-    if not draw:
-        return cs
+    return _draw_sharpness_diagram(cs, ax, title) if drawn else cs
+
+
+def _draw_sharpness_diagram(
+    cs: _curves.CalibrationSharpnessDiagram, ax: Any, title: str | None
+) -> _curves.CalibrationSharpnessDiagram:
+    """Draw a calibration-sharpness diagram on ``ax`` (a new figure if None)."""
     plt = _pyplot()
     if ax is None:
         _, ax = plt.subplots(figsize=(5.5, 5.0))
@@ -516,7 +555,7 @@ def calibration_sharpness_diagram(
     return _replace(cs, ax=ax)
 
 
-def _draw_sharpness(ax: Any, cs: CalibrationSharpnessDiagram, title: str | None) -> None:
+def _draw_sharpness(ax: Any, cs: _curves.CalibrationSharpnessDiagram, title: str | None) -> None:
     t = cs.t
     ax.plot([0, 1], [0, 1], ls="--", color="k", lw=1)
     ax.plot(t, cs.accuracy_curve, color="C3", lw=1.8, label="E[Y = c(X) | h(X)]")
@@ -575,7 +614,7 @@ def simplex_density(
     max_points: int = 3000,
     ax: Any = None,
     draw: bool = True,
-) -> SimplexDensity:
+) -> _curves.SimplexDensity:
     """Simplex-binned histogram beside the Dirichlet KDE over the simplex, for K = 3.
 
     Left: the ``m^2`` equal-area triangular cells of :func:`kdecal.binned.simplex_ece`
@@ -607,7 +646,8 @@ def simplex_density(
     ax : sequence of 2 Axes, optional
         Default: a new figure with two panels.
     draw : bool, default True
-        False: compute the arrays only (matplotlib is not imported).
+        False: compute the arrays only (matplotlib is not imported; :func:`draw`
+        draws them later).
 
     Returns
     -------
@@ -633,11 +673,23 @@ def simplex_density(
     the leave-one-out likelihood often selects when predictions crowd the vertices)
     gives a spiky surface that a finite grid can only sample.
     """
-    draw = _check_draw(draw)
-    sd = _simplex_arrays(probs, labels, bandwidth, n_bins_per_side, resolution, backend)
-    if not draw:
-        return sd
-    max_points = check_int(max_points, "max_points", 0)
+    drawn = _check_draw(draw)
+    sd = _curves.SimplexDensity.from_predictions(
+        probs,
+        labels,
+        bandwidth=bandwidth,
+        n_bins_per_side=n_bins_per_side,
+        resolution=resolution,
+        backend=backend,
+    )
+    return _draw_simplex(sd, ax, class_names, max_points) if drawn else sd
+
+
+def _draw_simplex(
+    sd: _curves.SimplexDensity, ax: Any, class_names: Sequence[str] | None, max_points: object
+) -> _curves.SimplexDensity:
+    """Draw the simplex cells with the points beside the Dirichlet KDE (2 Axes)."""
+    n_max = check_int(max_points, "max_points", 0)
     names = ["class 0", "class 1", "class 2"] if class_names is None else list(class_names)
     if len(names) != 3:
         raise ValueError(f"class_names must have 3 entries, got {len(names)}")
@@ -667,7 +719,7 @@ def simplex_density(
     cmap = matplotlib.colormaps["viridis"].with_extremes(under="0.9", bad="white")
     # left: cells
     a0 = axs[0]
-    polys = sd.cell_vertices @ _TRI
+    polys = sd.cell_vertices @ _curves._TRI
     shown = np.where(sd.cell_counts > 0, sd.cell_density, np.nan)
     pc = PolyCollection(
         list(polys),
@@ -678,20 +730,27 @@ def simplex_density(
         linewidths=0.4,
     )
     a0.add_collection(pc)
-    P = check_probs(probs).p
-    rng = np.random.default_rng(0)
-    idx = rng.permutation(P.shape[0])[:max_points] if P.shape[0] > max_points else slice(None)
-    pts = P[idx] @ _TRI
-    if labels is None:
-        a0.scatter(pts[:, 0], pts[:, 1], s=2, c="k", alpha=0.4, lw=0)
-    else:
-        yl = np.asarray(labels)[idx]
-        for c, col in enumerate(("C3", "C1", "C6")):
-            sel = yl == c
-            a0.scatter(
-                pts[sel, 0], pts[sel, 1], s=3, color=col, alpha=0.6, lw=0, label=f"y = {names[c]}"
-            )
-        a0.legend(loc="upper right", fontsize="small", markerscale=4, framealpha=0.8)
+    if sd.points is not None:
+        n = sd.points.shape[0]
+        rng = np.random.default_rng(0)
+        idx = rng.permutation(n)[:n_max] if n > n_max else slice(None)
+        pts = sd.points[idx] @ _curves._TRI
+        if sd.labels is None:
+            a0.scatter(pts[:, 0], pts[:, 1], s=2, c="k", alpha=0.4, lw=0)
+        else:
+            yl = sd.labels[idx]
+            for c, col in enumerate(("C3", "C1", "C6")):
+                sel = yl == c
+                a0.scatter(
+                    pts[sel, 0],
+                    pts[sel, 1],
+                    s=3,
+                    color=col,
+                    alpha=0.6,
+                    lw=0,
+                    label=f"y = {names[c]}",
+                )
+            a0.legend(loc="upper right", fontsize="small", markerscale=4, framealpha=0.8)
     t0 = f"simplex binning, m = {sd.n_bins_per_side} ({sd.n_bins_per_side**2} cells)"
     if sd.simplex_ece is not None:
         t0 += f"\nsimplex-binned ECE (L1) = {sd.simplex_ece:.4f}"
@@ -706,12 +765,12 @@ def simplex_density(
         t1 += f"\nECE$^{{KDE}}$ (L1, canonical) = {sd.ece_kde:.4f}"
     a1.set_title(t1, fontsize="medium")
     for a in (a0, a1):
-        a.plot(*np.vstack([_TRI, _TRI[:1]]).T, color="k", lw=1)
+        a.plot(*np.vstack([_curves._TRI, _curves._TRI[:1]]).T, color="k", lw=1)
         a.set_aspect("equal")
         a.set_xlim(-0.12, 1.12)
         a.set_ylim(-0.1, math.sqrt(3.0) / 2 + 0.07)
         a.axis("off")
-        for (vx, vy), name, dy in zip(_TRI, names, (-0.05, -0.05, 0.035)):
+        for (vx, vy), name, dy in zip(_curves._TRI, names, (-0.05, -0.05, 0.035)):
             a.text(vx, vy + dy, name, ha="center", va="center", fontsize="small")
     label = "density on the simplex (log scale)"
     if cax is not None:
@@ -735,7 +794,7 @@ def bayes_risk_curve(
     title: str | None = None,
     ax: Any = None,
     draw: bool = True,
-) -> BayesRiskCurve:
+) -> _curves.BayesRiskCurve:
     r"""Bayes risk of binary posteriors against the decision threshold (Ferrer & Ramos Fig. 4).
 
     For a threshold t, every sample is decided class 1 iff ``P(y = 1) > t``, with the
@@ -783,7 +842,8 @@ def bayes_risk_curve(
     title : str, optional
     ax : matplotlib Axes, optional
     draw : bool, default True
-        False: compute the arrays only (matplotlib is not imported).
+        False: compute the arrays only (matplotlib is not imported; :func:`draw`
+        draws them later).
 
     Returns
     -------
@@ -802,10 +862,23 @@ def bayes_risk_curve(
     ImportError
         ``draw=True`` without matplotlib (``pip install 'kdecal[plot]'``).
     """
-    draw = _check_draw(draw)
-    br = _bayes_arrays(probs, labels, names, weight, normalize, n_grid, thresholds)
-    if not draw:
-        return br
+    drawn = _check_draw(draw)
+    br = _curves.BayesRiskCurve.from_predictions(
+        probs,
+        labels,
+        names=names,
+        weight=weight,
+        normalize=normalize,
+        n_grid=n_grid,
+        thresholds=thresholds,
+    )
+    return _draw_bayes(br, ax, ylim, title) if drawn else br
+
+
+def _draw_bayes(
+    br: _curves.BayesRiskCurve, ax: Any, ylim: float | None, title: str | None
+) -> _curves.BayesRiskCurve:
+    """Draw the Bayes risk curves of every system on ``ax`` (a new figure if None)."""
     plt = _pyplot()
     if ax is None:
         _, ax = plt.subplots(figsize=(6.0, 4.5))
@@ -847,6 +920,99 @@ def bayes_risk_curve(
             title = title.replace("cross-entropy", "NCE").replace("1.5 x Brier", "NBS")
     ax.set_title(title, fontsize="medium")
     return _replace(br, ax=ax)
+
+
+# ------------------------------------------------------------------- computed diagrams
+#: A diagram of kdecal.curves; draw() returns the class it is given.
+_Diagram = TypeVar(
+    "_Diagram",
+    _curves.ReliabilityDiagram,
+    _curves.CalibrationSharpnessDiagram,
+    _curves.SimplexDensity,
+    _curves.BayesRiskCurve,
+)
+
+
+def _style(style: dict[str, Any], kind: str, defaults: dict[str, Any]) -> dict[str, Any]:
+    """Merge the style options of :func:`draw` into ``defaults``; refuse unknown ones."""
+    unknown = sorted(set(style) - set(defaults))
+    if unknown:
+        raise TypeError(
+            f"draw() got style option(s) {', '.join(map(repr, unknown))} that a {kind} "
+            f"does not take; its options: {', '.join(defaults)}"
+        )
+    return {**defaults, **style}
+
+
+def draw(data: _Diagram, ax: Any = None, **style: Any) -> _Diagram:
+    """Draw a diagram computed already by :mod:`kdecal.curves`.
+
+    The picture of the drawing function of the same diagram (:func:`reliability_diagram`,
+    :func:`calibration_sharpness_diagram`, :func:`simplex_density`,
+    :func:`bayes_risk_curve`), from arrays made by the class methods of
+    :mod:`kdecal.curves`: ``from_predictions``, or ``from_estimate``, which reuses the
+    kernel sums of a :class:`kdecal.CalibrationEstimate` (e.g. one of
+    ``report.estimates``) so that drawing costs no kernel pass. Nothing is recomputed.
+
+    Parameters
+    ----------
+    data : ReliabilityDiagram, CalibrationSharpnessDiagram, SimplexDensity or BayesRiskCurve
+        The arrays (:mod:`kdecal.curves`); not modified.
+    ax : matplotlib Axes or sequence of Axes, optional
+        Axes to draw on; default: a new figure. A reliability diagram splits its Axes
+        into the diagram and the distribution beneath, and takes a sequence of K Axes
+        for class-wise diagrams of all K classes; a simplex density takes 2 Axes.
+    **style
+        Options of the picture, by diagram: ``title`` (str) for a reliability or
+        calibration-sharpness diagram; ``class_names`` (3 str) and ``max_points`` (int,
+        default 3000, predictions scattered) for a simplex density; ``ylim`` (float) and
+        ``title`` for Bayes risk curves; as in the drawing functions.
+
+    Returns
+    -------
+    ReliabilityDiagram, CalibrationSharpnessDiagram, SimplexDensity or BayesRiskCurve
+        A copy of ``data`` (same arrays) with its ``ax`` (and ``hist_ax``) fields set to
+        the Axes drawn on.
+
+    Raises
+    ------
+    TypeError
+        ``data`` is not one of the four classes, or a style option that its class does
+        not take (or ``max_points`` not an integer).
+    ValueError
+        ``ax`` of the wrong kind or length (see the drawing functions), ``class_names``
+        not of length 3, ``max_points < 0``.
+    ImportError
+        matplotlib is missing (``pip install 'kdecal[plot]'``).
+
+    Examples
+    --------
+    >>> import matplotlib
+    >>> matplotlib.use("Agg")
+    >>> import kdecal, kdecal.plot
+    >>> from kdecal.curves import ReliabilityDiagram
+    >>> s = kdecal.datasets.make_seeds_synthetic(500, 3, seed=0)
+    >>> est = kdecal.estimate(s.probs, s.labels, bandwidth=0.05)
+    >>> rd = kdecal.plot.draw(ReliabilityDiagram.from_estimate(est), title="canonical")
+    >>> rd.ax.get_title()
+    'canonical'
+    """
+    if isinstance(data, _curves.ReliabilityDiagram):
+        o = _style(style, "ReliabilityDiagram", {"title": None})
+        return _draw_reliability(data, ax, o["title"])
+    if isinstance(data, _curves.CalibrationSharpnessDiagram):
+        o = _style(style, "CalibrationSharpnessDiagram", {"title": None})
+        return _draw_sharpness_diagram(data, ax, o["title"])
+    if isinstance(data, _curves.SimplexDensity):
+        o = _style(style, "SimplexDensity", {"class_names": None, "max_points": 3000})
+        return _draw_simplex(data, ax, o["class_names"], o["max_points"])
+    if isinstance(data, _curves.BayesRiskCurve):
+        o = _style(style, "BayesRiskCurve", {"ylim": None, "title": None})
+        return _draw_bayes(data, ax, o["ylim"], o["title"])
+    raise TypeError(
+        "data must be a ReliabilityDiagram, CalibrationSharpnessDiagram, SimplexDensity or "
+        f"BayesRiskCurve of kdecal.curves, got {type(data).__name__}"
+    )
 
 
 # ----------------------------------------------------------------------- evaluation page
@@ -906,18 +1072,26 @@ def evaluation_page(
     else:
         canon_h = report.bandwidth if report.calibration == "canonical" else "auto"
     table_top_h = notions.get("top_label", {}).get("bandwidth")
-    rb = _reliability_arrays(probs, labels, "binned", "top_label", None, 15, "auto", 200, backend)
-    rk = _reliability_arrays(
-        probs, labels, "kernel", "top_label", None, 15, _PAGE_TOP_LABEL_H, 200, backend
+    Rel = _curves.ReliabilityDiagram
+    rb = Rel.from_predictions(probs, labels, n_bins=15)
+    rk = Rel.from_predictions(
+        probs, labels, kind="kernel", n_bins=15, bandwidth=_PAGE_TOP_LABEL_H, backend=backend
     )
     # the report's canonical estimate holds the sums of this bandwidth: no new pass
     canon = getattr(report, "estimates", {}).get("canonical")
-    if canon is not None and canon.bandwidth != canon_h:
-        canon = None
-    rc = _reliability_arrays(
-        probs, labels, "kernel", "canonical", None, 15, canon_h, 200, backend, canon
-    )
-    cs = _sharpness_arrays(probs, labels, "l2", 0.05, 1000, 0, 5000, 0)
+    if canon is not None and canon.bandwidth == canon_h:
+        rc = Rel.from_estimate(canon, n_bins=15)
+    else:
+        rc = Rel.from_predictions(
+            probs,
+            labels,
+            kind="kernel",
+            calibration="canonical",
+            n_bins=15,
+            bandwidth=canon_h,
+            backend=backend,
+        )
+    cs = _curves.CalibrationSharpnessDiagram.from_predictions(probs, labels, divergence="l2")
 
     fig = Figure(figsize=(18, 12), dpi=100)
     gs = fig.add_gridspec(
@@ -946,8 +1120,6 @@ def evaluation_page(
     _draw_sharpness(a_cs, cs, None)
     a_tab = fig.add_subplot(gs[1, 1:])
     a_tab.axis("off")
-    import textwrap
-
     lines = []
     for line in str(report).splitlines():  # long reference lines: wrapped, indented
         width = 130 if len(line) <= 130 else 112  # table rows whole, references wrapped
