@@ -493,6 +493,37 @@ def test_common_contract(cls, data5):
 
 
 @pytest.mark.parametrize("cls", ALL, ids=IDS)
+def test_fit_transform_validates_once(cls, data5):
+    # fit_transform reads the scores once: what fit().transform() returns, bit for bit,
+    # with one renormalisation warning (not one from fit and one from transform)
+    z, y = data5
+    p = np.round(softmax(z / 2, axis=1), 2)  # rows off by up to a few 1e-2
+    with pytest.warns(kdecal.RenormalizationWarning) as caught:
+        P = cls(input="probs").fit_transform(p, y)
+    assert len(caught) == 1
+    with pytest.warns(kdecal.RenormalizationWarning):
+        np.testing.assert_array_equal(P, cls(input="probs").fit(p, y).transform(p))
+    t = z[:, 1] - z[:, 0]  # binary log-odds: the (n,) form comes back
+    yb = (y == 1).astype(np.int64)
+    np.testing.assert_array_equal(cls().fit_transform(t, yb), cls().fit(t, yb).transform(t))
+
+
+def test_fit_transform_calls_a_subclass_fit(data5):
+    z, y = data5
+    seen = []
+
+    class Logged(rc.TemperatureScaling):
+        def fit(self, X, y, sample_weight=None):
+            seen.append(len(y))
+            return super().fit(X, y, sample_weight)
+
+    np.testing.assert_array_equal(
+        Logged().fit_transform(z, y), rc.TemperatureScaling().fit_transform(z, y)
+    )
+    assert seen == [len(y)]
+
+
+@pytest.mark.parametrize("cls", ALL, ids=IDS)
 def test_logits_and_probs_inputs_agree(cls, data5):
     z, y = data5
     z = z / 2  # keep probabilities far from the PROB_EPS clipping

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from scipy.special import log_softmax, softmax
 
 import kdecal
 from conftest import real_file
+from kdecal import _validation
 from kdecal import scores as sc
 from kdecal.recalibration import AffineCalibration
 
@@ -633,3 +635,56 @@ def test_resampling_module_is_reexported():
     assert sc.cv_folds is resampling.cv_folds
     assert sc.bootstrap_ci is resampling.bootstrap_ci
     assert sc.BootstrapCI is resampling.BootstrapCI
+
+
+# ---------------------------------------------------------------- validate once (issue 24)
+def _count_validation(monkeypatch):
+    """Count the calls of the input readers of kdecal._validation in every kdecal module."""
+    counts = dict.fromkeys(("check_probs", "check_labels", "log_probs"), 0)
+    for name in counts:
+        original = getattr(_validation, name)
+
+        def counted(*args, _name=name, _fn=original, **kwargs):
+            counts[_name] += 1
+            return _fn(*args, **kwargs)
+
+        for modname, module in list(sys.modules.items()):
+            if (modname == "kdecal" or modname.startswith("kdecal.")) and getattr(
+                module, name, None
+            ) is original:
+                monkeypatch.setattr(module, name, counted)
+    return counts
+
+
+@pytest.mark.parametrize("calibrator", ["affine", "temperature", "isotonic", "histogram"])
+@pytest.mark.parametrize("metric", ["log_loss", "brier_score"])
+def test_calibration_loss_validates_once(miscal, monkeypatch, calibrator, metric):
+    # the scores and labels are read once; the folds, the calibrators fitted on them and
+    # both EPSRs take the validated arrays (an inner public door would count again)
+    z, y = miscal
+    p = softmax(z, axis=1)
+    expected = sc.calibration_loss(p, y, calibrator=calibrator, metric=metric)
+    counts = _count_validation(monkeypatch)
+    got = sc.calibration_loss(p, y, calibrator=calibrator, metric=metric)
+    assert got == expected
+    assert counts == {"check_probs": 1, "check_labels": 1, "log_probs": 1}
+    for k in counts:
+        counts[k] = 0
+    sc.calibration_loss(z, y, calibrator=calibrator, metric=metric, mode="tt")
+    assert counts == {"check_probs": 0, "check_labels": 1, "log_probs": 1}
+
+
+def test_calibration_loss_foreign_calibrator_output_is_checked(miscal):
+    # a calibrator that is not kdecal's gets its own fit/transform, and what it returns
+    # is validated like any input
+    z, y = miscal
+
+    class Broken:
+        def fit(self, X, y):
+            return self
+
+        def transform(self, X):
+            return np.full(X.shape, np.nan)
+
+    with pytest.raises(ValueError, match="non-finite value nan"):
+        sc.calibration_loss(z, y, calibrator=Broken())

@@ -18,6 +18,7 @@ import math
 import numbers
 import warnings
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -132,6 +133,9 @@ class Probs:
         float32 when the input was float32 (the kernel then runs in float32), else float64.
     binary : bool
         Whether the input was a 1-D array of P(y = 1).
+    log_p : ndarray, shape (n, K), float64, read-only
+        ``np.log(p)``, computed on first use and kept: every log loss, Brier score and
+        scoring rule of the same validated probabilities shares it.
     """
 
     p: np.ndarray
@@ -145,6 +149,12 @@ class Probs:
     @property
     def n_classes(self) -> int:
         return int(self.p.shape[1])
+
+    @cached_property
+    def log_p(self) -> np.ndarray:
+        L = np.log(self.p)
+        L.setflags(write=False)
+        return L
 
 
 def _row_sum_deviation(a: np.ndarray) -> np.ndarray:
@@ -416,9 +426,20 @@ def check_probs(probs: object, name: str = "probs", min_n: int = 3) -> Probs:
         a = np.stack([1.0 - a, a], axis=1)
     if a.shape[0] < min_n:
         raise ValueError(f"{name} needs at least {min_n} samples, got n = {a.shape[0]}")
+    return Probs(p=clip_renormalise(a), dtype=dtype, binary=binary)
+
+
+def clip_renormalise(a: np.ndarray) -> np.ndarray:
+    """Clip probabilities (n, K) to ``PROB_EPS`` and divide each row by its sum.
+
+    The last step of :func:`check_probs`, and all of it that applies to probabilities
+    kdecal computed itself (a calibrator's output, ``exp`` of validated
+    log-probabilities: finite, in [0, 1], rows summing to 1 up to rounding), which need
+    no checks.  Returns a new C-contiguous float64 array; ``a`` is not modified.
+    """
     a = np.maximum(a, PROB_EPS)
     a /= a.sum(axis=1, keepdims=True)
-    return Probs(p=np.ascontiguousarray(a), dtype=dtype, binary=binary)
+    return np.ascontiguousarray(a)
 
 
 def check_labels(labels: object, n: int, n_classes: int, name: str = "labels") -> np.ndarray:
@@ -603,7 +624,8 @@ class LogProbs(NamedTuple):
     Attributes
     ----------
     L : ndarray, shape (n, K), float64
-        Natural-log probabilities, finite, each row log-sum-exp 0 (up to rounding).
+        Natural-log probabilities, finite, each row log-sum-exp 0 (up to rounding);
+        for ``kind="probs"`` the read-only :attr:`Probs.log_p` of the validated input.
     q : ndarray, shape (n, K), float64
         Probabilities: the validated (clipped, renormalised) input for ``kind="probs"``,
         ``exp(L)`` for ``kind="logits"``.
@@ -691,7 +713,7 @@ def log_probs(
     kind, _ = resolve_input(arr, input, name, flags)
     if kind == "probs":
         P = check_probs(arr, name, min_n=min_n)
-        return LogProbs(np.log(P.p), P.p, P.binary, kind)
+        return LogProbs(P.log_p, P.p, P.binary, kind)
     z = arr.astype(np.float64)
     if not np.all(np.isfinite(z)):
         idx = _first_bad(~np.isfinite(z))

@@ -532,10 +532,28 @@ def ece(
         raise TypeError(f"debias must be a bool, got {debias!r}")
     if debias and q != 2.0:
         raise ValueError(f"debias=True is the debiased squared (p = 2) error; got p = {p!r}")
+    return _ece(P, y, limit, sweep, binning, calibration, q, bool(debias))
+
+
+def _ece(
+    P: np.ndarray,
+    y: np.ndarray,
+    n_bins: int,
+    sweep: bool = False,
+    binning: str = "uniform",
+    calibration: str = "top_label",
+    q: float = 1.0,
+    debias: bool = False,
+) -> float:
+    """:func:`ece` of validated, unclipped probabilities (n, K) and labels, options checked.
+
+    ``n_bins`` is the number of bins, or with ``sweep`` the most bins the sweep tries;
+    ``q`` the checked order ``p``.
+    """
     terms = []
     for conf, out in _problems(P, y, calibration, None):
-        b = _sweep_bins(conf, out, binning, limit) if sweep else limit
-        terms.append(_problem_terms(conf, out, b, binning, bool(debias)))
+        b = _sweep_bins(conf, out, binning, n_bins) if sweep else n_bins
+        terms.append(_problem_terms(conf, out, b, binning, debias))
     if math.isinf(q):
         return float(max(np.max(gap, initial=0.0) for _, gap, _ in terms))
     if debias:

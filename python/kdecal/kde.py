@@ -1099,6 +1099,8 @@ def evaluate(
                     scores.calibration_loss(P, y, input="probs", relative=False, seed=0)
                 )
     ce_l2 = main.value("ce_l2")
+    assert main._validated is not None  # the context below takes the validated input
+    log_p = main._validated.log_p  # one log of the probabilities for both scores
     report = CalibrationReport(
         n=n,
         n_classes=K,
@@ -1112,9 +1114,9 @@ def evaluate(
         sharpness_kl=main.value("sharpness_kl"),
         sharpness_l2=main.value("sharpness_l2"),
         accuracy=float(np.mean(P.argmax(axis=1) == y)),
-        log_loss=scores.log_loss(probs, y, input="probs"),
-        brier_score=scores.brier_score(probs, y, input="probs"),
-        ece_binned=binned.ece(P, y, n_bins=15),
+        log_loss=scores._log_loss(log_p, y),
+        brier_score=scores._brier_score(log_p, y),
+        ece_binned=binned._ece(P, y, n_bins=15),
         backend=main.backend,
         wall_time_s=time.perf_counter() - t0,
         source=source,

@@ -101,6 +101,7 @@ from ._validation import (
     check_labels,
     check_n_bins,
     log_probs,
+    log_softmax_rows,
 )
 from .binned import bin_index
 from .warnings import KdecalWarning
@@ -186,21 +187,29 @@ else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _as_given(X: object, lp: LogProbs) -> tuple[np.ndarray, np.ndarray]:
+def _as_given(arr: np.ndarray, lp: LogProbs) -> tuple[np.ndarray, np.ndarray]:
     """Log-probabilities and probabilities of validated scores, probabilities unclipped.
 
-    Logits: ``lp`` as it is.  Probabilities: the values as given in float64, with what
-    :func:`check_probs` does to every input (entries within its range tolerance of
-    [0, 1] clipped into it, with its warning; every row divided by its sum) but without
-    its clipping to ``PROB_EPS``; their logarithms, except that an exact 0 (a probability
-    that underflowed) has the log of the smallest positive (subnormal) number of the
-    input's floating dtype (float64 for other dtypes): ``log(1.4e-45) = -103.3`` for
-    float32, ``log(4.9e-324) = -744.4`` for float64.  (Dividing a row by its sum adds a
-    constant to its logarithms, which changes no softmax-based calibrator.)
+    ``arr`` is the numeric array of the scores that :func:`log_probs` read into ``lp``.
+    Logits: ``lp`` as it is.  Probabilities: :func:`_probs_as_given` of ``arr``.
     """
     if lp.kind != "probs":
         return lp.L, lp.q
-    arr = _numeric_array(X, "scores")
+    return _probs_as_given(arr)
+
+
+def _probs_as_given(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Log-probabilities and probabilities of valid probabilities, unclipped.
+
+    The values as given in float64, with what :func:`check_probs` does to every input
+    (entries within its range tolerance of [0, 1] clipped into it, with its warning;
+    every row divided by its sum) but without its clipping to ``PROB_EPS``; their
+    logarithms, except that an exact 0 (a probability that underflowed) has the log of
+    the smallest positive (subnormal) number of the input's floating dtype (float64 for
+    other dtypes): ``log(1.4e-45) = -103.3`` for float32, ``log(4.9e-324) = -744.4`` for
+    float64.  (Dividing a row by its sum adds a constant to its logarithms, which
+    changes no softmax-based calibrator.)
+    """
     dt = arr.dtype if arr.dtype.kind == "f" and arr.dtype.itemsize <= 8 else np.dtype(np.float64)
     a = np.clip(arr.astype(np.float64), 0.0, 1.0)
     if a.ndim == 1:
@@ -211,6 +220,20 @@ def _as_given(X: object, lp: LogProbs) -> tuple[np.ndarray, np.ndarray]:
         L = np.log(np.where(zero, 1.0, a))
     L[zero] = np.log(float(np.finfo(dt).smallest_subnormal))
     return L, a
+
+
+def _validated_scores(X: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """Log-probabilities and probabilities of scores that kdecal validated already.
+
+    ``X`` is float64, shape (n, K), of the kind ``kind``: rows of the scores that
+    :func:`kdecal.scores.calibrate_scores` read once (probabilities ``exp(log q)`` of
+    validated ones, or finite logits).  The numbers are those :meth:`_Calibrator.fit`
+    and :meth:`_Calibrator.transform` compute from the same rows, without the checks.
+    """
+    if kind == "probs":
+        return _probs_as_given(X)
+    L = log_softmax_rows(X)
+    return L, np.exp(L)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -468,22 +491,62 @@ class _Calibrator:
             range or not integers; n < 2; bad ``sample_weight``; a non-finite objective;
             and the method-specific cases listed in each class.
         """
+        L, P, labels, w, lp = self._read_fit(X, y, sample_weight)
+        self._fit(L, P, labels, w)
+        self._set_fitted(lp.kind, L.shape[1], lp.binary)
+        return self
+
+    def _read_fit(
+        self, X: object, y: object, sample_weight: object
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, LogProbs]:
+        """Validate the arguments of :meth:`fit`: ``L``, ``P``, labels, weights, ``lp``."""
         inp = check_choice(self.input, "input", INPUTS)
         if y is None:
             raise ValueError(
                 f"{type(self).__name__} requires y to be passed, but the target y is None "
                 "(labels, integers in 0..K-1, are needed to fit a calibrator)"
             )
-        lp = log_probs(X, inp, "scores", MIN_FIT_SAMPLES)
-        L, P = _as_given(X, lp)
+        arr = _numeric_array(X, "scores")
+        lp = log_probs(arr, inp, "scores", MIN_FIT_SAMPLES)
+        L, P = _as_given(arr, lp)
         labels = check_labels(y, L.shape[0], L.shape[1])
         w = _check_sample_weight(sample_weight, L.shape[0])
-        self._fit(L, P, labels, w)
-        self.input_ = lp.kind
-        self.n_classes_ = int(L.shape[1])
+        return L, P, labels, w, lp
+
+    def _set_fitted(self, kind: str, n_classes: int, binary: bool) -> None:
+        self.input_ = kind
+        self.n_classes_ = int(n_classes)
         self.classes_ = np.arange(self.n_classes_)
-        self.n_features_in_ = 1 if lp.binary else self.n_classes_
+        self.n_features_in_ = 1 if binary else self.n_classes_
+
+    def _own_fit_transform(self) -> bool:
+        """Whether :meth:`fit` and :meth:`transform` are these (not a subclass's own)."""
+        cls = type(self)
+        return cls.fit is _Calibrator.fit and cls.transform is _Calibrator.transform
+
+    def _fit_validated(self, X: np.ndarray, y: np.ndarray, kind: str) -> Self:
+        """:meth:`fit` on scores and labels that kdecal validated already.
+
+        For :func:`kdecal.scores.calibrate_scores`, which reads its scores and labels
+        once and fits on rows of them: ``X`` float64, shape (n, K) (see
+        :func:`_validated_scores`), of the kind ``kind``; ``y`` int64 labels in
+        ``0..K-1``.  Fits what :meth:`fit` fits on the same rows (bit for bit); only
+        the checks that the rows cannot have passed already remain.
+        """
+        check_choice(self.input, "input", INPUTS)
+        if X.shape[0] < MIN_FIT_SAMPLES:
+            raise ValueError(
+                f"scores needs at least {MIN_FIT_SAMPLES} samples, got n = {X.shape[0]}"
+            )
+        L, P = _validated_scores(X, kind)
+        self._fit(L, P, y, None)
+        self._set_fitted(kind, L.shape[1], False)
         return self
+
+    def _transform_validated(self, X: np.ndarray) -> np.ndarray:
+        """:meth:`transform` of validated scores (see :meth:`_fit_validated`), 2-D."""
+        L, P = _validated_scores(X, self.input_)
+        return np.ascontiguousarray(self._transform(L, P), dtype=np.float64)
 
     def transform(self, X: object) -> np.ndarray:
         """Calibrated probabilities of new scores.
@@ -513,8 +576,9 @@ class _Calibrator:
                 f"this {type(self).__name__} instance is not fitted yet; call "
                 "fit(X, y) before transform"
             )
-        lp = log_probs(X, self.input_, "scores", 1)
-        L, P = _as_given(X, lp)
+        arr = _numeric_array(X, "scores")
+        lp = log_probs(arr, self.input_, "scores", 1)
+        L, P = _as_given(arr, lp)
         if L.shape[1] != self.n_classes_:
             shape = np.shape(X)  # type: ignore[call-overload]  # (no copy of a dask array)
             raise ValueError(
@@ -550,8 +614,17 @@ class _Calibrator:
         return np.argmax(Q, axis=1).astype(np.int64)
 
     def fit_transform(self, X: object, y: object, sample_weight: object = None) -> np.ndarray:
-        """``fit(X, y, sample_weight).transform(X)``; see :meth:`fit` and :meth:`transform`."""
-        return self.fit(X, y, sample_weight).transform(X)
+        """``fit(X, y, sample_weight).transform(X)``; see :meth:`fit` and :meth:`transform`.
+
+        The scores are validated once, and the log-probabilities of the fit transformed.
+        """
+        if not self._own_fit_transform():  # a subclass's own fit or transform: call them
+            return self.fit(X, y, sample_weight).transform(X)
+        L, P, labels, w, lp = self._read_fit(X, y, sample_weight)
+        self._fit(L, P, labels, w)
+        self._set_fitted(lp.kind, L.shape[1], lp.binary)
+        Q = np.ascontiguousarray(self._transform(L, P), dtype=np.float64)
+        return Q[:, 1].copy() if lp.binary else Q
 
     def score(self, X: object, y: object, sample_weight: object = None) -> float:
         """Negative mean log loss of the calibrated probabilities (higher is better).

@@ -150,6 +150,13 @@ def cv_folds(
     y = arr.astype(np.int64)
     n_folds = check_int(n_folds, "n_folds", 2)
     stratified = _check_bool(stratified, "stratified")
+    return _cv_folds(y, n_folds, seed, stratified, groups)
+
+
+def _cv_folds(
+    y: np.ndarray, n_folds: int, seed: object, stratified: bool, groups: object
+) -> np.ndarray:
+    """:func:`cv_folds` of validated int64 labels, ``n_folds`` and ``stratified``."""
     rs = _legacy_state(seed)
     if groups is None:
         if y.shape[0] < n_folds:

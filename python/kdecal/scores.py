@@ -59,14 +59,15 @@ from scipy.special import xlogy
 from . import recalibration
 from ._validation import (
     ROW_SUM_ATOL,
+    LogProbs,
     _numeric_array,
-    as_array,
     check_choice,
     check_int,
     check_labels,
+    clip_renormalise,
     log_probs,
 )
-from .resampling import BootstrapCI, _check_bool, bootstrap_ci, cv_folds
+from .resampling import BootstrapCI, _check_bool, _cv_folds, bootstrap_ci, cv_folds
 
 __all__ = [
     "BootstrapCI",
@@ -235,12 +236,22 @@ def log_loss(
         ``priors`` (shape, negative, not summing to 1, prior > 0 for an absent class),
         unknown ``input``, or ``normalize=True`` with a zero normaliser (one class only).
     """
-    logp = log_probs(probs, input, "probs").L
-    n, K = logp.shape
-    y = check_labels(labels, n, K)
+    L = log_probs(probs, input, "probs").L
+    y = check_labels(labels, L.shape[0], L.shape[1])
     normalize = _check_bool(normalize, "normalize")
+    return _log_loss(L, y, normalize, priors)
+
+
+def _log_loss(
+    L: np.ndarray, y: np.ndarray, normalize: bool = False, priors: object = None
+) -> float:
+    """:func:`log_loss` of validated log-probabilities ``L`` (n, K) and labels ``y``.
+
+    ``priors`` (None or as given to :func:`log_loss`) is checked here, with the labels.
+    """
+    n, K = L.shape
     w, P = _class_weights(y, K, priors)
-    value = _weighted_mean(-logp[np.arange(n), y], w)
+    value = _weighted_mean(-L[np.arange(n), y], w)
     if normalize:
         return _normalised(value, float(-np.sum(xlogy(P, P))), "cross-entropy", P)
     return value
@@ -287,12 +298,26 @@ def brier_score(
         As :func:`log_loss`, and for an unknown ``convention``.
     """
     check_choice(convention, "convention", _CONVENTIONS)
-    logp = log_probs(probs, input, "probs").L
-    n, K = logp.shape
-    y = check_labels(labels, n, K)
+    L = log_probs(probs, input, "probs").L
+    y = check_labels(labels, L.shape[0], L.shape[1])
     normalize = _check_bool(normalize, "normalize")
+    return _brier_score(L, y, normalize, priors, convention)
+
+
+def _brier_score(
+    L: np.ndarray,
+    y: np.ndarray,
+    normalize: bool = False,
+    priors: object = None,
+    convention: str = "sum",
+) -> float:
+    """:func:`brier_score` of validated log-probabilities ``L`` (n, K) and labels ``y``.
+
+    ``convention`` is checked already; ``priors`` is checked here (see :func:`_log_loss`).
+    """
+    n, K = L.shape
     w, P = _class_weights(y, K, priors)
-    d = np.exp(logp)
+    d = np.exp(L)
     d[np.arange(n), y] -= 1.0
     per = np.sum(d * d, axis=1)
     div = float(K) if convention == "mean" else 1.0
@@ -488,7 +513,14 @@ def expected_cost(
     y = _check_index_vector(labels, "labels", K, "rows of cost_matrix", None)
     d = _check_index_vector(decisions, "decisions", M, "columns of cost_matrix", y.shape[0])
     normalize = _check_bool(normalize, "normalize")
-    w, P = _class_weights(y, K, priors)
+    return _expected_cost(y, d, C, normalize, priors)
+
+
+def _expected_cost(
+    y: np.ndarray, d: np.ndarray, C: np.ndarray, normalize: bool, priors: object
+) -> float:
+    """:func:`expected_cost` of validated labels, decisions and cost matrix."""
+    w, P = _class_weights(y, C.shape[0], priors)
     value = _weighted_mean(C[y, d], w)
     if normalize:
         return _normalised(value, float(np.min(P @ C)), "expected cost", P)
@@ -536,12 +568,13 @@ def bayes_risk(
     TypeError, ValueError
         As :func:`bayes_decisions` and :func:`expected_cost`.
     """
-    logp = log_probs(probs, input, "probs").L
-    n, K = logp.shape
+    L = log_probs(probs, input, "probs").L
+    n, K = L.shape
     y = check_labels(labels, n, K)
     C = cost_matrix_01(K) if cost_matrix is None else _check_cost_matrix(cost_matrix, K)
-    d = np.argmin(np.exp(logp) @ C, axis=1)
-    return expected_cost(y, d, C, normalize=normalize, priors=priors)
+    d = np.argmin(np.exp(L) @ C, axis=1)
+    normalize = _check_bool(normalize, "normalize")
+    return _expected_cost(y, d, C, normalize, priors)
 
 
 # ------------------------------------------------------------------ calibration loss
@@ -574,19 +607,36 @@ def _make_calibrator(calibrator: object, input: str) -> Callable[[], Any]:
     return lambda: copy.deepcopy(calibrator)
 
 
-def _scores_array(x: object, input: str, name: str, min_n: int = 1) -> tuple[np.ndarray, str]:
-    """Validate scores; return them as the calibrators take them, shape (n, K), and the kind.
+def _scores_array(x: object, input: str, name: str, min_n: int = 1) -> tuple[np.ndarray, LogProbs]:
+    """Validate scores; return them as the calibrators take them, shape (n, K), and ``lp``.
 
     Probabilities are returned as ``exp(log q)`` of the validated values, logits as given
-    (float64; a 1-D array of log-odds ``t`` as the two columns ``(0, t)``).
+    (float64; a 1-D array of log-odds ``t`` as the two columns ``(0, t)``); ``lp`` is
+    what :func:`log_probs` read (``lp.kind``: which of the two).
     """
-    lp = log_probs(x, input, name, min_n=min_n)
+    arr = _numeric_array(x, name)
+    lp = log_probs(arr, input, name, min_n=min_n)
     if lp.kind == "probs":
-        return np.exp(lp.L), lp.kind
-    z = np.asarray(as_array(x, name), dtype=np.float64)
+        return np.exp(lp.L), lp
+    z = np.asarray(arr, dtype=np.float64)
     if z.ndim == 1:
         z = np.stack([np.zeros_like(z), z], axis=1)
-    return z, lp.kind
+    return z, lp
+
+
+def _fit_transform(
+    cal: Any, X_fit: np.ndarray, y_fit: np.ndarray, X_new: np.ndarray, kind: str
+) -> tuple[np.ndarray, bool]:
+    """Fit a fresh calibrator on validated rows and transform others.
+
+    Returns the calibrated scores and whether a kdecal calibrator made them (then they
+    are valid probabilities, and the rows were not validated again); any other object
+    gets its own ``fit`` and ``transform`` called.
+    """
+    if isinstance(cal, recalibration._Calibrator) and cal._own_fit_transform():
+        return cal._fit_validated(X_fit, y_fit, kind)._transform_validated(X_new), True
+    cal.fit(X_fit, y_fit)
+    return np.asarray(cal.transform(X_new), dtype=np.float64), False
 
 
 def calibrate_scores(
@@ -624,9 +674,31 @@ def calibrate_scores(
     """
     check_choice(mode, "mode", _MODES)
     check_choice(input, "input", _INPUTS)
-    X, kind = _scores_array(scores, input, "scores")
+    X, lp = _scores_array(scores, input, "scores")
+    y = check_labels(labels, X.shape[0], X.shape[1])
+    S, _ = _calibrate(X, lp.kind, y, calibrator, mode, n_folds, seed, val, stratified, groups)
+    return S
+
+
+def _calibrate(
+    X: np.ndarray,
+    kind: str,
+    y: np.ndarray,
+    calibrator: object,
+    mode: str,
+    n_folds: object,
+    seed: object,
+    val: tuple[object, object] | None,
+    stratified: object,
+    groups: object,
+) -> tuple[np.ndarray, bool]:
+    """:func:`calibrate_scores` of validated scores and labels (``mode`` checked).
+
+    ``X`` and ``kind`` as :func:`_scores_array` returns them, ``y`` validated labels.
+    Returns the calibrated scores and whether kdecal calibrators made them (see
+    :func:`_fit_transform`).
+    """
     n, K = X.shape
-    y = check_labels(labels, n, K)
     n_folds = check_int(n_folds, "n_folds", 2)
     stratified = _check_bool(stratified, "stratified")
     new = _make_calibrator(calibrator, kind)
@@ -639,29 +711,25 @@ def calibrate_scores(
         if Xv.shape[1] != K:
             raise ValueError(f"val scores have K = {Xv.shape[1]} classes but scores have K = {K}")
         yv = check_labels(val[1], Xv.shape[0], K, name="val labels")
-        cal = new()
-        cal.fit(Xv, yv)
-        return np.asarray(cal.transform(X), dtype=np.float64)
+        return _fit_transform(new(), Xv, yv, X, kind)
     if val is not None:
         raise ValueError(f"val is only used with mode='heldout', got mode={mode!r}")
     if mode == "tt":
-        cal = new()
-        cal.fit(X, y)
-        return np.asarray(cal.transform(X), dtype=np.float64)
-    folds = cv_folds(y, n_folds=n_folds, seed=seed, stratified=stratified, groups=groups)
+        return _fit_transform(new(), X, y, X, kind)
+    folds = _cv_folds(y, n_folds, seed, stratified, groups)
     out: np.ndarray | None = None
+    own = True
     for k in range(n_folds):
         test = folds == k
         if not np.any(test):
             continue
-        cal = new()
-        cal.fit(X[~test], y[~test])
-        s = np.asarray(cal.transform(X[test]), dtype=np.float64)
+        s, own_k = _fit_transform(new(), X[~test], y[~test], X[test], kind)
+        own = own and own_k
         if out is None:
             out = np.empty((n,) + s.shape[1:], dtype=np.float64)
         out[test] = s
     assert out is not None
-    return out
+    return out, own
 
 
 def calibration_loss(
@@ -764,34 +832,29 @@ def calibration_loss(
     check_choice(input, "input", _INPUTS)
     if isinstance(metric, str):
         check_choice(metric, "metric", _METRICS)
-        fn = log_loss if metric == "log_loss" else brier_score
-
-        def epsr(x: np.ndarray, y: np.ndarray, kind: str) -> float:
-            return fn(x, y, input=kind)
-
-    elif callable(metric):
-
-        def epsr(x: np.ndarray, y: np.ndarray, kind: str) -> float:
-            return float(metric(np.exp(log_probs(x, kind, "scores").L), y))
-
-    else:
+    elif not callable(metric):
         raise TypeError(f"metric must be 'log_loss', 'brier_score' or a callable, got {metric!r}")
-    X, kind = _scores_array(probs_or_logits, input, "probs_or_logits")
+
+    def epsr(L: np.ndarray, y: np.ndarray) -> float:
+        """Return the EPSR of validated log-probabilities."""
+        if not isinstance(metric, str):
+            return float(metric(np.exp(L), y))
+        return _log_loss(L, y) if metric == "log_loss" else _brier_score(L, y)
+
+    X, lp = _scores_array(probs_or_logits, input, "probs_or_logits")
     y = check_labels(labels, X.shape[0], X.shape[1])
-    S = calibrate_scores(
-        probs_or_logits,
-        y,
-        calibrator=calibrator,
-        mode=mode,
-        n_folds=n_folds,
-        seed=seed,
-        input=kind,
-        val=val,
-        stratified=stratified,
-        groups=groups,
-    )
-    before = epsr(X, y, kind)
-    after = epsr(S, y, "probs")  # calibrators return probabilities
+    check_choice(mode, "mode", _MODES)
+    S, own = _calibrate(X, lp.kind, y, calibrator, mode, n_folds, seed, val, stratified, groups)
+    # the EPSR of the scores as the calibrators saw them: logits' log-probabilities, and
+    # probabilities X = exp(log q) read as every probability is (clipped to PROB_EPS
+    # and renormalised); then the same of the calibrated probabilities
+    before = epsr(lp.L if lp.kind == "logits" else np.log(clip_renormalise(X)), y)
+    if own:  # kdecal's calibrators return valid probabilities
+        after = epsr(np.log(clip_renormalise(S)), y)
+    elif isinstance(metric, str):  # another calibrator's output is checked as input
+        after = (log_loss if metric == "log_loss" else brier_score)(S, y, input="probs")
+    else:
+        after = float(metric(np.exp(log_probs(S, "probs", "scores").L), y))
     if not relative:
         return before - after
     if not (np.isfinite(before) and before > 0):
