@@ -357,6 +357,7 @@ def plugin_estimator(monkeypatch):
     """
     import kdecal
     import kdecal._compare
+    import kdecal._evaluate
     import kdecal.kde
 
     def plugin(fn):
@@ -370,6 +371,6 @@ def plugin_estimator(monkeypatch):
     for name in ESTIMATOR_FUNCTIONS:
         fn = getattr(kdecal, name)
         monkeypatch.setattr(kdecal, name, plugin(fn))
-        for mod in (kdecal.kde, kdecal._compare):
+        for mod in (kdecal.kde, kdecal._compare, kdecal._evaluate):
             if getattr(mod, name, None) is fn:
                 monkeypatch.setattr(mod, name, plugin(fn))

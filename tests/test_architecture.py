@@ -36,6 +36,7 @@ LAYERS: list[set[str]] = [
     {"_calibration_estimate"},
     {"binned", "recalibration", "scores", "resampling", "smooth", "skce"},
     {"kde"},
+    {"_evaluate"},
     {"curves", "_compare", "torch"},
     {"plot"},
     {"cli"},

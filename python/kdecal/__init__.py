@@ -28,7 +28,9 @@ from ._compare import Comparison, compare
 from ._engine.backends import available_backends
 from ._engine.runtime import get_num_threads, set_num_threads
 from ._estimation.quantities import QUANTITIES
+from ._evaluate import evaluate
 from ._report import CalibrationReport
+from ._validation import softmax
 from .kde import (
     DEFAULT_BANDWIDTH_GRID,
     Bregman,
@@ -37,12 +39,10 @@ from .kde import (
     conditional_expectation,
     ece_kde,
     estimate,
-    evaluate,
     loo_log_likelihood,
     refinement,
     select_bandwidth,
     sharpness,
-    softmax,
 )
 from .skce import skce_test
 from .smooth import smooth_ece

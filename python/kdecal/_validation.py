@@ -22,6 +22,7 @@ from functools import cached_property
 from typing import Any, NamedTuple
 
 import numpy as np
+from scipy.special import softmax as _sp_softmax
 
 from .tolerances import (
     INFER_RANGE_ATOL,
@@ -836,3 +837,33 @@ def check_probs_dask(x: Any, name: str = "probs", min_n: int = 3) -> Probs:
     p = np.ascontiguousarray(np.concatenate([q for q, _ in parts]), dtype=np.float64)
     dtype = np.dtype(np.float32) if dt == np.float32 else np.dtype(np.float64)
     return Probs(p=p, dtype=dtype, binary=binary)
+
+
+def softmax(logits: object, axis: int = -1) -> np.ndarray:
+    """Turn logits into probabilities, ``exp(z) / sum exp(z)`` along ``axis``.
+
+    Parameters
+    ----------
+    logits : array-like, shape (n, K), float
+        Unnormalised log-probabilities (any real values).
+    axis : int, default -1
+        Axis over classes.
+
+    Returns
+    -------
+    ndarray, shape (n, K), float64
+        Probabilities; rows sum to 1. Computed stably by :func:`scipy.special.softmax`.
+
+    Raises
+    ------
+    TypeError
+        If ``logits`` is not numeric.
+    ValueError
+        If ``logits`` is empty or contains NaN or infinite values.
+    """
+    z = _numeric_array(logits, "logits").astype(np.float64)
+    if z.size == 0:
+        raise ValueError(f"logits is empty (shape {z.shape})")
+    if not np.all(np.isfinite(z)):
+        raise ValueError("logits contains NaN or infinite values")
+    return np.asarray(_sp_softmax(z, axis=axis))

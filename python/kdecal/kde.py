@@ -24,28 +24,21 @@ References
 
 from __future__ import annotations
 
-import time
-import warnings
 from collections.abc import Callable
 from typing import TypeVar
 
 import numpy as np
-from scipy.special import softmax as _sp_softmax
 
-from . import binned, scores
-from ._calibration_estimate import CalibrationEstimate, CalibrationTestResult, ResamplingError
+from ._calibration_estimate import CalibrationEstimate, CalibrationTestResult
 from ._engine import backends as _backends
 from ._estimation import problem as _problem
 from ._estimation import quantities as _quantities
 from ._estimation import regression as _regression
 from ._estimation import search as _search
 from ._estimation.generators import Bregman
-from ._estimation.replicates import check_resamples
 from ._estimation.search import DEFAULT_BANDWIDTH_GRID
-from ._report import CalibrationReport
 from ._validation import (
     Probs,
-    _numeric_array,
     check_bandwidth,
     check_bandwidths,
     check_choice,
@@ -63,12 +56,10 @@ __all__ = [
     "conditional_expectation",
     "ece_kde",
     "estimate",
-    "evaluate",
     "loo_log_likelihood",
     "refinement",
     "select_bandwidth",
     "sharpness",
-    "softmax",
 ]
 
 
@@ -443,36 +434,6 @@ def calibration_test(
         backend=backend,
     )
     return est.calibration_test(statistic, n_resamples=n_resamples, seed=seed)
-
-
-def softmax(logits: object, axis: int = -1) -> np.ndarray:
-    """Turn logits into probabilities, ``exp(z) / sum exp(z)`` along ``axis``.
-
-    Parameters
-    ----------
-    logits : array-like, shape (n, K), float
-        Unnormalised log-probabilities (any real values).
-    axis : int, default -1
-        Axis over classes.
-
-    Returns
-    -------
-    ndarray, shape (n, K), float64
-        Probabilities; rows sum to 1. Computed stably by :func:`scipy.special.softmax`.
-
-    Raises
-    ------
-    TypeError
-        If ``logits`` is not numeric.
-    ValueError
-        If ``logits`` is empty or contains NaN or infinite values.
-    """
-    z = _numeric_array(logits, "logits").astype(np.float64)
-    if z.size == 0:
-        raise ValueError(f"logits is empty (shape {z.shape})")
-    if not np.all(np.isfinite(z)):
-        raise ValueError("logits contains NaN or infinite values")
-    return np.asarray(_sp_softmax(z, axis=axis))
 
 
 def conditional_expectation(
@@ -853,78 +814,6 @@ def select_bandwidth(
     return record.bandwidth
 
 
-#: Notions summarised by :func:`evaluate` (estimate, interval, test) by default.
-EVALUATE_NOTIONS = ("canonical", "top_label", "classwise")
-
-
-def _notion_summary(
-    est: CalibrationEstimate, n_resamples: int, seed: int | None
-) -> dict[str, object]:
-    """Estimate, bootstrap interval and calibration test of one notion, JSON-ready."""
-    names = ("ece_kde_l1", "ce_l2")
-    row: dict[str, object] = {"bandwidth": est.bandwidth, "bandwidth_l2": est.bandwidth_l2}
-    for q in names:
-        row[q] = est.value(q)
-    if n_resamples > 0:
-        try:  # the intervals and the tests share one resampling pass
-            cis, tests = est._intervals_and_tests(
-                list(names), list(names), level=0.95, n_resamples=n_resamples, seed=seed
-            )
-        except ResamplingError as exc:
-            row["resampling_skipped"] = str(exc)
-            return row
-        for q in names:
-            row[f"{q}_ci"] = [cis[q].low, cis[q].high]
-            row[f"{q}_null_mean"] = tests[q].null_mean
-        row["pvalue"] = tests["ce_l2"].pvalue
-        row["n_resamples"] = n_resamples
-    return row
-
-
-def _squared_notes(ce_l2: float, notions: dict[str, dict[str, object]]) -> list[str]:
-    """Return a note on every negative squared L2 estimate (reported unclipped)."""
-    neg = [("ce_l2", ce_l2)] if ce_l2 < 0 else []
-    for name, row in notions.items():
-        v = row.get("ce_l2")
-        if isinstance(v, float) and v < 0:
-            neg.append((f"{name.replace('_', '-')}", v))
-    if not neg:
-        return []
-    which = "; ".join(f"{w} {v:.3g}" for w, v in neg)
-    note = (
-        f"Negative squared L2 calibration error ({which}): the estimate is unbiased and "
-        "reported unclipped, so a negative value means the error is indistinguishable "
-        "from 0 at this n; ece_kde_l2 is its signed square root."
-    )
-    return [note]
-
-
-#: Cross-validation folds of the calibration loss in :func:`evaluate`.
-_CAL_LOSS_FOLDS = 5
-
-
-def _rule(bandwidth: object, estimator: object = "plugin") -> str:
-    if not isinstance(bandwidth, str):
-        return "fixed"
-    if bandwidth == "loo-mle":
-        return "loo-mle"
-    return "brier (L2, KL: brier / 2)" if estimator == "residual" else "brier (KL: log)"
-
-
-def _bias_notes(notions: dict[str, dict[str, object]]) -> list[str]:
-    notes = []
-    for name, row in notions.items():
-        value, null = row.get("ece_kde_l1"), row.get("ece_kde_l1_null_mean")
-        if isinstance(value, float) and isinstance(null, float) and null > 0.5 * value:
-            notes.append(
-                f"The {name.replace('_', '-')} ECE^KDE L1 ({value:.4f}) is dominated by the "
-                f"estimator's bias: a perfectly calibrated model with these predictions "
-                f"scores {null:.4f} on average. Read the p-value and the interval, not the "
-                "value alone."
-            )
-    return notes
-
-
 #: Classes from which the canonical KL calibration error is flagged as unreliable.
 KL_RELIABLE_MAX_K = 4
 
@@ -941,202 +830,3 @@ def _kl_unreliable(calibration: object, n_classes: int) -> str | None:
         "up to +135 % at K = 10 (n = 5,000 to 20,000). The top-label and class-wise KL "
         "errors (within 25 % there) and the canonical L1 error (within 30 %) are reliable"
     )
-
-
-def _kl_notes(est: CalibrationEstimate, cal_loss: float | None) -> list[str]:
-    """Return the notes on the report's KL figure: its reliability, the calibration loss."""
-    notes = []
-    why = _kl_unreliable(est.calibration, est.n_classes)
-    if why is not None:
-        notes.append(why[0].upper() + why[1:] + ".")
-        if est.estimator == "residual":  # the plug-in is for reproductions: no warning
-            warn_user(f"kdecal.evaluate: {why}", KdecalWarning)
-    ce_kl = float(est.value("ce_kl"))
-    if cal_loss is not None and est.calibration == "canonical" and ce_kl < cal_loss:
-        notes.append(
-            f"ce_kl ({ce_kl:.4g} nats) is below calibration_loss ({cal_loss:.4g} nats), "
-            "which it should bound from above: the KL calibration error is the log loss "
-            "that the true recalibration E[y | f] removes, the calibration loss the part "
-            "that a cross-validated affine recalibration removes. The kernel estimate is "
-            "too low here (too wide a kernel for these predictions); the calibration "
-            "loss is the safer figure."
-        )
-    return notes
-
-
-@_doc
-def evaluate(
-    probs: object,
-    labels: object,
-    *,
-    bandwidth: float | str = "auto",
-    calibration: str = "canonical",
-    debias: str = "ustat",
-    backend: str = "auto",
-    progress: bool | None = None,
-    source: str | None = None,
-    notions: tuple[str, ...] | list[str] | None = EVALUATE_NOTIONS,
-    resample_notions: tuple[str, ...] | list[str] | None = ("canonical", "top_label"),
-    n_resamples: int = 100,
-    seed: int | None = 0,
-    calibration_loss: bool = True,
-    estimator: str = "residual",
-) -> CalibrationReport:
-    """Every kernel estimator of kdecal, with intervals and a calibration test, plus context.
-
-    For the notion ``calibration`` the report holds ECE^KDE (L1 and L2; Popordanoska et
-    al. 2022, Eq. 9), the KL and squared L2 calibration errors, refinement and sharpness
-    (Popordanoska et al. 2024, Eq. 4-5, 9-10, 15) from one estimate (one search and one
-    pass). For each notion of ``notions`` it adds the L1 ECE^KDE and squared L2 error,
-    their bootstrap 95 % intervals, the consistency-resampling calibration test (p-value
-    of the squared L2 statistic, and the null mean of each: what a calibrated model would
-    score) and a plain-language note where the estimate is dominated by its bias (null
-    mean above half the estimate). Beside them: accuracy, log loss, Brier score, the
-    15-bin top-label binned ECE and the calibration loss of Ferrer & Ramos (log loss
-    minus the log loss after 5-fold cross-validated affine calibration).
-
-    Parameters
-    ----------
-    probs : array-like, shape (n, K) or (n,), float
-        Predicted probabilities or binary P(y = 1).
-    labels : array-like, shape (n,), int
-        True classes in ``0..K-1``.
-    bandwidth : float, "auto" or "loo-mle", default "auto"
-        {bandwidth_doc}
-    {notion_params}
-    backend : {"auto", "cpp", "numba", "cuda", "dask"}, default "auto"
-    progress : bool or None, default None
-        Progress bar with ETA; None shows one only for long work.
-    source : str, optional
-        Description stored in the report (e.g. a file name).
-    notions : sequence of str or None, default ("canonical", "top_label", "classwise")
-        Notions summarised (estimate and bandwidth); None or () for none.
-    resample_notions : sequence of str or None, default ("canonical", "top_label")
-        Those of ``notions`` that also get bootstrap intervals and the calibration test
-        (not with ``debias="ratio"``, whose third power sums resampling does not keep);
-        the notion ``calibration`` always does. A notion whose resampling is undefined
-        (every row of a replicate lost its neighbours: a bandwidth far too small) gets
-        a note instead.
-        Class-wise resampling costs K one-vs-rest problems per resample (about 45 s
-        for 100 resamples of the bundled K = 10 example on 2 cores), so it is opt-in.
-    n_resamples : int, default 100
-        Bootstrap replicates and resampled label sets per notion (at most 1,000,000);
-        0 skips intervals and tests.
-    seed : int or None, default 0
-        Seed of the resampling (the default makes reports reproducible).
-    calibration_loss : bool, default True
-        Compute the Ferrer & Ramos calibration loss (needs K >= 2 classes present).
-    {estimator_doc}
-
-    Returns
-    -------
-    CalibrationReport
-        ``str(report)`` is a table; ``report.to_dict()`` is JSON-ready.
-
-    Raises
-    ------
-    TypeError, ValueError
-        Invalid input (see :func:`conditional_expectation`), an unknown notion, or
-        ``n_resamples`` outside 0..1,000,000.
-    """
-    t0 = time.perf_counter()
-    R = check_resamples(n_resamples, "n_resamples", 0)
-    wanted = tuple(notions or ())
-    for name in wanted:
-        check_choice(name, "notions", _problem.CALIBRATIONS)
-    resampled = tuple(resample_notions or ())
-    for name in resampled:
-        check_choice(name, "resample_notions", _problem.CALIBRATIONS)
-    main = estimate(
-        probs,
-        labels,
-        bandwidth=bandwidth,
-        calibration=calibration,
-        debias=debias,
-        estimator=estimator,
-        backend=backend,
-        progress=progress,
-    )
-    est = main._est
-    P, y = main._probs, main._labels
-    K, n = main.n_classes, main.n
-    summaries: dict[str, dict[str, object]] = {}
-    estimates: dict[str, CalibrationEstimate] = {}
-    for name in wanted:
-        e = (
-            main
-            if name == calibration
-            else estimate(
-                main._validated if main._validated is not None else P,
-                y,
-                bandwidth=bandwidth,
-                calibration=name,
-                debias=debias,
-                estimator=estimator,
-                backend=main.backend,
-                progress=progress,
-            )
-        )
-        # resampling has no third power sums: debias="ratio" gets estimates only; the
-        # notion asked for with `calibration` is always resampled
-        resample = (name in resampled or name == calibration) and str(debias) != "ratio"
-        summaries[name] = _notion_summary(e, R if resample else 0, seed)
-        estimates[name] = e
-    estimates.setdefault(str(calibration), main)
-    cal_loss = None
-    notes: list[str] = []
-    if calibration_loss and K >= 2 and np.unique(y).size >= 2:
-        if np.bincount(y).max() < _CAL_LOSS_FOLDS:
-            notes.append(
-                f"calibration_loss skipped: its {_CAL_LOSS_FOLDS}-fold stratified "
-                f"cross-validation needs a class with at least {_CAL_LOSS_FOLDS} rows "
-                f"(class counts {np.bincount(y, minlength=K).tolist()[:20]})."
-            )
-        else:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                cal_loss = float(
-                    scores.calibration_loss(P, y, input="probs", relative=False, seed=0)
-                )
-    ce_l2 = main.value("ce_l2")
-    assert main._validated is not None  # the context below takes the validated input
-    log_p = main._validated.log_p  # one log of the probabilities for both scores
-    report = CalibrationReport(
-        n=n,
-        n_classes=K,
-        bandwidth=est.bandwidth,
-        ece_kde_l1=main.value("ece_kde_l1"),
-        ece_kde_l2=main.value("ece_kde_l2"),
-        ce_kl=main.value("ce_kl"),
-        ce_l2=ce_l2,
-        refinement_kl=main.value("refinement_kl"),
-        refinement_l2=main.value("refinement_l2"),
-        sharpness_kl=main.value("sharpness_kl"),
-        sharpness_l2=main.value("sharpness_l2"),
-        accuracy=float(np.mean(P.argmax(axis=1) == y)),
-        log_loss=scores._log_loss(log_p, y),
-        brier_score=scores._brier_score(log_p, y),
-        ece_binned=binned._ece(P, y, n_bins=15),
-        backend=main.backend,
-        wall_time_s=time.perf_counter() - t0,
-        source=source,
-        calibration=str(calibration),
-        debias=str(debias),
-        bandwidth_rule=_rule(bandwidth, estimator),
-        bandwidth_kl=main.bandwidth_kl,
-        bandwidth_l2=main.bandwidth_l2,
-        estimator=main.estimator,
-        calibration_loss=cal_loss,
-        notions=summaries,
-        notes=_bias_notes(summaries)
-        + _squared_notes(ce_l2, summaries)
-        + _kl_notes(main, cal_loss)
-        + [
-            f"No intervals or test for {name.replace('_', '-')}: {row['resampling_skipped']}"
-            for name, row in summaries.items()
-            if "resampling_skipped" in row
-        ]
-        + notes,
-        estimates=estimates,
-    )
-    return report

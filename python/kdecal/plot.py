@@ -45,8 +45,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import curves as _curves
+from ._evaluate import evaluate
 from ._validation import check_int
-from .kde import evaluate
 
 __all__ = [
     "bayes_risk_curve",
