@@ -17,7 +17,7 @@ python3 -m pip install -q --no-build-isolation --no-deps . 2>&1 | tail -3
 echo "build: $(( $(date +%s) - t0 )) s"
 R="$PWD"
 cd /tmp  # import the installed package, not the source tree
-(python3 -m pytest -q -m cuda "$R/tests/test_residual_backends.py" -p no:cacheprovider \
+(python3 -m pytest -q -m cuda "$R/tests/engine/test_residual_backends.py" -p no:cacheprovider \
    --rootdir "$R" -c "$R/pyproject.toml" 2>&1 | tail -4) > "$OUT/gpu_residual_tests.log" &
 export OMP_NUM_THREADS=2 NUMBA_NUM_THREADS=2 OPENBLAS_NUM_THREADS=1
 for K in 2 4 10; do

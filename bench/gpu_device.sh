@@ -19,9 +19,9 @@ cd /tmp  # import the installed package, not the source tree
 R="$OLDPWD"
 for what in "$@"; do
   case "$what" in
-    tests) python3 -m pytest -q -m cuda "$R/tests/test_cuda.py" -p no:cacheprovider \
+    tests) python3 -m pytest -q -m cuda "$R/tests/engine/test_cuda.py" -p no:cacheprovider \
              --rootdir "$R" -c "$R/pyproject.toml" 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 || true ;;
-    torch) python3 -m pytest -q "$R/tests/test_torch.py" -p no:cacheprovider \
+    torch) python3 -m pytest -q "$R/tests/estimators/test_torch.py" -p no:cacheprovider \
              --rootdir "$R" -c "$R/pyproject.toml" 2>&1 | tail -3 ;;
     bench) python3 "$R/bench/gpu.py" --out "$OUT/gpu.json" ${GPU_BENCH_ARGS:-} 2>&1 | tee "$OUT/gpu_bench.log" ;;
     cpu) (cd "$R/bench" && python3 large_n.py 1000000 none && python3 large_n.py 1000000 &&

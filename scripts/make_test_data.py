@@ -7,7 +7,7 @@ Usage (from the repository root, with the shared data folder beside the reposito
 The test suite ships the permissively licensed real files it needs (see
 ``tests/data/README.md`` for sources and licences): small files whole, and for two large
 ones only the rows that ``tests/conftest.py`` uses (``conftest.subsample_rows``), with a
-``rows`` key holding their indices in the source file. ``tests/test_data.py`` checks
+``rows`` key holding their indices in the source file. ``tests/report/test_data.py`` checks
 that the shipped files equal the source whenever the source folder is present.
 """
 

@@ -4,7 +4,7 @@
 # the run (halt_on_error), so a green run means zero reports.
 #
 #   bash scripts/sanitize.sh                 # all C++-facing test files
-#   bash scripts/sanitize.sh tests/test_engine.py -k grad   # a subset (pytest arguments)
+#   bash scripts/sanitize.sh tests/engine/test_engine.py -k grad   # a subset (pytest arguments)
 #
 # KDECAL_SAN_VENV names the environment (default: a fresh temporary one).  Needs gcc or
 # clang with the sanitizer runtimes (Debian: libasan, libubsan; installed with gcc).

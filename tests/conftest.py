@@ -219,7 +219,7 @@ def get_dataset(name: str) -> Dataset:
         return Dataset(name, P, y, P.astype(np.float32))
     fname, prefix, kind, _ = REAL[name]
     if find_real_file(fname) is None and fname in SHIPPED_SUBSETS:
-        # the shipped rows are exactly the ones kept below (tests/test_data.py checks it)
+        # the shipped rows are exactly the ones kept below (tests/report/test_data.py checks it)
         subset, prefix = SHIPPED_SUBSETS[fname]
         P64, P32, y = load_real_file(subset, prefix, kind)
     else:
@@ -353,7 +353,7 @@ def plugin_estimator(monkeypatch):
     the plug-in ratio ``sum w y / sum w``: they keep calling ``kdecal.ece_kde(...)``
     etc. as before, and a test that passes ``estimator=`` itself keeps it. The
     residual-centred default is checked against its own brute force in
-    ``tests/test_residual.py``.
+    ``tests/estimators/test_residual.py``.
     """
     import kdecal
     import kdecal._compare

@@ -339,7 +339,7 @@ def smooth_ece(
     -----
     **Which smECE.**  kdecal computes the published definition exactly, up to
     floating-point rounding (checked against a materialised float64 evaluation of the
-    definition with adaptive quadrature to 1e-9 in ``tests/test_smooth.py``; measured
+    definition with adaptive quadrature to 1e-9 in ``tests/notions/test_smooth.py``; measured
     agreement ~1e-16).  The smoothed residual ``g(t)`` is evaluated exactly: for
     ``sigma >= 0.01`` through the cosine series of the reflected kernel (Poisson
     summation of the images),

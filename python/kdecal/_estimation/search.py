@@ -289,7 +289,7 @@ def search_bandwidths(
     The result is therefore the best of the local minima (over the grid) of the exact
     leave-one-out risk on all n rows that the modes lead to, up to neighbours that a
     random subset of the rows already shows worse by 4 standard errors (the chance that
-    all rows reverse such a difference is about 3e-5) and modes shown worse by 2. On the real files of ``tests/test_trust.py`` and of
+    all rows reverse such a difference is about 3e-5) and modes shown worse by 2. On the real files of ``tests/estimators/test_trust.py`` and of
     ``bench/search_real.py`` it is the exhaustive search's argmin. The rows doubling means
     that the final local search usually starts one step or less from its end, which
     matters where the risk curve is flat (the top-label and class-wise curves of real

@@ -1,4 +1,4 @@
-"""Published numbers that tests/test_scores.py and tests/test_gaussian_posteriors.py do not
+"""Published numbers that tests/scores/test_scores.py and tests/notions/test_gaussian_posteriors.py do not
 already pin down (the full tables are in bench/reproduce_papers.py and bench/README.md).
 
 - Ferrer & Ramos (TMLR 2025) Table 2: the ECEmc / ECE columns, and the SST2 GPT2-0sh and
@@ -34,7 +34,7 @@ def _binary_ece(P, y):
 
 
 # Ferrer & Ramos 2025 Table 2 (printed): C01, Cab, Cimb, NCE, RCL, ECEmc, ECE; None = not checked here
-# (rows already covered by tests/test_scores.py contribute their ECE columns only)
+# (rows already covered by tests/scores/test_scores.py contribute their ECE columns only)
 TABLE2 = {
     "sst2_gpt2_zeroshot.npz": {
         "raw": (0.828, 0.818, 1.000, 0.917, 46.0, 20.0, 27.3),

@@ -15,7 +15,7 @@ import pytest
 
 import kdecal
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "debias_rates.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "debias_rates.py"
 
 
 @pytest.mark.slow

@@ -240,7 +240,7 @@ def test_real_logits_stay_logits():
     assert resolve_input(Z, "auto")[0] == "logits"
     assert resolve_input(L / 300, "auto")[0] == "logits"  # all within 0.05 of 0
     assert resolve_input(L[:, 0], "auto")[0] == "logits"
-    data = os.path.join(os.path.dirname(__file__), "data")
+    data = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data")
     seen = 0
     for name in sorted(os.listdir(data)):
         if name.endswith(".npz"):

@@ -259,14 +259,14 @@ def test_pair_sums_on_every_simd_path():
     """D matches the exact brute force, and S, Q, T do not depend on pairs, on every
     SIMD path this CPU has (the paths are compiled separately)."""
     code = (
-        "import numpy as np, sys; sys.path.insert(0, 'tests');"
+        "import numpy as np, sys; sys.path[:0] = ['tests', 'tests/engine'];"
         "import test_numerics as t; from kdecal import _core;"
         "t.test_pair_sums_match_exact_brute_force('cpp');"
         "t.test_pairs_leave_the_power_sums_bit_identical('cpp', np.float64);"
         "t.test_pairs_leave_the_power_sums_bit_identical('cpp', np.float32);"
         "print(_core.simd_path())"
     )
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     seen = set()
     for isa in ("avx512", "avx2", "baseline"):
         env = dict(os.environ, KDECAL_ISA=isa, KDECAL_PROGRESS="0")

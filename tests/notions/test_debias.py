@@ -26,10 +26,6 @@ import importlib
 import numpy as np
 import pytest
 from scipy.special import xlogy
-
-import _reference as ref
-from _helpers import SCALAR_ATOL, assert_scalar, bw_id
-from conftest import dataset_or_skip as _get
 from test_notions import (
     BANDWIDTHS,
     BW_IDS,
@@ -43,6 +39,10 @@ from test_notions import (
     formulas,
     get_data,
 )
+
+import _reference as ref
+from _helpers import SCALAR_ATOL, assert_scalar, bw_id
+from conftest import dataset_or_skip as _get
 
 # the papers' plug-in estimators against the plug-in brute force of _reference.py
 pytestmark = pytest.mark.usefixtures("plugin_estimator")

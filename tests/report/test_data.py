@@ -85,12 +85,12 @@ def _run_pytest(env_extra: dict[str, str], *args: str) -> subprocess.CompletedPr
     env = {**os.environ, "KDECAL_REAL_DATA": str(TEST_DATA_DIR / "no-such-folder"), **env_extra}
     env.pop("PYTEST_ADDOPTS", None)
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-ra", *args]
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root, check=False)
 
 
 def test_missing_real_data_skips_with_a_reason_or_fails_when_required():
-    target = "tests/test_reference.py::TestSoftmax::test_real_logits"
+    target = "tests/estimators/test_reference.py::TestSoftmax::test_real_logits"
     out = _run_pytest({"KDECAL_REQUIRE_REAL_DATA": "0"}, target)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "1 passed, 1 skipped" in out.stdout, out.stdout
