@@ -25,6 +25,7 @@ from ._calibration_estimate import (
     centred_interval,
 )
 from ._engine import backends as _backends
+from ._engine.backends import Backend
 from ._estimation import problem as _problem
 from ._estimation import regression as _regression
 from ._estimation import replicates as _replicates
@@ -151,7 +152,7 @@ def compare(
     n_resamples: int = 200,
     level: float = 0.95,
     seed: int | None = 0,
-    backend: str = "auto",
+    backend: Backend = "auto",
     estimator: str = "residual",
 ) -> Comparison:
     """Compare several models' calibration on the same labels, with paired intervals.

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import time
 import warnings
+from typing import cast
 
 import numpy as np
 
 from . import binned, scores
 from ._calibration_estimate import CalibrationEstimate, ResamplingError
+from ._engine.backends import Backend
 from ._estimation import problem as _problem
 from ._estimation.replicates import check_resamples
 from ._report import CalibrationReport
@@ -125,7 +127,7 @@ def evaluate(
     bandwidth: float | str = "auto",
     calibration: str = "canonical",
     debias: str = "ustat",
-    backend: str = "auto",
+    backend: Backend = "auto",
     progress: bool | None = None,
     source: str | None = None,
     notions: tuple[str, ...] | list[str] | None = EVALUATE_NOTIONS,
@@ -226,7 +228,7 @@ def evaluate(
                 calibration=name,
                 debias=debias,
                 estimator=estimator,
-                backend=main.backend,
+                backend=cast(Backend, main.backend),
                 progress=progress,
             )
         )

@@ -24,7 +24,7 @@ from typing import Any
 import scipy.special
 from array_api_compat import array_namespace, device, is_numpy_namespace, is_torch_namespace
 
-from ._validation import PROB_EPS
+from .tolerances import PROB_EPS
 
 Array = Any  # a NumPy array or a torch tensor
 

@@ -53,7 +53,6 @@ import numpy as np
 from ._estimation.quantities import power_scale
 from ._validation import (
     MAX_BINS_FLOOR,
-    ROW_SUM_ATOL,
     as_array,
     check_choice,
     check_class_index,
@@ -63,6 +62,7 @@ from ._validation import (
     check_p,
     check_probs,
 )
+from .tolerances import ROW_SUM_ATOL
 
 __all__ = ["BinStats", "bin_index", "binned_statistics", "ece", "simplex_ece"]
 

@@ -46,8 +46,9 @@ import numpy as np
 
 from ._compare import compare
 from ._io import bundled_example_path, load_predictions
-from ._validation import ROW_SUM_ATOL, check_probs
+from ._validation import check_probs
 from .plot import evaluation_page, require_matplotlib
+from .tolerances import ROW_SUM_ATOL
 
 __all__ = ["main"]
 

@@ -65,10 +65,9 @@ from scipy.special import gammaln, xlogy
 from . import _formulas, _validation
 from . import binned as _binned
 from ._calibration_estimate import CalibrationEstimate
-from ._engine.backends import resolve_backend
+from ._engine.backends import Backend, resolve_backend
 from ._estimation import regression as _regression
 from ._validation import (
-    PROB_EPS,
     Probs,
     as_array,
     check_bandwidth,
@@ -81,6 +80,7 @@ from ._validation import (
 )
 from .kde import _resolve_bandwidth as resolve
 from .kde import estimate
+from .tolerances import PROB_EPS
 
 __all__ = [
     "BayesRiskCurve",
@@ -125,7 +125,7 @@ def _resolve_bandwidth(*args: Any) -> float:
 
 
 def _kernel_estimate(
-    probs: object, labels: object, calibration: str, bandwidth: object, backend: str
+    probs: object, labels: object, calibration: str, bandwidth: object, backend: Backend
 ) -> Any:
     """:func:`kdecal.estimate` without debiasing, the bandwidth of the Brier risk.
 
@@ -466,7 +466,7 @@ class ReliabilityDiagram:
         n_bins: int = 15,
         bandwidth: float | str = "auto",
         n_grid: int = 200,
-        backend: str = "auto",
+        backend: Backend = "auto",
     ) -> ReliabilityDiagram:
         """Compute a reliability diagram, ``E[y | f]`` against the confidence.
 
@@ -1026,7 +1026,7 @@ class SimplexDensity:
         bandwidth: float | str = "auto",
         n_bins_per_side: int | None = None,
         resolution: int = 150,
-        backend: str = "auto",
+        backend: Backend = "auto",
     ) -> SimplexDensity:
         """Compute the simplex-binned histogram and the Dirichlet KDE, for K = 3.
 

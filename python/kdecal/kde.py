@@ -31,6 +31,7 @@ import numpy as np
 
 from ._calibration_estimate import CalibrationEstimate, CalibrationTestResult
 from ._engine import backends as _backends
+from ._engine.backends import Backend
 from ._estimation import problem as _problem
 from ._estimation import quantities as _quantities
 from ._estimation import regression as _regression
@@ -253,7 +254,7 @@ def estimate(
     debias: str = "ustat",
     criterion: str = "auto",
     estimator: str = "residual",
-    backend: str = "auto",
+    backend: Backend = "auto",
     progress: bool | None = None,
 ) -> CalibrationEstimate:
     """Compute the leave-one-out kernel estimate once; derive every quantity from it.
@@ -379,7 +380,7 @@ def calibration_test(
     debias: str = "ustat",
     seed: int | np.random.Generator | None = None,
     estimator: str = "residual",
-    backend: str = "auto",
+    backend: Backend = "auto",
 ) -> CalibrationTestResult:
     """Test the null hypothesis that the model is calibrated, by consistency resampling.
 
@@ -437,7 +438,7 @@ def calibration_test(
 
 
 def conditional_expectation(
-    probs: object, labels: object, *, bandwidth: float | str, backend: str = "auto"
+    probs: object, labels: object, *, bandwidth: float | str, backend: Backend = "auto"
 ) -> np.ndarray:
     """Leave-one-out Nadaraya-Watson estimate of ``E[y | f(x_j)]`` (Dirichlet kernel).
 
@@ -493,7 +494,7 @@ def ece_kde(
     calibration: str = "canonical",
     debias: str = "ustat",
     estimator: str = "residual",
-    backend: str = "auto",
+    backend: Backend = "auto",
 ) -> float:
     """L_p calibration error ECE^KDE (Popordanoska et al. 2022).
 
@@ -548,7 +549,7 @@ def calibration_error(
     estimator: str = "residual",
     calibration: str = "canonical",
     debias: str = "ustat",
-    backend: str = "auto",
+    backend: Backend = "auto",
 ) -> float:
     """Proper calibration error CE_F for a Bregman generator F (Popordanoska et al. 2024).
 
@@ -646,7 +647,7 @@ def refinement(
     calibration: str = "canonical",
     debias: str = "ustat",
     estimator: str = "residual",
-    backend: str = "auto",
+    backend: Backend = "auto",
 ) -> float:
     """Refinement ``REF_F = -mean_j F(E_j)`` (Popordanoska et al. 2024, Eq. 15).
 
@@ -681,7 +682,7 @@ def sharpness(
     calibration: str = "canonical",
     debias: str = "ustat",
     estimator: str = "residual",
-    backend: str = "auto",
+    backend: Backend = "auto",
 ) -> float:
     """Sharpness ``SHARP_F = mean_j F(E_j) - F(pi)`` (Popordanoska et al. 2024, Eq. 4-5).
 
@@ -706,7 +707,9 @@ def sharpness(
     return _quantities.sharpness(est, div.generator)
 
 
-def loo_log_likelihood(probs: object, bandwidths: object, *, backend: str = "auto") -> np.ndarray:
+def loo_log_likelihood(
+    probs: object, bandwidths: object, *, backend: Backend = "auto"
+) -> np.ndarray:
     """Mean leave-one-out log density of the Dirichlet KDE at each bandwidth.
 
     ``mean_j log( 1/(n-1) sum_{i != j} Dir(f_j; f_i / h + 1) )``; the Dirichlet density
@@ -745,7 +748,7 @@ def select_bandwidth(
     calibration: str = "canonical",
     criterion: str | None = None,
     grid: object = None,
-    backend: str = "auto",
+    backend: Backend = "auto",
     progress: bool | None = None,
 ) -> float:
     """Choose the bandwidth: the one place the automatic bandwidth is decided.

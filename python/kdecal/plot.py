@@ -45,6 +45,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import curves as _curves
+from ._engine.backends import Backend
 from ._evaluate import evaluate
 from ._validation import check_int
 
@@ -268,7 +269,7 @@ def reliability_diagram(
     n_bins: int = 15,
     bandwidth: float | str = "auto",
     n_grid: int = 200,
-    backend: str = "auto",
+    backend: Backend = "auto",
     title: str | None = None,
     ax: Any = None,
     draw: bool = True,
@@ -610,7 +611,7 @@ def simplex_density(
     n_bins_per_side: int | None = None,
     resolution: int = 150,
     class_names: Sequence[str] | None = None,
-    backend: str = "auto",
+    backend: Backend = "auto",
     max_points: int = 3000,
     ax: Any = None,
     draw: bool = True,
@@ -1022,7 +1023,7 @@ def evaluation_page(
     *,
     report: Any = None,
     bandwidth: float | str = "auto",
-    backend: str = "auto",
+    backend: Backend = "auto",
     title: str | None = None,
 ) -> Any:
     """One-page summary: reliability diagrams, calibration-sharpness diagram, metrics.

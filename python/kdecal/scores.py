@@ -58,7 +58,6 @@ from scipy.special import xlogy
 
 from . import recalibration
 from ._validation import (
-    ROW_SUM_ATOL,
     LogProbs,
     _numeric_array,
     check_choice,
@@ -68,6 +67,7 @@ from ._validation import (
     log_probs,
 )
 from .resampling import BootstrapCI, _check_bool, _cv_folds, bootstrap_ci, cv_folds
+from .tolerances import ROW_SUM_ATOL
 
 __all__ = [
     "BootstrapCI",

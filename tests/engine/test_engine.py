@@ -17,7 +17,7 @@ import pytest
 from scipy.special import gammaln
 
 import kdecal
-from kdecal._engine import runtime as _runtime
+from kdecal._engine import engines as _engines
 
 
 def _problem(n, K, C, hs, seed=0, dtype=np.float64):
@@ -50,7 +50,7 @@ def _brute(P, labels, C, scale, bias):
 
 
 def _run(backend, *args):
-    return _runtime.dense_reduce(backend)(*args)
+    return _engines.engine(backend).loo_reduce(*args)
 
 
 @pytest.mark.parametrize("backend", ["cpp", "numba"])
@@ -143,7 +143,7 @@ def test_chunk_edges_ties_and_empty_classes_agree_with_numba(n, K, C, ties, empt
     bias = np.stack([-gammaln(P / h + 1).sum(axis=1) for h in hs])
     args = (np.log(P), P, labels, C, 1.0 / hs, bias, 3, n // 4, n)
     a = core.loo_reduce(*args, pairs=True)
-    b = _runtime.dense_reduce("numba")(*args, pairs=True)
+    b = _engines.engine("numba").loo_reduce(*args, pairs=True)
     np.testing.assert_allclose(a[0], b[0], rtol=1e-12)
     S = a[1]
     assert np.array_equal(S > 0, b[1] > 0)  # the same classes have terms in each row

@@ -26,6 +26,7 @@ from scipy.special import gammaln
 
 import kdecal
 from kdecal import _debias
+from kdecal._engine import engines as _engines
 from kdecal._engine import runtime as _runtime
 from kdecal._estimation import problem as _problem
 from kdecal._estimation import quantities as _quantities
@@ -202,7 +203,7 @@ def test_pair_sums_match_exact_brute_force(backend):
     matches D_c / (S0^2 - Q0) of the brute force (both debias implementations)."""
     logq, p, labels, C, scale, bias = _dominated_problem()
     n = len(labels)
-    _, S, Q, T, D = _runtime.dense_reduce(backend)(
+    _, S, Q, T, D = _engines.engine(backend).loo_reduce(
         logq, p, labels, C, scale, bias, 3, 0, n, pairs=True
     )
     D, S, Q, T = D[0], S[0], Q[0], T[0]
@@ -240,7 +241,7 @@ def test_pairs_leave_the_power_sums_bit_identical(backend, dtype):
     bias = np.stack([-gammaln(P / h + 1.0).sum(axis=1) for h in hs])
     labels = rng.integers(0, C, size=n).astype(np.int64)
     args = (np.log(P).astype(dtype), P.astype(dtype), labels, C, 1.0 / hs, bias)
-    run = _runtime.dense_reduce(backend)
+    run = _engines.engine(backend).loo_reduce
     for powers in (2, 3):
         plain = run(*args, powers, 0, n)
         with_d = run(*args, powers, 0, n, pairs=True)

@@ -20,6 +20,7 @@ from scipy.special import gammaln
 
 import kdecal
 from kdecal._engine import backends as _backends
+from kdecal._engine import engines as _engines
 from kdecal._engine import runtime as _runtime
 
 CLAMP = -230.0  # the numba and CUDA engines clamp terms at exp(-230) of their class max
@@ -399,7 +400,7 @@ class _NumbaCore:
     def loo_reduce(self, *args, progress=None, pairs=False, resid=None):
         args, _n_threads = args[:9], args[9]
         kw = {} if resid is None else {"resid": resid}
-        return _runtime.dense_reduce("numba")(*args, pairs=pairs, **kw)
+        return _engines.engine("numba").loo_reduce(*args, pairs=pairs, **kw)
 
     def loo_reduce_multi(self, *args, progress=None, resid=None):
         from kdecal._engine import numba as _numba

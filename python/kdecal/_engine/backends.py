@@ -16,16 +16,23 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from typing import Any
+from typing import Any, Literal, cast
 
 import numpy as np
 
 from ..warnings import BackendFallbackWarning
 from . import binary as _binary
+from . import cpp as _cpp
 from . import dask as _dask
+from . import engines as _engines
 from . import runtime as _runtime
 
 BACKENDS = ("cpp", "numba", "cuda")
+
+#: The ``backend`` argument of the public functions: "auto" (the GPU engine for CUDA
+#: arrays, else the compiled core, else numba), an engine, or "dask" (row blocks of the
+#: compiled core on a Dask cluster).
+Backend = Literal["auto", "cpp", "numba", "cuda", "dask"]
 
 _warned = False
 
@@ -49,7 +56,7 @@ def available_backends() -> list[str]:
     return out
 
 
-def resolve_backend(backend: object, *data: object) -> str:
+def resolve_backend(backend: object, *data: object) -> Backend:
     """Turn ``"auto"`` into a concrete backend and check that it is available.
 
     ``"auto"`` picks ``"cuda"`` when one of ``data`` (the caller's arrays, as given) is
@@ -112,7 +119,7 @@ def resolve_backend(backend: object, *data: object) -> str:
     elif backend == "numba" and _runtime.load_numba() is None:
         why = f"{_runtime.numba_missing()}: {_runtime.NUMBA_INSTALL}"
     else:
-        return str(backend)
+        return cast(Backend, str(backend))
     avail = [
         b
         for b, ok in (("cpp", _runtime._core is not None), ("numba", _runtime.load_numba()))
@@ -238,7 +245,7 @@ def loo_reduce(
             u=None if resid is None else (resid if batched else resid[None]),
         )
         return out if batched else tuple(x[0] if x.size else x for x in out)
-    return _runtime.dense_loo_reduce(
+    return _engines.dense_loo_reduce(
         backend,
         logq,
         p,
@@ -296,10 +303,7 @@ def kernel_weights(
         raise RuntimeError("kernel_weights needs kdecal's compiled core")
     if row_stop <= row_start:
         return np.zeros((0, p.shape[0])), np.arange(p.shape[0], dtype=np.int64)
-    W, order = _runtime._core.kernel_weights(
-        logq, p, m, float(scale), bias, int(row_start), int(row_stop), _runtime._num_threads, None
-    )
-    return W, order
+    return _cpp.kernel_weights(logq, p, m, scale, bias, row_start, row_stop)
 
 
 def _use_binary_engine(backend: str, p: Any, powers: int) -> bool:
@@ -369,26 +373,14 @@ def loo_grad(
     n = p.shape[-2]
     n_problems = p.shape[0] if len(p.shape) == 3 else 1
     work = 2.0 * n * n * n_problems  # two passes over the pairs
-    if backend == "cuda":
-        with _runtime.progress_bar(
-            _runtime.show_progress(work, progress), 2 * n * n_problems, "kdecal LOO backward"
-        ) as cb:
-            g = _runtime.load_cuda().loo_grad(
-                logq, p, labels, n_classes, scale, bias, lse, coef, cb, device_out=True
-            )
-            return g[0], g[1], g[2], g[3]
-    if _runtime._core is None:
-        raise RuntimeError(
-            f"the backward pass needs kdecal's compiled core, which could not be imported "
-            f"({_runtime._core_error})"
-        )
-    with _runtime.progress_bar(
-        _runtime.show_progress(work, progress), 2 * n * n_problems, "kdecal LOO backward"
-    ) as cb:
-        out = _runtime._core.loo_grad(
-            logq, p, labels, n_classes, scale, bias, lse, coef, _runtime._num_threads, progress=cb
-        )
-    return out
+    # the GPU engine keeps its gradients on the device; every other backend runs the
+    # compiled core's (the numba engine has no backward pass)
+    kw = {"device_out": True} if backend == "cuda" else {}
+    grad = _engines.engine("cuda" if backend == "cuda" else "cpp").loo_grad
+    show = _runtime.show_progress(work, progress)
+    with _runtime.progress_bar(show, 2 * n * n_problems, "kdecal LOO backward") as cb:
+        g = grad(logq, p, labels, n_classes, scale, bias, lse, coef, progress=cb, **kw)
+    return g[0], g[1], g[2], g[3]
 
 
 def _check_multi_array(
@@ -587,26 +579,11 @@ def loo_reduce_multi(
     if be == "dask":  # row blocks on the workers
         _check_multi_values(m, labels, n_classes, weights, row_start, row_stop)
         return _dask.loo_reduce_multi(*args, row_start, row_stop, show=show, resid=resid)
-    if be == "cpp":
-        if resid is not None:  # (through Any: the stub may not list resid yet)
-            core_multi: Any = _runtime._core.loo_reduce_multi
-            with _runtime.progress_bar(show, R, "kdecal LOO resampling") as cb:
-                out = core_multi(
-                    *args, row_start, row_stop, _runtime._num_threads, progress=cb, **kw
-                )
-            return tuple(out)
-        with _runtime.progress_bar(show, R, "kdecal LOO resampling") as cb:
-            S, Q = _runtime._core.loo_reduce_multi(
-                *args, row_start, row_stop, _runtime._num_threads, progress=cb
-            )
-        return S, Q
-    _check_multi_values(m, labels, n_classes, weights, row_start, row_stop)
-    if be == "cuda":
-        with _runtime.progress_bar(show, R, "kdecal LOO resampling") as cb:
-            res = _runtime.load_cuda().loo_reduce_multi(
-                *args, row_start, row_stop, progress=cb, **kw
-            )
-        return tuple(res)
+    if be != "cpp":  # (the compiled core checks them itself)
+        _check_multi_values(m, labels, n_classes, weights, row_start, row_stop)
+    run = _engines.engine(be).loo_reduce_multi
+    with _runtime.progress_bar(show, R, "kdecal LOO resampling") as cb:
+        return tuple(run(*args, row_start, row_stop, progress=cb, **kw))
     mod = _runtime.require_numba()
     with (
         mod.num_threads(_runtime._num_threads),

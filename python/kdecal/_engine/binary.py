@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from .. import _formulas as _f
+from . import engines as _engines
 from . import runtime as _runtime
 
 METHODS = ("auto", "binned", "window", "exact")
@@ -195,7 +196,7 @@ def loo_reduce_k2(
     n = p.shape[-2]
     r0, r1 = (0, n) if rows is None else (int(rows[0]), int(rows[1]))
     if method == "exact":  # the dense loop itself (not loo_reduce, which comes back here)
-        return _runtime.dense_loo_reduce(
+        return _engines.dense_loo_reduce(
             "cpp",
             logq,
             p,

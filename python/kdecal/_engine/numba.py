@@ -57,7 +57,9 @@ from numba import njit, prange
 from numba.core import types
 from numba.extending import intrinsic
 
-__all__ = ["loo_reduce", "loo_reduce_multi", "num_threads"]
+from . import runtime as _runtime
+
+__all__ = ["loo_grad", "loo_reduce", "loo_reduce_multi", "num_threads"]
 
 _JIT = {"nogil": True, "cache": True, "error_model": "numpy"}
 
@@ -549,7 +551,7 @@ def _chunks(row_start, row_stop, row_cost, n_threads):
     return [(a, min(a + step, row_stop)) for a in range(row_start, row_stop, step)]
 
 
-def loo_reduce(
+def _loo_reduce(
     logq,
     p,
     labels,
@@ -811,7 +813,7 @@ def _multi_kernel(
                     U[b, r] = su
 
 
-def loo_reduce_multi(
+def _loo_reduce_multi(
     logq,
     p,
     m,
@@ -935,3 +937,117 @@ def num_threads(n: int) -> Iterator[None]:
         yield
     finally:
         numba.set_num_threads(old)
+
+
+# ---------------------------------------------------------------------------
+# The engine protocol (kdecal._engine.cpp): on the engine's thread count.
+# ---------------------------------------------------------------------------
+
+
+def loo_reduce(
+    logq,
+    p,
+    labels,
+    n_classes,
+    scale,
+    bias,
+    powers,
+    row_start,
+    row_stop,
+    progress=None,
+    pairs=False,
+    resid=None,
+):
+    """Run :func:`_loo_reduce` on one problem (n, K) or a batch (B, n, K) (the protocol).
+
+    One call per problem of a batch, on the engine's thread count; ``progress`` counts
+    the query rows over the batch.
+    """
+    if pairs and int(powers) < 2:
+        raise ValueError(f"pairs=True needs powers >= 2, got powers = {powers}")
+    with num_threads(_runtime._num_threads):
+        if p.ndim == 2:
+            kw = {} if resid is None else {"resid": resid}
+            args = (logq, p, labels, n_classes, scale, bias, powers, row_start, row_stop)
+            return tuple(_loo_reduce(*args, progress=progress, pairs=pairs, **kw))
+        rows = int(row_stop) - int(row_start)
+        parts = []
+        for b in range(p.shape[0]):
+            cb = None
+            if progress is not None:
+
+                def cb(done, off=b * rows):
+                    progress(off + done)
+
+            kw = {} if resid is None else {"resid": resid[b]}
+            parts.append(
+                _loo_reduce(
+                    logq[b],
+                    p[b],
+                    labels[b],
+                    n_classes,
+                    scale,
+                    bias[b],
+                    powers,
+                    row_start,
+                    row_stop,
+                    progress=cb,
+                    pairs=pairs,
+                    **kw,
+                )
+            )
+        return tuple(
+            np.stack([x[k] for x in parts]) if parts[0][k].shape != (0, 0, 0) else parts[0][k]
+            for k in range(len(parts[0]))
+        )
+
+
+def loo_reduce_multi(
+    logq,
+    p,
+    m,
+    labels,
+    n_classes,
+    scale,
+    bias,
+    weights,
+    powers,
+    row_start,
+    row_stop,
+    progress=None,
+    resid=None,
+):
+    """Run :func:`_loo_reduce_multi` on the engine's thread count (the protocol)."""
+    kw = {} if resid is None else {"resid": resid}
+    with num_threads(_runtime._num_threads):
+        return tuple(
+            _loo_reduce_multi(
+                logq,
+                p,
+                m,
+                labels,
+                n_classes,
+                scale,
+                bias,
+                weights,
+                powers,
+                row_start,
+                row_stop,
+                progress=progress,
+                **kw,
+            )
+        )
+
+
+def loo_grad(*args, **kwargs):
+    """Refuse the backward pass, which the numba engine does not have (the protocol).
+
+    Raises
+    ------
+    RuntimeError
+        Always: the backward pass runs on the compiled core or the GPU.
+    """
+    raise RuntimeError(
+        "the numba engine has no backward pass: kdecal.torch needs the compiled core "
+        "or the GPU engine"
+    )

@@ -3,11 +3,10 @@
 The lowest module of :mod:`kdecal._engine`: the handle of the compiled core
 (``kdecal._core``, or None where it failed to import), the lazy loaders of the numba
 and numba-cuda engines (each imported on first use only), the engine's thread count,
-the thread pool of :func:`map_row_blocks`, the progress bar of long calls, and the
-dense ``loo_reduce`` of a resolved backend (:func:`dense_reduce`), which both the dispatch
-(:mod:`kdecal._engine.backends`) and the fast binary engine
-(:mod:`kdecal._engine.binary`) run.  Mutable state (``_core``, ``_num_threads``) is
-read here, as ``runtime._core``, so that one assignment changes it for every caller.
+the thread pool of :func:`map_row_blocks` and the progress bar of long calls (the
+engine modules themselves are picked by :func:`kdecal._engine.engines.engine`).
+Mutable state (``_core``, ``_num_threads``) is read here, as ``runtime._core``, so that
+one assignment changes it for every caller.
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ _num_threads: int = 0  # 0: library default (all cores)
 
 
 def load_numba() -> Any:
-    """Return :mod:`kdecal._numba` where numba imports, else None (tried once).
+    """Return :mod:`kdecal._engine.numba` where numba imports, else None (tried once).
 
     numba is optional (``pip install "kdecal[numba]"``): it is imported here, on the
     first use of the numba backend, and nowhere else (the GPU engine aside).
@@ -63,7 +62,7 @@ def numba_missing() -> str:
 
 
 def require_numba() -> Any:
-    """Return :mod:`kdecal._numba`; raise ``ImportError`` naming the extra without numba."""
+    """Return :mod:`kdecal._engine.numba`; raise ``ImportError`` naming the extra without numba."""
     mod = load_numba()
     if mod is None:
         raise ImportError(
@@ -73,7 +72,7 @@ def require_numba() -> Any:
 
 
 def load_cuda() -> Any:
-    """Return :mod:`kdecal._cuda` when a CUDA device (or the simulator) is usable, else None.
+    """Return :mod:`kdecal._engine.cuda` when a CUDA device (or the simulator) is usable, else None.
 
     Probed once: importing numba's CUDA target and asking the driver for a device.
     """
@@ -192,99 +191,6 @@ def map_row_blocks(f: Callable[[np.ndarray], np.ndarray], a: np.ndarray) -> np.n
     return np.concatenate(list(_thread_pool(nt).map(f, blocks)), axis=-1)
 
 
-def dense_reduce(backend: str) -> Callable[..., tuple[np.ndarray, ...]]:
-    """Return the engine's ``loo_reduce`` of a resolved backend.
-
-    The returned function takes ``(logq, p, labels, n_classes, scale, bias, powers,
-    row_start, row_stop)``, an optional ``progress`` callback, called with the number
-    of query rows done so far, counted over the batch (``B (row_stop - row_start)`` in
-    all), ``pairs`` (append the pair sums ``D``) and ``resid`` (per-centre residuals
-    ``u``, shape (n,) or (B, n): append the residual sums ``A`` and ``U``).  Either
-    backend stops on Ctrl-C (``KeyboardInterrupt``) within about a second.
-    """
-    if backend == "cuda":
-        cu = load_cuda()
-
-        def run_cuda(
-            *args: Any,
-            progress: Callable[[int], object] | None = None,
-            pairs: bool = False,
-            resid: Any = None,
-        ) -> tuple[np.ndarray, ...]:
-            kw = {} if resid is None else {"resid": resid}
-            return tuple(cu.loo_reduce(*args, progress=progress, pairs=pairs, **kw))
-
-        return run_cuda
-    if backend == "cpp":
-        nt = _num_threads
-
-        def run(
-            *args: Any,
-            progress: Callable[[int], object] | None = None,
-            pairs: bool = False,
-            resid: np.ndarray | None = None,
-        ) -> tuple[np.ndarray, ...]:
-            # one engine call: the core polls for Ctrl-C and reports progress itself
-            # (star-arguments cannot select one of the stub's dtype overloads)
-            if resid is None:
-                return _core.loo_reduce(  # type: ignore[call-overload]
-                    *args, nt, progress=progress, pairs=pairs
-                )
-            core_reduce: Any = _core.loo_reduce
-            return tuple(core_reduce(*args, nt, progress=progress, pairs=pairs, resid=resid))
-
-        return run
-    if backend != "numba":  # (an unresolved "auto" must not run on numba unnoticed)
-        raise ValueError(f"dense_reduce needs a resolved backend, got {backend!r}")
-    mod = require_numba()
-
-    def run_numba(
-        *args: Any,
-        progress: Callable[[int], object] | None = None,
-        pairs: bool = False,
-        resid: np.ndarray | None = None,
-    ) -> tuple[np.ndarray, ...]:
-        with mod.num_threads(_num_threads):
-            logq, p, labels, n_classes, scale, bias = args[:6]
-            if pairs and int(args[6]) < 2:
-                raise ValueError(f"pairs=True needs powers >= 2, got powers = {args[6]}")
-            kw = {} if resid is None else {"resid": resid}
-            if p.ndim == 2:
-                return tuple(mod.loo_reduce(*args, progress=progress, pairs=pairs, **kw))
-            # a batch of independent problems: one numba call per problem
-            rows = int(args[8]) - int(args[7])
-            parts = []
-            for b in range(p.shape[0]):
-                cb = None
-                if progress is not None:
-
-                    def cb(done: int, off: int = b * rows) -> None:
-                        progress(off + done)
-
-                if resid is not None:
-                    kw = {"resid": resid[b]}
-                parts.append(
-                    mod.loo_reduce(
-                        logq[b],
-                        p[b],
-                        labels[b],
-                        n_classes,
-                        scale,
-                        bias[b],
-                        *args[6:],
-                        progress=cb,
-                        pairs=pairs,
-                        **kw,
-                    )
-                )
-            return tuple(
-                np.stack([x[k] for x in parts]) if parts[0][k].shape != (0, 0, 0) else parts[0][k]
-                for k in range(len(parts[0]))
-            )
-
-    return run_numba
-
-
 # Work above this many kernel evaluations (pairs x bandwidths) gets a progress bar.
 PROGRESS_MIN_WORK = 2e9
 
@@ -318,49 +224,3 @@ def progress_bar(show: bool, total: int, desc: str) -> Iterator[Callable[[int], 
             bar.update(int(done) - bar.n)
 
         yield update
-
-
-def dense_loo_reduce(
-    backend: str,
-    logq: Any,
-    p: Any,
-    labels: Any,
-    n_classes: int,
-    scale: np.ndarray,
-    bias: Any,
-    powers: int,
-    row_start: int,
-    row_stop: int,
-    *,
-    progress: bool | None,
-    pairs: bool = False,
-    resid: Any = None,
-) -> tuple[np.ndarray, ...]:
-    """Run :func:`dense_reduce` of a resolved backend under the progress bar of long calls.
-
-    The dense O(n^2) leave-one-out reduction of query rows ``[row_start, row_stop)`` of
-    one problem (``p`` of shape (n, K)) or a batch (B, n, K); the bar counts query rows
-    over the batch and is shown for long work only when ``progress`` is None.
-    """
-    n = p.shape[-2]
-    n_problems = p.shape[0] if p.ndim == 3 else 1
-    rows = row_stop - row_start
-    work = float(rows) * n * len(scale) * n_problems
-    kw = {} if resid is None else {"resid": resid}
-    with progress_bar(show_progress(work, progress), rows * n_problems, "kdecal LOO kernel") as cb:
-        return tuple(
-            dense_reduce(backend)(
-                logq,
-                p,
-                labels,
-                n_classes,
-                scale,
-                bias,
-                powers,
-                row_start,
-                row_stop,
-                progress=cb,
-                pairs=pairs,
-                **kw,
-            )
-        )
