@@ -27,13 +27,13 @@ from ._calibration_estimate import CalibrationEstimate, CalibrationTestResult, C
 from ._compare import Comparison, compare
 from ._engine.backends import available_backends
 from ._engine.runtime import get_num_threads, set_num_threads
+from ._estimation.generators import Bregman
 from ._estimation.quantities import QUANTITIES
+from ._estimation.search import DEFAULT_BANDWIDTH_GRID
 from ._evaluate import evaluate
 from ._report import CalibrationReport
 from ._validation import softmax
 from .kde import (
-    DEFAULT_BANDWIDTH_GRID,
-    Bregman,
     calibration_error,
     calibration_test,
     conditional_expectation,

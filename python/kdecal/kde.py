@@ -50,8 +50,6 @@ from ._validation import (
 from .warnings import KdecalWarning, warn_user
 
 __all__ = [
-    "DEFAULT_BANDWIDTH_GRID",
-    "Bregman",
     "calibration_error",
     "calibration_test",
     "conditional_expectation",
