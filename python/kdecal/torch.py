@@ -50,6 +50,7 @@ from torch.autograd.function import once_differentiable
 from . import _formulas as _f
 from . import kde as _kde
 from ._engine import backends as _backends
+from ._engine import engines as _engines
 from ._engine import runtime as _runtime
 from ._estimation import problem as _problem
 from ._estimation import quantities as _quantities
@@ -150,7 +151,7 @@ def _cuda_forward(ctx: Any, points: torch.Tensor, labels: np.ndarray, h: float) 
     logq = torch.log(p64).to(kdt).contiguous()
     pk = p64.to(kdt).contiguous()
     scale = 1.0 / h
-    cu = _runtime.load_cuda()
+    cu = _engines.load_cuda()
     B, n, D = p64.shape
     # the engine's own bias kernel, -sum_k lgamma(f_k / h + 1), on the device: (B, n)
     bias = _from_device(
@@ -208,10 +209,10 @@ def _check_tensor(probs: object) -> torch.Tensor:
             f"probs is on device {probs.device}; kdecal.torch supports CPU and CUDA tensors "
             "(move it with .cpu())"
         )
-    if probs.is_cuda and _runtime.load_cuda() is None:
+    if probs.is_cuda and _engines.load_cuda() is None:
         raise ValueError(
             f"probs is on device {probs.device}, but kdecal's GPU engine is not usable here: "
-            f"{_runtime._cuda_error}; move the tensor with .cpu()"
+            f"{_engines._cuda_error}; move the tensor with .cpu()"
         )
     if probs.dtype in (torch.float16, torch.bfloat16):
         return probs.to(torch.float32)  # differentiable: the gradient returns in half

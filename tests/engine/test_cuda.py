@@ -20,13 +20,14 @@ from scipy.special import gammaln
 
 import kdecal
 from kdecal._engine import backends as _backends
+from kdecal._engine import engines as _engines
 from kdecal._engine import runtime as _runtime
 
-cu = _runtime.load_cuda()
+cu = _engines.load_cuda()
 core = _runtime._core
 pytestmark = [
     pytest.mark.cuda,
-    pytest.mark.skipif(cu is None, reason=f"no CUDA engine: {_runtime._cuda_error}"),
+    pytest.mark.skipif(cu is None, reason=f"no CUDA engine: {_engines._cuda_error}"),
 ]
 SIM = cu is not None and cu.SIMULATOR
 needs_core = pytest.mark.skipif(core is None, reason="compiled core not available")

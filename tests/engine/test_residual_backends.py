@@ -27,7 +27,7 @@ CLAMP = -230.0  # the numba and CUDA engines clamp terms at exp(-230) of their c
 DROP = -64.0  # loo_reduce_multi drops terms below exp(-64) of the row max
 
 core = _runtime._core
-cu = _runtime.load_cuda()
+cu = _engines.load_cuda()
 needs_numba = pytest.mark.skipif(
     "numba" not in kdecal.available_backends(), reason="numba not installed"
 )
@@ -492,7 +492,7 @@ def test_dask_multi_equals_cpp():
 # -------------------------------------------------------------------------------- cuda
 # on a GPU, or under numba's simulator in a pytest process of its own (the variable must
 # be set before numba is imported): NUMBA_ENABLE_CUDASIM=1 pytest -m cuda
-needs_cuda = pytest.mark.skipif(cu is None, reason=f"no CUDA engine: {_runtime._cuda_error}")
+needs_cuda = pytest.mark.skipif(cu is None, reason=f"no CUDA engine: {_engines._cuda_error}")
 SIM = cu is not None and cu.SIMULATOR
 
 

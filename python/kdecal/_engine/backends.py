@@ -49,9 +49,9 @@ def available_backends() -> list[str]:
     out = []
     if _runtime._core is not None:
         out.append("cpp")
-    if _runtime.load_numba() is not None:
+    if _engines.load_numba() is not None:
         out.append("numba")
-    if _runtime.load_cuda() is not None:
+    if _engines.load_cuda() is not None:
         out.append("cuda")
     return out
 
@@ -81,18 +81,18 @@ def resolve_backend(backend: object, *data: object) -> Backend:
         _dask.check_available()
         return "dask"
     on_device = backend == "auto" and any(_runtime.is_device_array(x) for x in data)
-    if on_device and _runtime.load_cuda() is not None:
+    if on_device and _engines.load_cuda() is not None:
         return "cuda"
     if backend == "cuda":
-        if _runtime.load_cuda() is None:
-            raise ValueError(f"backend 'cuda' is not available here: {_runtime._cuda_error}")
+        if _engines.load_cuda() is None:
+            raise ValueError(f"backend 'cuda' is not available here: {_engines._cuda_error}")
         return "cuda"
     # the CPU engines only: probing for a GPU costs an import of numba's CUDA target;
     # numba itself is imported only where the compiled core is missing or it is asked for
     if backend == "auto":
         if _runtime._core is not None:
             return "cpp"
-        if _runtime.load_numba() is not None:
+        if _engines.load_numba() is not None:
             if not _warned:
                 warnings.warn(
                     f"kdecal's compiled core could not be imported ({_runtime._core_error}); "
@@ -105,8 +105,8 @@ def resolve_backend(backend: object, *data: object) -> Backend:
             return "numba"
         raise ImportError(
             "kdecal has no engine here: its compiled core kdecal._core could not be "
-            f"imported ({_runtime._core_error}) and {_runtime.numba_missing()}. Install numba "
-            f"({_runtime.NUMBA_INSTALL}), or kdecal from a wheel with the compiled core for this "
+            f"imported ({_runtime._core_error}) and {_engines.numba_missing()}. Install numba "
+            f"({_engines.NUMBA_INSTALL}), or kdecal from a wheel with the compiled core for this "
             "platform (or from source, with a C++17 compiler)"
         )
     if backend not in BACKENDS:
@@ -116,13 +116,13 @@ def resolve_backend(backend: object, *data: object) -> Backend:
         )
     if backend == "cpp" and _runtime._core is None:
         why = str(_runtime._core_error)
-    elif backend == "numba" and _runtime.load_numba() is None:
-        why = f"{_runtime.numba_missing()}: {_runtime.NUMBA_INSTALL}"
+    elif backend == "numba" and _engines.load_numba() is None:
+        why = f"{_engines.numba_missing()}: {_engines.NUMBA_INSTALL}"
     else:
         return cast(Backend, str(backend))
     avail = [
         b
-        for b, ok in (("cpp", _runtime._core is not None), ("numba", _runtime.load_numba()))
+        for b, ok in (("cpp", _runtime._core is not None), ("numba", _engines.load_numba()))
         if ok
     ]
     raise ValueError(
@@ -584,10 +584,3 @@ def loo_reduce_multi(
     run = _engines.engine(be).loo_reduce_multi
     with _runtime.progress_bar(show, R, "kdecal LOO resampling") as cb:
         return tuple(run(*args, row_start, row_stop, progress=cb, **kw))
-    mod = _runtime.require_numba()
-    with (
-        mod.num_threads(_runtime._num_threads),
-        _runtime.progress_bar(show, R, "kdecal LOO resampling") as cb,
-    ):
-        res = mod.loo_reduce_multi(*args, row_start, row_stop, progress=cb, **kw)
-    return tuple(res)

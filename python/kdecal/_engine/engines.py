@@ -1,14 +1,17 @@
-"""The engine module of a resolved backend, and the dense reduce under a progress bar.
+"""The engine modules: their loaders, the module of a resolved backend, the dense reduce.
 
-:func:`engine` picks the module that implements the engine protocol (documented in
-:mod:`kdecal._engine.cpp`) for a resolved backend name: the compiled core, the numba
-twin (loaded on first use) or the GPU engine (loaded on first use). The dispatch
+The numba and numba-cuda engines are optional and imported on first use only
+(:func:`load_numba`, :func:`load_cuda`). :func:`engine` picks the module that
+implements the engine protocol (documented in :mod:`kdecal._engine.cpp`) for a
+resolved backend name: the compiled core, the numba twin or the GPU engine. The dispatch
 (:mod:`kdecal._engine.backends`) and the fast binary engine's exact branch
 (:mod:`kdecal._engine.binary`) call the engines through it, never by name.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from types import ModuleType
 from typing import Any
 
@@ -16,6 +19,71 @@ import numpy as np
 
 from . import cpp as _cpp
 from . import runtime as _runtime
+
+#: How to install the numba backend (an optional extra).
+NUMBA_INSTALL = 'pip install "kdecal[numba]"'
+_numba_mod: Any = None
+_numba_error: BaseException | None = None
+_cuda_mod: Any = None
+_cuda_error: BaseException | str | None = None
+
+
+def load_numba() -> Any:
+    """Return :mod:`kdecal._engine.numba` where numba imports, else None (tried once).
+
+    numba is optional (``pip install "kdecal[numba]"``): it is imported here, on the
+    first use of the numba backend, and nowhere else (the GPU engine aside).
+    """
+    global _numba_mod, _numba_error
+    if _numba_mod is None and _numba_error is None:
+        try:
+            _numba_mod = importlib.import_module("kdecal._engine.numba")
+        except ImportError as exc:
+            _numba_error = exc
+    return _numba_mod
+
+
+def numba_missing() -> str:
+    """Why the numba backend cannot run here (see :data:`NUMBA_INSTALL`)."""
+    if isinstance(_numba_error, ModuleNotFoundError) and _numba_error.name == "numba":
+        return "numba is not installed"
+    return f"numba failed to import ({_numba_error})"
+
+
+def require_numba() -> Any:
+    """Return :mod:`kdecal._engine.numba`; raise ``ImportError`` naming the extra without numba."""
+    mod = load_numba()
+    if mod is None:
+        raise ImportError(
+            f"the numba backend is not available: {numba_missing()}: {NUMBA_INSTALL}"
+        )
+    return mod
+
+
+def load_cuda() -> Any:
+    """Return :mod:`kdecal._engine.cuda` when a CUDA device (or the simulator) is usable, else None.
+
+    Probed once: importing numba's CUDA target and asking the driver for a device.
+    """
+    global _cuda_mod, _cuda_error
+    if _cuda_mod is None and _cuda_error is None:
+        if importlib.util.find_spec("numba") is None:
+            _cuda_error = 'numba is not installed (pip install "kdecal[cuda]")'
+            return None
+        try:
+            mod = importlib.import_module("kdecal._engine.cuda")
+        except Exception as exc:  # noqa: BLE001 - a missing or broken numba-cuda
+            _cuda_error = exc
+            return None
+        if mod.is_available():
+            _cuda_mod = mod
+        else:
+            _cuda_error = (
+                "no CUDA device is usable (an NVIDIA GPU with its driver, and numba-cuda: "
+                'pip install "kdecal[cuda]"; or numba\'s simulator, NUMBA_ENABLE_CUDASIM=1)'
+            )
+    return _cuda_mod
+
 
 #: The resolved backends that have an engine module (Dask distributes their row blocks).
 ENGINES = ("cpp", "numba", "cuda")
@@ -35,11 +103,11 @@ def engine(backend: str) -> ModuleType:
     if backend == "cpp":
         return _cpp
     if backend == "numba":
-        return _runtime.require_numba()
+        return require_numba()
     if backend == "cuda":
-        mod = _runtime.load_cuda()
+        mod = load_cuda()
         if mod is None:
-            raise RuntimeError(f"the GPU engine is not usable here: {_runtime._cuda_error}")
+            raise RuntimeError(f"the GPU engine is not usable here: {_cuda_error}")
         return mod
     raise ValueError(f"engine needs a resolved backend {ENGINES}, got {backend!r}")
 

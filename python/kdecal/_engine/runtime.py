@@ -1,8 +1,7 @@
 """The engine's runtime: the compiled core, the optional engines, threads, progress.
 
 The lowest module of :mod:`kdecal._engine`: the handle of the compiled core
-(``kdecal._core``, or None where it failed to import), the lazy loaders of the numba
-and numba-cuda engines (each imported on first use only), the engine's thread count,
+(``kdecal._core``, or None where it failed to import), the engine's thread count,
 the thread pool of :func:`map_row_blocks` and the progress bar of long calls (the
 engine modules themselves are picked by :func:`kdecal._engine.engines.engine`).
 Mutable state (``_core``, ``_num_threads``) is read here, as ``runtime._core``, so that
@@ -11,14 +10,11 @@ one assignment changes it for every caller.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any
 
 import numpy as np
 
@@ -30,70 +26,7 @@ except ImportError as exc:  # pragma: no cover - exercised by the fallback test
     _core = None  # type: ignore[assignment]
     _core_error = exc
 
-#: How to install the numba backend (an optional extra).
-NUMBA_INSTALL = 'pip install "kdecal[numba]"'
-_numba_mod: Any = None
-_numba_error: BaseException | None = None
-_cuda_mod: Any = None
-_cuda_error: BaseException | str | None = None
 _num_threads: int = 0  # 0: library default (all cores)
-
-
-def load_numba() -> Any:
-    """Return :mod:`kdecal._engine.numba` where numba imports, else None (tried once).
-
-    numba is optional (``pip install "kdecal[numba]"``): it is imported here, on the
-    first use of the numba backend, and nowhere else (the GPU engine aside).
-    """
-    global _numba_mod, _numba_error
-    if _numba_mod is None and _numba_error is None:
-        try:
-            _numba_mod = importlib.import_module("kdecal._engine.numba")
-        except ImportError as exc:
-            _numba_error = exc
-    return _numba_mod
-
-
-def numba_missing() -> str:
-    """Why the numba backend cannot run here (see :data:`NUMBA_INSTALL`)."""
-    if isinstance(_numba_error, ModuleNotFoundError) and _numba_error.name == "numba":
-        return "numba is not installed"
-    return f"numba failed to import ({_numba_error})"
-
-
-def require_numba() -> Any:
-    """Return :mod:`kdecal._engine.numba`; raise ``ImportError`` naming the extra without numba."""
-    mod = load_numba()
-    if mod is None:
-        raise ImportError(
-            f"the numba backend is not available: {numba_missing()}: {NUMBA_INSTALL}"
-        )
-    return mod
-
-
-def load_cuda() -> Any:
-    """Return :mod:`kdecal._engine.cuda` when a CUDA device (or the simulator) is usable, else None.
-
-    Probed once: importing numba's CUDA target and asking the driver for a device.
-    """
-    global _cuda_mod, _cuda_error
-    if _cuda_mod is None and _cuda_error is None:
-        if importlib.util.find_spec("numba") is None:
-            _cuda_error = 'numba is not installed (pip install "kdecal[cuda]")'
-            return None
-        try:
-            mod = importlib.import_module("kdecal._engine.cuda")
-        except Exception as exc:  # noqa: BLE001 - a missing or broken numba-cuda
-            _cuda_error = exc
-            return None
-        if mod.is_available():
-            _cuda_mod = mod
-        else:
-            _cuda_error = (
-                "no CUDA device is usable (an NVIDIA GPU with its driver, and numba-cuda: "
-                'pip install "kdecal[cuda]"; or numba\'s simulator, NUMBA_ENABLE_CUDASIM=1)'
-            )
-    return _cuda_mod
 
 
 def is_device_array(x: object) -> bool:
