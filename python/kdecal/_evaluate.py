@@ -2,7 +2,7 @@
 
 Every kernel quantity of one estimate, the other notions with bootstrap intervals and
 the calibration test, and the context metrics (accuracy, log loss, Brier score, binned
-ECE, calibration loss).
+ECE and its debiased L2 form, smooth ECE, calibration loss).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import cast
 
 import numpy as np
 
-from . import binned, scores
+from . import binned, scores, smooth
 from ._calibration_estimate import CalibrationEstimate, ResamplingError
 from ._engine.backends import Backend
 from ._estimation import problem as _problem
@@ -147,7 +147,9 @@ def evaluate(
     of the squared L2 statistic, and the null mean of each: what a calibrated model would
     score) and a plain-language note where the estimate is dominated by its bias (null
     mean above half the estimate). Beside them: accuracy, log loss, Brier score, the
-    15-bin top-label binned ECE and the calibration loss of Ferrer & Ramos (log loss
+    15-bin top-label binned ECE and its debiased L2 form (Kumar, Liang & Ma, NeurIPS
+    2019), the top-label smooth ECE (Blasiok & Nakkiran, ICLR 2024), so that a reader sees
+    where the estimators agree, and the calibration loss of Ferrer & Ramos (log loss
     minus the log loss after 5-fold cross-validated affine calibration).
 
     Parameters
@@ -272,6 +274,8 @@ def evaluate(
         log_loss=scores._log_loss(log_p, y),
         brier_score=scores._brier_score(log_p, y),
         ece_binned=binned._ece(P, y, n_bins=15),
+        ece_binned_debiased=binned._ece(P, y, n_bins=15, q=2.0, debias=True),
+        smooth_ece=smooth._smooth_ece(binned._problems(P, y, "top_label", None), None),
         backend=main.backend,
         wall_time_s=time.perf_counter() - t0,
         source=source,

@@ -24,6 +24,11 @@ _REFERENCES: dict[str, str] = {
         "AISTATS 2024"
     ),
     "G17": "Guo, Pleiss, Sun & Weinberger, 'On Calibration of Modern Neural Networks', ICML 2017",
+    "BN24": (
+        "Blasiok & Nakkiran, 'Smooth ECE: Principled Reliability Diagrams via Kernel "
+        "Smoothing', ICLR 2024"
+    ),
+    "KLM19": "Kumar, Liang & Ma, 'Verified Uncertainty Calibration', NeurIPS 2019",
     "FR25": (
         "Ferrer & Ramos, 'Evaluating Posterior Probabilities: Decision Theory, Proper "
         "Scoring Rules, and Calibration', TMLR 2025"
@@ -191,6 +196,15 @@ class CalibrationReport:
     bandwidth_kl : float or None
         Bandwidth of the KL quantities (``ce_kl``, ``refinement_kl``, ``sharpness_kl``);
         equal to ``bandwidth`` unless the log risk chose another one.
+    smooth_ece : float or None
+        Top-label smooth ECE (``kdecal.smooth_ece``; Blasiok & Nakkiran, ICLR 2024) at
+        its fixed-point bandwidth, a fraction; beside the kernel estimates so that a
+        reader sees where the estimators agree. None in reports made before it existed.
+    ece_binned_debiased : float or None
+        Debiased binned top-label L2 ECE with 15 equal-width bins
+        (``kdecal.binned.ece(p=2, debias=True)``; Kumar, Liang & Ma, NeurIPS 2019): the
+        signed root of an unbiased estimate of the binned squared error (negative:
+        indistinguishable from 0). None in reports made before it existed.
     calibration_loss : float or None
         Calibration loss of [4]: the log loss minus the log loss after affine
         calibration trained by 5-fold cross-validation on the same data, in nats
@@ -259,6 +273,8 @@ class CalibrationReport:
     notes: list[str] = field(default_factory=list)
     estimator: str = "plugin"
     bandwidth_l2: float | None = None
+    smooth_ece: float | None = None
+    ece_binned_debiased: float | None = None
     estimates: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -301,18 +317,28 @@ class CalibrationReport:
             (name, _format_value(getattr(self, name)), desc.format(calibration=notion))
             for name, desc in _METRICS
         ]
-        w_name = max(len("metric"), len("calibration_loss"), *(len(r[0]) for r in rows))
+        w_name = max(len("metric"), len("ece_binned_debiased"), *(len(r[0]) for r in rows))
         w_val = max(len("value"), *(len(r[1]) for r in rows))
         w_desc = max(len("description"), *(len(r[2]) for r in rows))
         lines.append(f"{'metric':<{w_name}}  {'value':>{w_val}}  description")
         lines.append(f"{'-' * w_name}  {'-' * w_val}  {'-' * w_desc}")
         for name, val, desc in rows:
             lines.append(f"{name:<{w_name}}  {val:>{w_val}}  {desc}")
-        if self.calibration_loss is not None:
-            lines.append(
-                f"{'calibration_loss':<{w_name}}  {_format_value(self.calibration_loss):>{w_val}}"
-                "  log loss minus log loss after cross-validated affine calibration [FR25]"
-            )
+        for name, value, desc in (
+            ("smooth_ece", self.smooth_ece, "smooth ECE, top-label, fixed-point bandwidth [BN24]"),
+            (
+                "ece_binned_debiased",
+                self.ece_binned_debiased,
+                "debiased binned top-label L2 ECE, 15 bins (signed root) [KLM19]",
+            ),
+            (
+                "calibration_loss",
+                self.calibration_loss,
+                "log loss minus log loss after cross-validated affine calibration [FR25]",
+            ),
+        ):
+            if value is not None:
+                lines.append(f"{name:<{w_name}}  {_format_value(value):>{w_val}}  {desc}")
         kl_h = (
             "" if self.bandwidth_kl is None else f", KL quantities at h = {self.bandwidth_kl:.6g}"
         )

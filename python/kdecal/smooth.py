@@ -379,11 +379,14 @@ def smooth_ece(
     Smoothing". ICLR 2024 (arXiv:2309.12236): smECE_sigma, the reflected Gaussian kernel,
     monotonicity in sigma and the fixed-point bandwidth.
     """
-    if sigma is not None:
-        s = _check_sigma(sigma)
-    probs_ = _binary_problems(probs, labels, calibration)
+    s = None if sigma is None else _check_sigma(sigma)
+    return _smooth_ece(_binary_problems(probs, labels, calibration), s)
+
+
+def _smooth_ece(problems: list[tuple[np.ndarray, np.ndarray]], sigma: float | None) -> float:
+    """:func:`smooth_ece` of validated binary problems ``(confidences, outcomes)``."""
     vals = []
-    for c, o in probs_:
+    for c, o in problems:
         res = _Residuals(c, o - c)
-        vals.append(_smece_sigma(res, s if sigma is not None else _fixed_point(res)))
+        vals.append(_smece_sigma(res, sigma if sigma is not None else _fixed_point(res)))
     return float(np.mean(vals))

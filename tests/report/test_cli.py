@@ -6,6 +6,7 @@ import csv
 import dataclasses
 import json
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -593,3 +594,24 @@ def test_csv_error_line_numbers_count_blank_lines(tmp_path, capsys):
     f.write_text("p0,p1,label\n\n0.2,0.8,1\n\n0.5,,0\n")
     line = _run_error(capsys, str(f))
     assert "gaps.csv" in line and "line 5" in line
+
+
+def test_report_has_smooth_and_debiased_binned_ece(tmp_path):
+    """The report shows the smooth ECE and the debiased binned ECE beside the kernel
+    estimates (issue 28): the public functions' values on the report's probabilities, in
+    the table, the JSON and the CLI's --json output."""
+    rng = np.random.default_rng(3)
+    P = rng.dirichlet(np.full(4, 0.6), 600)
+    y = np.array([rng.choice(4, p=p) for p in P])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", kdecal.KdecalWarning)
+        report = kdecal.evaluate(P, y, n_resamples=0, calibration_loss=False)
+    Pv = report.estimates["canonical"]._probs
+    assert report.smooth_ece == kdecal.smooth_ece(Pv, y)
+    assert report.ece_binned_debiased == kdecal.binned.ece(Pv, y, p=2, debias=True)
+    assert 0.0 < report.smooth_ece < 1.0
+    text = str(report)
+    assert "smooth_ece" in text and "ece_binned_debiased" in text
+    d = json.loads(json.dumps(report.to_dict()))
+    assert d["smooth_ece"] == report.smooth_ece
+    assert kdecal.CalibrationReport(**d).ece_binned_debiased == report.ece_binned_debiased
