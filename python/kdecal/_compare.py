@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from . import binned, smooth
 from ._calibration_estimate import (
     _check_level,
     _check_quantity,
@@ -30,12 +31,66 @@ from ._estimation import problem as _problem
 from ._estimation import regression as _regression
 from ._estimation import replicates as _replicates
 from ._estimation import search as _search
+from ._estimation.quantities import QUANTITIES
 from ._report import format_pvalue
 from ._validation import check_choice, check_labels, check_probs
 from .kde import _estimate
 from .warnings import KdecalWarning
 
-__all__ = ["Comparison", "compare"]
+__all__ = ["ROW_METRICS", "Comparison", "compare"]
+
+
+def _smooth_top_label(P: np.ndarray, y: np.ndarray) -> float:
+    return smooth._smooth_ece(binned._problems(P, y, "top_label", None), None)
+
+
+#: Metrics of the predictions that :func:`compare` takes beside the kernel quantities
+#: (``kdecal.QUANTITIES``): they have no bandwidth, and are bootstrapped on the same
+#: paired row samples. All top-label: the binned ECE with 15 equal-width bins (Guo et
+#: al., ICML 2017), its debiased L2 form (Kumar, Liang & Ma, NeurIPS 2019; the signed
+#: root), the binned maximum calibration error (Naeini et al., AAAI 2015) and the smooth
+#: ECE at its fixed-point bandwidth (Blasiok & Nakkiran, ICLR 2024; the costliest: a
+#: bandwidth search per replicate).
+ROW_METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
+    "ece_binned": lambda P, y: binned._ece(P, y, 15),
+    "ece_binned_debiased": lambda P, y: binned._ece(P, y, 15, q=2.0, debias=True),
+    "mce_binned": lambda P, y: binned._ece(P, y, 15, q=math.inf),
+    "smooth_ece": _smooth_top_label,
+}
+
+
+def _check_metric(name: object) -> str:
+    if isinstance(name, str) and name in ROW_METRICS:
+        return name
+    if not isinstance(name, str) or name not in QUANTITIES:
+        raise ValueError(
+            f"quantities must be keys of kdecal.QUANTITIES {sorted(QUANTITIES)} or of "
+            f"kdecal.compare's ROW_METRICS {sorted(ROW_METRICS)}, got {name!r}"
+        )
+    return _check_quantity(name, "quantities")
+
+
+def _row_bootstrap(
+    probs: dict[str, np.ndarray], y: np.ndarray, names: list[str], R: int, seed: int | None
+) -> dict[str, dict[str, np.ndarray]]:
+    """Return the row metrics ``names`` of every model on the paired bootstrap samples.
+
+    The samples are those of :func:`bootstrap_distributions` with the same seed (drawn
+    by :func:`kdecal._estimation.replicates.draw_bootstrap_counts`, a chunk at a time).
+    """
+    n = y.shape[0]
+    out = {k: {q: np.empty(R) for q in names} for k in probs}
+    rng = np.random.default_rng(seed)
+    step = _replicates.draw_chunk(n, 2, R)
+    rows = np.arange(n)
+    for r0 in range(0, R, step):
+        counts = _replicates.draw_bootstrap_counts(n, min(step, R - r0), rng)
+        for r, c in enumerate(counts):
+            idx = np.repeat(rows, c)
+            for k, P in probs.items():
+                for q in names:
+                    out[k][q][r0 + r] = ROW_METRICS[q](P[idx], y[idx])
+    return out
 
 
 @dataclass(frozen=True)
@@ -47,7 +102,7 @@ class Comparison:
     names : list of str
         Model names, in input order.
     quantities : list of str
-        Quantities compared (keys of ``kdecal.QUANTITIES``).
+        Quantities compared (keys of ``kdecal.QUANTITIES`` or of :data:`ROW_METRICS`).
     estimates : dict
         ``estimates[model][quantity] = {"value", "low", "high"}`` (bootstrap percentile
         interval at ``level``) plus ``estimates[model]["bandwidth"]`` (the common
@@ -189,7 +244,10 @@ def compare(
     labels : array-like, shape (n,), int
         The true classes, shared by every model.
     quantities : sequence of str, default ("ece_kde_l1", "ce_l2")
-        Keys of ``kdecal.QUANTITIES``.
+        Keys of ``kdecal.QUANTITIES`` (the kernel estimates, in the notion
+        ``calibration``), or of :data:`ROW_METRICS` (top-label metrics without a kernel:
+        "ece_binned", "ece_binned_debiased", "mce_binned", "smooth_ece"), bootstrapped on
+        the same paired row samples; their values do not depend on the bandwidth.
     calibration : {"canonical", "classwise", "top_label"}, default "canonical"
     bandwidth : float, "auto" or "loo-mle", default "auto"
         The common bandwidth, or the rule of the candidates (see above).
@@ -229,7 +287,7 @@ def compare(
         raise ValueError(f"models has duplicate names: {names}")
     check_choice(calibration, "calibration", ("canonical", "classwise", "top_label"))
     check_choice(estimator, "estimator", _regression.ESTIMATORS)
-    qs = [_check_quantity(q, "quantities") for q in quantities]
+    qs = [_check_metric(q) for q in quantities]
     if not qs:
         raise ValueError("quantities is empty")
     level = _check_level(level)
@@ -263,13 +321,29 @@ def compare(
         own_h = {k: h for k in names}
         rule = "fixed"
     ests = at(h)
-    boot_list = bootstrap_distributions(list(ests.values()), qs, R, np.random.default_rng(seed))
+    kernel_qs = [q for q in qs if q not in ROW_METRICS]
+    row_qs = [q for q in qs if q in ROW_METRICS]
+    rows = {k: {q: ROW_METRICS[q](P.p, y) for q in row_qs} for k, P in checked.items()}
+
+    def value_of(k: str, e: Any, q: str) -> float:
+        return rows[k][q] if q in rows[k] else _quiet_value(e, q)
+
+    boot_list = (
+        bootstrap_distributions(list(ests.values()), kernel_qs, R, np.random.default_rng(seed))
+        if kernel_qs
+        else [{} for _ in ests]
+    )
     boot = dict(zip(ests, boot_list))
+    if row_qs:  # the same paired row samples (the same seed), no kernel
+        for k, dist in _row_bootstrap(
+            {k: P.p for k, P in checked.items()}, y, row_qs, R, seed
+        ).items():
+            boot[k].update(dist)
     estimates: dict[str, dict[str, Any]] = {}
     for k, e in ests.items():
         row: dict[str, Any] = {"bandwidth": e.bandwidth, "own_bandwidth": own_h[k]}
         for q in qs:
-            value = _quiet_value(e, q)
+            value = value_of(k, e, q)
             lo, hi = centred_interval(boot[k][q], value, level)
             row[q] = {"value": value, "low": lo, "high": hi}
         estimates[k] = row
@@ -277,7 +351,7 @@ def compare(
     others = sorted({*own_h.values(), h / 2.0, 2.0 * h} - {h})
     values_at = {h: {k: {q: estimates[k][q]["value"] for q in qs} for k in names}}
     for g in others:
-        values_at[g] = {k: {q: _quiet_value(e, q) for q in qs} for k, e in at(float(g)).items()}
+        values_at[g] = {k: {q: value_of(k, e, q) for q in qs} for k, e in at(float(g)).items()}
     diffs = []
     for i, a in enumerate(names):
         for b in names[i + 1 :]:

@@ -44,7 +44,8 @@ from typing import TextIO
 
 import numpy as np
 
-from ._compare import compare
+from ._compare import ROW_METRICS, compare
+from ._estimation.quantities import QUANTITIES
 from ._io import bundled_example_path, load_predictions
 from ._validation import check_probs
 from .plot import evaluation_page, require_matplotlib
@@ -90,6 +91,17 @@ def _nonneg_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
     return value
+
+
+def _metric_list(text: str) -> tuple[str, ...]:
+    names = tuple(t.strip() for t in text.split(",") if t.strip())
+    known = (*QUANTITIES, *ROW_METRICS)
+    bad = [t for t in names if t not in known]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated metrics of {', '.join(known)}, got {text!r}"
+        )
+    return names
 
 
 def _version() -> str:
@@ -252,6 +264,17 @@ def _build_parser() -> argparse.ArgumentParser:
     cp.add_argument(
         "--seed", type=_nonneg_int, default=0, help="seed of the bootstrap (default: 0)"
     )
+    cp.add_argument(
+        "--metrics",
+        type=_metric_list,
+        default=("ece_kde_l1", "ce_l2"),
+        metavar="M[,M...]",
+        help="what to compare, comma-separated: kernel quantities ("
+        + ", ".join(QUANTITIES)
+        + ") and metrics without a kernel (top-label: "
+        + ", ".join(ROW_METRICS)
+        + "); default: ece_kde_l1,ce_l2",
+    )
     cp.add_argument("--json", action="store_true", help="print the comparison as JSON")
     return parser
 
@@ -367,6 +390,7 @@ def _run_compare(args: argparse.Namespace) -> int:
             seed=args.seed,
             backend=args.backend,
             estimator=args.estimator,
+            quantities=args.metrics,
         )
     _emit(json.dumps(result.to_dict(), indent=2, allow_nan=False) if args.json else str(result))
     return 0

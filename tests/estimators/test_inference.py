@@ -518,3 +518,68 @@ def test_intervals_and_tests_share_one_pass(monkeypatch, calibration, estimator)
         assert separate > 0 and calls["w"] * 2 == separate
     else:
         assert calls["w"] == separate
+
+
+# ------------------------------------------------- compare: metrics without a kernel
+
+
+def test_compare_takes_metrics_without_a_kernel():
+    """compare's row metrics (issue 28): values equal the public functions, replicates
+    are the metrics on the same paired row samples as the kernel bootstrap (checked
+    against an independent resampling of the rows), and adding them leaves the kernel
+    quantities' numbers unchanged."""
+    from kdecal._compare import ROW_METRICS
+
+    rng = np.random.default_rng(11)
+    P = rng.dirichlet(np.full(3, 0.8), 400)
+    y = np.array([rng.choice(3, p=p) for p in P])
+    Q = kdecal.datasets.temperature_scale(P, 1.6)
+    models = {"a": P, "b": Q}
+    names = ["ece_kde_l1", *ROW_METRICS]
+    both = _quiet(kdecal.compare, models, y, quantities=names, n_resamples=12, seed=4)
+    kernel = _quiet(kdecal.compare, models, y, quantities=["ece_kde_l1"], n_resamples=12, seed=4)
+    assert both.estimates["a"]["ece_kde_l1"] == kernel.estimates["a"]["ece_kde_l1"]
+    np.testing.assert_array_equal(
+        both.bootstrap["b"]["ece_kde_l1"], kernel.bootstrap["b"]["ece_kde_l1"]
+    )
+    publics = {
+        "ece_binned": lambda p, t: binned.ece(p, t),
+        "ece_binned_debiased": lambda p, t: binned.ece(p, t, p=2, debias=True),
+        "mce_binned": lambda p, t: binned.ece(p, t, p=np.inf),
+        "smooth_ece": kdecal.smooth_ece,
+    }
+    counts = _replicates.draw_bootstrap_counts(len(y), 12, np.random.default_rng(4))
+    for k, probs in models.items():
+        Pv = check_probs(probs).p
+        for q, fn in publics.items():
+            assert both.estimates[k][q]["value"] == pytest.approx(fn(Pv, y), rel=1e-12, abs=1e-15)
+            for r in (0, 7):
+                idx = np.repeat(np.arange(len(y)), counts[r])
+                assert both.bootstrap[k][q][r] == pytest.approx(
+                    fn(Pv[idx], y[idx]), rel=1e-12, abs=1e-15
+                )
+    d = next(x for x in both.differences if x["quantity"] == "smooth_ece")
+    assert d["difference"] == pytest.approx(
+        both.estimates["a"]["smooth_ece"]["value"] - both.estimates["b"]["smooth_ece"]["value"]
+    )
+    assert not d["sensitive"]  # no bandwidth: the same value at every h
+    with pytest.raises(ValueError, match="ROW_METRICS"):
+        kdecal.compare(models, y, quantities=["ece_binned_l3"])
+
+
+def test_cli_compare_metrics(tmp_path, capsys):
+    rng = np.random.default_rng(2)
+    P = rng.dirichlet(np.full(3, 0.8), 300)
+    y = np.array([rng.choice(3, p=p) for p in P])
+    a, b = tmp_path / "a.npz", tmp_path / "b.npz"
+    np.savez(a, probs=P, labels=y)
+    np.savez(b, probs=kdecal.datasets.temperature_scale(P, 1.5), labels=y)
+    args = ["compare", str(a), str(b), "--n-resamples", "10", "--json"]
+    assert main([*args, "--metrics", "ece_binned,ce_l2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["quantities"] == ["ece_binned", "ce_l2"]
+    assert out["estimates"]["a.npz"]["ece_binned"]["value"] == pytest.approx(
+        binned.ece(check_probs(P).p, y), rel=1e-12
+    )
+    assert main([*args, "--metrics", "nope"]) == 2
+    assert "expected comma-separated metrics" in capsys.readouterr().err
