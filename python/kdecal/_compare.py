@@ -65,7 +65,7 @@ def _check_metric(name: object) -> str:
     if not isinstance(name, str) or name not in QUANTITIES:
         raise ValueError(
             f"quantities must be keys of kdecal.QUANTITIES {sorted(QUANTITIES)} or of "
-            f"kdecal.compare's ROW_METRICS {sorted(ROW_METRICS)}, got {name!r}"
+            f"the metrics without a kernel {sorted(ROW_METRICS)}, got {name!r}"
         )
     return _check_quantity(name, "quantities")
 
@@ -247,7 +247,8 @@ def compare(
         Keys of ``kdecal.QUANTITIES`` (the kernel estimates, in the notion
         ``calibration``), or of :data:`ROW_METRICS` (top-label metrics without a kernel:
         "ece_binned", "ece_binned_debiased", "mce_binned", "smooth_ece"), bootstrapped on
-        the same paired row samples; their values do not depend on the bandwidth.
+        row samples paired across the models (with an integer ``seed``, the kernel
+        quantities' samples); their values do not depend on the bandwidth.
     calibration : {"canonical", "classwise", "top_label"}, default "canonical"
     bandwidth : float, "auto" or "loo-mle", default "auto"
         The common bandwidth, or the rule of the candidates (see above).

@@ -563,7 +563,7 @@ def test_compare_takes_metrics_without_a_kernel():
         both.estimates["a"]["smooth_ece"]["value"] - both.estimates["b"]["smooth_ece"]["value"]
     )
     assert not d["sensitive"]  # no bandwidth: the same value at every h
-    with pytest.raises(ValueError, match="ROW_METRICS"):
+    with pytest.raises(ValueError, match="metrics without a kernel"):
         kdecal.compare(models, y, quantities=["ece_binned_l3"])
 
 
