@@ -299,10 +299,6 @@ def kernel_weights(
     ValueError, TypeError
         As :func:`loo_reduce_multi`.
     """
-    if _runtime._core is None or not hasattr(_runtime._core, "kernel_weights"):
-        raise RuntimeError("kernel_weights needs kdecal's compiled core")
-    if row_stop <= row_start:
-        return np.zeros((0, p.shape[0])), np.arange(p.shape[0], dtype=np.int64)
     return _cpp.kernel_weights(logq, p, m, scale, bias, row_start, row_stop)
 
 

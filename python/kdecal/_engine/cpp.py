@@ -129,6 +129,8 @@ def kernel_weights(
     core = _core("kernel_weights")
     if not hasattr(core, "kernel_weights"):
         raise RuntimeError("kernel_weights needs kdecal's compiled core")
+    if row_stop <= row_start:  # (the core reads row_stop = 0 as n)
+        return np.zeros((0, p.shape[0])), np.arange(p.shape[0], dtype=np.int64)
     W, order = core.kernel_weights(
         logq, p, m, float(scale), bias, int(row_start), int(row_stop), _runtime._num_threads, None
     )
