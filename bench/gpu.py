@@ -196,6 +196,45 @@ def variants(results):
     _cuda.FAST_MATH = False
 
 
+#: (query rows per thread, centres per group) of the lean kernel; None: the general kernel
+LEAN_VARIANTS = [None, (1, 4), (1, 8), (2, 4), (2, 8)]
+
+
+def lean_variants(results):
+    """The lean kernel (powers 1) against the general one, and its shapes: time, registers."""
+    h, K = 0.05, 10
+    for n in (100_000, 1_000_000):
+        P, y = _data(n, K)
+        for mode, dt in (("fast", np.float32), ("float64", np.float64)):
+            logq, p, bias = _inputs(P, h, dt)
+            for v in LEAN_VARIANTS:
+                _cuda.LEAN = v is not None
+                if v is not None:
+                    _cuda.LEAN_QUERIES_PER_THREAD, _cuda.LEAN_GROUP = v
+
+                def run(logq=logq, p=p, y=y, K=K, bias=bias):
+                    return _cuda.loo_reduce(
+                        logq, p, y, K, np.array([1 / h]), bias, 1, device_out=True
+                    )
+
+                run()
+                t = _time(run, 3 if n <= 100_000 else 1)
+                if v is None:
+                    kern, _ = _cuda._forward_kernel(K, mode == "fast", 1, False)
+                else:
+                    kern = _cuda._lean_kernel(K, mode == "fast", False, *v)
+                regs = list(kern.get_regs_per_thread().values())
+                row = {"n": n, "mode": mode, "lean": v, "seconds": t, "regs": regs}
+                results["lean_variants"].append(row)
+                print(
+                    f"lean variant n = {n:>8} {mode:>7} {v or 'general'}: {t:.4f} s, "
+                    f"{n * (n - 1) / t:.3g} pairs/s, registers {regs}",
+                    flush=True,
+                )
+    _cuda.LEAN = True
+    _cuda.LEAN_QUERIES_PER_THREAD, _cuda.LEAN_GROUP = 2, 4
+
+
 def materialised(sizes, results):
     """The ECE^KDE paper's PyTorch approach: the n x n log-kernel on the GPU, float32."""
     import torch
@@ -283,7 +322,7 @@ def fast_mode_error(results):
         K = X.shape[1]
         if K > 100 or len(y) > 60_000:
             continue
-        for h in (1e-3, 1e-2, 0.1):
+        for h, powers in [(h, pw) for h in (1e-3, 1e-2, 0.1) for pw in (1, 2)]:
             # fast: float32 inputs; f64r: the float64 engine on the same float32-rounded
             # inputs (the fast mode's arithmetic alone); f64: float64 inputs (the rounding of
             # the inputs too, which the CPU engine's float32 mode shares)
@@ -293,8 +332,9 @@ def fast_mode_error(results):
                 if mode == "f64r":
                     logq = cuda.to_device(logq.copy_to_host().astype(np.float64))
                     p = cuda.to_device(p.copy_to_host().astype(np.float64))
-                outs[mode] = _cuda.loo_reduce(logq, p, y, K, np.array([1 / h]), bias, 2)
-            row = {"file": f.name, "K": K, "n": len(y), "h": h}
+                outs[mode] = _cuda.loo_reduce(logq, p, y, K, np.array([1 / h]), bias, powers)
+            kernel = "lean" if powers == 1 and _cuda.LEAN else "general"
+            row = {"file": f.name, "K": K, "n": len(y), "h": h, "kernel": kernel}
             for ref in ("f64r", "f64"):
                 m32, S32 = outs["fast"][:2]
                 m64, S64 = outs[ref][:2]
@@ -309,7 +349,7 @@ def fast_mode_error(results):
                 )
             results["fast_error"].append(row)
             print(
-                f"fast vs float64 {f.name:<40} h = {h:<6g} same inputs: E {row['E_abs_f64r']:.1e}"
+                f"fast vs float64 {kernel:>7} {f.name:<40} h = {h:<6g} same inputs: E {row['E_abs_f64r']:.1e}"
                 f" abs, sum S {row['S0_rel_f64r']:.1e} rel, m {row['m_rel_f64r']:.1e} rel; "
                 f"float64 inputs: E {row['E_abs_f64']:.1e}, sum S {row['S0_rel_f64']:.1e}",
                 flush=True,
@@ -323,7 +363,7 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=30.0)
     ap.add_argument("--materialised", default="10000,20000,40000")
     ap.add_argument(
-        "--skip", default="", help="comma list of: variants,forward,materialised,other,error"
+        "--skip", default="", help="comma list of: lean,variants,forward,materialised,other,error"
     )
     ap.add_argument("--out", default="")
     a = ap.parse_args()
@@ -341,8 +381,11 @@ def main() -> None:
         "other": [],
         "fast_error": [],
         "variants": [],
+        "lean_variants": [],
     }
     skip = set(a.skip.split(","))
+    if "lean" not in skip:
+        lean_variants(results)
     if "variants" not in skip:
         variants(results)
     if "forward" not in skip:

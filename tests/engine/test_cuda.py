@@ -166,6 +166,78 @@ def test_launches_with_a_short_last_one_and_centre_splits(monkeypatch, splits):
         _close(a, b, 1e-11, f"{name} splits={splits}", np.maximum(fl, 1e-300))
 
 
+LEAN_SHAPES = [(1, 4, 1), (2, 4, 3), (3, 2, 1), (2, 8, 2)]  # rows per thread, group, splits
+
+
+@pytest.mark.parametrize("n,K,C,hs,opts", CASES)
+@pytest.mark.parametrize("qb,ng,splits", LEAN_SHAPES)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_lean_kernel_equals_the_brute_force(monkeypatch, n, K, C, hs, opts, qb, ng, splits, dtype):
+    # powers = 1 without pairs or residuals takes the lean kernel: every class padded to
+    # whole tiles, groups of ng centres, qb query rows per thread (a partial last group of
+    # rows), centre splits merged
+    monkeypatch.setattr(cu, "LEAN_QUERIES_PER_THREAD", qb)
+    monkeypatch.setattr(cu, "LEAN_GROUP", ng)
+    monkeypatch.setattr(cu, "CENTRE_SPLITS", splits)
+    P, y = _points(n, K, seed=n + K, **opts)
+    y = y % C
+    hs = np.array(hs)
+    logq, p, bias = _inputs(P, hs, dtype)
+    r0, r1 = (3, n - 2) if n > 25 else (0, n)
+    out = cu.loo_reduce(logq, p, y, C, 1.0 / hs, bias, 1, r0, r1)
+    assert out[2].shape == (0, 0, 0) and out[3].shape == (0, 0, 0)
+    ref = _brute(logq, p, y, C, 1.0 / hs, bias, r0, r1)
+    if dtype == np.float64:
+        tol = 1e-11 if hs.min() >= 0.01 else 1e-9
+        _close(out[0], ref[0], tol, "m")
+        _close(out[1], ref[1], tol, "S")
+        return
+    # fast mode: the row maximum to float32 rounding of the log-kernel (relative to
+    # max(|m|, 1): m is near 0 at large bandwidths); S relative to the row total (a class
+    # far below the row maximum has a large relative error, no weight)
+    _close(out[0], ref[0], 1e-6, "m", floor=1.0)
+    tot = ref[1].sum(-1, keepdims=True)
+    assert np.max(np.abs(out[1] - ref[1]) / tot) < 1e-5
+    assert np.max(np.abs(out[1] / out[1].sum(-1, keepdims=True) - ref[1] / tot)) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_lean_and_general_kernels_agree(monkeypatch, dtype):
+    # the same sums from both kernels: powers = 1 through the lean one, and through the
+    # general one (LEAN off); several launches, the last one short
+    monkeypatch.setattr(cu, "LAUNCH_PAIRS", 11.0 * 37 * 2)
+    P, y = _points(37, 4, seed=21, ties=True)
+    hs = np.array([0.03, 0.5])
+    logq, p, bias = _inputs(P, hs, dtype)
+    lean = cu.loo_reduce(logq, p, y, 4, 1.0 / hs, bias, 1, 1, 36)
+    monkeypatch.setattr(cu, "LEAN", False)
+    gen = cu.loo_reduce(logq, p, y, 4, 1.0 / hs, bias, 1, 1, 36)
+    tol = 1e-12 if dtype == np.float64 else 1e-5
+    _close(lean[0], gen[0], tol, "m")
+    tot = gen[1].sum(-1, keepdims=True)
+    assert np.max(np.abs(lean[1] - gen[1]) / tot) < tol
+
+
+def test_lean_kernel_with_sorted_centres_and_far_outliers():
+    # centres in increasing order of their log-kernel (every group sets a new maximum)
+    # and an isolated query whose every term is far below its own point's: the running
+    # maximum follows, nothing underflows to a zero row
+    t = np.linspace(0.05, 0.95, 24)
+    P = np.stack([t, 1 - t], axis=1)
+    P[-1] = [1 - 1e-9, 1e-9]  # far from every other point at h = 0.01
+    y = np.arange(24) % 2
+    hs = np.array([0.01, 0.2])
+    for dtype in (np.float64, np.float32):
+        logq, p, bias = _inputs(P, hs, dtype)
+        out = cu.loo_reduce(logq, p, y, 2, 1.0 / hs, bias, 1)
+        ref = _brute(logq, p, y, 2, 1.0 / hs, bias, 0, 24)
+        tol = 1e-11 if dtype == np.float64 else 1e-5
+        assert np.all(out[1].sum(-1) >= 1.0 - tol)  # the maximum's own term
+        tot = ref[1].sum(-1, keepdims=True)
+        assert np.max(np.abs(out[1] - ref[1]) / tot) < tol
+        _close(out[0], ref[0], tol if dtype == np.float64 else 1e-6, "m", floor=1.0)
+
+
 def test_batched_problems_and_powers():
     P, y = _points(21, 2, seed=3)
     # two problems of one batch (as class-wise calibration makes them)
@@ -374,16 +446,17 @@ def test_larger_problems_on_the_device(dtype):
         P, y = _points(n, K, seed=n)
         hs = np.array([1e-3, 0.03, 1.0])
         logq, p, bias = _inputs(P, hs, dtype)
-        out = cu.loo_reduce(logq, p, y, K, 1.0 / hs, bias, 3, 0, n, pairs=True)
         l64, p64 = logq.astype(np.float64), p.astype(np.float64)
         ref = core.loo_reduce(l64, p64, y, K, 1.0 / hs, bias, 3, 0, n, 0, pairs=True)
-        E = out[1] / out[1].sum(-1, keepdims=True)
         Er = ref[1] / ref[1].sum(-1, keepdims=True)
-        # fast mode at h = 1e-3: measured 1.8e-5 (K = 10) and 2.0e-4 (K = 100)
-        tols = [1e-10] * 3 if dtype == np.float64 else [5e-5 if K == 10 else 3e-4, 1e-5, 1e-5]
-        for t, tol in enumerate(tols):
-            assert np.max(np.abs(E[t] - Er[t])) < tol, (n, K, hs[t])
-            np.testing.assert_allclose(out[0][t], ref[0][t], rtol=max(tol, 1e-6) / 10)
+        for powers in (3, 1):  # the general kernel, and the lean one (powers 1)
+            out = cu.loo_reduce(logq, p, y, K, 1.0 / hs, bias, powers, 0, n, pairs=powers > 1)
+            E = out[1] / out[1].sum(-1, keepdims=True)
+            # fast mode at h = 1e-3: measured 1.8e-5 (K = 10) and 2.0e-4 (K = 100)
+            tols = [1e-10] * 3 if dtype == np.float64 else [5e-5 if K == 10 else 3e-4, 1e-5, 1e-5]
+            for t, tol in enumerate(tols):
+                assert np.max(np.abs(E[t] - Er[t])) < tol, (n, K, hs[t], powers)
+                np.testing.assert_allclose(out[0][t], ref[0][t], rtol=max(tol, 1e-6) / 10)
 
 
 @pytest.mark.skipif(SIM, reason="CUDA tensors need a device")

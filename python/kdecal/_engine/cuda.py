@@ -607,6 +607,272 @@ def _rescale(mc, t, m, S, Q, T, D, powers, pairs):  # pragma: no cover - runs on
                 D[b, t, r, c] *= e * e
 
 
+# ------------------------------------------------------- the lean forward kernel (powers 1)
+
+#: Use the lean forward kernel (:func:`_lean_kernel`) where it applies: ``powers == 1``,
+#: no pair sums, no residual sums (the canonical L1 and KL estimates, the searches'
+#: plain passes). False: always the general kernel (:func:`_forward_kernel_qb`).
+LEAN = True
+
+#: Threads (query rows) per block of the lean kernel, and the centres of its tiles.
+LEAN_TILE = 8 if SIMULATOR else 128
+
+#: Query rows per thread of the lean kernel (each centre read from shared memory serves
+#: this many K-dots) and centres per group (one test for a new maximum per group).
+LEAN_QUERIES_PER_THREAD = 2
+LEAN_GROUP = 4
+
+#: Partial sums per thread of the lean kernel's tile (interleaved), in the fast mode's
+#: float32: they bound the rounding of a tile's sum by ``(LEAN_TILE / LEAN_ACC) u32``.
+LEAN_ACC = 4
+
+_LOG2E = 1.4426950408889634
+_LN2 = 0.6931471805599453
+
+
+def _padded_class_order(labels: Any, n_classes: int, tile: int) -> tuple[Any, Any, Any]:
+    """Class order with each class padded to whole tiles, on the device.
+
+    ``order`` (B, Np) (padded sorted position -> row, ``-1`` for padding), ``pos``
+    (B, n) (row -> padded sorted position) and the padded segment bounds ``seg``
+    (B, C + 1), multiples of ``tile``; stable, so that ties keep the row order.
+    """
+    lab = _host(labels).astype(np.int64, copy=False)
+    Bn, n = lab.shape
+    counts = np.stack([np.bincount(r, minlength=n_classes)[:n_classes] for r in lab])
+    padded = -(-counts // tile) * tile
+    seg = np.zeros((Bn, n_classes + 1), dtype=np.int64)
+    np.cumsum(padded, axis=-1, out=seg[:, 1:])
+    Np = max(1, int(seg[:, -1].max()))
+    order = np.full((Bn, Np), -1, dtype=np.int64)
+    pos = np.empty((Bn, n), dtype=np.int64)
+    for b in range(Bn):
+        srt = np.argsort(lab[b], kind="stable")
+        start = np.zeros(n_classes, dtype=np.int64)
+        start[:] = seg[b, :-1]
+        first = np.concatenate([[0], np.cumsum(counts[b])[:-1]])
+        # position of the r-th sorted row: its class's padded start + rank in class
+        rank = np.arange(n) - first[lab[b, srt]]
+        where = start[lab[b, srt]] + rank
+        order[b, where] = srt
+        pos[b, srt] = where
+    return cuda.to_device(order), cuda.to_device(pos), cuda.to_device(seg)
+
+
+@cuda.jit
+def _gather_lean(p, bias, order, unit, pT, bh, bl):  # pragma: no cover - on the device
+    # pT[b, k, i] = p[b, order[b, i], k] (0 for padding); the bias times unit (log2(e) in
+    # the fast mode) as bh + bl: float32 head and tail in the fast mode (bl unused in
+    # float64), -inf for padding
+    i, b = cuda.grid(2)
+    if b < pT.shape[0] and i < pT.shape[2]:
+        r = order[b, i]
+        for k in range(pT.shape[1]):
+            pT[b, k, i] = p[b, r, k] if r >= 0 else 0
+        for t in range(bias.shape[1]):
+            if r < 0:
+                bh[b, t, i] = -_INF
+                bl[b, t, i] = 0
+            else:
+                v = bias[b, t, r] * unit
+                bh[b, t, i] = v
+                bl[b, t, i] = v - float64(bh[b, t, i])
+
+
+@functools.cache
+def _lean_kernel(
+    K: int, fast: bool, split: bool = False, QB: int = 1, NG: int = 8, TB: int = LEAN_TILE
+) -> Any:
+    """Compile the lean forward kernel: ``m`` and ``S`` only (``powers == 1``).
+
+    Each thread holds ``QB`` query rows; the centres of each class stream through
+    shared memory in tiles of ``TB`` (each class padded to whole tiles with centres of
+    log-kernel ``-inf``, so that every tile is full and the loops over it have constant
+    trip counts).  Each query keeps a running row maximum ``M`` and sums
+    ``exp(L_ij - M)``; the terms come in groups of ``NG`` centres, and a group with a
+    term above ``M`` (rare: about ``log n`` times per row in random order) sets ``M``
+    to its largest term and rescales what was summed.  Unlike
+    :func:`_forward_kernel_qb`, it neither counts the terms equal to the maximum nor
+    forms powers or pair sums: a term at ``M`` adds ``exp(0) = 1``.  The class sums
+    are written relative to ``M`` at the end of their class (``mc``), as the general
+    kernel writes them relative to its class maximum, so that :data:`_rescale` and
+    :data:`_merge` finish both alike.
+
+    Fast mode (float32 ``logq``, ``p``): the K-dot of the differences from the query's
+    own point ``G'_ij = sum_k log q_jk (p_ik - p_jk)`` (as the general kernel), the
+    log-kernel relative to ``M`` in float32 as ``(s G'_ij + (bh_i + dh_j)) +
+    (s_lo G'_ij + (bl_i + dl_j))``, where ``bh + bl`` is the centre's bias and ``dh + dl`` the query's
+    ``s c_j - M``, and ``s`` as well (each a float32 head and tail of a float64 value,
+    so that the difference of the two large heads is exact (by Sterbenz's lemma:
+    they are within a factor 2 of each other for every centre that carries weight),
+    and ``s G'`` plus that difference, which cancel to the small log-weight, is
+    rounded once, by a fused multiply-add; at small bandwidths both ``s G'`` and the
+    difference of the biases reach hundreds for the near centres, and a float32
+    rounding of either alone would cost ``u32`` times that), all in log2 units, ``exp2`` as ``ex2.approx`` (relative error below 2^-22),
+    and each tile's
+    terms summed in :data:`LEAN_ACC` interleaved float32 partial sums, added to a
+    float64 sum per tile.  Float64 mode: the log-kernel, ``exp`` and the sums in
+    float64, as the general kernel.
+    """
+    dt = float32 if fast else float64
+    per_word = 4 if fast else 2
+    KP = -(-K // per_word) * per_word
+    NA = LEAN_ACC
+    BIG = 1e30  # "s c_j - M" before the first term: every first group sets M
+
+    @cuda.jit
+    def kern(logq, pq, cj, pT, bh, bl, seg, pos, scale, t, row0, row1, mc, m_out, S, part):
+        # logq, pq (B, n, K), cj (B, n) in query order; pT (B, K, Np), bh, bl (B, H, Np)
+        # in padded class order; seg (B, C + 1) padded bounds; launch row r is query
+        # row0 + r: mc (B, R, C), m_out (B, H, R), S (B, H, R, C); part (NS, 5, B, R, C)
+        b = cuda.blockIdx.y
+        tid = cuda.threadIdx.x
+        first = row0 + cuda.blockIdx.x * (TB * QB) + tid
+        C = seg.shape[1] - 1
+        psh = cuda.shared.array((TB, KP), dt)
+        bsh = cuda.shared.array((TB, 2) if fast else (TB, 1), dt)
+        lq = cuda.local.array((QB, K), dt)
+        pv = cuda.local.array((QB, K), dt)
+        acc = cuda.local.array((QB, NA), dt)
+        xs = cuda.local.array((QB, NG), dt)
+        gs = cuda.local.array((QB, NG), dt)
+        pj = cuda.local.array(QB, np.int64)
+        si = cuda.local.array(QB, np.int32)
+        Dq = cuda.local.array(QB, float64)
+        M = cuda.local.array(QB, float64)
+        Sc = cuda.local.array(QB, float64)
+        dh = cuda.local.array(QB, dt)  # fast: s c_j - M as dh + dl; float64: -M
+        dl = cuda.local.array(QB, float32)
+        st = scale[t]
+        unit = _LOG2E if fast else 1.0  # the fast mode works in log2 units
+        su = st * unit
+        s32 = dt(su)  # the scale as a head and tail: s32 + s32lo = su to float64 precision
+        s32lo = dt(su - float64(s32))
+        for q in range(QB):
+            j = first + q * TB
+            live = j < row1
+            pj[q] = pos[b, j] if live else -1
+            Dq[q] = su * cj[b, j] if (fast and live) else 0.0
+            for k in range(K):
+                lq[q, k] = logq[b, j, k] if live else 0
+                pv[q, k] = pq[b, j, k] if (fast and live) else 0
+            M[q] = -_INF
+            dh[q] = BIG
+            dl[q] = 0
+        sp = cuda.blockIdx.z
+        nsp = cuda.gridDim.z
+        for c in range(C):
+            lo = seg[b, c]
+            hi = seg[b, c + 1]
+            if split:  # this block's share of the class's tiles
+                nt = (hi - lo) // TB
+                hi = lo + ((nt * (sp + 1)) // nsp) * TB
+                lo = lo + ((nt * sp) // nsp) * TB
+            for q in range(QB):
+                Sc[q] = 0.0
+            for i0 in range(lo, hi, TB):
+                for k in range(K):
+                    psh[tid, k] = pT[b, k, i0 + tid]
+                bsh[tid, 0] = bh[b, t, i0 + tid]
+                if fast:
+                    bsh[tid, 1] = bl[b, t, i0 + tid]
+                cuda.syncthreads()
+                for q in range(QB):
+                    d = pj[q] - i0  # the query's own centre in this tile, if any
+                    si[q] = np.int32(d) if (d >= 0 and d < TB) else np.int32(-1)
+                    for a in range(NA):
+                        acc[q, a] = 0
+                for i8 in range(TB // NG):
+                    for q in range(QB):
+                        xm = dt(-_INF)
+                        for a in range(NG):
+                            ii = np.int32(i8 * NG + a)
+                            if fast:
+                                g = lq[q, 0] * (psh[ii, 0] - pv[q, 0])
+                                for k in range(1, K):
+                                    g = cuda.fma(lq[q, k], psh[ii, k] - pv[q, k], g)
+                                x = cuda.fma(s32, g, bsh[ii, 0] + dh[q]) + cuda.fma(
+                                    s32lo, g, bsh[ii, 1] + dl[q]
+                                )
+                            else:
+                                g = lq[q, 0] * psh[ii, 0]
+                                for k in range(1, K):
+                                    g += lq[q, k] * psh[ii, k]
+                                x = cuda.fma(st, g, bsh[ii, 0] + dh[q])
+                            if ii == si[q]:
+                                x = dt(-_INF)
+                            xs[q, a] = x
+                            gs[q, a] = g
+                            xm = max(xm, x)
+                        if xm > 0:  # a new row maximum in this group: rescale (rarely)
+                            L = M[q]  # the new maximum: the group's largest term
+                            for a in range(NG):
+                                if xs[q, a] > -_INF:
+                                    ii = np.int32(i8 * NG + a)
+                                    if fast:
+                                        La = (float64(bsh[ii, 0]) + float64(bsh[ii, 1])) + Dq[q]
+                                        La += su * float64(gs[q, a])
+                                    else:
+                                        La = cuda.fma(st, gs[q, a], bsh[ii, 0])
+                                    L = max(L, La)
+                            if M[q] == -_INF:
+                                r = 0.0
+                            elif fast:
+                                r = math.exp2(M[q] - L)
+                            else:
+                                r = math.exp(M[q] - L)
+                            Sc[q] *= r
+                            for a in range(NA):
+                                acc[q, a] *= dt(r)
+                            M[q] = L
+                            if fast:
+                                dd = Dq[q] - L
+                                dh[q] = float32(dd)
+                                dl[q] = float32(dd - float64(dh[q]))
+                            else:
+                                dh[q] = -L
+                            for a in range(NG):  # the group's terms relative to the new M
+                                if xs[q, a] > -_INF:
+                                    ii = np.int32(i8 * NG + a)
+                                    if fast:
+                                        ga = gs[q, a]
+                                        xs[q, a] = cuda.fma(
+                                            s32, ga, bsh[ii, 0] + dh[q]
+                                        ) + cuda.fma(s32lo, ga, bsh[ii, 1] + dl[q])
+                                    else:
+                                        xs[q, a] = cuda.fma(st, gs[q, a], bsh[ii, 0] + dh[q])
+                        for a in range(NG):
+                            if fast:
+                                acc[q, a % NA] += math.exp2(xs[q, a])
+                            else:
+                                acc[q, a % NA] += math.exp(xs[q, a])
+                cuda.syncthreads()
+                for q in range(QB):
+                    tot = acc[q, 0]
+                    for a in range(1, NA):
+                        tot += acc[q, a]
+                    Sc[q] += float64(tot)
+            for q in range(QB):
+                j = first + q * TB
+                if j < row1:
+                    r = j - row0
+                    if split:
+                        part[sp, 0, b, r, c] = M[q] * (_LN2 if fast else 1.0)
+                        part[sp, 1, b, r, c] = Sc[q]
+                        part[sp, 2, b, r, c] = 0.0
+                        part[sp, 3, b, r, c] = 0.0
+                        part[sp, 4, b, r, c] = 0.0
+                    else:
+                        mc[b, r, c] = M[q] * (_LN2 if fast else 1.0)
+                        S[b, t, r, c] = Sc[q]
+        for q in range(QB):
+            j = first + q * TB
+            if j < row1 and not split:
+                m_out[b, t, j - row0] = M[q] * (_LN2 if fast else 1.0)
+
+    return kern
+
+
 @functools.cache
 def _multi_kernel(K: int, C: int, fast: bool, powers: int, resid: bool = False) -> Any:
     """Compile the multi-label kernel.
@@ -939,6 +1205,10 @@ def loo_reduce(
         raise ValueError(f"pairs=True needs powers >= 2, got powers = {powers}")
     dlogq, dp, dbias = _dev(logq), _dev(p), _dev(bias)
     fast = dp.dtype == np.float32
+    if LEAN and powers == 1 and not pairs and resid is None:
+        m, S = _loo_reduce_lean(dlogq, dp, labels, C, scale_h, dbias, r0, r1, progress)
+        outs = [m, S, None, None]
+        return tuple(_finish(o, batched, device_out) for o in outs)
     order, pos, seg = _class_order(labels, C)
     pT = cuda.device_array((Bn, K, n), dtype=dp.dtype)
     bs = cuda.device_array((Bn, H, n), dtype=np.float64)
@@ -1054,6 +1324,87 @@ def loo_reduce(
     if has_u:
         outs += [A, U]
     return tuple(_finish(o, batched, device_out) for o in outs)
+
+
+def _loo_reduce_lean(
+    dlogq: Any,
+    dp: Any,
+    labels: Any,
+    C: int,
+    scale_h: np.ndarray,
+    dbias: Any,
+    r0: int,
+    r1: int,
+    progress: Callable[[int], object] | None,
+) -> tuple[Any, Any]:
+    """:func:`loo_reduce` with ``powers == 1``, no pairs, no residuals: the lean kernel.
+
+    Device arrays in (``(B, n, K)``, ``(B, H, n)``); returns the device arrays ``m``
+    (B, H, R) and ``S`` (B, H, R, C).
+    """
+    Bn, n, K = (int(s) for s in dp.shape)
+    H = scale_h.shape[0]
+    R = r1 - r0
+    fast = dp.dtype == np.float32
+    TB, QB, NG = LEAN_TILE, LEAN_QUERIES_PER_THREAD, LEAN_GROUP
+    m = cuda.device_array((Bn, H, R), dtype=np.float64)
+    S = cuda.device_array((Bn, H, R, C), dtype=np.float64)
+    if not (R > 0 and H > 0 and Bn > 0 and n > 0):
+        return m, S
+    order, pos, seg = _padded_class_order(labels, C, TB)
+    Np = int(order.shape[1])
+    pT = cuda.device_array((Bn, K, Np), dtype=dp.dtype)
+    bh = cuda.device_array((Bn, H, Np), dtype=dp.dtype)
+    bl = cuda.device_array((Bn, H, Np), dtype=np.float32 if fast else np.float64)
+    cj = cuda.device_array((Bn, n), dtype=np.float64)
+    grid = ((max(n, Np) + TILE - 1) // TILE, Bn)
+    _gather_lean[grid, (TILE, 1)](dp, dbias, order, _LOG2E if fast else 1.0, pT, bh, bl)
+    if fast:
+        _query_shift[grid, (TILE, 1)](dlogq, dp, cj)
+    dscale = cuda.to_device(scale_h)
+    step = _launch_rows(n, H * Bn, TB * QB)
+    rows = min(step, R)
+    mc = cuda.device_array((Bn, rows, C), dtype=np.float64)
+    ns = _centre_splits(-(-rows // QB) * Bn, 40.0 * Bn * rows * C)
+    kern = _lean_kernel(K, fast, ns > 1, QB, NG, TB)
+    part = cuda.device_array((ns, 5, Bn, rows, C) if ns > 1 else (1, 1, 1, 1, 1), np.float64)
+    empty = cuda.device_array((1, 1, 1, 1), dtype=np.float64)
+    for a in range(r0, r1, step):
+        b_ = min(a + step, r1)
+        sl = slice(a - r0, b_ - r0)
+        mv = m[:, :, sl]
+        Sv = S[:, :, sl, :]
+        blocks = ((b_ - a + TB * QB - 1) // (TB * QB), Bn, ns)
+        rblocks = ((b_ - a + TILE - 1) // TILE, Bn)
+        mcv = mc[:, : b_ - a, :]
+        for t in range(H):
+            kern[blocks, (TB, 1, 1)](
+                dlogq, dp, cj, pT, bh, bl, seg, pos, dscale, t, a, b_, mcv, mv, Sv, part
+            )
+            if ns > 1:
+                pv = part[:, :, :, : b_ - a, :]
+                _merge[rblocks, (TILE, 1)](
+                    pv,
+                    t,
+                    mcv,
+                    mv,
+                    Sv,
+                    empty,
+                    empty,
+                    empty,
+                    1,
+                    False,
+                    part,
+                    empty,
+                    empty,
+                    m,
+                    False,
+                )
+            _rescale[rblocks, (TILE, 1)](mcv, t, mv, Sv, empty, empty, empty, 1, False)
+        cuda.synchronize()
+        if progress is not None:
+            progress((b_ - r0) * Bn)
+    return m, S
 
 
 def _finish(o: Any, batched: bool, device_out: bool) -> Any:
