@@ -203,6 +203,7 @@ LEAN_VARIANTS = [None, (1, 4), (1, 8), (2, 4), (2, 8)]
 def lean_variants(results):
     """The lean kernel (powers 1) against the general one, and its shapes: time, registers."""
     h, K = 0.05, 10
+    shape0 = dict(_cuda.LEAN_SHAPE)
     for n in (100_000, 1_000_000):
         P, y = _data(n, K)
         for mode, dt in (("fast", np.float32), ("float64", np.float64)):
@@ -210,7 +211,7 @@ def lean_variants(results):
             for v in LEAN_VARIANTS:
                 _cuda.LEAN = v is not None
                 if v is not None:
-                    _cuda.LEAN_QUERIES_PER_THREAD, _cuda.LEAN_GROUP = v
+                    _cuda.LEAN_SHAPE = {True: v, False: v}
 
                 def run(logq=logq, p=p, y=y, K=K, bias=bias):
                     return _cuda.loo_reduce(
@@ -232,7 +233,38 @@ def lean_variants(results):
                     flush=True,
                 )
     _cuda.LEAN = True
-    _cuda.LEAN_QUERIES_PER_THREAD, _cuda.LEAN_GROUP = 2, 4
+    _cuda.LEAN_SHAPE = dict(shape0)
+
+
+def lean_k_sweep(results):
+    """Lean (the default shape, K <= LEAN_MAX_K lifted) against general kernel over K."""
+    h, n = 0.05, 100_000
+    kmax = _cuda.LEAN_MAX_K
+    _cuda.LEAN_MAX_K = 10**6
+    for K in (10, 20, 30, 40, 60, 100):
+        P, y = _data(n, K)
+        for mode, dt in (("fast", np.float32), ("float64", np.float64)):
+            logq, p, bias = _inputs(P, h, dt)
+            ts = {}
+            for lean in (True, False):
+                _cuda.LEAN = lean
+
+                def run(logq=logq, p=p, y=y, K=K, bias=bias):
+                    return _cuda.loo_reduce(
+                        logq, p, y, K, np.array([1 / h]), bias, 1, device_out=True
+                    )
+
+                run()
+                ts[lean] = _time(run, 3)
+            results["lean_k"].append(
+                {"K": K, "mode": mode, "lean_s": ts[True], "general_s": ts[False]}
+            )
+            print(
+                f"lean vs general K = {K:>3} {mode:>7} n = {n}: {ts[True]:.4f} s vs {ts[False]:.4f} s",
+                flush=True,
+            )
+    _cuda.LEAN = True
+    _cuda.LEAN_MAX_K = kmax
 
 
 def materialised(sizes, results):
@@ -363,7 +395,9 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=30.0)
     ap.add_argument("--materialised", default="10000,20000,40000")
     ap.add_argument(
-        "--skip", default="", help="comma list of: lean,variants,forward,materialised,other,error"
+        "--skip",
+        default="",
+        help="comma list of: lean,leank,variants,forward,materialised,other,error",
     )
     ap.add_argument("--out", default="")
     a = ap.parse_args()
@@ -382,10 +416,13 @@ def main() -> None:
         "fast_error": [],
         "variants": [],
         "lean_variants": [],
+        "lean_k": [],
     }
     skip = set(a.skip.split(","))
     if "lean" not in skip:
         lean_variants(results)
+    if "leank" not in skip:
+        lean_k_sweep(results)
     if "variants" not in skip:
         variants(results)
     if "forward" not in skip:

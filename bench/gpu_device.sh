@@ -19,7 +19,7 @@ cd /tmp  # import the installed package, not the source tree
 R="$OLDPWD"
 for what in "$@"; do
   case "$what" in
-    tests) python3 -m pytest -q -m cuda "$R/tests/engine/test_cuda.py" -p no:cacheprovider \
+    tests) python3 -m pytest -q -m cuda "$R/tests/engine/test_cuda.py" ${GPU_TEST_ARGS:-} -p no:cacheprovider \
              --rootdir "$R" -c "$R/pyproject.toml" 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 || true ;;
     torch) python3 -m pytest -q "$R/tests/estimators/test_torch.py" -p no:cacheprovider \
              --rootdir "$R" -c "$R/pyproject.toml" 2>&1 | tail -3 ;;

@@ -166,7 +166,13 @@ def test_launches_with_a_short_last_one_and_centre_splits(monkeypatch, splits):
         _close(a, b, 1e-11, f"{name} splits={splits}", np.maximum(fl, 1e-300))
 
 
-LEAN_SHAPES = [(1, 4, 1), (2, 4, 3), (3, 2, 1), (2, 8, 2)]  # rows per thread, group, splits
+LEAN_SHAPES = [
+    (1, 4, 1),
+    (1, 8, 3),
+    (2, 4, 3),
+    (3, 2, 1),
+    (2, 8, 2),
+]  # rows per thread, group, splits
 
 
 @pytest.mark.parametrize("n,K,C,hs,opts", CASES)
@@ -176,8 +182,8 @@ def test_lean_kernel_equals_the_brute_force(monkeypatch, n, K, C, hs, opts, qb, 
     # powers = 1 without pairs or residuals takes the lean kernel: every class padded to
     # whole tiles, groups of ng centres, qb query rows per thread (a partial last group of
     # rows), centre splits merged
-    monkeypatch.setattr(cu, "LEAN_QUERIES_PER_THREAD", qb)
-    monkeypatch.setattr(cu, "LEAN_GROUP", ng)
+    monkeypatch.setattr(cu, "LEAN_SHAPE", {True: (qb, ng), False: (qb, ng)})
+    monkeypatch.setattr(cu, "LEAN_MAX_K", 40)
     monkeypatch.setattr(cu, "CENTRE_SPLITS", splits)
     P, y = _points(n, K, seed=n + K, **opts)
     y = y % C

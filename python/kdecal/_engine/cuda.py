@@ -618,9 +618,19 @@ LEAN = True
 LEAN_TILE = 8 if SIMULATOR else 128
 
 #: Query rows per thread of the lean kernel (each centre read from shared memory serves
-#: this many K-dots) and centres per group (one test for a new maximum per group).
-LEAN_QUERIES_PER_THREAD = 2
-LEAN_GROUP = 4
+#: this many K-dots) and centres per group (one test for a new maximum per group), per
+#: mode. Measured on an H100 at K = 10, n = 10^6 (``bench/gpu.py``, "lean"): fast
+#: (1, 8) 1.51 s, (2, 4) 1.59 s, (1, 4) 1.67 s, (2, 8) 1.85 s; float64 (1, 4) 2.88 s,
+#: (1, 8) 2.90 s, (2, 4) 3.05 s, (2, 8) 3.66 s (the general kernel: 3.00 s and 4.12 s).
+LEAN_SHAPE = {True: (1, 8), False: (1, 4)}
+
+#: Most coordinates K for which the lean kernel is used: each thread keeps its query's
+#: ``log q`` (and in the fast mode ``p``) in registers, which spill to local memory for
+#: large K. Measured on an H100 at n = 10^5 (``bench/gpu.py``, "leank"; lean vs general,
+#: fast / float64): K = 10 25.7 vs 38.6 / 40.2 vs 51.6 ms, K = 40 58.8 vs 79.6 / 77.9 vs
+#: 97.4 ms, K = 60 110.7 vs 96.8 / 114.6 vs 118.9 ms, K = 100 159.7 vs 174.7 / 246.5 vs
+#: 219.1 ms.
+LEAN_MAX_K = 40
 
 #: Partial sums per thread of the lean kernel's tile (interleaved), in the fast mode's
 #: float32: they bound the rounding of a tile's sum by ``(LEAN_TILE / LEAN_ACC) u32``.
@@ -1205,7 +1215,7 @@ def loo_reduce(
         raise ValueError(f"pairs=True needs powers >= 2, got powers = {powers}")
     dlogq, dp, dbias = _dev(logq), _dev(p), _dev(bias)
     fast = dp.dtype == np.float32
-    if LEAN and powers == 1 and not pairs and resid is None:
+    if LEAN and powers == 1 and not pairs and resid is None and K <= LEAN_MAX_K:
         m, S = _loo_reduce_lean(dlogq, dp, labels, C, scale_h, dbias, r0, r1, progress)
         outs = [m, S, None, None]
         return tuple(_finish(o, batched, device_out) for o in outs)
@@ -1346,7 +1356,8 @@ def _loo_reduce_lean(
     H = scale_h.shape[0]
     R = r1 - r0
     fast = dp.dtype == np.float32
-    TB, QB, NG = LEAN_TILE, LEAN_QUERIES_PER_THREAD, LEAN_GROUP
+    TB = LEAN_TILE
+    QB, NG = LEAN_SHAPE[fast]
     m = cuda.device_array((Bn, H, R), dtype=np.float64)
     S = cuda.device_array((Bn, H, R, C), dtype=np.float64)
     if not (R > 0 and H > 0 and Bn > 0 and n > 0):
