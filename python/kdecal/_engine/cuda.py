@@ -28,7 +28,10 @@ the numba engine, so that no subnormal enters the cubes), their squares and cube
 relative to the running class maximum ``M``: the terms below it are summed, the terms
 equal to it counted, so that the pair sums ``D = S^2 - Q`` come without cancellation,
 and a new maximum rescales what was summed (see :func:`_forward_kernel_qb`).  A second,
-O(nC) kernel puts the class sums relative to the row maximum.  Nothing of size
+O(nC) kernel puts the class sums relative to the row maximum.  The passes that need
+neither powers, pair sums nor residual sums (``powers == 1``: the L1 and KL estimates,
+the bandwidth searches), for ``K <=`` :data:`LEAN_MAX_K`, run a leaner kernel with the
+same outputs (:func:`_lean_kernel`: about half the instructions per pair).  Nothing of size
 ``n x n`` is formed: memory is ``O(B n (K + H C))``.
 
 Precision.  The dtype of ``logq`` and ``p`` chooses the mode:
