@@ -16,6 +16,9 @@ writes every number as JSON. What it runs:
 2. The ECE^KDE paper's approach in PyTorch: the n x n log-kernel materialised on the GPU
    (float32), LOO mask, softmax and the product with the one-hot labels.
 3. The multi-label pass (B = 100 bootstrap weightings) and the backward pass at n = 10^5.
+3b. "lean": the lean kernel (powers 1) against the general one at K = 10, n = 10^5 and
+   10^6, for each shape of ``LEAN_VARIANTS`` (query rows per thread, centres per group);
+   "leank": lean against general over K at n = 10^5 (where ``LEAN_MAX_K`` comes from).
 4. The fast mode's error against the float64 mode on the real files in
    ``../shared/data/real`` at h = 1e-3, 1e-2, 0.1: max relative error of the row maxima,
    max absolute error of the conditional expectation E = S / sum_c S.
