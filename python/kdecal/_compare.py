@@ -12,85 +12,26 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from . import binned, smooth
-from ._calibration_estimate import (
-    _check_level,
-    _check_quantity,
-    bootstrap_distributions,
-    centred_interval,
-)
+from ._calibration_estimate import _check_level, bootstrap_distributions, centred_interval
 from ._engine import backends as _backends
 from ._engine.backends import Backend
 from ._estimation import problem as _problem
 from ._estimation import regression as _regression
 from ._estimation import replicates as _replicates
 from ._estimation import search as _search
-from ._estimation.quantities import QUANTITIES
 from ._report import format_pvalue
+from ._row_metrics import ROW_METRICS, check_metric, row_bootstrap
 from ._validation import check_choice, check_labels, check_probs
 from .kde import _estimate
 from .warnings import KdecalWarning
 
 __all__ = ["ROW_METRICS", "Comparison", "compare"]
-
-
-def _smooth_top_label(P: np.ndarray, y: np.ndarray) -> float:
-    return smooth._smooth_ece(binned._problems(P, y, "top_label", None), None)
-
-
-#: Metrics of the predictions that :func:`compare` takes beside the kernel quantities
-#: (``kdecal.QUANTITIES``): they have no bandwidth, and are bootstrapped on the same
-#: paired row samples. All top-label: the binned ECE with 15 equal-width bins (Guo et
-#: al., ICML 2017), its debiased L2 form (Kumar, Liang & Ma, NeurIPS 2019; the signed
-#: root), the binned maximum calibration error (Naeini et al., AAAI 2015) and the smooth
-#: ECE at its fixed-point bandwidth (Blasiok & Nakkiran, ICLR 2024; the costliest: a
-#: bandwidth search per replicate).
-ROW_METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
-    "ece_binned": lambda P, y: binned._ece(P, y, 15),
-    "ece_binned_debiased": lambda P, y: binned._ece(P, y, 15, q=2.0, debias=True),
-    "mce_binned": lambda P, y: binned._ece(P, y, 15, q=math.inf),
-    "smooth_ece": _smooth_top_label,
-}
-
-
-def _check_metric(name: object) -> str:
-    if isinstance(name, str) and name in ROW_METRICS:
-        return name
-    if not isinstance(name, str) or name not in QUANTITIES:
-        raise ValueError(
-            f"quantities must be keys of kdecal.QUANTITIES {sorted(QUANTITIES)} or of "
-            f"the metrics without a kernel {sorted(ROW_METRICS)}, got {name!r}"
-        )
-    return _check_quantity(name, "quantities")
-
-
-def _row_bootstrap(
-    probs: dict[str, np.ndarray], y: np.ndarray, names: list[str], R: int, seed: int | None
-) -> dict[str, dict[str, np.ndarray]]:
-    """Return the row metrics ``names`` of every model on the paired bootstrap samples.
-
-    The samples are those of :func:`bootstrap_distributions` with the same seed (drawn
-    by :func:`kdecal._estimation.replicates.draw_bootstrap_counts`, a chunk at a time).
-    """
-    n = y.shape[0]
-    out = {k: {q: np.empty(R) for q in names} for k in probs}
-    rng = np.random.default_rng(seed)
-    step = _replicates.draw_chunk(n, 2, R)
-    rows = np.arange(n)
-    for r0 in range(0, R, step):
-        counts = _replicates.draw_bootstrap_counts(n, min(step, R - r0), rng)
-        for r, c in enumerate(counts):
-            idx = np.repeat(rows, c)
-            for k, P in probs.items():
-                for q in names:
-                    out[k][q][r0 + r] = ROW_METRICS[q](P[idx], y[idx])
-    return out
 
 
 @dataclass(frozen=True)
@@ -288,7 +229,7 @@ def compare(
         raise ValueError(f"models has duplicate names: {names}")
     check_choice(calibration, "calibration", ("canonical", "classwise", "top_label"))
     check_choice(estimator, "estimator", _regression.ESTIMATORS)
-    qs = [_check_metric(q) for q in quantities]
+    qs = [check_metric(q, "quantities") for q in quantities]
     if not qs:
         raise ValueError("quantities is empty")
     level = _check_level(level)
@@ -336,7 +277,7 @@ def compare(
     )
     boot = dict(zip(ests, boot_list))
     if row_qs:  # the same paired row samples (the same seed), no kernel
-        for k, dist in _row_bootstrap(
+        for k, dist in row_bootstrap(
             {k: P.p for k, P in checked.items()}, y, row_qs, R, seed
         ).items():
             boot[k].update(dist)

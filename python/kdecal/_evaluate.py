@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Sequence
 from typing import cast
 
 import numpy as np
 
-from . import binned, scores, smooth
-from ._calibration_estimate import CalibrationEstimate, ResamplingError
+from . import scores
+from ._calibration_estimate import CalibrationEstimate, ResamplingError, centred_interval
 from ._engine.backends import Backend
 from ._estimation import problem as _problem
+from ._estimation.quantities import QUANTITIES
 from ._estimation.replicates import check_resamples
 from ._report import CalibrationReport
+from ._row_metrics import ROW_METRICS, check_metric, row_bootstrap
 from ._validation import check_choice
 from .kde import _doc, _kl_unreliable, estimate
 from .warnings import KdecalWarning, warn_user
@@ -74,6 +77,51 @@ def _squared_notes(ce_l2: float, notions: dict[str, dict[str, object]]) -> list[
 
 #: Cross-validation folds of the calibration loss in :func:`evaluate`.
 _CAL_LOSS_FOLDS = 5
+
+#: The top-label metrics without a kernel that the full report gives intervals.
+_DEFAULT_ROW_INTERVALS = ("smooth_ece", "ece_binned_debiased")
+
+#: The kernel quantities of the notion table (with intervals and the test).
+_NOTION_QUANTITIES = ("ece_kde_l1", "ce_l2")
+
+
+def _check_metrics(metrics: object) -> list[str] | None:
+    """Validate ``metrics``: None, one name, or a non-empty sequence of names.
+
+    Raises
+    ------
+    TypeError
+        Not None, a str or a sequence.
+    ValueError
+        Empty, or a name that is neither a kernel quantity nor a row metric.
+    """
+    if metrics is None:
+        return None
+    if isinstance(metrics, str):
+        metrics = (metrics,)
+    if not isinstance(metrics, Sequence):
+        raise TypeError(
+            f"metrics must be None, a metric name or a sequence of them, got "
+            f"{type(metrics).__name__}"
+        )
+    names = [check_metric(q, "metrics") for q in metrics]
+    if not names:
+        raise ValueError("metrics is empty: name at least one, or None for the full report")
+    return list(dict.fromkeys(names))
+
+
+def _row_intervals(
+    P: np.ndarray,
+    y: np.ndarray,
+    values: dict[str, float],
+    n_resamples: int,
+    seed: int | None,
+) -> dict[str, list[float]]:
+    """95 % bootstrap intervals of row metrics, on the kernel bootstrap's row samples."""
+    if n_resamples == 0 or not values:
+        return {}
+    dist = row_bootstrap({"": P}, y, list(values), n_resamples, seed)[""]
+    return {q: list(centred_interval(dist[q], v, 0.95)) for q, v in values.items()}
 
 
 def _rule(bandwidth: object, estimator: object = "plugin") -> str:
@@ -136,6 +184,7 @@ def evaluate(
     seed: int | None = 0,
     calibration_loss: bool = True,
     estimator: str = "residual",
+    metrics: Sequence[str] | str | None = None,
 ) -> CalibrationReport:
     """Every kernel estimator of kdecal, with intervals and a calibration test, plus context.
 
@@ -150,7 +199,12 @@ def evaluate(
     15-bin top-label binned ECE and its debiased L2 form (Kumar, Liang & Ma, NeurIPS
     2019), the top-label smooth ECE (Blasiok & Nakkiran, ICLR 2024), so that a reader sees
     where the estimators agree, and the calibration loss of Ferrer & Ramos (log loss
-    minus the log loss after 5-fold cross-validated affine calibration).
+    minus the log loss after 5-fold cross-validated affine calibration). The smooth ECE
+    and the debiased binned ECE get bootstrap 95 % intervals on the row samples of the
+    kernel intervals (:func:`kdecal._row_metrics.row_bootstrap`: the same
+    ``n_resamples`` and ``seed``, each metric recomputed on the resampled rows; the
+    percentile interval centred on the estimate, as the kernel quantities'). ``metrics``
+    narrows the report to a selection.
 
     Parameters
     ----------
@@ -184,6 +238,16 @@ def evaluate(
     calibration_loss : bool, default True
         Compute the Ferrer & Ramos calibration loss (needs K >= 2 classes present).
     {estimator_doc}
+    metrics : sequence of str, str or None, default None
+        What the report computes and prints, in this order: keys of
+        ``kdecal.QUANTITIES`` (the kernel estimates of the notion ``calibration``) and
+        of ``kdecal._compare.ROW_METRICS`` (the top-label metrics without a kernel:
+        "ece_binned", "ece_binned_debiased", "mce_binned", "smooth_ece"), the names of
+        ``kdecal compare --metrics``. The kernel estimate of ``calibration`` (one
+        bandwidth search and pass) is always made; the notion table (the other notions'
+        estimates, their intervals and tests: most of the time) only when "ece_kde_l1"
+        or "ce_l2" is named; the calibration loss not; every named row metric gets an
+        interval (``n_resamples`` > 0). None (default): the full report.
 
     Returns
     -------
@@ -193,12 +257,15 @@ def evaluate(
     Raises
     ------
     TypeError, ValueError
-        Invalid input (see :func:`conditional_expectation`), an unknown notion, or
-        ``n_resamples`` outside 0..1,000,000.
+        Invalid input (see :func:`conditional_expectation`), an unknown notion, an
+        unknown or empty ``metrics``, or ``n_resamples`` outside 0..1,000,000.
     """
     t0 = time.perf_counter()
     R = check_resamples(n_resamples, "n_resamples", 0)
+    selected = _check_metrics(metrics)
     wanted = tuple(notions or ())
+    if selected is not None and not set(_NOTION_QUANTITIES) & set(selected):
+        wanted = ()  # no notion table: neither its estimates nor its resampling
     for name in wanted:
         check_choice(name, "notions", _problem.CALIBRATIONS)
     resampled = tuple(resample_notions or ())
@@ -242,7 +309,7 @@ def evaluate(
     estimates.setdefault(str(calibration), main)
     cal_loss = None
     notes: list[str] = []
-    if calibration_loss and K >= 2 and np.unique(y).size >= 2:
+    if calibration_loss and selected is None and K >= 2 and np.unique(y).size >= 2:
         if np.bincount(y).max() < _CAL_LOSS_FOLDS:
             notes.append(
                 f"calibration_loss skipped: its {_CAL_LOSS_FOLDS}-fold stratified "
@@ -256,6 +323,15 @@ def evaluate(
                     scores.calibration_loss(P, y, input="probs", relative=False, seed=0)
                 )
     ce_l2 = main.value("ce_l2")
+    rows = {q: f(P, y) for q, f in ROW_METRICS.items() if q != "mce_binned"}
+    if selected is not None and "mce_binned" in selected:
+        rows["mce_binned"] = ROW_METRICS["mce_binned"](P, y)
+    boot = _DEFAULT_ROW_INTERVALS if selected is None else selected
+    intervals = _row_intervals(P, y, {q: rows[q] for q in boot if q in rows}, R, seed)
+    # the notes of the kernel figures only where one they speak of is printed
+    chosen = set(QUANTITIES) if selected is None else set(selected)
+    kl_note = any(QUANTITIES[q].divergence == "kl" for q in chosen & set(QUANTITIES))
+    sq_note = bool(summaries) or bool({"ce_l2", "ece_kde_l2"} & chosen)
     assert main._validated is not None  # the context below takes the validated input
     log_p = main._validated.log_p  # one log of the probabilities for both scores
     report = CalibrationReport(
@@ -273,9 +349,12 @@ def evaluate(
         accuracy=float(np.mean(P.argmax(axis=1) == y)),
         log_loss=scores._log_loss(log_p, y),
         brier_score=scores._brier_score(log_p, y),
-        ece_binned=binned._ece(P, y, n_bins=15),
-        ece_binned_debiased=binned._ece(P, y, n_bins=15, q=2.0, debias=True),
-        smooth_ece=smooth._smooth_ece(binned._problems(P, y, "top_label", None), None),
+        ece_binned=rows["ece_binned"],
+        ece_binned_debiased=rows["ece_binned_debiased"],
+        smooth_ece=rows["smooth_ece"],
+        mce_binned=rows.get("mce_binned"),
+        intervals=intervals,
+        metrics=selected,
         backend=main.backend,
         wall_time_s=time.perf_counter() - t0,
         source=source,
@@ -288,8 +367,8 @@ def evaluate(
         calibration_loss=cal_loss,
         notions=summaries,
         notes=_bias_notes(summaries)
-        + _squared_notes(ce_l2, summaries)
-        + _kl_notes(main, cal_loss)
+        + (_squared_notes(ce_l2, summaries) if sq_note else [])
+        + (_kl_notes(main, cal_loss) if kl_note else [])
         + [
             f"No intervals or test for {name.replace('_', '-')}: {row['resampling_skipped']}"
             for name, row in summaries.items()

@@ -29,6 +29,10 @@ _REFERENCES: dict[str, str] = {
         "Smoothing', ICLR 2024"
     ),
     "KLM19": "Kumar, Liang & Ma, 'Verified Uncertainty Calibration', NeurIPS 2019",
+    "N15": (
+        "Naeini, Cooper & Hauskrecht, 'Obtaining Well Calibrated Probabilities Using "
+        "Bayesian Binning', AAAI 2015"
+    ),
     "FR25": (
         "Ferrer & Ramos, 'Evaluating Posterior Probabilities: Decision Theory, Proper "
         "Scoring Rules, and Calibration', TMLR 2025"
@@ -83,6 +87,27 @@ _METRICS: tuple[tuple[str, str], ...] = (
     ("ece_binned", "binned top-label ECE, 15 equal-width bins [G17]"),
 )
 
+# (field name, description) of the metrics printed after the table's rows: the top-label
+# metrics without a kernel that the default report adds, and the calibration loss.
+_EXTRA_METRICS: tuple[tuple[str, str], ...] = (
+    ("smooth_ece", "smooth ECE, top-label, fixed-point bandwidth [BN24]"),
+    (
+        "ece_binned_debiased",
+        "debiased binned top-label L2 ECE, 15 bins (signed root) [KLM19]",
+    ),
+    (
+        "calibration_loss",
+        "log loss minus log loss after cross-validated affine calibration [FR25]",
+    ),
+)
+
+# Descriptions of every name a selection (``metrics``) can print.
+_DESCRIPTIONS: dict[str, str] = {
+    **dict(_METRICS),
+    **dict(_EXTRA_METRICS),
+    "mce_binned": "binned top-label maximum calibration error, 15 bins [N15]",
+}
+
 
 def _plain(value: Any) -> Any:
     """Convert numpy scalars (and other number types) to plain Python types."""
@@ -115,6 +140,13 @@ def _format_value(value: Any) -> str:
     if value != 0.0 and abs(value) < 1e-4:
         return f"{value:.3e}"
     return f"{value:.6f}"
+
+
+def _format_interval(ci: Any) -> str:
+    """Format an interval ``[low, high]`` for the table; "" for None."""
+    if ci is None:
+        return ""
+    return f"[{_format_value(ci[0])}, {_format_value(ci[1])}]"
 
 
 @dataclass(frozen=True)
@@ -205,6 +237,23 @@ class CalibrationReport:
         (``kdecal.binned.ece(p=2, debias=True)``; Kumar, Liang & Ma, NeurIPS 2019): the
         signed root of an unbiased estimate of the binned squared error (negative:
         indistinguishable from 0). None in reports made before it existed.
+    mce_binned : float or None
+        Binned top-label maximum calibration error with 15 equal-width bins
+        (``kdecal.binned.ece(p=np.inf)``; Naeini, Cooper & Hauskrecht, AAAI 2015); None
+        unless asked for in :attr:`metrics`.
+    intervals : dict
+        Bootstrap 95 % intervals ``[low, high]`` of the top-label metrics without a
+        kernel (``smooth_ece`` and ``ece_binned_debiased`` by default; those of
+        :attr:`metrics` when it names some of ``ece_binned``, ``ece_binned_debiased``,
+        ``mce_binned``, ``smooth_ece``), keyed by field name: each metric recomputed on
+        the bootstrap row samples of the kernel intervals (the same ``n_resamples`` and
+        seed, so the same resampled rows), the percentile interval centred on the
+        estimate as theirs. Empty with ``n_resamples=0`` and in reports made before it
+        existed.
+    metrics : list of str or None
+        The metrics asked for (``kdecal evaluate --metrics``), in the order printed;
+        None for the full report. The table prints only these; the other fields hold
+        what the one kernel estimate and the context give anyway.
     calibration_loss : float or None
         Calibration loss of [4]: the log loss minus the log loss after affine
         calibration trained by 5-fold cross-validation on the same data, in nats
@@ -275,6 +324,9 @@ class CalibrationReport:
     bandwidth_l2: float | None = None
     smooth_ece: float | None = None
     ece_binned_debiased: float | None = None
+    mce_binned: float | None = None
+    intervals: dict[str, list[float]] = field(default_factory=dict)
+    metrics: list[str] | None = None
     estimates: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -313,32 +365,35 @@ class CalibrationReport:
             "",
         ]
         notion = self.calibration.replace("_", "-")
+        if self.metrics is None:  # the full report: the table, then the extras
+            shown = [name for name, _ in _METRICS]
+            shown += [name for name, _ in _EXTRA_METRICS if getattr(self, name) is not None]
+        else:
+            shown = [
+                name
+                for name in self.metrics
+                if name in _DESCRIPTIONS and getattr(self, name, None) is not None
+            ]
         rows = [
-            (name, _format_value(getattr(self, name)), desc.format(calibration=notion))
-            for name, desc in _METRICS
+            (
+                name,
+                _format_value(getattr(self, name)),
+                _format_interval(self.intervals.get(name)),
+                _DESCRIPTIONS[name].format(calibration=notion),
+            )
+            for name in shown
         ]
         w_name = max(len("metric"), len("ece_binned_debiased"), *(len(r[0]) for r in rows))
         w_val = max(len("value"), *(len(r[1]) for r in rows))
-        w_desc = max(len("description"), *(len(r[2]) for r in rows))
-        lines.append(f"{'metric':<{w_name}}  {'value':>{w_val}}  description")
-        lines.append(f"{'-' * w_name}  {'-' * w_val}  {'-' * w_desc}")
-        for name, val, desc in rows:
-            lines.append(f"{name:<{w_name}}  {val:>{w_val}}  {desc}")
-        for name, value, desc in (
-            ("smooth_ece", self.smooth_ece, "smooth ECE, top-label, fixed-point bandwidth [BN24]"),
-            (
-                "ece_binned_debiased",
-                self.ece_binned_debiased,
-                "debiased binned top-label L2 ECE, 15 bins (signed root) [KLM19]",
-            ),
-            (
-                "calibration_loss",
-                self.calibration_loss,
-                "log loss minus log loss after cross-validated affine calibration [FR25]",
-            ),
-        ):
-            if value is not None:
-                lines.append(f"{name:<{w_name}}  {_format_value(value):>{w_val}}  {desc}")
+        w_ci = max(len("95% CI"), *(len(r[2]) for r in rows))
+        w_desc = max(len("description"), *(len(r[3]) for r in rows))
+        with_ci = any(r[2] for r in rows)
+        ci_head, ci_rule = (f"  {'95% CI':<{w_ci}}", f"  {'-' * w_ci}") if with_ci else ("", "")
+        lines.append(f"{'metric':<{w_name}}  {'value':>{w_val}}{ci_head}  description")
+        lines.append(f"{'-' * w_name}  {'-' * w_val}{ci_rule}  {'-' * w_desc}")
+        for name, val, ci, desc in rows:
+            ci_cell = f"  {ci:<{w_ci}}" if with_ci else ""
+            lines.append(f"{name:<{w_name}}  {val:>{w_val}}{ci_cell}  {desc}")
         kl_h = (
             "" if self.bandwidth_kl is None else f", KL quantities at h = {self.bandwidth_kl:.6g}"
         )
@@ -352,7 +407,8 @@ class CalibrationReport:
                 if self.bandwidth_kl in (None, self.bandwidth_l2)
                 else f", KL quantities at h = {self.bandwidth_kl:.6g}"
             )
-        lines.append(f"bandwidth rule: {self.bandwidth_rule}{kl_h}")
+        if self.metrics is None or any(q in QUANTITIES for q in self.metrics):
+            lines.append(f"bandwidth rule: {self.bandwidth_rule}{kl_h}")
         if self.notions:
             lines.append("")
             lines.append(
@@ -372,6 +428,11 @@ class CalibrationReport:
         lines.append(
             "Errors are fractions (0.05 = 5 %), not percent; KL and log quantities in nats."
         )
+        body = "\n".join(lines)
         for key, ref in _REFERENCES.items():
-            lines.append(f"[{key}] {ref}")
+            # the full report lists its references (as it always has); a selection, and
+            # a metric only a selection prints, the cited ones
+            cited = f"[{key}]" in body
+            if cited or (self.metrics is None and key != "N15"):
+                lines.append(f"[{key}] {ref}")
         return "\n".join(lines)

@@ -94,12 +94,14 @@ def _nonneg_int(text: str) -> int:
 
 
 def _metric_list(text: str) -> tuple[str, ...]:
+    """Parse ``--metrics``: comma-separated kernel quantities and row metrics."""
     names = tuple(t.strip() for t in text.split(",") if t.strip())
     known = (*QUANTITIES, *ROW_METRICS)
     bad = [t for t in names if t not in known]
     if not names or bad:
+        what = f"unknown {', '.join(map(repr, bad))} in {text!r}" if bad else f"got {text!r}"
         raise argparse.ArgumentTypeError(
-            f"expected comma-separated metrics of {', '.join(known)}, got {text!r}"
+            f"expected comma-separated metrics of {', '.join(known)}; {what}"
         )
     return names
 
@@ -233,6 +235,18 @@ def _build_parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--seed", type=_nonneg_int, default=0, help="seed of the resampling (default: 0)"
     )
+    ev.add_argument(
+        "--metrics",
+        type=_metric_list,
+        default=None,
+        metavar="M[,M...]",
+        help="report only these, comma-separated, in this order: kernel quantities ("
+        + ", ".join(QUANTITIES)
+        + ") and top-label metrics without a kernel ("
+        + ", ".join(ROW_METRICS)
+        + "), the names of compare --metrics; the notion table (and its resampling) "
+        "only with ece_kde_l1 or ce_l2 (default: the full report)",
+    )
     ev.add_argument("--json", action="store_true", help="print the report as JSON")
     ev.add_argument(
         "--plot",
@@ -350,6 +364,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
             n_resamples=args.n_resamples,
             seed=args.seed,
             estimator=args.estimator,
+            metrics=args.metrics,
         )
         if args.plot is not None:
             fig = evaluation_page(probs, labels, report=report, backend=args.backend)

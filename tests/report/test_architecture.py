@@ -37,7 +37,7 @@ LAYERS: list[set[str]] = [
     {"_estimation.replicates", "_report"},
     {"_calibration_estimate"},
     {"binned", "recalibration", "scores", "resampling", "smooth", "skce"},
-    {"kde"},
+    {"kde", "_row_metrics"},
     {"_evaluate"},
     {"curves", "_compare", "torch"},
     {"plot"},

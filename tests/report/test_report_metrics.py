@@ -1,0 +1,170 @@
+"""The report's top-label metrics without a kernel: their bootstrap intervals, and the
+selection of what ``kdecal.evaluate`` / ``kdecal evaluate --metrics`` reports (issue 28)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+import kdecal
+from kdecal import binned
+from kdecal._estimation import replicates as _replicates
+from kdecal.cli import main
+
+R, SEED = 12, 5
+
+
+def _data(n: int = 300, k: int = 3, seed: int = 3):
+    """Predictions over-confident by a temperature of 1.4: miscalibrated, top-label."""
+    rng = np.random.default_rng(seed)
+    P = rng.dirichlet(np.full(k, 0.8), n)
+    Q = kdecal.datasets.temperature_scale(P, 1.4)  # the true class distribution
+    y = np.array([rng.choice(k, p=q) for q in Q])
+    return P, y
+
+
+def _evaluate(P, y, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", kdecal.KdecalWarning)
+        return kdecal.evaluate(P, y, bandwidth=0.1, **kw)
+
+
+def _table_rows(text: str) -> list[str]:
+    """Names of the metric table's rows (between the rule and the first blank line)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("-----")) + 1
+    rows = []
+    for line in lines[start:]:
+        if not line.strip() or line.startswith("bandwidth rule"):
+            break
+        rows.append(line.split()[0])
+    return rows
+
+
+def test_smooth_and_debiased_ece_intervals_recomputed_by_hand():
+    """The intervals of smooth_ece and ece_binned_debiased are the percentile intervals,
+    centred on the estimate, of the public functions on the bootstrap row samples drawn
+    with the report's seed (those of the kernel intervals): recomputed here from
+    ``draw_bootstrap_counts`` and ``np.quantile``, they agree to 1e-12."""
+    P, y = _data()
+    report = _evaluate(P, y, n_resamples=R, seed=SEED, calibration_loss=False)
+    assert set(report.intervals) == {"smooth_ece", "ece_binned_debiased"}
+    Pv = report.estimates["canonical"]._probs
+    publics = {
+        "smooth_ece": kdecal.smooth_ece,
+        "ece_binned_debiased": lambda p, t: binned.ece(p, t, p=2, debias=True),
+    }
+    counts = _replicates.draw_bootstrap_counts(len(y), R, np.random.default_rng(SEED))
+    for q, fn in publics.items():
+        value = fn(Pv, y)
+        assert getattr(report, q) == pytest.approx(value, rel=1e-12)
+        idx = [np.repeat(np.arange(len(y)), c) for c in counts]
+        reps = np.array([fn(Pv[i], y[i]) for i in idx])
+        lo, hi = np.quantile(reps, [0.025, 0.975]) - np.median(reps) + value
+        low, high = report.intervals[q]
+        assert low == pytest.approx(lo, rel=1e-12, abs=1e-15)
+        assert high == pytest.approx(hi, rel=1e-12, abs=1e-15)
+        assert low <= getattr(report, q) <= high
+        assert high - low > 0.0
+    # the kernel intervals of the same report come from the same seed's samples: their
+    # numbers are those of the estimate's own interval with that seed
+    top = report.estimates["top_label"]
+    ci = top.confidence_interval("ece_kde_l1", n_resamples=R, seed=SEED)
+    assert report.notions["top_label"]["ece_kde_l1_ci"] == pytest.approx([ci.low, ci.high])
+
+
+def test_intervals_in_the_table_and_the_json_and_none_without_resampling():
+    P, y = _data()
+    report = _evaluate(P, y, n_resamples=R, seed=SEED, calibration_loss=False)
+    text = str(report)
+    assert "  95% CI  " in text
+    low, high = report.intervals["smooth_ece"]
+    line = next(x for x in text.splitlines() if x.startswith("smooth_ece "))
+    assert f"[{low:.6f}, {high:.6f}]" in line
+    d = json.loads(json.dumps(report.to_dict(), allow_nan=False))
+    assert d["intervals"] == {q: list(v) for q, v in report.intervals.items()}
+    assert d["metrics"] is None and d["mce_binned"] is None
+    assert kdecal.CalibrationReport(**d).intervals == report.intervals
+    # the full report's table: every row as before, in the same order
+    assert _table_rows(text) == [
+        *kdecal.QUANTITIES,
+        "accuracy",
+        "log_loss",
+        "brier_score",
+        "ece_binned",
+        "smooth_ece",
+        "ece_binned_debiased",
+    ]
+
+    bare = _evaluate(P, y, n_resamples=0, calibration_loss=False)
+    assert bare.intervals == {}
+    assert "  95% CI  " not in str(bare)  # no interval column in the metric table
+    assert bare.smooth_ece == report.smooth_ece
+
+
+def test_metrics_selects_what_the_report_computes_and_prints():
+    """A selection prints its metrics in its order, computes mce_binned only when named,
+    gives every named row metric an interval, and leaves out the notion table (and its
+    resampling) and the calibration loss unless a notion quantity is named; the
+    numbers are those of the full report."""
+    P, y = _data()
+    full = _evaluate(P, y, n_resamples=R, seed=SEED)
+    sel = _evaluate(P, y, n_resamples=R, seed=SEED, metrics=["mce_binned", "ce_kl", "ece_binned"])
+    Pv = full.estimates["canonical"]._probs
+    assert sel.metrics == ["mce_binned", "ce_kl", "ece_binned"]
+    assert sel.mce_binned == pytest.approx(binned.ece(Pv, y, p=np.inf), rel=1e-12)
+    assert sel.ce_kl == full.ce_kl and sel.ece_binned == full.ece_binned
+    assert sel.notions == {} and sel.calibration_loss is None
+    assert set(sel.intervals) == {"mce_binned", "ece_binned"}
+    for q, (low, high) in sel.intervals.items():
+        assert low <= getattr(sel, q) <= high
+    text = str(sel)
+    assert _table_rows(text) == ["mce_binned", "ce_kl", "ece_binned"]
+    assert "[N15]" in text and "[FR25]" not in text and "notion" not in text
+
+    with_notions = _evaluate(P, y, n_resamples=R, seed=SEED, metrics="ece_kde_l1")
+    assert with_notions.metrics == ["ece_kde_l1"]
+    assert with_notions.notions == full.notions
+    assert with_notions.intervals == {}
+    assert _table_rows(str(with_notions)) == ["ece_kde_l1"]
+
+
+@pytest.mark.parametrize(
+    ("metrics", "error", "match"),
+    [
+        (["smooth_ece", "ece_kde_l3"], ValueError, r"metrics must be keys .*got 'ece_kde_l3'"),
+        ([], ValueError, "metrics is empty"),
+        (3, TypeError, "metrics must be None, a metric name or a sequence"),
+    ],
+)
+def test_metrics_refused(metrics, error, match):
+    P, y = _data(n=40)
+    with pytest.raises(error, match=match) as info:
+        kdecal.evaluate(P, y, n_resamples=0, metrics=metrics)
+    if error is ValueError and "keys" in match:
+        assert "smooth_ece" in str(info.value) and "ce_l2" in str(info.value)
+
+
+def test_cli_evaluate_metrics(tmp_path, capsys):
+    P, y = _data()
+    f = tmp_path / "p.npz"
+    np.savez(f, probs=P, labels=y)
+    args = ["evaluate", str(f), "--quiet", "--bandwidth", "0.1", "--n-resamples", "6"]
+    assert main([*args, "--json", "--metrics", "smooth_ece, ce_l2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["metrics"] == ["smooth_ece", "ce_l2"]
+    assert set(out["intervals"]) == {"smooth_ece"}
+    assert set(out["notions"]) == {"canonical", "top_label", "classwise"}
+    assert out["smooth_ece"] == pytest.approx(kdecal.smooth_ece(P, y), rel=1e-12)
+
+    assert main([*args, "--metrics", "ece_binned_debiased"]) == 0
+    text = capsys.readouterr().out
+    assert _table_rows(text) == ["ece_binned_debiased"]
+
+    assert main([*args, "--metrics", "smooth_ece,nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("kdecal: error: argument --metrics")
+    assert "unknown 'nope'" in err and "mce_binned" in err and "ece_kde_l1" in err
