@@ -642,6 +642,18 @@ LEAN_ACC = 4
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
 
+if SIMULATOR:  # plain Python there (and math.exp2 is Python 3.11's)
+
+    def _exp2(x: float) -> float:
+        return float(2.0**x)
+
+    _exp2f = _exp2
+else:  # libdevice's exp2 (double) and exp2f (ex2.approx with the subnormal fix-up)
+    from numba.cuda import libdevice as _libdevice
+
+    _exp2 = _libdevice.exp2
+    _exp2f = _libdevice.exp2f
+
 
 def _padded_class_order(labels: Any, n_classes: int, tile: int) -> tuple[Any, Any, Any]:
     """Class order with each class padded to whole tiles, on the device.
@@ -831,7 +843,7 @@ def _lean_kernel(
                             if M[q] == -_INF:
                                 r = 0.0
                             elif fast:
-                                r = math.exp2(M[q] - L)
+                                r = _exp2(M[q] - L)
                             else:
                                 r = math.exp(M[q] - L)
                             Sc[q] *= r
@@ -856,7 +868,7 @@ def _lean_kernel(
                                         xs[q, a] = cuda.fma(st, gs[q, a], bsh[ii, 0] + dh[q])
                         for a in range(NG):
                             if fast:
-                                acc[q, a % NA] += math.exp2(xs[q, a])
+                                acc[q, a % NA] += _exp2f(xs[q, a])
                             else:
                                 acc[q, a % NA] += math.exp(xs[q, a])
                 cuda.syncthreads()
