@@ -109,6 +109,7 @@ constexpr i64 kSub = 4;
 struct Sorted {
     std::vector<i64> seg, perm, inv;  // perm[s] = original index, inv[orig] = s
     std::vector<double> p0, p1, lq0, lq1, u, ua;  // ua = |u|
+    std::vector<double> z;                        // arcsin sqrt(p1), from the nearer end
     std::vector<i64> run_lo, run_hi;  // the run of identical points (and label) of s
     double umax = 0.0;
 };
@@ -529,13 +530,23 @@ Sorted sort_problem(const double* p, const double* logq, const std::int64_t* lab
     so.seg.assign(static_cast<std::size_t>(C + 1), 0);
     for (i64 i = 0; i < n; ++i) ++so.seg[static_cast<std::size_t>(labels[i] + 1)];
     for (i64 c = 0; c < C; ++c) so.seg[c + 1] += so.seg[c];
-    so.perm.resize(static_cast<std::size_t>(n));
-    std::iota(so.perm.begin(), so.perm.end(), i64{0});
-    std::stable_sort(so.perm.begin(), so.perm.end(), [&](i64 a, i64 b) {
-        if (labels[a] != labels[b]) return labels[a] < labels[b];
-        if (p[2 * a + 1] != p[2 * b + 1]) return p[2 * a + 1] < p[2 * b + 1];
-        return p[2 * a] > p[2 * b];
+    // by label, then x = p1 increasing, then p0 decreasing, then the row (the order of
+    // a stable sort), on contiguous keys rather than through the rows' points
+    struct Key {
+        std::int64_t label;
+        double p1, p0;
+        i64 row;
+    };
+    std::vector<Key> keys(static_cast<std::size_t>(n));
+    for (i64 i = 0; i < n; ++i) keys[i] = Key{labels[i], p[2 * i + 1], p[2 * i], i};
+    std::sort(keys.begin(), keys.end(), [](const Key& a, const Key& b) {
+        if (a.label != b.label) return a.label < b.label;
+        if (a.p1 != b.p1) return a.p1 < b.p1;
+        if (a.p0 != b.p0) return a.p0 > b.p0;
+        return a.row < b.row;
     });
+    so.perm.resize(static_cast<std::size_t>(n));
+    for (i64 s = 0; s < n; ++s) so.perm[s] = keys[s].row;
     so.inv.resize(static_cast<std::size_t>(n));
     so.p0.resize(n);
     so.p1.resize(n);
@@ -543,6 +554,8 @@ Sorted sort_problem(const double* p, const double* logq, const std::int64_t* lab
     so.lq1.resize(n);
     so.u.assign(static_cast<std::size_t>(n), 0.0);
     so.ua.assign(static_cast<std::size_t>(n), 0.0);
+    so.z.resize(n);
+    const double half_pi = std::acos(0.0);
     for (i64 s = 0; s < n; ++s) {
         const i64 i = so.perm[s];
         so.inv[i] = s;
@@ -553,6 +566,8 @@ Sorted sort_problem(const double* p, const double* logq, const std::int64_t* lab
         if (u) so.u[s] = u[i];
         so.umax = std::max(so.umax, std::fabs(so.u[s]));
         so.ua[s] = std::fabs(so.u[s]);
+        so.z[s] = so.p1[s] < 0.5 ? std::asin(std::sqrt(so.p1[s]))
+                                 : half_pi - std::asin(std::sqrt(so.p0[s]));
     }
     so.run_lo.resize(static_cast<std::size_t>(n));
     so.run_hi.resize(static_cast<std::size_t>(n));
@@ -620,7 +635,6 @@ void build_cells(Context& cx, const ExactL& Lx, double cell_width, i64 C, int nt
     const Sorted& so = *cx.so;
     const i64 n = cx.n;
     const double wf = cell_width * std::sqrt(1.0 / cx.s) * 0.5 / kSub;  // fine width in z
-    const double half_pi = std::acos(0.0);
     cx.cell_of.assign(static_cast<std::size_t>(n), 0);
     cx.cells.clear();
     cx.fine.clear();
@@ -628,8 +642,7 @@ void build_cells(Context& cx, const ExactL& Lx, double cell_width, i64 C, int nt
         i64 prev_f = -1, prev_c = -1;
         bool fresh = true;  // a class starts new cells
         for (i64 t = so.seg[c]; t < so.seg[c + 1]; ++t) {
-            const double z = so.p1[t] < 0.5 ? std::asin(std::sqrt(so.p1[t]))
-                                            : half_pi - std::asin(std::sqrt(so.p0[t]));
+            const double z = so.z[t];
             const i64 fid = static_cast<i64>(std::floor(z / wf));
             const i64 cid = fid / kSub;  // z >= 0
             if (fresh || cid != prev_c) {
@@ -757,8 +770,11 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
             cx.s = prob.scale[t];
             cx.n = n;
             cx.bias.resize(static_cast<std::size_t>(n));
-            cx.g.resize(static_cast<std::size_t>(n));
             const double* bsrc = prob.bias + (b * H + t) * n;
+            cx.g.resize(static_cast<std::size_t>(n));
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && n > 4096)
+#endif
             for (i64 s = 0; s < n; ++s) {
                 cx.bias[s] = bsrc[so.perm[s]];
                 cx.g[s] = digamma(so.p0[s] * cx.s + 1.0) - digamma(so.p1[s] * cx.s + 1.0);

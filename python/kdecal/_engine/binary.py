@@ -39,6 +39,9 @@ BINNED_MIN_H = 1e-6
 #: about 1 us: the maximum's search and ~12-25 cells of ~12 Taylor terms; measured on the
 #: 2-core AVX-512 machine at n = 1e5), times 1.5 for powers = 3 with the pair sums.
 _BINNED_COST = 700.0
+#: Centres sampled by :func:`choose_method` (it ran once per call and bandwidth, and
+#: sorting all n coordinates was a visible part of a short call's overhead).
+_CHOOSE_CENTRES = 8192
 
 
 def binary_inputs(x: np.ndarray, hs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -281,8 +284,8 @@ def choose_method(
     """``"window"`` or ``"binned"``: the one estimated faster for bandwidth ``h``.
 
     The window method costs the number of centres within its depth of every query
-    (estimated on up to 4 of the B problems from a sample of 512 queries each, by binary
-    search in the kernel's coordinate
+    (estimated on up to 4 of the B problems from a sample of 512 queries each and of
+    :data:`_CHOOSE_CENTRES` centres, by binary search in the kernel's coordinate
     ``z = arcsin sqrt(x)``, where the kernel's width is about ``sqrt(h)/2``); the binned
     method about :data:`_BINNED_COST` such terms per query and class.  Below
     :data:`BINNED_MIN_H` the window method always (the binned method's rounding bound
@@ -296,11 +299,14 @@ def choose_method(
     rng = np.random.default_rng(0)
     costs = []
     for b in np.linspace(0, p.shape[0] - 1, min(p.shape[0], 4)).astype(int):
-        z = np.arcsin(np.sqrt(np.clip(p[b, :, 1], 0.0, 1.0)))
-        sample = z[rng.integers(0, n, size=min(n, 512))]
-        zs = np.sort(z)
+        x = p[b, :, 1]
+        sample = np.arcsin(np.sqrt(np.clip(x[rng.integers(0, n, size=min(n, 512))], 0.0, 1.0)))
+        # the centres' coordinates: a random sample of _CHOOSE_CENTRES of them, the
+        # counts scaled by n / sample size (an estimate for a choice of method)
+        cs = x if n <= _CHOOSE_CENTRES else x[rng.integers(0, n, size=_CHOOSE_CENTRES)]
+        zs = np.sort(np.arcsin(np.sqrt(np.clip(cs, 0.0, 1.0))))
         per_query = np.searchsorted(zs, sample + half) - np.searchsorted(zs, sample - half)
-        costs.append(float(per_query.mean()))
+        costs.append(float(per_query.mean()) * n / zs.size)
     window_cost = float(np.mean(costs))
     binned_cost = _BINNED_COST * max(1, n_classes) * (1.0 + 0.25 * (powers - 1))
     return "window" if window_cost <= binned_cost else "binned"
