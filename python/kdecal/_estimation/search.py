@@ -74,6 +74,13 @@ SEARCH_SUBSET_MIN = 500
 #: ... and at most this many (n / 20 would make the subset stages cost 0.6 passes).
 SEARCH_SUBSET_MAX = 5000
 
+#: Most query rows the search compares bandwidths on (the rows doubling stops there),
+#: or None: all n. None by default: capped at 20,000 rows at n = 100,000, the chosen
+#: bandwidth's estimates moved by 0.23-0.25 bootstrap standard errors on resampled
+#: CIFAR-10 predictions, more than the 0.1 the search is allowed
+#: (``bench/search_rows.py``, ``bench/README.md``, "Search rows").
+SEARCH_ROWS_MAX: int | None = None
+
 #: Paired standard errors by which a neighbour of the best bandwidth must be worse on
 #: the rows evaluated so far for the search to stop evaluating it on more rows.
 SEARCH_SEPARATED_Z = 4.0
@@ -312,6 +319,8 @@ def search_bandwidths(
         else min(max(SEARCH_SUBSET_MIN, n // 20), SEARCH_SUBSET_MAX)
     )
     m_coarse = m_sub if m_sub == n else m_sub // 2
+    # the rows of the final comparison
+    last = n if SEARCH_ROWS_MAX is None else min(n, max(int(SEARCH_ROWS_MAX), m_sub))
     perm = None
     sub = problem
     if m_sub < n:
@@ -386,10 +395,10 @@ def search_bandwidths(
                         separated[i] = b
                 ends.append(b)
             best = min(ends, key=risk)
-            if done >= n:
+            if done >= last:
                 return best, done
             starts = sorted({b for b in ends if b == best or excess(b, best) < SEARCH_MODE_Z})
-            done = min(n, 2 * done)
+            done = min(last, 2 * done)
 
     chosen: dict[str, tuple[int, int]] = {}
     winners: set[int] = set()  # accumulators kept for the criteria already searched
