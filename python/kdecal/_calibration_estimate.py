@@ -247,8 +247,11 @@ class CalibrationEstimate:
         search_kl: _search.Search | None = None,
         est_sq: _regression.Estimate | None = None,
         validated: Probs | None = None,
+        progress: bool | None = None,
     ) -> None:
         self._est = est
+        # the progress setting of the call that made it, for its resampling passes
+        self._progress = progress
         # the validated probabilities (dtype, binary input), for the estimates of other
         # notions on the same rows (kdecal.evaluate) without validating them again
         self._validated = validated
@@ -530,7 +533,9 @@ class CalibrationEstimate:
             if gt:
                 assert labels is not None
                 jobs.append((labels, None))
-            reps = _replicates.replicates_jobs(base, jobs, self.backend, _needs_squares(group))
+            reps = _replicates.replicates_jobs(
+                base, jobs, self.backend, _needs_squares(group), self._progress
+            )
             for r, rep in enumerate(reps):
                 for q in gb:
                     dist_b[q][r0 + r] = _quiet(QUANTITIES[q], rep[0])

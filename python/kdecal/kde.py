@@ -349,7 +349,16 @@ def _estimate(
         )
         (est, search), (est_sq, _) = fits["lp"], fits["sq"]
         out = CalibrationEstimate(
-            est, P.p, y, be, search, est_kl=est_sq, search_kl=search, est_sq=est_sq, validated=P
+            est,
+            P.p,
+            y,
+            be,
+            search,
+            est_kl=est_sq,
+            search_kl=search,
+            est_sq=est_sq,
+            validated=P,
+            progress=progress,
         )
     else:
         criteria = ("brier", "log") if criterion == "auto" else (str(criterion),)
@@ -359,7 +368,15 @@ def _estimate(
         est, search = fits[criteria[0]]
         est_kl, search_kl = fits[criteria[-1]]
         out = CalibrationEstimate(
-            est, P.p, y, be, search, est_kl=est_kl, search_kl=search_kl, validated=P
+            est,
+            P.p,
+            y,
+            be,
+            search,
+            est_kl=est_kl,
+            search_kl=search_kl,
+            validated=P,
+            progress=progress,
         )
     if bandwidth == "loo-mle" or criterion == "loo-mle":
         out.criterion = "loo-mle"

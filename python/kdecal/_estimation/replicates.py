@@ -115,6 +115,7 @@ def replicates(
     weights: np.ndarray | None,
     backend: str,
     squares: bool = True,
+    progress: bool | None = None,
 ) -> Iterator[_regression.Estimate]:
     """Recompute the estimate for each label set (and centre multiplicities).
 
@@ -130,6 +131,8 @@ def replicates(
         Whether the quantities asked need the residual estimate's U-statistic of the
         squares (``sqerr``); without it, its replicates skip the squared sums and hold
         ``debias="none"`` (their ``E`` is the same).
+    progress : bool or None, default None
+        Progress bar of the passes (None: one only for long work).
 
     Yields
     ------
@@ -145,7 +148,7 @@ def replicates(
     if est.m is None:
         raise ValueError("this estimate holds no engine accumulators to resample")
     if est.estimator == "residual" and _dense_backend(backend):
-        for reps in _residual_replicates(est, [(labels, weights)], squares):
+        for reps in _residual_replicates(est, [(labels, weights)], squares, progress):
             yield reps[0]
         return
     R, B, n = labels.shape
@@ -190,6 +193,7 @@ def replicates(
                 w,
                 powers=powers,
                 backend=backend,
+                progress=progress,
             )
             for b in range(B)
         ]
@@ -248,6 +252,7 @@ def replicates_jobs(
     jobs: list[tuple[np.ndarray, np.ndarray | None]],
     backend: str,
     squares: bool = True,
+    progress: bool | None = None,
 ) -> Iterator[tuple[_regression.Estimate, ...]]:
     """:func:`replicates` of several resamplings of one estimate, replicate by replicate.
 
@@ -261,9 +266,9 @@ def replicates_jobs(
     if est.estimator == "residual" and _dense_backend(backend) and est.debias != "ratio":
         if est.m is None:
             raise ValueError("this estimate holds no engine accumulators to resample")
-        yield from _residual_replicates(est, jobs, squares)
+        yield from _residual_replicates(est, jobs, squares, progress)
         return
-    yield from zip(*(replicates(est, lab, w, backend, squares) for lab, w in jobs))
+    yield from zip(*(replicates(est, lab, w, backend, squares, progress) for lab, w in jobs))
 
 
 def _residual_sums(
@@ -333,6 +338,7 @@ def _residual_replicates(
     est: _regression.Estimate,
     jobs: list[tuple[np.ndarray, np.ndarray | None]],
     squares: bool = True,
+    progress: bool | None = None,
 ) -> Iterator[tuple[_regression.Estimate, ...]]:
     """:func:`replicates_jobs` of a residual estimate, as dense products with the kernel.
 
@@ -379,7 +385,7 @@ def _residual_replicates(
     # least 16 (O(n) memory), so that the products stay matrix products
     rows = int(min(n, max(16, _CHUNK_BYTES // (2 * 8.0 * n))))
     work = float(R) * B * n * n * (sum(ncol1) + sum(ncol2)) / 4.0
-    show = _runtime.show_progress(work, None)
+    show = _runtime.show_progress(work, progress)
     total = -(-R // chunk) * B * n
     scale = 1.0 / h
     with _runtime.progress_bar(show, total, "kdecal LOO resampling") as cb:
