@@ -295,6 +295,47 @@ def test_fast_mode_within_its_bound(K):
     assert np.max(np.abs(E - Er)) < 1e-5
 
 
+def test_float32_inputs_run_in_float64_below_fast_min_h():
+    # below FAST_MIN_H the fast mode's float32 K-dot would miss 1e-5 of E: float32 inputs
+    # are converted on the device and give the float64 mode's sums (of the rounded inputs)
+    P, y = _points(26, 3, seed=4)
+    P32 = P.astype(np.float32)
+    for hs, fast in (([1e-3], False), ([0.05], True), ([0.05, 2e-3], False)):
+        hs = np.array(hs)
+        l32, p32, bias = _inputs(P32.astype(np.float64), hs, np.float32)
+        l64, p64 = l32.astype(np.float64), p32.astype(np.float64)
+        for powers in (1, 3):  # the lean and the general kernel
+            a = cu.loo_reduce(l32, p32, y, 3, 1.0 / hs, bias, powers, pairs=powers > 1)
+            b = cu.loo_reduce(l64, p64, y, 3, 1.0 / hs, bias, powers, pairs=powers > 1)
+            err = np.max(np.abs(a[1] - b[1]) / b[1].sum(-1, keepdims=True))
+            if fast:
+                assert 0 < err < 1e-5, (hs, powers, err)  # the float32 arithmetic
+            else:
+                assert err < 1e-13, (hs, powers, err)
+        g = cu.loo_grad(
+            l32,
+            p32,
+            y,
+            3,
+            float(1 / hs[0]),
+            bias[0],
+            b[0][0] + np.log(b[1][0].sum(-1)),
+            np.ones((26, 3)),
+        )
+        g64 = cu.loo_grad(
+            l64,
+            p64,
+            y,
+            3,
+            float(1 / hs[0]),
+            bias[0],
+            b[0][0] + np.log(b[1][0].sum(-1)),
+            np.ones((26, 3)),
+        )
+        tol = 1e-4 if hs[0] >= cu.FAST_MIN_H else 1e-12
+        np.testing.assert_allclose(g[0], g64[0], rtol=tol, atol=tol * np.abs(g64[0]).max())
+
+
 def _multi_ref(logq, p, m, labels, C, scale, bias, weights):
     L = bias[None, :] + scale * (logq.astype(np.float64) @ p.astype(np.float64).T)
     n = L.shape[0]

@@ -47,9 +47,11 @@ Precision.  The dtype of ``logq`` and ``p`` chooses the mode:
   |L - M|)`` relative (``u32 = 6e-8``).  Measured against the float64 engine on the same
   float32 inputs (``bench/gpu.py`` on five real files): ``E = S / sum S`` within
   1.0e-5 at ``h >= 0.01`` (8e-7 at 0.1) and within 3e-6 to 7.7e-5 at ``h = 1e-3``
-  (2.0e-4 on synthetic points with K = 100): use float64 inputs at small bandwidths.  The
-  rounding of the inputs to float32 adds as much again at ``h = 1e-3``; the compiled
-  core's float32 mode rounds its inputs the same way.
+  (2.0e-4 on synthetic points with K = 100).  Therefore float32 inputs run the fast
+  mode only where every bandwidth is at least :data:`FAST_MIN_H` (0.01); below it they
+  are converted to float64 on the device and run the float64 mode (about twice the time
+  of the fast mode).  The rounding of the inputs to float32 adds about as much again at
+  ``h = 1e-3``; the compiled core's float32 mode rounds its inputs the same way.
 
 Arrays.  NumPy arrays are copied to the device and the results back.  Objects with
 ``__cuda_array_interface__`` (torch CUDA tensors, CuPy, numba device arrays) are used
@@ -120,6 +122,12 @@ SPLIT_MEMORY = 2**28
 #: many takes about 0.1-0.5 s on a current GPU, so that Ctrl-C is seen within a second.
 LAUNCH_PAIRS = 2e11
 
+#: Smallest bandwidth at which float32 inputs run the fast mode: below it, where the
+#: float32 K-dot's rounding (which grows as 1/h) exceeds 1e-5 of E on real predictions
+#: (7.7e-5 on CIFAR-100 at h = 1e-3; 1.0e-5 at h = 0.01, ``bench/README.md``), they are
+#: converted to float64 on the device and run the float64 mode.
+FAST_MIN_H = 0.01
+
 #: Log-kernel differences below this are clamped (exp(-3 * 230) is still a normal double).
 _CLAMP = -230.0
 
@@ -163,6 +171,33 @@ def _host(a: Any) -> np.ndarray:
     if _on_device(a):
         return np.asarray(_dev(a).copy_to_host())
     return np.asarray(a)
+
+
+@cuda.jit
+def _to_f64(src, dst):  # pragma: no cover - runs on the device
+    i = cuda.grid(1)
+    if i < src.shape[0]:
+        dst[i] = src[i]
+
+
+def _precise(max_scale: float, *arrays: Any) -> tuple[Any, ...]:
+    """The arrays as they run: float32 ones in float64 where a bandwidth is below
+    :data:`FAST_MIN_H` (``max_scale > 1 / FAST_MIN_H``), converted on the device."""
+    devs = [_dev(a) for a in arrays]
+    if not (max_scale > 1.0 / FAST_MIN_H and any(d.dtype == np.float32 for d in devs)):
+        return tuple(devs)
+    out = []
+    for d in devs:
+        if d.dtype == np.float64:
+            out.append(d)
+        elif d.is_c_contiguous() and d.size:
+            flat = d.reshape(d.size)
+            f64 = cuda.device_array(d.size, dtype=np.float64)
+            _to_f64[(d.size + TILE - 1) // TILE, TILE](flat, f64)
+            out.append(f64.reshape(d.shape))
+        else:
+            out.append(cuda.to_device(np.ascontiguousarray(_host(d), dtype=np.float64)))
+    return tuple(out)
 
 
 def _launch_rows(n: int, per_row: float, unit: int = TILE) -> int:
@@ -1228,7 +1263,8 @@ def loo_reduce(
     R = r1 - r0
     if pairs and powers < 2:
         raise ValueError(f"pairs=True needs powers >= 2, got powers = {powers}")
-    dlogq, dp, dbias = _dev(logq), _dev(p), _dev(bias)
+    dlogq, dp = _precise(float(scale_h.max(initial=0.0)), logq, p)
+    dbias = _dev(bias)
     fast = dp.dtype == np.float32
     if LEAN and powers == 1 and not pairs and resid is None and K <= LEAN_MAX_K:
         m, S = _loo_reduce_lean(dlogq, dp, labels, C, scale_h, dbias, r0, r1, progress)
@@ -1498,7 +1534,8 @@ def loo_reduce_multi(
     r1 = n if row_stop is None else int(row_stop)
     R = r1 - r0
     w_h = np.ones((B, n)) if weights is None else _host(weights).astype(np.float64)
-    dp = _dev(p)
+    logq, p = _precise(float(scale), logq, p)
+    dp = p
     K = int(dp.shape[1])
     fast = dp.dtype == np.float32
     pT = cuda.to_device(np.ascontiguousarray(_host(p).T))
@@ -1587,7 +1624,8 @@ def loo_grad(
     coef, _ = _batched(coef, 3)
     Bn, n, K = (int(s) for s in p.shape)
     C = int(n_classes)
-    dp, dlogq, dbias, dlse, dcoef = _dev(p), _dev(logq), _dev(bias), _dev(lse), _dev(coef)
+    dlogq, dp = _precise(float(scale), logq, p)
+    dbias, dlse, dcoef = _dev(bias), _dev(lse), _dev(coef)
     dlab = cuda.to_device(_host(labels).astype(np.int32))
     fast = dp.dtype == np.float32
     cj = cuda.device_array((Bn, n), dtype=np.float64)
