@@ -181,8 +181,11 @@ def _to_f64(src, dst):  # pragma: no cover - runs on the device
 
 
 def _precise(max_scale: float, *arrays: Any) -> tuple[Any, ...]:
-    """The arrays as they run: float32 ones in float64 where a bandwidth is below
-    :data:`FAST_MIN_H` (``max_scale > 1 / FAST_MIN_H``), converted on the device."""
+    """Return the arrays as they run, on the device.
+
+    Float32 ones become float64 where a bandwidth is below :data:`FAST_MIN_H`
+    (``max_scale > 1 / FAST_MIN_H``), converted on the device.
+    """
     devs = [_dev(a) for a in arrays]
     if not (max_scale > 1.0 / FAST_MIN_H and any(d.dtype == np.float32 for d in devs)):
         return tuple(devs)
