@@ -29,8 +29,8 @@ relative to the running class maximum ``M``: the terms below it are summed, the 
 equal to it counted, so that the pair sums ``D = S^2 - Q`` come without cancellation,
 and a new maximum rescales what was summed (see :func:`_forward_kernel_qb`).  A second,
 O(nC) kernel puts the class sums relative to the row maximum.  The passes that need
-neither powers, pair sums nor residual sums (``powers == 1``: the L1 and KL estimates,
-the bandwidth searches), for ``K <=`` :data:`LEAN_MAX_K`, run a leaner kernel with the
+neither powers, pair sums nor residual sums (``powers == 1``: the bandwidth searches, the
+plug-in L1 and KL estimates), for ``K <=`` :data:`LEAN_MAX_K`, run a leaner kernel with the
 same outputs (:func:`_lean_kernel`: about half the instructions per pair).  Nothing of size
 ``n x n`` is formed: memory is ``O(B n (K + H C))``.
 
@@ -651,8 +651,8 @@ def _rescale(mc, t, m, S, Q, T, D, powers, pairs):  # pragma: no cover - runs on
 # ------------------------------------------------------- the lean forward kernel (powers 1)
 
 #: Use the lean forward kernel (:func:`_lean_kernel`) where it applies: ``powers == 1``,
-#: no pair sums, no residual sums (the canonical L1 and KL estimates, the searches'
-#: plain passes). False: always the general kernel (:func:`_forward_kernel_qb`).
+#: no pair sums, no residual sums (the searches' passes, the plug-in
+#: estimator's L1 and KL estimates). False: always the general kernel (:func:`_forward_kernel_qb`).
 LEAN = True
 
 #: Threads (query rows) per block of the lean kernel, and the centres of its tiles.
