@@ -312,9 +312,7 @@ def test_float32_inputs_run_in_float64_below_fast_min_h():
                 assert 0 < err < 1e-5, (hs, powers, err)  # the float32 arithmetic
             else:
                 assert err < 1e-13, (hs, powers, err)
-        g = cu.loo_grad(
-            l32,
-            p32,
+        rest = (
             y,
             3,
             float(1 / hs[0]),
@@ -322,16 +320,8 @@ def test_float32_inputs_run_in_float64_below_fast_min_h():
             b[0][0] + np.log(b[1][0].sum(-1)),
             np.ones((26, 3)),
         )
-        g64 = cu.loo_grad(
-            l64,
-            p64,
-            y,
-            3,
-            float(1 / hs[0]),
-            bias[0],
-            b[0][0] + np.log(b[1][0].sum(-1)),
-            np.ones((26, 3)),
-        )
+        g = cu.loo_grad(l32, p32, *rest)
+        g64 = cu.loo_grad(l64, p64, *rest)
         tol = 1e-4 if hs[0] >= cu.FAST_MIN_H else 1e-12
         np.testing.assert_allclose(g[0], g64[0], rtol=tol, atol=tol * np.abs(g64[0]).max())
 
