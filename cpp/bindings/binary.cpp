@@ -51,7 +51,10 @@ py::tuple binary_reduce_py(const carray<double>& logq, const carray<double>& p,
     kdecal::BinaryMethod meth;
     if (method == "window") meth = kdecal::BinaryMethod::window;
     else if (method == "binned") meth = kdecal::BinaryMethod::binned;
-    else throw std::invalid_argument("method must be 'window' or 'binned', got '" + method + "'");
+    else if (method == "local") meth = kdecal::BinaryMethod::local;
+    else
+        throw std::invalid_argument("method must be 'window', 'binned' or 'local', got '" +
+                                    method + "'");
     const double* pu = nullptr;
     carray<double> ua;
     if (!u.is_none()) {
@@ -118,6 +121,8 @@ py::tuple binary_reduce_py(const carray<double>& logq, const carray<double>& p,
     st["fallbacks"] = stats.fallbacks;
     st["pairs_long"] = stats.pairs_long;
     st["pairs_fallback"] = stats.pairs_fallback;
+    st["rows_local"] = stats.rows_local;
+    st["groups_local"] = stats.groups_local;
     return py::make_tuple(m, S, Q, T, D, A, U, st);
 }
 

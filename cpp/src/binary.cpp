@@ -524,6 +524,347 @@ bool binned_sums(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
     return true;
 }
 
+// ------------------------------------------------ query-group local expansions
+// (docs/guide/binary_engine.md, "local expansions").  The queries of a group (a run of
+// sorted positions spanning at most kGroupWidth kernel widths in z) share one series in
+// t_j = s ((q1_j - q1_Q) - (q0_j - q0_Q)) around the group's reference query Q:
+//
+//   sum_i g_i e^{q (L_ij - m_j)} = e^{q D_j} sum_k (q t_j)^k lam_k,
+//   D_j = M + s (q0_j - q0_Q) + t_j xbar - m_j,
+//   lam_k = sum_i g_i e^{q (L_iQ - M)} (x_i - xbar)^k / k!,
+//
+// (M: Q's class maximum, xbar = x_Q), and lam is assembled from the cells' moments
+// (each cell's kappa series translated to xbar) or, for small cells, from their exact
+// terms.  The bounds are uniform over the group (|t_j| <= tmax); a (query, class) whose
+// bound fails the check falls back to binned_sums, then to the window method.
+
+constexpr int kPt = 12;                     // order of the series in t
+constexpr double kGroupWidth = 0.125;       // z-span of a group, units of sqrt(h)/2
+constexpr i64 kGroupMax = 256;              // queries per group
+
+struct BinomTable {  // c[a][b] = C(a, b), a, b <= kMaxOrder
+    double c[kNP][kNP];
+    BinomTable() {
+        for (int a = 0; a < kNP; ++a)
+            for (int b = 0; b < kNP; ++b)
+                c[a][b] = b == 0 ? 1.0 : (a == 0 ? 0.0 : c[a - 1][b - 1] + c[a - 1][b]);
+    }
+};
+const BinomTable kBinom;
+
+struct LocalExp {  // one (group, class)
+    bool ok = false;
+    double M = 0, xbar = 0, q0 = 0, q1 = 0;
+    double lam[kNMom][kPt + 1];
+    double err[kNMom];   // absolute error bound of the series, units of e^{q M}
+    double mag[kNMom];   // bound of the series' terms' magnitudes (same units)
+    double delta = 0;    // systematic log error of the cells' part
+    double esum = 0;     // max |p0 + p1 - 1| of the cells used
+    i64 kl = -1, kr = -1;  // the walk's stopping cells (every used cell lies between)
+};
+
+// Build the local expansion of class c [lo, hi) for the group with reference Q (sorted
+// position), whose queries have |t_j| <= tmax and D_j <= dmax_q.  bestQ, mQ: Q's class
+// maximum.
+void build_local(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i64 hi, i64 Q,
+                 i64 bestQ, double mQ, double tmax, double dmax_q, LocalExp& le) {
+    const Sorted& so = *cx.so;
+    const double s = cx.s;
+    le.ok = false;
+    le.M = mQ;
+    le.xbar = so.p1[Q];
+    le.q0 = so.lq0[Q];
+    le.q1 = so.lq1[Q];
+    le.delta = 0.0;
+    le.esum = 4 * kEps;
+    const double M = le.M, xbar = le.xbar, q0 = le.q0, q1 = le.q1;
+    for (int a = 0; a < kNMom; ++a) {
+        le.err[a] = le.mag[a] = 0.0;
+        for (int k = 0; k <= kPt; ++k) le.lam[a][k] = 0.0;
+    }
+    const bool need[kNMom] = {true, fl.want_a, fl.want_a, fl.powers >= 2, fl.want_u,
+                              fl.powers >= 3};
+    const int qarr[kNMom] = {1, 1, 1, 2, 2, 3};
+    const double gmax[kNMom] = {1.0, 1.0, 1.0, 1.0, so.umax, 1.0};
+    const int qmax = std::max(fl.powers, fl.want_u ? 2 : 1);
+    const double rem_t_unit = kInv.f[kPt] / (kPt + 1);  // 1 / (kPt + 1)!
+    const Cell* cells = cx.cells.data();
+    double drop[4] = {0, 0, 0, 0};
+    bool bad = false;
+
+    // exact terms of sorted positions [a, b) (small cells, cells whose series is too long)
+    auto direct = [&](i64 a, i64 b) {
+        for (i64 i = a; i < b; ++i) {
+            const double Li = Lx(cx.bias[i], s, q0, q1, so.p0[i], so.p1[i]);
+            const double lw = Li - M;
+            const double y = so.p1[i] - xbar;
+            le.delta = std::max(le.delta, 4.0 * kEps * (std::fabs(Li) + 2.0 * std::fabs(M) +
+                                                        s * (std::fabs(q0) * so.p0[i] +
+                                                             std::fabs(q1) * so.p1[i])));
+            le.esum = std::max(le.esum, 2.0 * std::fabs((so.p0[i] + so.p1[i]) - 1.0) + 4 * kEps);
+            if (lw > 600.0) {
+                bad = true;
+                return;
+            }
+            if (lw < -700.0) continue;  // below e^-700 of the maximum: counted in drop
+            const double w1 = std::exp(lw);
+            const double wq[4] = {0.0, w1, w1 * w1, w1 * w1 * w1};
+            const double gv[kNMom] = {1.0, so.p0[i], so.p1[i], 1.0, so.u[i], 1.0};
+            for (int a = 0; a < kNMom; ++a) {
+                if (!need[a]) continue;
+                const int q = qarr[a];
+                const double w = wq[q] * gv[a];
+                const double eta = q * tmax * std::fabs(y);
+                const double ee = std::exp(eta);
+                double yk = w;
+                for (int k = 0; k <= kPt; ++k) {
+                    le.lam[a][k] += yk;
+                    yk *= y * kInv.v[k];  // y^(k+1) / (k+1)!
+                }
+                const double wa = a == kU2 ? wq[q] * std::fabs(so.u[i]) : w;
+                double trunc = rem_t_unit;
+                for (int k = 0; k <= kPt; ++k) trunc *= eta;
+                le.err[a] += wa * ee * (trunc + kEps * (kPt + 8));
+                le.mag[a] += wa * ee;
+            }
+        }
+        (void)drop;
+    };
+
+    // 0: stop this direction; 1: used; 2: take the fine cells
+    auto use_cell = [&](const Cell& c, const double* cmom, bool coarse, bool first,
+                        double remaining) -> int {
+        const i64 rs = c.ref;
+        const double Lrq = Lx(cx.bias[rs], s, q0, q1, so.p0[rs], so.p1[rs]);
+        const double E = (Lrq - c.Lrr) + c.phi_max - M;
+        const double dq0 = q0 - so.lq0[rs], dq1 = q1 - so.lq1[rs];
+        const double kappa = s * (dq1 - dq0);
+        const double xi1 = std::fabs(kappa) * c.dmax;
+        const double dC = so.p1[rs] - xbar;
+        const double rho = std::fabs(dC) + c.dmax;
+        const double eta1 = tmax * rho;
+        const double top = E + xi1 + eta1;  // every term of the cell, every query: <= e^{top + D_j}
+        if (!first && (top + dmax_q < -cx.T ||
+                       top + dmax_q + std::log(std::max(remaining, 1.0)) < -36.0)) {
+            for (int q = 1; q <= 3; ++q) drop[q] += remaining * std::exp(q * top);
+            return 0;
+        }
+        if (E > 600.0) {
+            bad = true;
+            return 1;
+        }
+        const i64 count = c.end - c.start;
+        if (c.off < 0 || cmom == nullptr) {
+            direct(c.start, c.end);
+            return 1;
+        }
+        // kappa orders per power (the target as binned_sums': relative to the cell and,
+        // for far cells, to the smallest total a query of the group can have)
+        int P[4] = {0, 0, 0, 0};
+        double rem[4] = {0, 0, 0, 0};
+        bool too_long = false;
+        double cost_t = 0.0;
+        for (int q = 1; q <= qmax; ++q) {
+            const double xi = q * xi1;
+            double m0 = 0.0;  // the largest cell mass of this power's arrays
+            for (int a = 0; a < kNMom; ++a)
+                if (need[a] && qarr[a] == q)
+                    m0 = std::max(m0, a == kU2 ? c.absu : cmom[a * kNP]);
+            const double ub = std::exp(q * E + xi + q * eta1) * std::max(m0, 1e-300);
+            const double rmin = std::exp(-q * dmax_q);
+            const double tgt = kTolCell * (std::exp(-2.0 * xi) + rmin / (10.0 * ub));
+            P[q] = order_for(xi, tgt, rem[q]);
+            if (P[q] > kMaxOrder) too_long = true;
+            cost_t += (kPt + 1.0) * (std::min(P[q], kMaxOrder - kPt / 2) + 1.0) +
+                      0.5 * (kPt + 1.0) * (kPt + 2.0);
+        }
+        const double cost_d = static_cast<double>(count) * (kPt + 12.0) * qmax;
+        if (too_long && coarse && count > 64 && c.fe - c.fb > 1) return 2;
+        if (too_long || cost_d <= cost_t) {
+            direct(c.start, c.end);
+            return 1;
+        }
+        le.esum = std::max(le.esum, c.esum);
+        const double pr0 = so.p0[rs], pr1 = so.p1[rs];
+        const double mag =
+            std::fabs(Lrq) + std::fabs(c.Lrr) + 2.0 * std::fabs(c.phi_max) + 2.0 * std::fabs(M) +
+            s * (std::fabs(q0) * pr0 + std::fabs(q1) * pr1 + std::fabs(so.lq0[rs]) * pr0 +
+                 std::fabs(so.lq1[rs]) * pr1) +
+            s * (std::fabs(dq0) + std::fabs(dq1)) * c.dmax;
+        le.delta = std::max(le.delta, 4.0 * kEps * mag + s * std::fabs(dq0) * c.esum);
+        // (Delta_C)^j / j!
+        double dpow[kPt + 1];
+        dpow[0] = 1.0;
+        for (int j = 1; j <= kPt; ++j) dpow[j] = dpow[j - 1] * dC * kInv.v[j - 1];
+        const double cnt = static_cast<double>(count);
+        for (int a = 0; a < kNMom; ++a) {
+            if (!need[a]) continue;
+            const int q = qarr[a];
+            const int Pk = P[q];
+            const double kq = q * kappa;
+            const double* mm = cmom + a * kNP;
+            double kp[kNP];
+            kp[0] = 1.0;
+            for (int p = 1; p <= Pk; ++p) kp[p] = kp[p - 1] * kq;
+            // N_l / l! = sum_p (q kappa)^p C(p + l, p) m_{p + l}, p <= P_l = min(P, 24 - l)
+            // (the moments stop at order 24); the truncation of each N_l enters the sum
+            // weighted by (q tmax dmax)^l / l! (docs)
+            const double xi = q * xi1, etad = q * tmax * c.dmax;
+            double N[kPt + 1];
+            double trunc_k = 0.0, etal = 1.0;
+            for (int l = 0; l <= kPt; ++l) {
+                const int Pl = std::min(Pk, kMaxOrder - l);
+                double acc = 0.0;
+                for (int p = Pl; p >= 0; --p) acc += kp[p] * kBinom.c[p + l][p] * mm[p + l];
+                N[l] = acc;
+                double r = kInv.f[0];  // xi^(Pl+1) / (Pl+1)!
+                for (int j = 0; j <= Pl; ++j) r *= xi * kInv.v[j];
+                trunc_k += r * etal;
+                etal *= etad * kInv.v[l];
+            }
+            const double fac = std::exp(q * E);
+            for (int k = 0; k <= kPt; ++k) {
+                double acc = 0.0;
+                for (int l = 0; l <= k; ++l) acc += dpow[k - l] * N[l];
+                le.lam[a][k] += fac * acc;
+            }
+            const double m0 = a == kU2 ? c.absu : mm[0];
+            const double eta = q * eta1;
+            double trunc_t = rem_t_unit;
+            for (int k = 0; k <= kPt; ++k) trunc_t *= eta;
+            const double b1 = fac * m0 * std::exp(xi);
+            const double b0 = b1 * std::exp(eta);
+            le.err[a] += b1 * std::exp(q * tmax * std::fabs(dC)) * trunc_k +
+                         b0 * (trunc_t + kEps * (cnt + 2 * Pk + 2 * kPt + 16));
+            le.mag[a] += b0;
+        }
+        return 1;
+    };
+
+    const i64 k0 = cx.cell_of[bestQ];
+    auto visit = [&](i64 k, double remaining) -> bool {
+        const Cell& ck = cells[k];
+        const int res = use_cell(ck, ck.off >= 0 ? cx.mom.data() + ck.off : nullptr, true,
+                                 k == k0, remaining);
+        if (res == 0) return false;
+        if (res == 2)
+            for (i64 f = ck.fb; f < ck.fe; ++f)
+                use_cell(cx.fine[f], cx.fine[f].off >= 0 ? cx.fmom.data() + cx.fine[f].off
+                                                         : nullptr,
+                         false, true, 0.0);
+        return true;
+    };
+    visit(k0, 0.0);
+    le.kl = -1;
+    le.kr = static_cast<i64>(cx.cells.size());
+    for (i64 k = k0 - 1; k >= 0 && cells[k].start >= lo; --k)
+        if (!visit(k, static_cast<double>(cells[k].end - lo))) {
+            le.kl = k;
+            break;
+        }
+    for (i64 k = k0 + 1; k < static_cast<i64>(cx.cells.size()) && cells[k].end <= hi; ++k)
+        if (!visit(k, static_cast<double>(hi - cells[k].start))) {
+            le.kr = k;
+            break;
+        }
+    if (bad) return;
+    // the cells left out, and the terms below e^-700 of M that direct sums skipped
+    const double tiny = static_cast<double>(cx.n) * std::exp(-700.0);
+    for (int a = 0; a < kNMom; ++a) {
+        const int q = qarr[a];
+        le.err[a] += (drop[q] + tiny) * gmax[a];
+    }
+    le.ok = true;
+}
+
+// Evaluate the group's expansion for one (query, class); false if a bound fails the
+// check (the caller then uses binned_sums or the window method).
+bool local_eval(const Context& cx, const ExactL& Lx, const Flags& fl, const LocalExp& le,
+                i64 self, bool self_in, i64 best, RowSums& r) {
+    const Sorted& so = *cx.so;
+    const double s = cx.s, mc = r.mc;
+    const i64 kb = cx.cell_of[best];
+    if (!(kb > le.kl && kb < le.kr)) return false;
+    if (self_in) {
+        const i64 ks = cx.cell_of[self];
+        if (!(ks > le.kl && ks < le.kr)) return false;
+    }
+    const double q0 = so.lq0[self], q1 = so.lq1[self];
+    const double sd0 = s * (q0 - le.q0);
+    const double t = s * ((q1 - le.q1) - (q0 - le.q0));
+    const double D = ((le.M - mc) + sd0) + t * le.xbar;
+    if (!(D < 600.0)) return false;
+    // systematic log error: the cells' part, D's own rounding, the dense engine's error
+    // in L_ij, and the neglected s (q0_j - q0_Q)(p0 + p1 - 1)
+    const double delta = le.delta +
+                         4.0 * kEps *
+                             (std::fabs(le.M) + std::fabs(sd0) + std::fabs(t) + 2.0 * std::fabs(mc) +
+                              s * (std::fabs(q0) + std::fabs(q1))) +
+                         std::fabs(sd0) * le.esum;
+    const double F1 = std::exp(D);
+    const double Fq[4] = {0.0, F1, F1 * F1, F1 * F1 * F1};
+    // the query's own term (excluded) and the class maximum's (exactly 1, added apart)
+    double wself = 0.0;
+    if (self_in) wself = std::exp(Lx(cx.bias[self], s, q0, q1, so.p0[self], so.p1[self]) - mc);
+    const int qarr[kNMom] = {1, 1, 1, 2, 2, 3};
+    const bool want[kNMom] = {true, fl.want_a, fl.want_a, fl.powers >= 2, fl.want_u,
+                              fl.powers >= 3};
+    double val[kNMom] = {0, 0, 0, 0, 0, 0}, err[kNMom] = {0, 0, 0, 0, 0, 0};
+    double magv[kNMom] = {0, 0, 0, 0, 0, 0};
+    for (int a = 0; a < kNMom; ++a) {
+        if (!want[a]) continue;
+        const int q = qarr[a];
+        const double y = q * t;
+        const double* lam = le.lam[a];
+        double acc = lam[kPt];
+        for (int k = kPt - 1; k >= 0; --k) acc = acc * y + lam[k];
+        val[a] = Fq[q] * acc;
+        magv[a] = Fq[q] * le.mag[a];
+        err[a] = Fq[q] * (le.err[a] + (q * delta + kEps * (kPt + 4)) * (le.mag[a] + le.err[a]));
+    }
+    const double ws[4] = {0.0, wself, wself * wself, wself * wself * wself};
+    // subtract the excluded terms (their exact values; the series' own representation of
+    // them differs by at most the truncation counted above)
+    const double e1 = val[kM1] - 1.0 - ws[1];
+    const double e2 = fl.powers >= 2 ? val[kM2] - 1.0 - ws[2] : 0.0;
+    const double e3 = fl.powers >= 3 ? val[kM3] - 1.0 - ws[3] : 0.0;
+    // rounding of the subtractions (and of the excluded terms' own values)
+    auto xerr = [](double v, double sub) { return 8.0 * kEps * (std::fabs(v) + std::fabs(sub)); };
+    err[kM1] += xerr(val[kM1], 1.0 + ws[1]);
+    if (fl.powers >= 2) err[kM2] += xerr(val[kM2], 1.0 + ws[2]);
+    if (fl.powers >= 3) err[kM3] += xerr(val[kM3], 1.0 + ws[3]);
+    const double ref1 = fl.pairs ? e1 : 1.0 + e1;
+    if (!(e1 >= 0.0) || !(err[kM1] <= kTolCheck * ref1)) return false;
+    if (fl.powers >= 2) {
+        const double ref2 = fl.pairs ? e2 : 1.0 + e2;
+        if (!(e2 >= 0.0) || !(err[kM2] <= kTolCheck * ref2)) return false;
+    }
+    if (fl.powers >= 3 && (!(e3 >= 0.0) || !(err[kM3] <= kTolCheck * (1.0 + e3)))) return false;
+    double a0 = 0, a1 = 0, uu = 0;
+    if (fl.want_a) {
+        const double s0 = self_in ? ws[1] * so.p0[self] : 0.0;
+        const double s1 = self_in ? ws[1] * so.p1[self] : 0.0;
+        a0 = val[kA0] - s0;
+        a1 = val[kA1] - s1;
+        if (!(err[kA0] + xerr(val[kA0], s0) <= kTolCheck * a0) ||
+            !(err[kA1] + xerr(val[kA1], s1) <= kTolCheck * a1))
+            return false;
+    }
+    if (fl.want_u) {
+        const double su = self_in ? ws[2] * so.u[self] : 0.0;
+        uu = val[kU2] - su;
+        const double uref = std::fabs(so.u[best]) + magv[kU2];
+        if (!(err[kU2] + xerr(magv[kU2], su) <= kTolCheck * uref)) return false;
+    }
+    r.e[0] = e1;
+    r.e[1] = e2;
+    r.e[2] = e3;
+    r.a[0] = a0;
+    r.a[1] = a1;
+    r.uu = uu;
+    return true;
+}
+
 Sorted sort_problem(const double* p, const double* logq, const std::int64_t* labels,
                     const double* u, i64 n, i64 C) {
     Sorted so;
@@ -761,8 +1102,12 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
         // read in order (each row's result does not depend on the order)
         std::vector<i64> qorder;
         qorder.reserve(static_cast<std::size_t>(R));
+        std::vector<char> in_range(static_cast<std::size_t>(n), 0);
         for (i64 sp = 0; sp < n; ++sp)
-            if (so.perm[sp] >= prob.row_start && so.perm[sp] < prob.row_stop) qorder.push_back(sp);
+            if (so.perm[sp] >= prob.row_start && so.perm[sp] < prob.row_stop) {
+                qorder.push_back(sp);
+                in_range[sp] = 1;
+            }
         for (i64 t = 0; t < H; ++t) {
             if (detail::cancelled(control)) return false;
             Context cx;
@@ -780,7 +1125,8 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
                 cx.g[s] = digamma(so.p0[s] * cx.s + 1.0) - digamma(so.p1[s] * cx.s + 1.0);
             }
             const double Tn = std::log(static_cast<double>(n)) + 36.0;
-            const bool binned = method == BinaryMethod::binned;
+            const bool local = method == BinaryMethod::local;
+            const bool binned = method == BinaryMethod::binned || local;
             cx.T = binned ? Tn : std::max(kDrop, Tn);
             cx.need[kM1] = true;
             cx.need[kA0] = cx.need[kA1] = fl.want_a;
@@ -791,80 +1137,178 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
             const double Tw = std::max(kDrop, Tn);  // the window method's depth
 
             const i64 out_m = (b * H + t) * R;
-            const i64 ntasks = (R + kRowsPerTask - 1) / kRowsPerTask;
-            std::vector<BinaryStats> tst(static_cast<std::size_t>(nt));
-#ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
-#endif
-            for (i64 task = 0; task < ntasks; ++task) {
-#ifdef _OPENMP
-                const int tid = omp_get_thread_num();
-#else
-                const int tid = 0;
-#endif
-                if (detail::cancelled(control)) continue;
-                BinaryStats st;  // local: the per-thread slots share cache lines
-                const i64 k0 = task * kRowsPerTask;
-                const i64 k1 = std::min(R, k0 + kRowsPerTask);
-                std::vector<RowSums> rs(static_cast<std::size_t>(C));
-                for (i64 kq = k0; kq < k1; ++kq) {
-                    const i64 self = qorder[kq];
-                    const i64 j = so.perm[self];
-                    const double q0 = so.lq0[self], q1 = so.lq1[self];
-                    double mx = kNegInf;
-                    for (i64 c = 0; c < C; ++c) {
-                        RowSums& r = rs[c];
-                        r = RowSums{};
-                        const i64 lo = so.seg[c], hi = so.seg[c + 1];
-                        const i64 best = class_argmax(cx, Lx, lo, hi, self, q0, q1, r.mc);
-                        if (best < 0) {
-                            r.mc = kNegInf;
-                            continue;
-                        }
-                        bool ok = false;
-                        if (binned) ok = binned_sums(cx, Lx, fl, lo, hi, self, best, q0, q1, r, st);
-                        if (!ok) {
-                            if (binned) ++st.fallbacks;
-                            window_sums(cx, Tw, Lx, fl, lo, hi, self, best, q0, q1, r,
-                                        binned ? st.pairs_fallback : st.pairs_direct);
-                        }
-                        mx = std::max(mx, r.mc);
+            // the outputs of one query from its classes' sums
+            auto emit = [&](i64 self, const RowSums* rsum) {
+                const i64 j = so.perm[self];
+                double mx = kNegInf;
+                for (i64 c = 0; c < C; ++c) mx = std::max(mx, rsum[c].mc);
+                const i64 row = j - prob.row_start;
+                out.m[out_m + row] = mx;
+                double a0 = 0, a1 = 0, uu = 0;
+                for (i64 c = 0; c < C; ++c) {
+                    const RowSums& r = rsum[c];
+                    const i64 oi = (out_m + row) * C + c;
+                    const bool empty = !(r.mc > kNegInf);
+                    const double f = empty ? 0.0 : std::exp(r.mc - mx);
+                    out.S[oi] = empty ? 0.0 : (1.0 + r.e[0]) * f;
+                    if (fl.powers >= 2) out.Q[oi] = empty ? 0.0 : (1.0 + r.e[1]) * (f * f);
+                    if (fl.powers >= 3)
+                        out.T[oi] = empty ? 0.0 : (1.0 + r.e[2]) * (f * f * f);
+                    if (fl.pairs) {
+                        const double e = r.e[0];
+                        out.D[oi] = empty ? 0.0 : ((2.0 * e - r.e[1]) + e * e) * (f * f);
                     }
-                    const i64 row = j - prob.row_start;
-                    out.m[out_m + row] = mx;
-                    double a0 = 0, a1 = 0, uu = 0;
-                    for (i64 c = 0; c < C; ++c) {
-                        const RowSums& r = rs[c];
-                        const i64 oi = (out_m + row) * C + c;
-                        const bool empty = !(r.mc > kNegInf);
-                        const double f = empty ? 0.0 : std::exp(r.mc - mx);
-                        out.S[oi] = empty ? 0.0 : (1.0 + r.e[0]) * f;
-                        if (fl.powers >= 2) out.Q[oi] = empty ? 0.0 : (1.0 + r.e[1]) * (f * f);
-                        if (fl.powers >= 3)
-                            out.T[oi] = empty ? 0.0 : (1.0 + r.e[2]) * (f * f * f);
-                        if (fl.pairs) {
-                            const double e = r.e[0];
-                            out.D[oi] = empty ? 0.0 : ((2.0 * e - r.e[1]) + e * e) * (f * f);
-                        }
-                        if (!empty) {
-                            a0 += r.a[0] * f;
-                            a1 += r.a[1] * f;
-                            uu += r.uu * (f * f);
-                        }
+                    if (!empty) {
+                        a0 += r.a[0] * f;
+                        a1 += r.a[1] * f;
+                        uu += r.uu * (f * f);
                     }
-                    if (fl.want_a) {
-                        out.A[(out_m + row) * 2] = a0;
-                        out.A[(out_m + row) * 2 + 1] = a1;
-                    }
-                    if (fl.want_u) out.U[out_m + row] = uu;
                 }
+                if (fl.want_a) {
+                    out.A[(out_m + row) * 2] = a0;
+                    out.A[(out_m + row) * 2 + 1] = a1;
+                }
+                if (fl.want_u) out.U[out_m + row] = uu;
+            };
+            // one (query, class) by the binned method, else the window method
+            auto per_query = [&](i64 self, i64 lo, i64 hi, i64 best, RowSums& r,
+                                 BinaryStats& st) {
+                const double q0 = so.lq0[self], q1 = so.lq1[self];
+                bool ok = false;
+                if (binned) ok = binned_sums(cx, Lx, fl, lo, hi, self, best, q0, q1, r, st);
+                if (!ok) {
+                    if (binned) ++st.fallbacks;
+                    window_sums(cx, Tw, Lx, fl, lo, hi, self, best, q0, q1, r,
+                                binned ? st.pairs_fallback : st.pairs_direct);
+                }
+            };
+            std::vector<BinaryStats> tst(static_cast<std::size_t>(nt));
+            auto add_stats = [&](int tid, const BinaryStats& st) {
                 BinaryStats& ts = tst[tid];
                 ts.pairs_direct += st.pairs_direct;
                 ts.cells_taylor += st.cells_taylor;
                 ts.terms_taylor += st.terms_taylor;
                 ts.fallbacks += st.fallbacks;
                 ts.pairs_long += st.pairs_long;
-                detail::add_rows(control, k1 - k0);
+                ts.pairs_fallback += st.pairs_fallback;
+                ts.rows_local += st.rows_local;
+                ts.groups_local += st.groups_local;
+            };
+            if (local) {
+                // groups over all n sorted positions (independent of the rows asked for,
+                // so that a row's bits do not depend on the row range); the tasks are the
+                // groups holding at least one query row
+                const double wz = kGroupWidth * std::sqrt(1.0 / cx.s) * 0.5;
+                std::vector<i64> gstart;
+                for (i64 sp = 0; sp < n;) {
+                    gstart.push_back(sp);
+                    const i64 g0 = sp;
+                    ++sp;
+                    while (sp < n && sp - g0 < kGroupMax && std::fabs(so.z[sp] - so.z[g0]) <= wz)
+                        ++sp;
+                }
+                gstart.push_back(n);
+                std::vector<i64> tasks;
+                for (std::size_t g = 0; g + 1 < gstart.size(); ++g) {
+                    bool any = false;
+                    for (i64 sp = gstart[g]; sp < gstart[g + 1] && !any; ++sp)
+                        any = in_range[sp] != 0;
+                    if (any) tasks.push_back(static_cast<i64>(g));
+                }
+                const i64 ntasks = static_cast<i64>(tasks.size());
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
+#endif
+                for (i64 task = 0; task < ntasks; ++task) {
+#ifdef _OPENMP
+                    const int tid = omp_get_thread_num();
+#else
+                    const int tid = 0;
+#endif
+                    if (detail::cancelled(control)) continue;
+                    BinaryStats st;
+                    const i64 g0 = gstart[tasks[task]], g1 = gstart[tasks[task] + 1];
+                    std::vector<i64> qs;
+                    for (i64 sp = g0; sp < g1; ++sp)
+                        if (in_range[sp]) qs.push_back(sp);
+                    const i64 nq = static_cast<i64>(qs.size());
+                    const i64 Q = g0 + (g1 - g0) / 2;
+                    // |t_j| over the whole group (row-range independent)
+                    double tmax = 0.0;
+                    for (i64 sp = g0; sp < g1; ++sp)
+                        tmax = std::max(tmax, std::fabs(cx.s * ((so.lq1[sp] - so.lq1[Q]) -
+                                                                (so.lq0[sp] - so.lq0[Q]))));
+                    std::vector<RowSums> rs(static_cast<std::size_t>(nq * C));
+                    std::vector<i64> bests(static_cast<std::size_t>(nq));
+                    LocalExp le;
+                    for (i64 c = 0; c < C; ++c) {
+                        const i64 lo = so.seg[c], hi = so.seg[c + 1];
+                        le.ok = false;
+                        double mQ = kNegInf;
+                        const i64 bQ = class_argmax(cx, Lx, lo, hi, Q, so.lq0[Q], so.lq1[Q], mQ);
+                        if (bQ >= 0 && std::isfinite(mQ) && std::isfinite(tmax)) {
+                            // D_j <= t_j (xbar - x_bQ) where L at bQ bounds m_j from below
+                            const double dq = tmax * std::fabs(so.p1[Q] - so.p1[bQ]) + 1.0;
+                            build_local(cx, Lx, fl, lo, hi, Q, bQ, mQ, tmax, dq, le);
+                            ++st.groups_local;
+                        }
+                        for (i64 k = 0; k < nq; ++k) {
+                            const i64 self = qs[k];
+                            RowSums& r = rs[k * C + c];
+                            r = RowSums{};
+                            const i64 best =
+                                class_argmax(cx, Lx, lo, hi, self, so.lq0[self], so.lq1[self], r.mc);
+                            if (best < 0) {
+                                r.mc = kNegInf;
+                                continue;
+                            }
+                            const bool self_in = self >= lo && self < hi;
+                            if (le.ok && local_eval(cx, Lx, fl, le, self, self_in, best, r)) {
+                                ++st.rows_local;
+                                continue;
+                            }
+                            per_query(self, lo, hi, best, r, st);
+                        }
+                    }
+                    for (i64 k = 0; k < nq; ++k) emit(qs[k], rs.data() + k * C);
+                    add_stats(tid, st);
+                    detail::add_rows(control, nq);
+                }
+            } else {
+                const i64 ntasks = (R + kRowsPerTask - 1) / kRowsPerTask;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
+#endif
+                for (i64 task = 0; task < ntasks; ++task) {
+#ifdef _OPENMP
+                    const int tid = omp_get_thread_num();
+#else
+                    const int tid = 0;
+#endif
+                    if (detail::cancelled(control)) continue;
+                    BinaryStats st;  // local: the per-thread slots share cache lines
+                    const i64 k0 = task * kRowsPerTask;
+                    const i64 k1 = std::min(R, k0 + kRowsPerTask);
+                    std::vector<RowSums> rs(static_cast<std::size_t>(C));
+                    for (i64 kq = k0; kq < k1; ++kq) {
+                        const i64 self = qorder[kq];
+                        for (i64 c = 0; c < C; ++c) {
+                            RowSums& r = rs[c];
+                            r = RowSums{};
+                            const i64 lo = so.seg[c], hi = so.seg[c + 1];
+                            const i64 best = class_argmax(cx, Lx, lo, hi, self, so.lq0[self],
+                                                          so.lq1[self], r.mc);
+                            if (best < 0) {
+                                r.mc = kNegInf;
+                                continue;
+                            }
+                            per_query(self, lo, hi, best, r, st);
+                        }
+                        emit(self, rs.data());
+                    }
+                    add_stats(tid, st);
+                    detail::add_rows(control, k1 - k0);
+                }
             }
             for (const BinaryStats& st : tst) {
                 total.pairs_direct += st.pairs_direct;
@@ -872,6 +1316,9 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
                 total.terms_taylor += st.terms_taylor;
                 total.fallbacks += st.fallbacks;
                 total.pairs_long += st.pairs_long;
+                total.pairs_fallback += st.pairs_fallback;
+                total.rows_local += st.rows_local;
+                total.groups_local += st.groups_local;
             }
         }
     }

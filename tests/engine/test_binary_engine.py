@@ -1,6 +1,6 @@
 """The fast engine of binary problems (kdecal._engine.binary) against the dense engine.
 
-Every accumulator of the window and binned methods must be within 1e-8 relative of the
+Every accumulator of the window, binned and local methods must be within 1e-8 relative of the
 dense engine (``_backends.loo_reduce``, float64) on synthetic, real and adversarial
 inputs; ``method="exact"`` must be the dense engine bit for bit.  The pair sums D get an
 absolute floor of ``n e^-64 Q``: the dense engine's own truncation (it drops chunks of
@@ -62,7 +62,7 @@ def _run(x, y, C, hs, method, powers=3, pairs=True, **kw):
     return kb.loo_reduce_binary(x, y, C, hs, powers=powers, pairs=pairs, method=method, **kw)
 
 
-def _compare(x, y, C, hs, powers=3, pairs=True, methods=("window", "binned"), what=""):
+def _compare(x, y, C, hs, powers=3, pairs=True, methods=("window", "binned", "local"), what=""):
     ex = _run(x, y, C, hs, "exact", powers, pairs)
     for method in methods:
         out = _run(x, y, C, hs, method, powers, pairs)
@@ -95,7 +95,7 @@ def test_batched_classwise_problems():
     X = np.ascontiguousarray(P.T)  # (B, n): the one-vs-rest problems
     Y = (y[None, :] == np.arange(4)[:, None]).astype(np.int64)
     ex = _run(X, Y, 2, [1e-3, 1e-2], "exact")
-    for method in ("window", "binned"):
+    for method in ("window", "binned", "local"):
         out = _run(X, Y, 2, [1e-3, 1e-2], method)
         assert out[0].shape == ex[0].shape == (4, 2, 1200)
         _assert_close(out, ex, 1200, method)
@@ -174,8 +174,9 @@ def test_large_n_all_equal_and_clustered():
     x = np.concatenate([1 - rng.random(15000) * 1e-3, rng.beta(2, 2, 5000)])
     y = (rng.random(20000) < x).astype(np.int64)
     ex = _run(x, y, 2, [2e-4], "exact", powers=2)
-    out = _run(x, y, 2, [2e-4], "binned", powers=2)
-    _assert_close(out, ex, 20000, "clustered 20000")
+    for method in ("binned", "local"):
+        out = _run(x, y, 2, [2e-4], method, powers=2)
+        _assert_close(out, ex, 20000, f"clustered 20000 {method}")
 
 
 # --------------------------------------------------------------------- residual sums
@@ -196,12 +197,40 @@ def test_residual_sums(h):
     u = rng.random(len(x)) + 0.1
     A_ref, U_ref = _dense_residuals(x, y, h, u)
     ex = _run(x, y, 2, [h], "exact")
-    for method in ("window", "binned"):
+    for method in ("window", "binned", "local"):
         out = _run(x, y, 2, [h], method, resid=u)
         assert len(out) == 7
         _assert_close(out[:5], ex, len(x), method)
         assert _max_rel(out[5][0], A_ref) <= TOL
         assert _max_rel(out[6][0], U_ref) <= TOL
+
+
+@pytest.mark.parametrize(
+    "h, powers, pairs, resid", [(1e-3, 1, False, False), (2e-4, 3, True, True), (0.1, 3, True, True)]
+)
+def test_local_expansions_serve_the_rows(h, powers, pairs, resid):
+    """The local method answers most (query, class) pairs from its groups' series."""
+    rng = np.random.default_rng(13)
+    n = 6000
+    x = np.concatenate([rng.beta(8, 1, n - 1000), 1 - rng.random(1000) * 1e-4])
+    y = (rng.random(n) < x).astype(np.int64)
+    u = rng.random(n) + 0.1 if resid else None
+    logq, p, bias = kb.binary_inputs(x, [h])
+    args = (logq, p, y[None].copy(), 2, 1.0 / np.array([h]), bias)
+    stats: dict[str, int] = {}
+    out = kb.loo_reduce_k2(
+        *args, powers=powers, pairs=pairs, method="local", stats=stats,
+        u=None if u is None else u[None],
+    )
+    assert stats["groups_local"] > 0
+    assert stats["rows_local"] >= 0.85 * 2 * n, stats
+    ex = kb.loo_reduce_k2(*args, powers=powers, pairs=pairs, method="exact")
+    first = [a[0] if a.size else a for a in out]
+    _assert_close(first[: len(ex)], [a[0] if a.size else a for a in ex], n, f"local h={h}")
+    if resid:
+        A_ref, U_ref = _dense_residuals(x, y, h, u)
+        assert _max_rel(out[-2][0, 0], A_ref) <= TOL
+        assert _max_rel(out[-1][0, 0], U_ref) <= TOL
 
 
 # ------------------------------------------------------------- exactness and plumbing
@@ -225,7 +254,7 @@ def test_rows_and_threads():
     y = (rng.random(3000) < x).astype(np.int64)
     saved = _runtime.get_num_threads()
     try:
-        for method in ("window", "binned", "auto"):
+        for method in ("window", "binned", "local", "auto"):
             _runtime.set_num_threads(1)
             one = _run(x, y, 2, [1e-3, 0.03], method)
             _runtime.set_num_threads(2)
@@ -245,7 +274,7 @@ def test_auto_picks_a_method_and_agrees():
     _compare(x, y, 2, [1e-7, 1e-3, 0.2], methods=("auto",))
     _, p, _ = kb.binary_inputs(x, [1e-3])
     assert kb.choose_method(p, y[None], 2, 1e-8) == "window"
-    assert kb.choose_method(p, y[None], 2, 1e-3) in ("window", "binned")
+    assert kb.choose_method(p, y[None], 2, 1e-3) in ("window", "local")
 
 
 def test_bad_inputs():
@@ -288,13 +317,14 @@ def test_progress_and_stop():
     hs = np.array([1e-3, 1e-2])
     logq, p, bias = kb.binary_inputs(x, hs)
     lab = y[None].copy()
-    seen = []
     args = (logq, p, lab, 2, 1.0 / hs, bias, 2, 100, 1900, 2)
-    with_bar = core.binary_reduce(*args, seen.append, True, "binned")
-    without = core.binary_reduce(*args, None, True, "binned")
-    assert seen and seen[-1] == 2 * 1800 and seen == sorted(seen)
-    for a, b in zip(with_bar[:7], without[:7]):
-        assert np.array_equal(a, b)
+    for method in ("binned", "local"):
+        seen = []
+        with_bar = core.binary_reduce(*args, seen.append, True, method)
+        without = core.binary_reduce(*args, None, True, method)
+        assert seen and seen[-1] == 2 * 1800 and seen == sorted(seen)
+        for a, b in zip(with_bar[:7], without[:7]):
+            assert np.array_equal(a, b)
 
     # a watched call (work >= WATCH_MIN_WORK) stops when the callback raises
     x = rng.beta(4, 1, 20000)

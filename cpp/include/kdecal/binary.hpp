@@ -39,7 +39,7 @@
 
 namespace kdecal {
 
-enum class BinaryMethod : int { window = 0, binned = 1 };
+enum class BinaryMethod : int { window = 0, binned = 1, local = 2 };
 
 /// Inputs of one binary problem (a batch of B problems sharing n, H, C).  Row-major,
 /// C-contiguous; the same arrays loo_reduce takes for K = 2 (float64 only).
@@ -80,6 +80,8 @@ struct BinaryStats {
     std::int64_t fallbacks = 0;      // (query, class) recomputed by the window method
     std::int64_t pairs_long = 0;     // direct terms of fine cells whose series was too long
     std::int64_t pairs_fallback = 0; // terms of those window recomputations
+    std::int64_t rows_local = 0;     // (query, class) from a group's local expansion
+    std::int64_t groups_local = 0;   // (group, class) local expansions built
 };
 
 /// Run the reduction.  Throws std::invalid_argument on bad sizes, labels, powers, rows,

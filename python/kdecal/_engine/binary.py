@@ -13,9 +13,14 @@ coordinate.  :func:`loo_reduce_binary` returns the accumulators of
 - ``method="binned"``: Taylor sums over cells of the variance-stabilised coordinate
   ``arcsin sqrt(x)`` with an error bound per query and class, and the window method
   where the bound is not met (``docs/guide/binary_engine.md`` derives it: every
-  accumulator within ``1e-9`` relative of the exact sums);
+  accumulator within ``3e-9`` relative of the exact sums);
+- ``method="local"``: the same cells, their Taylor sums translated once per group of
+  neighbouring queries into one series in the query's coordinate (a local expansion,
+  with an error bound per query and class as above; ``"binned"``, then the window
+  method, where the bound is not met): the per-query work of ``"binned"`` without its
+  loop over cells;
 - ``method="exact"``: the dense engine itself (``_backends.loo_reduce``);
-- ``method="auto"``: window or binned per bandwidth, whichever is estimated faster.
+- ``method="auto"``: window or local per bandwidth, whichever is estimated faster.
 """
 
 from __future__ import annotations
@@ -29,16 +34,17 @@ from .. import _formulas as _f
 from . import engines as _engines
 from . import runtime as _runtime
 
-METHODS = ("auto", "binned", "window", "exact")
+METHODS = ("auto", "local", "binned", "window", "exact")
 #: Cell width of the binned method, in units of the kernel's width sqrt(h)/2 in z.
 CELL_WIDTH = 0.8
 #: Below this bandwidth the binned method's rounding bound fails for most rows: window.
 BINNED_MIN_H = 1e-6
-#: Estimated cost of the binned method per (query, class), in exact window terms (the
-#: window method sums about 0.7 terms per ns and thread; a binned (query, class) costs
-#: about 1 us: the maximum's search and ~12-25 cells of ~12 Taylor terms; measured on the
-#: 2-core AVX-512 machine at n = 1e5), times 1.5 for powers = 3 with the pair sums.
-_BINNED_COST = 700.0
+#: Estimated cost of the local method per (query, class), in exact window terms (the
+#: window method sums about 0.7 terms per ns and thread; a local (query, class) costs
+#: about 0.3 us: the maximum's search and one series per accumulator (the binned
+#: method's loop over ~12-25 cells cost about 1 us); measured on the 2-core AVX-512
+#: machine at n = 1e5), times 1.5 for powers = 3 with the pair sums.
+_LOCAL_COST = 200.0
 #: Centres sampled by :func:`choose_method` (it ran once per call and bandwidth, and
 #: sorting all n coordinates was a visible part of a short call's overhead).
 _CHOOSE_CENTRES = 8192
@@ -110,7 +116,7 @@ def loo_reduce_binary(
         ``method="exact"``).
     rows : (int, int), optional
         Query rows ``[start, stop)`` (against all n centres); default all.
-    method : {"auto", "binned", "window", "exact"}
+    method : {"auto", "local", "binned", "window", "exact"}
         See the module docstring.
     progress : bool or None
         Progress bar; ``None`` shows one for long work only.  Ctrl-C stops the call.
@@ -221,7 +227,9 @@ def loo_reduce_k2(
     else:
         methods = [method] * H
     parts: list[tuple[np.ndarray, ...]] = []
-    groups = [(mth, [t for t in range(H) if methods[t] == mth]) for mth in ("binned", "window")]
+    groups = [
+        (mth, [t for t in range(H) if methods[t] == mth]) for mth in ("local", "binned", "window")
+    ]
     groups = [g for g in groups if g[1]]
     total = (r1 - r0) * B * H
     work = float(r1 - r0) * B * H * max(1, n_classes) * 1000.0  # ~1 us per (query, class)
@@ -281,13 +289,13 @@ def loo_reduce_k2(
 def choose_method(
     p: np.ndarray, labels: np.ndarray, n_classes: int, h: float, powers: int = 1
 ) -> str:
-    """``"window"`` or ``"binned"``: the one estimated faster for bandwidth ``h``.
+    """``"window"`` or ``"local"``: the one estimated faster for bandwidth ``h``.
 
     The window method costs the number of centres within its depth of every query
     (estimated on up to 4 of the B problems from a sample of 512 queries each and of
     :data:`_CHOOSE_CENTRES` centres, by binary search in the kernel's coordinate
     ``z = arcsin sqrt(x)``, where the kernel's width is about ``sqrt(h)/2``); the binned
-    method about :data:`_BINNED_COST` such terms per query and class.  Below
+    method about :data:`_LOCAL_COST` such terms per query and class.  Below
     :data:`BINNED_MIN_H` the window method always (the binned method's rounding bound
     fails there and it would fall back to windows anyway).
     """
@@ -308,8 +316,8 @@ def choose_method(
         per_query = np.searchsorted(zs, sample + half) - np.searchsorted(zs, sample - half)
         costs.append(float(per_query.mean()) * n / zs.size)
     window_cost = float(np.mean(costs))
-    binned_cost = _BINNED_COST * max(1, n_classes) * (1.0 + 0.25 * (powers - 1))
-    return "window" if window_cost <= binned_cost else "binned"
+    local_cost = _LOCAL_COST * max(1, n_classes) * (1.0 + 0.25 * (powers - 1))
+    return "window" if window_cost <= local_cost else "local"
 
 
 def _require_core() -> Any:
