@@ -4,6 +4,7 @@
 #include "pybind11.hpp"
 
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -16,12 +17,37 @@ namespace {
 template <class Real>
 using carray = py::array_t<Real, py::array::c_style>;
 
+// A kdecal::BinaryPlan and the arrays it points into (kept alive with it).
+struct PyBinaryPlan {
+    carray<double> logq, p;
+    carray<std::int64_t> labels;
+    std::unique_ptr<kdecal::BinaryPlan> plan;
+};
+
+PyBinaryPlan make_plan(const carray<double>& logq, const carray<double>& p,
+                       const carray<std::int64_t>& labels, std::int64_t n_classes) {
+    if (p.ndim() != 3 || logq.ndim() != 3 || labels.ndim() != 2 || p.shape(2) != 2)
+        throw std::invalid_argument("a BinaryPlan needs logq, p of shape (B, n, 2), labels (B, n)");
+    for (py::ssize_t d = 0; d < 3; ++d)
+        if (logq.shape(d) != p.shape(d))
+            throw std::invalid_argument("logq and p must have the same shape");
+    if (labels.shape(0) != p.shape(0) || labels.shape(1) != p.shape(1))
+        throw std::invalid_argument("labels must have shape (B, n)");
+    if (n_classes < 1) throw std::invalid_argument("n_classes must be >= 1");
+    PyBinaryPlan out{logq, p, labels, nullptr};
+    py::gil_scoped_release release;
+    out.plan = std::make_unique<kdecal::BinaryPlan>(logq.data(), p.data(), labels.data(),
+                                                    p.shape(0), p.shape(1), n_classes);
+    return out;
+}
+
 py::tuple binary_reduce_py(const carray<double>& logq, const carray<double>& p,
                            const carray<std::int64_t>& labels, std::int64_t n_classes,
                            const carray<double>& scale, const carray<double>& bias, int powers,
                            std::int64_t row_start, std::int64_t row_stop, int n_threads,
                            const py::object& progress, bool pairs, const std::string& method,
-                           bool residuals, const py::object& u, double cell_width) {
+                           bool residuals, const py::object& u, double cell_width,
+                           const py::object& plan) {
     const bool batched = p.ndim() == 3;
     if (!(p.ndim() == 2 || batched) || logq.ndim() != p.ndim())
         throw std::invalid_argument("logq and p must both be (n, 2) or both (B, n, 2) arrays");
@@ -106,8 +132,14 @@ py::tuple binary_reduce_py(const carray<double>& logq, const carray<double>& p,
     out.A = residuals ? A.mutable_data() : nullptr;
     out.U = residuals && pu ? U.mutable_data() : nullptr;
     kdecal::BinaryStats stats;
+    kdecal::BinaryPlan* pl = nullptr;
+    py::object plan_ref;  // held for the call
+    if (!plan.is_none()) {
+        plan_ref = plan;
+        pl = plan.cast<PyBinaryPlan&>().plan.get();
+    }
     auto work = [&](kdecal::Control* control) {
-        kdecal::binary_reduce(prob, out, meth, n_threads, control, &stats);
+        kdecal::binary_reduce(prob, out, meth, n_threads, control, &stats, pl);
     };
     // work, in dense kernel evaluations (about 1 ns each): a (query, class) costs about
     // 1 us on either method at n = 1e5 (docs/guide/binary_engine.md)
@@ -129,21 +161,35 @@ py::tuple binary_reduce_py(const carray<double>& logq, const carray<double>& p,
 }  // namespace
 
 void bind_binary(py::module_& m) {
+    py::class_<PyBinaryPlan>(m, "BinaryPlan", R"doc(
+The sorted centres of a batch of binary problems and a cache of their per-bandwidth
+cells, for many binary_reduce calls on the same arrays (a bandwidth search).
+
+BinaryPlan(logq, p, labels, n_classes): logq, p (B, n, 2) float64, labels (B, n) int64,
+the arrays the calls pass (a call uses the plan only when it passes these very arrays;
+their contents must not change while the plan lives).  Results are bit-identical with and
+without a plan.
+)doc")
+        .def(py::init(&make_plan), py::arg("logq").noconvert(), py::arg("p").noconvert(),
+             py::arg("labels").noconvert(), py::arg("n_classes"));
     m.def("binary_reduce", &binary_reduce_py, py::arg("logq").noconvert(),
           py::arg("p").noconvert(), py::arg("labels").noconvert(), py::arg("n_classes"),
           py::arg("scale").noconvert(), py::arg("bias").noconvert(), py::arg("powers") = 1,
           py::arg("row_start") = 0, py::arg("row_stop") = 0, py::arg("n_threads") = 0,
           py::arg("progress") = py::none(), py::arg("pairs") = false,
           py::arg("method") = "binned", py::arg("residuals") = false,
-          py::arg("u") = py::none(), py::arg("cell_width") = 0.8, R"doc(
+          py::arg("u") = py::none(), py::arg("cell_width") = 0.8,
+          py::arg("plan") = py::none(), R"doc(
 Fast leave-one-out sums of binary (K = 2) problems: the accumulators of loo_reduce.
 
 logq, p: (n, 2) or (B, n, 2) float64 (the same arrays loo_reduce takes); labels (n,) or
 (B, n) int64; scale (H,); bias (H, n) or (B, H, n).  method: "window" (exact terms within
-max(64, ln n + 36) nats of each class maximum, with loo_reduce's own log-kernel) or
+max(64, ln n + 36) nats of each class maximum, with loo_reduce's own log-kernel),
 "binned" (Taylor sums over cells of width cell_width * sqrt(h) / 2 in arcsin sqrt(x),
-with an error bound per (query, class) and the window method where it is not met;
-docs/guide/binary_engine.md).  residuals=True also returns A (H, R, 2) = sum_{i != j}
+with an error bound per (query, class) and the window method where it is not met) or
+"local" (those cells' sums translated once per group of neighbouring queries into one
+series in the query's coordinate, with the same bound, and "binned" where it is not met;
+docs/guide/binary_engine.md).  plan: a BinaryPlan of these logq, p, labels, or None.  residuals=True also returns A (H, R, 2) = sum_{i != j}
 w_ij p[i, k] and, with u ((n,) or (B, n) float64), U (H, R) = sum_{i != j} w_ij^2 u[i],
 w_ij = exp(L_ij - m_j).  Returns (m, S, Q, T, D, A, U, stats): arrays not requested have
 shape (0, 0, 0); stats counts the direct terms, Taylor cells and fallbacks.  Releases the

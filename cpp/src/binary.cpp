@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -1034,10 +1036,140 @@ void build_cells(Context& cx, const ExactL& Lx, double cell_width, i64 C, int nt
     (void)nt;
 }
 
+// One bandwidth's context: the centres' bias and digamma differences in sorted order,
+// and (binned, local) the cells with the moment arrays of need.
+std::shared_ptr<const Context> make_context(const Sorted& so, double scale, const double* bsrc,
+                                            const bool need[kNMom], bool binned,
+                                            double cell_width, i64 C, const ExactL& Lx,
+                                            int nt) {
+    auto cx = std::make_shared<Context>();
+    const i64 n = static_cast<i64>(so.perm.size());
+    cx->so = &so;
+    cx->s = scale;
+    cx->n = n;
+    cx->bias.resize(static_cast<std::size_t>(n));
+    cx->g.resize(static_cast<std::size_t>(n));
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && n > 4096)
+#endif
+    for (i64 s = 0; s < n; ++s) {
+        cx->bias[s] = bsrc[so.perm[s]];
+        cx->g[s] = digamma(so.p0[s] * scale + 1.0) - digamma(so.p1[s] * scale + 1.0);
+    }
+    const double Tn = std::log(static_cast<double>(n)) + 36.0;
+    cx->T = binned ? Tn : std::max(kDrop, Tn);
+    for (int a = 0; a < kNMom; ++a) cx->need[a] = need[a];
+    if (binned) build_cells(*cx, Lx, cell_width, C, nt);
+    return cx;
+}
+
+// The residual weights u of a sorted problem (by its permutation).
+void set_residual_weights(Sorted& so, const double* u) {
+    const i64 n = static_cast<i64>(so.perm.size());
+    so.umax = 0.0;
+    for (i64 s = 0; s < n; ++s) {
+        so.u[s] = u[so.perm[s]];
+        so.ua[s] = std::fabs(so.u[s]);
+        so.umax = std::max(so.umax, so.ua[s]);
+    }
+}
+
+std::size_t context_bytes(const Context& cx) {
+    return sizeof(double) * (cx.bias.size() + cx.g.size() + cx.mom.size() + cx.fmom.size()) +
+           sizeof(i64) * cx.cell_of.size() + sizeof(Cell) * (cx.cells.size() + cx.fine.size());
+}
+
 }  // namespace
 
+// A plan: the batch's problems sorted once, and the contexts of the bandwidths used,
+// least recently used first out beyond kPlanBytes.
+struct BinaryPlan::Impl {
+    const double* logq;
+    const double* p;
+    const std::int64_t* labels;
+    i64 B, n, C;
+    std::vector<Sorted> sorted;
+    struct Entry {
+        i64 b;
+        double scale;
+        bool need[kNMom];
+        bool cells;
+        double cell_width;
+        std::shared_ptr<const Context> cx;
+        std::size_t bytes;
+        std::uint64_t used;
+    };
+    std::mutex mu;
+    std::vector<Entry> entries;
+    std::uint64_t clock = 0;
+    std::size_t bytes = 0;
+
+    bool matches(const BinaryProblem& prob) const {
+        return prob.logq == logq && prob.p == p && prob.labels == labels && prob.B == B &&
+               prob.n == n && prob.C == C;
+    }
+
+    std::shared_ptr<const Context> context(i64 b, double scale, const double* bias,
+                                           const bool need[kNMom], bool binned,
+                                           double cell_width, const ExactL& Lx, int nt) {
+        {
+            std::lock_guard<std::mutex> lock(mu);
+            for (Entry& e : entries) {
+                if (e.b != b || e.scale != scale) continue;
+                if (binned && (!e.cells || e.cell_width != cell_width)) continue;
+                // the same bias (the kernel's, for these points and this scale): checked
+                const std::vector<i64>& perm = sorted[b].perm;
+                bool same = true;
+                for (std::size_t s = 0; s < perm.size() && same; ++s)
+                    same = e.cx->bias[s] == bias[perm[s]];
+                if (!same) continue;
+                bool covers = true;
+                for (int a = 0; a < kNMom; ++a) covers = covers && (!need[a] || e.need[a]);
+                if (binned && !covers) continue;
+                e.used = ++clock;
+                return e.cx;
+            }
+        }
+        auto cx = make_context(sorted[b], scale, bias, need, binned, cell_width, C, Lx, nt);
+        std::lock_guard<std::mutex> lock(mu);
+        Entry e{b, scale, {}, binned, cell_width, cx, context_bytes(*cx), ++clock};
+        for (int a = 0; a < kNMom; ++a) e.need[a] = need[a];
+        bytes += e.bytes;
+        entries.push_back(e);
+        while (bytes > kPlanBytes && entries.size() > 1) {
+            auto old = std::min_element(entries.begin(), entries.end(),
+                                        [](const Entry& x, const Entry& y) { return x.used < y.used; });
+            bytes -= old->bytes;
+            entries.erase(old);
+        }
+        return cx;
+    }
+};
+
+BinaryPlan::BinaryPlan(const double* logq, const double* p, const std::int64_t* labels,
+                       std::int64_t B, std::int64_t n, std::int64_t C)
+    : impl(std::make_unique<Impl>()) {
+    check(n >= 1 && B >= 1 && C >= 1, "a plan needs n, B, C >= 1");
+    for (i64 i = 0; i < B * n; ++i)
+        if (labels[i] < 0 || labels[i] >= C)
+            throw std::invalid_argument("kdecal.BinaryPlan: label " + std::to_string(labels[i]) +
+                                        " is outside [0, " + std::to_string(C) + ")");
+    impl->logq = logq;
+    impl->p = p;
+    impl->labels = labels;
+    impl->B = B;
+    impl->n = n;
+    impl->C = C;
+    impl->sorted.reserve(static_cast<std::size_t>(B));
+    for (i64 b = 0; b < B; ++b)
+        impl->sorted.push_back(
+            sort_problem(p + b * n * 2, logq + b * n * 2, labels + b * n, nullptr, n, C));
+}
+
+BinaryPlan::~BinaryPlan() = default;
+
 bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMethod method,
-                   int n_threads, Control* control, BinaryStats* stats) {
+                   int n_threads, Control* control, BinaryStats* stats, BinaryPlan* plan) {
     const i64 n = prob.n, C = prob.C, H = prob.H, B = prob.B;
     check(n >= 1, "n must be >= 1, got " + std::to_string(n));
     check(B >= 1, "B must be >= 1");
@@ -1092,11 +1224,35 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
     BinaryStats total;
     if (R == 0) return !detail::cancelled(control);
 
+    const bool local = method == BinaryMethod::local;
+    const bool binned = method == BinaryMethod::binned || local;
+    const double Tn = std::log(static_cast<double>(n)) + 36.0;
+    bool need[kNMom];
+    need[kM1] = true;
+    need[kA0] = need[kA1] = fl.want_a;
+    need[kM2] = prob.powers >= 2;
+    need[kU2] = fl.want_u;
+    need[kM3] = prob.powers >= 3;
+    // a plan of the same arrays serves its sorted centres and, for calls without
+    // residual weights (u enters the cells' moments), its per-bandwidth cells
+    BinaryPlan::Impl* pl = plan && plan->impl && plan->impl->matches(prob) ? plan->impl.get()
+                                                                           : nullptr;
     for (i64 b = 0; b < B; ++b) {
         if (detail::cancelled(control)) return false;
-        const Sorted so = sort_problem(prob.p + b * n * 2, prob.logq + b * n * 2,
-                                       prob.labels + b * n, prob.u ? prob.u + b * n : nullptr,
-                                       n, C);
+        Sorted own;
+        const Sorted* sop = nullptr;
+        if (pl && !prob.u) {
+            sop = &pl->sorted[b];
+        } else if (pl) {
+            own = pl->sorted[b];
+            set_residual_weights(own, prob.u + b * n);
+            sop = &own;
+        } else {
+            own = sort_problem(prob.p + b * n * 2, prob.logq + b * n * 2, prob.labels + b * n,
+                               prob.u ? prob.u + b * n : nullptr, n, C);
+            sop = &own;
+        }
+        const Sorted& so = *sop;
         // the queries in the centres' sorted order (by label, then x): neighbouring queries
         // share their searches' and cells' cache lines, and each query's own data is
         // read in order (each row's result does not depend on the order)
@@ -1110,30 +1266,14 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
             }
         for (i64 t = 0; t < H; ++t) {
             if (detail::cancelled(control)) return false;
-            Context cx;
-            cx.so = &so;
-            cx.s = prob.scale[t];
-            cx.n = n;
-            cx.bias.resize(static_cast<std::size_t>(n));
             const double* bsrc = prob.bias + (b * H + t) * n;
-            cx.g.resize(static_cast<std::size_t>(n));
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && n > 4096)
-#endif
-            for (i64 s = 0; s < n; ++s) {
-                cx.bias[s] = bsrc[so.perm[s]];
-                cx.g[s] = digamma(so.p0[s] * cx.s + 1.0) - digamma(so.p1[s] * cx.s + 1.0);
-            }
-            const double Tn = std::log(static_cast<double>(n)) + 36.0;
-            const bool local = method == BinaryMethod::local;
-            const bool binned = method == BinaryMethod::binned || local;
-            cx.T = binned ? Tn : std::max(kDrop, Tn);
-            cx.need[kM1] = true;
-            cx.need[kA0] = cx.need[kA1] = fl.want_a;
-            cx.need[kM2] = prob.powers >= 2;
-            cx.need[kU2] = fl.want_u;
-            cx.need[kM3] = prob.powers >= 3;
-            if (binned) build_cells(cx, Lx, prob.cell_width, C, nt);
+            std::shared_ptr<const Context> held;
+            if (pl && !prob.u)
+                held = pl->context(b, prob.scale[t], bsrc, need, binned, prob.cell_width, Lx, nt);
+            else
+                held = make_context(so, prob.scale[t], bsrc, need, binned, prob.cell_width, C,
+                                    Lx, nt);
+            const Context& cx = *held;
             const double Tw = std::max(kDrop, Tn);  // the window method's depth
 
             const i64 out_m = (b * H + t) * R;

@@ -7,17 +7,31 @@ from __future__ import annotations
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['WATCH_MIN_WORK', 'binary_reduce', 'debias', 'has_openmp', 'kernel_bias', 'kernel_weights', 'loo_grad', 'loo_reduce', 'loo_reduce_multi', 'max_threads', 'simd_path']
-def binary_reduce(logq: numpy.typing.NDArray[numpy.float64], p: numpy.typing.NDArray[numpy.float64], labels: numpy.typing.NDArray[numpy.int64], n_classes: typing.SupportsInt | typing.SupportsIndex, scale: numpy.typing.NDArray[numpy.float64], bias: numpy.typing.NDArray[numpy.float64], powers: typing.SupportsInt | typing.SupportsIndex = 1, row_start: typing.SupportsInt | typing.SupportsIndex = 0, row_stop: typing.SupportsInt | typing.SupportsIndex = 0, n_threads: typing.SupportsInt | typing.SupportsIndex = 0, progress: typing.Callable[[int], object] | None = None, pairs: bool = False, method: str = 'binned', residuals: bool = False, u: numpy.typing.NDArray[numpy.float64] | None = None, cell_width: typing.SupportsFloat | typing.SupportsIndex = 0.8) -> tuple[numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], dict[str, int]]:
+__all__: list[str] = ['BinaryPlan', 'WATCH_MIN_WORK', 'binary_reduce', 'debias', 'has_openmp', 'kernel_bias', 'kernel_weights', 'loo_grad', 'loo_reduce', 'loo_reduce_multi', 'max_threads', 'simd_path']
+class BinaryPlan:
+    """
+    The sorted centres of a batch of binary problems and a cache of their per-bandwidth
+    cells, for many binary_reduce calls on the same arrays (a bandwidth search).
+
+    BinaryPlan(logq, p, labels, n_classes): logq, p (B, n, 2) float64, labels (B, n) int64,
+    the arrays the calls pass (a call uses the plan only when it passes these very arrays;
+    their contents must not change while the plan lives).  Results are bit-identical with and
+    without a plan.
+    """
+    def __init__(self, logq: numpy.typing.NDArray[numpy.float64], p: numpy.typing.NDArray[numpy.float64], labels: numpy.typing.NDArray[numpy.int64], n_classes: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+def binary_reduce(logq: numpy.typing.NDArray[numpy.float64], p: numpy.typing.NDArray[numpy.float64], labels: numpy.typing.NDArray[numpy.int64], n_classes: typing.SupportsInt | typing.SupportsIndex, scale: numpy.typing.NDArray[numpy.float64], bias: numpy.typing.NDArray[numpy.float64], powers: typing.SupportsInt | typing.SupportsIndex = 1, row_start: typing.SupportsInt | typing.SupportsIndex = 0, row_stop: typing.SupportsInt | typing.SupportsIndex = 0, n_threads: typing.SupportsInt | typing.SupportsIndex = 0, progress: typing.Callable[[int], object] | None = None, pairs: bool = False, method: str = 'binned', residuals: bool = False, u: numpy.typing.NDArray[numpy.float64] | None = None, cell_width: typing.SupportsFloat | typing.SupportsIndex = 0.8, plan: typing.Any = None) -> tuple[numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], dict[str, int]]:
     """
     Fast leave-one-out sums of binary (K = 2) problems: the accumulators of loo_reduce.
 
     logq, p: (n, 2) or (B, n, 2) float64 (the same arrays loo_reduce takes); labels (n,) or
     (B, n) int64; scale (H,); bias (H, n) or (B, H, n).  method: "window" (exact terms within
-    max(64, ln n + 36) nats of each class maximum, with loo_reduce's own log-kernel) or
+    max(64, ln n + 36) nats of each class maximum, with loo_reduce's own log-kernel),
     "binned" (Taylor sums over cells of width cell_width * sqrt(h) / 2 in arcsin sqrt(x),
-    with an error bound per (query, class) and the window method where it is not met;
-    docs/guide/binary_engine.md).  residuals=True also returns A (H, R, 2) = sum_{i != j}
+    with an error bound per (query, class) and the window method where it is not met) or
+    "local" (those cells' sums translated once per group of neighbouring queries into one
+    series in the query's coordinate, with the same bound, and "binned" where it is not met;
+    docs/guide/binary_engine.md).  plan: a BinaryPlan of these logq, p, labels, or None.  residuals=True also returns A (H, R, 2) = sum_{i != j}
     w_ij p[i, k] and, with u ((n,) or (B, n) float64), U (H, R) = sum_{i != j} w_ij^2 u[i],
     w_ij = exp(L_ij - m_j).  Returns (m, S, Q, T, D, A, U, stats): arrays not requested have
     shape (0, 0, 0); stats counts the direct terms, Taylor cells and fallbacks.  Releases the

@@ -206,7 +206,8 @@ def test_residual_sums(h):
 
 
 @pytest.mark.parametrize(
-    "h, powers, pairs, resid", [(1e-3, 1, False, False), (2e-4, 3, True, True), (0.1, 3, True, True)]
+    "h, powers, pairs, resid",
+    [(1e-3, 1, False, False), (2e-4, 3, True, True), (0.1, 3, True, True)],
 )
 def test_local_expansions_serve_the_rows(h, powers, pairs, resid):
     """The local method answers most (query, class) pairs from its groups' series."""
@@ -219,7 +220,11 @@ def test_local_expansions_serve_the_rows(h, powers, pairs, resid):
     args = (logq, p, y[None].copy(), 2, 1.0 / np.array([h]), bias)
     stats: dict[str, int] = {}
     out = kb.loo_reduce_k2(
-        *args, powers=powers, pairs=pairs, method="local", stats=stats,
+        *args,
+        powers=powers,
+        pairs=pairs,
+        method="local",
+        stats=stats,
         u=None if u is None else u[None],
     )
     assert stats["groups_local"] > 0
@@ -231,6 +236,43 @@ def test_local_expansions_serve_the_rows(h, powers, pairs, resid):
         A_ref, U_ref = _dense_residuals(x, y, h, u)
         assert _max_rel(out[-2][0, 0], A_ref) <= TOL
         assert _max_rel(out[-1][0, 0], U_ref) <= TOL
+
+
+def test_plans_are_bit_identical_and_check_the_bias():
+    """A search's plan (one sort, cached cells) changes no bit; a changed bias is not reused."""
+    rng = np.random.default_rng(14)
+    x = rng.beta(5, 1, 4000)
+    y = (rng.random(4000) < x).astype(np.int64)
+    u = rng.random((1, 4000))
+    hs = np.array([1e-3, 0.03])
+    logq, p, bias = kb.binary_inputs(x, hs)
+    lab = y[None].copy()
+    args = (logq, p, lab, 2, 1.0 / hs, bias)
+    other = bias.copy()
+    other[0, 0, 17] += 1e-3  # not the kernel's bias: must not meet the cached cells
+
+    def calls():
+        parts = [
+            kb.loo_reduce_k2(*args, powers=3, pairs=True, method=m, rows=r)
+            for m in ("local", "binned", "window")
+            for r in ((0, 1500), (1500, 4000))
+        ]
+        parts.append(kb.loo_reduce_k2(*args, powers=2, pairs=True, method="local", u=u))
+        parts.append(kb.loo_reduce_k2(*args[:5], other, powers=1, method="local"))
+        return parts
+
+    plain = calls()
+    with kb.reuse_plans():
+        again = calls()
+        held = kb._PLANS.get()
+        assert held is not None and len(held) == 1
+        assert again[0] and kb._plan(core, logq, p, lab, 2) is held[0][4]
+    assert kb._PLANS.get() is None
+    for a, b in zip(plain, again):
+        for u_, v in zip(a, b):
+            assert np.array_equal(u_, v)
+    # the changed bias gave its own sums (those of the changed bias, not the cached ones)
+    assert not np.array_equal(plain[-1][1], kb.loo_reduce_k2(*args, powers=1, method="local")[1])
 
 
 # ------------------------------------------------------------- exactness and plumbing

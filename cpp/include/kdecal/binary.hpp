@@ -33,7 +33,9 @@
 //  e1 is small (docs).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "kdecal/loo.hpp"
 
@@ -84,13 +86,34 @@ struct BinaryStats {
     std::int64_t groups_local = 0;   // (group, class) local expansions built
 };
 
+/// The sorted centres of a batch of binary problems (logq, p, labels as in
+/// BinaryProblem, which must outlive the plan and not change), and a cache of the
+/// per-bandwidth cells of the calls it serves (at most kPlanBytes, least recently used
+/// out): a bandwidth search makes many calls on the same points.  A call uses the plan
+/// when its logq, p, labels, B, n and C are the plan's; the results are bit-identical
+/// with and without it.  Calls may share a plan from several threads.
+class BinaryPlan {
+public:
+    BinaryPlan(const double* logq, const double* p, const std::int64_t* labels, std::int64_t B,
+               std::int64_t n, std::int64_t C);
+    ~BinaryPlan();
+    BinaryPlan(const BinaryPlan&) = delete;
+    BinaryPlan& operator=(const BinaryPlan&) = delete;
+    struct Impl;
+    std::unique_ptr<Impl> impl;
+};
+
+/// Bytes of cells a plan keeps.
+constexpr std::size_t kPlanBytes = std::size_t(256) << 20;
+
 /// Run the reduction.  Throws std::invalid_argument on bad sizes, labels, powers, rows,
 /// non-finite inputs or p outside [0, 1] (before any parallel work).  Every (query,
 /// class) is computed by one thread in a fixed order: the bits do not depend on the
 /// number of threads.  control: progress (rows_done grows by B H R in all) and
-/// cancellation as in loo_reduce; returns false when cancelled.
+/// cancellation as in loo_reduce; returns false when cancelled.  plan: see BinaryPlan.
 bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMethod method,
-                   int n_threads, Control* control = nullptr, BinaryStats* stats = nullptr);
+                   int n_threads, Control* control = nullptr, BinaryStats* stats = nullptr,
+                   BinaryPlan* plan = nullptr);
 
 /// Highest Taylor order of the binned method.
 constexpr int kMaxOrder = 24;

@@ -268,9 +268,9 @@ def loo_reduce(
 #: O(n log n + n W) instead of O(n^2). Below it the exact loop is as fast.
 BINARY_MIN_N = 2048
 
-#: Method of the fast binary engine: "auto" (exact windows or bounded cell sums, whichever
-#: is estimated faster), "window", "binned"; "exact" keeps the dense O(n^2) loop for every
-#: n (validation, reproductions). The environment variable ``KDECAL_BINARY_METHOD`` sets it.
+#: Method of the fast binary engine: "auto" (exact windows or bounded local expansions,
+#: whichever is estimated faster), "local", "window", "binned"; "exact" keeps the dense
+#: O(n^2) loop for every n (validation, reproductions). The environment variable ``KDECAL_BINARY_METHOD`` sets it.
 BINARY_METHOD = os.environ.get("KDECAL_BINARY_METHOD", "auto")
 
 

@@ -25,7 +25,10 @@ coordinate.  :func:`loo_reduce_binary` returns the accumulators of
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -48,6 +51,49 @@ _LOCAL_COST = 200.0
 #: Centres sampled by :func:`choose_method` (it ran once per call and bandwidth, and
 #: sorting all n coordinates was a visible part of a short call's overhead).
 _CHOOSE_CENTRES = 8192
+
+
+#: Plans (sorted centres and cached cells) of the arrays seen in a :func:`reuse_plans`
+#: scope, most recent last; None outside one.
+_PLANS: contextvars.ContextVar[
+    list[tuple[np.ndarray, np.ndarray, np.ndarray, int, Any]] | None
+] = contextvars.ContextVar("kdecal_binary_plans", default=None)
+#: Plans a scope keeps (each holds the sorted copies of its problems, 11 n B doubles,
+#: and at most 256 MB of cells).
+_PLANS_KEPT = 2
+
+
+@contextlib.contextmanager
+def reuse_plans() -> Iterator[None]:
+    """Within this scope, calls on the same arrays share one sort and their cells.
+
+    A bandwidth search makes tens of engine calls on the same points (subsets of query
+    rows, one or a few bandwidths each); outside a scope each call sorts the centres and
+    builds each bandwidth's cells again (about 30 ms at n = 1e5).  Inside, the compiled
+    core's ``BinaryPlan`` of the call's ``logq``, ``p`` and ``labels`` (the same array
+    objects, whose contents must not change within the scope) is made once and its cells
+    are cached per bandwidth.  Results are bit-identical with and without the scope.
+    """
+    token = _PLANS.set([])
+    try:
+        yield
+    finally:
+        _PLANS.reset(token)
+
+
+def _plan(core: Any, logq: np.ndarray, p: np.ndarray, labels: np.ndarray, C: int) -> Any:
+    """Return the scope's plan of these arrays (made on first use), or None outside one."""
+    plans = _PLANS.get()
+    if plans is None:
+        return None
+    for k, entry in enumerate(plans):
+        if entry[0] is logq and entry[1] is p and entry[2] is labels and entry[3] == C:
+            plans.append(plans.pop(k))
+            return entry[4]
+    plan = core.BinaryPlan(logq, p, labels, C)
+    plans.append((logq, p, labels, C, plan))
+    del plans[:-_PLANS_KEPT]
+    return plan
 
 
 def binary_inputs(x: np.ndarray, hs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -221,6 +267,7 @@ def loo_reduce_k2(
             resid=u,
         )
     core = _require_core()
+    plan = _plan(core, logq, p, labels, n_classes)
     B, H = p.shape[0], scale.shape[0]
     if method == "auto":
         methods = [choose_method(p, labels, n_classes, 1.0 / float(s), powers) for s in scale]
@@ -263,6 +310,7 @@ def loo_reduce_k2(
                 u is not None,
                 u,
                 CELL_WIDTH,
+                plan,
             )
             done += (r1 - r0) * B * len(ts)
             parts.append(res)

@@ -12,6 +12,7 @@ import numpy as np
 from scipy.special import gammaln
 
 from .. import _formulas as _f
+from .._engine import binary as _binary
 from ..warnings import KdecalWarning, warn_user
 from .problem import Problem, engine, kernel_bias, kernel_points
 
@@ -263,6 +264,22 @@ class _Evaluations:
 
 
 def search_bandwidths(
+    problem: Problem,
+    criteria: tuple[str, ...],
+    powers: int,
+    backend: str,
+    progress: bool | None = None,
+) -> dict[str, tuple[Search, tuple[np.ndarray, ...]]]:
+    """Minimise leave-one-out risks over :data:`SEARCH_GRID`; see :func:`_search_bandwidths`.
+
+    The search's engine calls on binary problems share one sort of the centres and each
+    bandwidth's cells (:func:`kdecal._engine.binary.reuse_plans`).
+    """
+    with _binary.reuse_plans():
+        return _search_bandwidths(problem, criteria, powers, backend, progress)
+
+
+def _search_bandwidths(
     problem: Problem,
     criteria: tuple[str, ...],
     powers: int,
