@@ -974,7 +974,8 @@ void cell_moments(const Context& cx, const ExactL& Lx, Cell& c, double* mm) {
     c.exact_only = false;
 }
 
-void build_cells(Context& cx, const ExactL& Lx, double cell_width, i64 C, int nt) {
+void build_cells(Context& cx, const ExactL& Lx, double cell_width, i64 C, int nt,
+                 bool fine_moments) {
     const Sorted& so = *cx.so;
     const i64 n = cx.n;
     const double wf = cell_width * std::sqrt(1.0 / cx.s) * 0.5 / kSub;  // fine width in z
@@ -1012,8 +1013,11 @@ void build_cells(Context& cx, const ExactL& Lx, double cell_width, i64 C, int nt
     i64 mc = 0, mf = 0;
     for (Cell& c : cx.cells)
         if (c.end - c.start > 1) c.off = (mc++) * kNMom * kNP;
-    for (Cell& c : cx.fine)
-        if (c.end - c.start > 1) c.off = (mf++) * kNMom * kNP;
+    // (the local method rarely needs fine cells: without their moments it sums them
+    // directly)
+    if (fine_moments)
+        for (Cell& c : cx.fine)
+            if (c.end - c.start > 1) c.off = (mf++) * kNMom * kNP;
     cx.mom.assign(static_cast<std::size_t>(mc * kNMom * kNP), 0.0);
     cx.fmom.assign(static_cast<std::size_t>(mf * kNMom * kNP), 0.0);
 #ifdef _OPENMP
@@ -1037,9 +1041,10 @@ void build_cells(Context& cx, const ExactL& Lx, double cell_width, i64 C, int nt
 }
 
 // One bandwidth's context: the centres' bias and digamma differences in sorted order,
-// and (binned, local) the cells with the moment arrays of need.
+// and (binned, local) the cells with the moment arrays of need (the fine cells' too
+// with fine).
 std::shared_ptr<const Context> make_context(const Sorted& so, double scale, const double* bsrc,
-                                            const bool need[kNMom], bool binned,
+                                            const bool need[kNMom], bool binned, bool fine,
                                             double cell_width, i64 C, const ExactL& Lx,
                                             int nt) {
     auto cx = std::make_shared<Context>();
@@ -1059,7 +1064,7 @@ std::shared_ptr<const Context> make_context(const Sorted& so, double scale, cons
     const double Tn = std::log(static_cast<double>(n)) + 36.0;
     cx->T = binned ? Tn : std::max(kDrop, Tn);
     for (int a = 0; a < kNMom; ++a) cx->need[a] = need[a];
-    if (binned) build_cells(*cx, Lx, cell_width, C, nt);
+    if (binned) build_cells(*cx, Lx, cell_width, C, nt, fine);
     return cx;
 }
 
@@ -1093,7 +1098,7 @@ struct BinaryPlan::Impl {
         i64 b;
         double scale;
         bool need[kNMom];
-        bool cells;
+        bool cells, fine;
         double cell_width;
         std::shared_ptr<const Context> cx;
         std::size_t bytes;
@@ -1104,19 +1109,23 @@ struct BinaryPlan::Impl {
     std::uint64_t clock = 0;
     std::size_t bytes = 0;
 
+    // the same points (the very arrays) and the same labels (those arrays, or equal ones:
+    // a search may rebuild its label array between calls)
     bool matches(const BinaryProblem& prob) const {
-        return prob.logq == logq && prob.p == p && prob.labels == labels && prob.B == B &&
-               prob.n == n && prob.C == C;
+        if (prob.logq != logq || prob.p != p || prob.B != B || prob.n != n || prob.C != C)
+            return false;
+        return prob.labels == labels || std::equal(labels, labels + B * n, prob.labels);
     }
 
     std::shared_ptr<const Context> context(i64 b, double scale, const double* bias,
-                                           const bool need[kNMom], bool binned,
+                                           const bool need[kNMom], bool binned, bool fine,
                                            double cell_width, const ExactL& Lx, int nt) {
         {
             std::lock_guard<std::mutex> lock(mu);
             for (Entry& e : entries) {
                 if (e.b != b || e.scale != scale) continue;
                 if (binned && (!e.cells || e.cell_width != cell_width)) continue;
+                if (fine && !e.fine) continue;
                 // the same bias (the kernel's, for these points and this scale): checked
                 const std::vector<i64>& perm = sorted[b].perm;
                 bool same = true;
@@ -1130,9 +1139,10 @@ struct BinaryPlan::Impl {
                 return e.cx;
             }
         }
-        auto cx = make_context(sorted[b], scale, bias, need, binned, cell_width, C, Lx, nt);
+        auto cx =
+            make_context(sorted[b], scale, bias, need, binned, fine, cell_width, C, Lx, nt);
         std::lock_guard<std::mutex> lock(mu);
-        Entry e{b, scale, {}, binned, cell_width, cx, context_bytes(*cx), ++clock};
+        Entry e{b, scale, {}, binned, fine, cell_width, cx, context_bytes(*cx), ++clock};
         for (int a = 0; a < kNMom; ++a) e.need[a] = need[a];
         bytes += e.bytes;
         entries.push_back(e);
@@ -1268,11 +1278,15 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
             if (detail::cancelled(control)) return false;
             const double* bsrc = prob.bias + (b * H + t) * n;
             std::shared_ptr<const Context> held;
+            // the fine cells' moments serve the binned method and the local method's
+            // fallbacks, frequent only with the pair sums (e1 to its own precision)
+            const bool fine = method == BinaryMethod::binned || fl.pairs || fl.want_u;
             if (pl && !prob.u)
-                held = pl->context(b, prob.scale[t], bsrc, need, binned, prob.cell_width, Lx, nt);
+                held = pl->context(b, prob.scale[t], bsrc, need, binned, fine, prob.cell_width,
+                                   Lx, nt);
             else
-                held = make_context(so, prob.scale[t], bsrc, need, binned, prob.cell_width, C,
-                                    Lx, nt);
+                held = make_context(so, prob.scale[t], bsrc, need, binned, fine, prob.cell_width,
+                                    C, Lx, nt);
             const Context& cx = *held;
             const double Tw = std::max(kDrop, Tn);  // the window method's depth
 

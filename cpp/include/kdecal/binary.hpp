@@ -90,8 +90,8 @@ struct BinaryStats {
 /// BinaryProblem, which must outlive the plan and not change), and a cache of the
 /// per-bandwidth cells of the calls it serves (at most kPlanBytes, least recently used
 /// out): a bandwidth search makes many calls on the same points.  A call uses the plan
-/// when its logq, p, labels, B, n and C are the plan's; the results are bit-identical
-/// with and without it.  Calls may share a plan from several threads.
+/// when its logq, p (the same pointers), B, n, C and labels (equal values) are the
+/// plan's; the results are bit-identical with and without it.  Calls may share a plan from several threads.
 class BinaryPlan {
 public:
     BinaryPlan(const double* logq, const double* p, const std::int64_t* labels, std::int64_t B,

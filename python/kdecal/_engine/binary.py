@@ -70,9 +70,9 @@ def reuse_plans() -> Iterator[None]:
     A bandwidth search makes tens of engine calls on the same points (subsets of query
     rows, one or a few bandwidths each); outside a scope each call sorts the centres and
     builds each bandwidth's cells again (about 30 ms at n = 1e5).  Inside, the compiled
-    core's ``BinaryPlan`` of the call's ``logq``, ``p`` and ``labels`` (the same array
-    objects, whose contents must not change within the scope) is made once and its cells
-    are cached per bandwidth.  Results are bit-identical with and without the scope.
+    core's ``BinaryPlan`` of the call's ``logq`` and ``p`` (the same array objects, whose
+    contents must not change within the scope) and labels (equal ones) is made once and
+    its cells are cached per bandwidth.  Results are bit-identical with and without the scope.
     """
     token = _PLANS.set([])
     try:
@@ -87,7 +87,10 @@ def _plan(core: Any, logq: np.ndarray, p: np.ndarray, labels: np.ndarray, C: int
     if plans is None:
         return None
     for k, entry in enumerate(plans):
-        if entry[0] is logq and entry[1] is p and entry[2] is labels and entry[3] == C:
+        same_labels = entry[2] is labels or (
+            entry[2].shape == labels.shape and np.array_equal(entry[2], labels)
+        )
+        if entry[0] is logq and entry[1] is p and same_labels and entry[3] == C:
             plans.append(plans.pop(k))
             return entry[4]
     plan = core.BinaryPlan(logq, p, labels, C)
