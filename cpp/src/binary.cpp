@@ -1125,7 +1125,7 @@ struct BinaryPlan::Impl {
             for (Entry& e : entries) {
                 if (e.b != b || e.scale != scale) continue;
                 if (binned && (!e.cells || e.cell_width != cell_width)) continue;
-                if (fine && !e.fine) continue;
+                if (e.fine != fine) continue;  // which cells are summed directly
                 // the same bias (the kernel's, for these points and this scale): checked
                 const std::vector<i64>& perm = sorted[b].perm;
                 bool same = true;
