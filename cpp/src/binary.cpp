@@ -4,6 +4,7 @@
 #include "kdecal/binary.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -116,6 +117,8 @@ struct Sorted {
     double umax = 0.0;
 };
 
+struct LocalCache;  // a context's groups and their local expansions (below)
+
 struct Context {  // one (problem, bandwidth)
     const Sorted* so;
     double s;                          // 1 / h
@@ -126,6 +129,7 @@ struct Context {  // one (problem, bandwidth)
     double T;                          // window depth in nats
     bool need[kNMom];                  // binned: the moment arrays this call uses
     i64 n;
+    std::shared_ptr<LocalCache> lcache;  // a plan's contexts: the groups' expansions
 };
 
 struct RowSums {  // one (query, class), in units of the class maximum's term
@@ -567,7 +571,33 @@ struct LocalExp {  // one (group, class)
     double delta = 0;    // systematic log error of the cells' part
     double esum = 0;     // max |p0 + p1 - 1| of the cells used
     i64 kl = -1, kr = -1;  // the walk's stopping cells (every used cell lies between)
+    int key = -1;          // the accumulators it was built for (local_key)
 };
+
+// The groups of a context's sorted positions (all n, so that a row's group does not
+// depend on the rows asked for), and, in a plan's contexts, each (group, class)'s
+// expansion once built: a search evaluates a bandwidth on several row ranges, and an
+// expansion depends only on the context, the group, the class and the accumulators.
+struct LocalCache {
+    std::vector<i64> gstart;  // group g: sorted positions [gstart[g], gstart[g + 1])
+    std::vector<LocalExp> exp;  // (group, class), if kept
+    std::unique_ptr<std::atomic<std::uint8_t>[]> state;  // 0 empty, 1 being built, 2 ready
+};
+
+int local_key(const Flags& fl) { return fl.powers + 4 * fl.want_a + 8 * fl.want_u; }
+
+void make_groups(const Sorted& so, double s, std::vector<i64>& gstart) {
+    const i64 n = static_cast<i64>(so.perm.size());
+    const double wz = kGroupWidth * std::sqrt(1.0 / s) * 0.5;
+    gstart.clear();
+    for (i64 sp = 0; sp < n;) {
+        gstart.push_back(sp);
+        const i64 g0 = sp;
+        ++sp;
+        while (sp < n && sp - g0 < kGroupMax && std::fabs(so.z[sp] - so.z[g0]) <= wz) ++sp;
+    }
+    gstart.push_back(n);
+}
 
 // Build the local expansion of class c [lo, hi) for the group with reference Q (sorted
 // position), whose queries have |t_j| <= tmax and D_j <= dmax_q.  bestQ, mQ: Q's class
@@ -1058,7 +1088,7 @@ void build_cells(Context& cx, const ExactL& Lx, double cell_width, i64 C, int nt
 std::shared_ptr<const Context> make_context(const Sorted& so, double scale, const double* bsrc,
                                             const bool need[kNMom], bool binned, bool fine,
                                             double cell_width, i64 C, const ExactL& Lx,
-                                            int nt) {
+                                            int nt, bool keep_local = false) {
     auto cx = std::make_shared<Context>();
     const i64 n = static_cast<i64>(so.perm.size());
     cx->so = &so;
@@ -1077,6 +1107,15 @@ std::shared_ptr<const Context> make_context(const Sorted& so, double scale, cons
     cx->T = binned ? Tn : std::max(kDrop, Tn);
     for (int a = 0; a < kNMom; ++a) cx->need[a] = need[a];
     if (binned) build_cells(*cx, Lx, cell_width, C, nt, fine);
+    if (binned && keep_local) {
+        auto lc = std::make_shared<LocalCache>();
+        make_groups(so, scale, lc->gstart);
+        const std::size_t slots = (lc->gstart.size() - 1) * static_cast<std::size_t>(C);
+        lc->exp.resize(slots);
+        lc->state = std::make_unique<std::atomic<std::uint8_t>[]>(slots);
+        for (std::size_t k = 0; k < slots; ++k) lc->state[k].store(0, std::memory_order_relaxed);
+        cx->lcache = std::move(lc);
+    }
     return cx;
 }
 
@@ -1092,8 +1131,13 @@ void set_residual_weights(Sorted& so, const double* u) {
 }
 
 std::size_t context_bytes(const Context& cx) {
-    return sizeof(double) * (cx.bias.size() + cx.g.size() + cx.mom.size() + cx.fmom.size()) +
-           sizeof(i64) * cx.cell_of.size() + sizeof(Cell) * (cx.cells.size() + cx.fine.size());
+    std::size_t b =
+        sizeof(double) * (cx.bias.size() + cx.g.size() + cx.mom.size() + cx.fmom.size()) +
+        sizeof(i64) * cx.cell_of.size() + sizeof(Cell) * (cx.cells.size() + cx.fine.size());
+    if (cx.lcache)
+        b += sizeof(i64) * cx.lcache->gstart.size() +
+             (sizeof(LocalExp) + 1) * cx.lcache->exp.size();
+    return b;
 }
 
 }  // namespace
@@ -1151,8 +1195,8 @@ struct BinaryPlan::Impl {
                 return e.cx;
             }
         }
-        auto cx =
-            make_context(sorted[b], scale, bias, need, binned, fine, cell_width, C, Lx, nt);
+        auto cx = make_context(sorted[b], scale, bias, need, binned, fine, cell_width, C, Lx,
+                               nt, true);
         std::lock_guard<std::mutex> lock(mu);
         Entry e{b, scale, {}, binned, fine, cell_width, cx, context_bytes(*cx), ++clock};
         for (int a = 0; a < kNMom; ++a) e.need[a] = need[a];
@@ -1364,16 +1408,11 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
                 // groups over all n sorted positions (independent of the rows asked for,
                 // so that a row's bits do not depend on the row range); the tasks are the
                 // groups holding at least one query row
-                const double wz = kGroupWidth * std::sqrt(1.0 / cx.s) * 0.5;
-                std::vector<i64> gstart;
-                for (i64 sp = 0; sp < n;) {
-                    gstart.push_back(sp);
-                    const i64 g0 = sp;
-                    ++sp;
-                    while (sp < n && sp - g0 < kGroupMax && std::fabs(so.z[sp] - so.z[g0]) <= wz)
-                        ++sp;
-                }
-                gstart.push_back(n);
+                LocalCache* lc = cx.lcache.get();
+                std::vector<i64> own_groups;
+                if (!lc) make_groups(so, cx.s, own_groups);
+                const std::vector<i64>& gstart = lc ? lc->gstart : own_groups;
+                const int key = local_key(fl);
                 std::vector<i64> tasks;
                 for (std::size_t g = 0; g + 1 < gstart.size(); ++g) {
                     bool any = false;
@@ -1406,23 +1445,39 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
                                                                 (so.lq0[sp] - so.lq0[Q]))));
                     std::vector<RowSums> rs(static_cast<std::size_t>(nq * C));
                     std::vector<i64> bests(static_cast<std::size_t>(nq));
-                    LocalExp le;
+                    LocalExp own;
                     for (i64 c = 0; c < C; ++c) {
                         const i64 lo = so.seg[c], hi = so.seg[c + 1];
-                        le.ok = false;
-                        double mQ = kNegInf;
-                        // (a group of a few points, where the kernel is narrow against the
-                        // points' spacing, costs more to expand than to sum per query)
-                        const i64 bQ = g1 - g0 < kGroupMin
-                                           ? -1
-                                           : class_argmax(cx, Lx, lo, hi, Q, so.lq0[Q],
-                                                          so.lq1[Q], mQ);
-                        if (bQ >= 0 && std::isfinite(mQ) && std::isfinite(tmax)) {
-                            // D_j <= t_j (xbar - x_bQ) where L at bQ bounds m_j from below
-                            const double dq = tmax * std::fabs(so.p1[Q] - so.p1[bQ]) + 1.0;
-                            build_local(cx, Lx, fl, lo, hi, Q, bQ, mQ, tmax, dq, le);
-                            ++st.groups_local;
+                        const std::size_t slot = static_cast<std::size_t>(tasks[task] * C + c);
+                        const LocalExp* lep = nullptr;
+                        if (lc && lc->state[slot].load(std::memory_order_acquire) == 2 &&
+                            lc->exp[slot].key == key) {
+                            lep = &lc->exp[slot];
+                        } else {
+                            LocalExp& le = own;
+                            le.ok = false;
+                            le.key = key;
+                            double mQ = kNegInf;
+                            // (a group of a few points, where the kernel is narrow against
+                            // the points' spacing, costs more to expand than to sum per query)
+                            const i64 bQ = g1 - g0 < kGroupMin
+                                               ? -1
+                                               : class_argmax(cx, Lx, lo, hi, Q, so.lq0[Q],
+                                                              so.lq1[Q], mQ);
+                            if (bQ >= 0 && std::isfinite(mQ) && std::isfinite(tmax)) {
+                                // D_j <= t_j (xbar - x_bQ): L at bQ bounds m_j from below
+                                const double dq = tmax * std::fabs(so.p1[Q] - so.p1[bQ]) + 1.0;
+                                build_local(cx, Lx, fl, lo, hi, Q, bQ, mQ, tmax, dq, le);
+                                ++st.groups_local;
+                            }
+                            std::uint8_t empty = 0;
+                            if (lc && lc->state[slot].compare_exchange_strong(empty, 1)) {
+                                lc->exp[slot] = le;
+                                lc->state[slot].store(2, std::memory_order_release);
+                            }
+                            lep = &le;
                         }
+                        const LocalExp& le = *lep;
                         for (i64 k = 0; k < nq; ++k) {
                             const i64 self = qs[k];
                             RowSums& r = rs[k * C + c];
