@@ -296,13 +296,14 @@ def loo_reduce_k2(
                 if cb is not None:
                     cb(base + k)
 
+            whole = len(ts) == H  # every bandwidth, in order: no copy of the bias
             res = core.binary_reduce(
                 logq,
                 p,
                 labels,
                 n_classes,
-                np.ascontiguousarray(scale[idx]),
-                np.ascontiguousarray(bias[:, idx]),
+                np.ascontiguousarray(scale if whole else scale[idx]),
+                np.ascontiguousarray(bias if whole else bias[:, idx]),
                 powers,
                 r0,
                 r1,

@@ -185,7 +185,10 @@ class _Evaluations:
         for i in idx:
             if i not in self.bias:
                 self.bias[i] = kernel_bias(self.sub, float(SEARCH_GRID[i]))
-        bias = np.ascontiguousarray(np.stack([self.bias[i] for i in idx], axis=1))
+        if len(idx) == 1:  # a view (B, 1, n): no copy
+            bias = np.ascontiguousarray(self.bias[idx[0]][:, None, :])
+        else:
+            bias = np.ascontiguousarray(np.stack([self.bias[i] for i in idx], axis=1))
         sums = engine(
             self.sub,
             SEARCH_GRID[idx],
@@ -342,8 +345,13 @@ def _search_bandwidths(
     sub = problem
     if m_sub < n:
         perm = np.random.default_rng(0).permutation(n)
+        # C-contiguous: every engine call then passes these very arrays (no per-call
+        # copy; the binary engine's plan recognises them)
         sub = Problem(
-            problem.calibration, problem.p[:, perm], problem.labels[:, perm], problem.dtype
+            problem.calibration,
+            np.ascontiguousarray(problem.p[:, perm]),
+            np.ascontiguousarray(problem.labels[:, perm]),
+            problem.dtype,
         )
     # accumulators on all rows (m; S, Q, T, D as powers asks) of a local search's window
     # of 3 bandwidths and of the bandwidth an earlier criterion chose
