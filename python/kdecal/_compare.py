@@ -341,7 +341,7 @@ def _pooled_bandwidth(
     be = _backends.resolve_backend(backend)
     total = np.zeros(candidates.size)
     for P in checked.values():
-        problem = _problem.make_problem(P, y, calibration)
+        problem = _problem.make_problem(P, y, calibration, be)
         if rule == "loo-mle":
             total -= _search.loo_log_likelihood(problem, candidates, be).sum(axis=0)
         else:

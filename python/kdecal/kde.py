@@ -152,7 +152,7 @@ def _resolve_bandwidth(
     spec = _check_bandwidth_spec(bandwidth)
     if not isinstance(spec, str):
         return spec
-    problem = _problem.make_problem(probs, labels, calibration)
+    problem = _problem.make_problem(probs, labels, calibration, backend)
     if spec == "loo-mle" or labels is None:
         return _search.select_bandwidth(
             problem, np.asarray(DEFAULT_BANDWIDTH_GRID), backend, progress
@@ -224,7 +224,7 @@ def _run_criteria(
     y = check_labels(labels, P.n, P.n_classes)
     be = _backends.resolve_backend(backend, probs)
     h = bandwidth if isinstance(bandwidth, dict) else _check_bandwidth_spec(bandwidth)
-    problem = _problem.make_problem(P, y, str(calibration))
+    problem = _problem.make_problem(P, y, str(calibration), be)
     if residual:
         fits = _regression.fit_residual(problem, h, str(debias), be, progress, criteria, residual)
     else:
@@ -467,7 +467,9 @@ def conditional_expectation(
     probs : array-like, shape (n, K) or (n,), float
         Predicted probabilities (rows on the simplex), or P(y = 1) for binary problems
         (then K = 2 with columns (1 - p, p)). Values below 1e-12 are clipped to 1e-12
-        and rows renormalised. float32 input runs the kernel in float32.
+        and rows renormalised. float32 input runs the kernel in float32 (top-label and
+        class-wise problems of n >= 2,048 on the compiled engine: float64, on its fast
+        binary engine).
     labels : array-like, shape (n,), int
         True classes in ``0..K-1``.
     bandwidth : float or "auto"
@@ -752,7 +754,7 @@ def loo_log_likelihood(
     P = check_probs(probs)
     hs = check_bandwidths(bandwidths)
     be = _backends.resolve_backend(backend, probs)
-    problem = _problem.make_problem(P, None, "canonical")
+    problem = _problem.make_problem(P, None, "canonical", be)
     return np.asarray(_search.loo_log_likelihood(problem, hs, be)[0])
 
 
@@ -817,7 +819,7 @@ def select_bandwidth(
         raise ValueError(f"criterion={criterion!r} needs labels; pass labels or 'loo-mle'")
     y = None if labels is None else check_labels(labels, P.n, P.n_classes)
     be = _backends.resolve_backend(backend, probs)
-    problem = _problem.make_problem(P, y, str(calibration))
+    problem = _problem.make_problem(P, y, str(calibration), be)
     if criterion == "loo-mle":
         hs = DEFAULT_BANDWIDTH_GRID if grid is None else check_bandwidths(grid, "grid")
         return _search.select_bandwidth(problem, np.asarray(hs, dtype=np.float64), be, progress)

@@ -302,16 +302,21 @@ def kernel_weights(
     return _cpp.kernel_weights(logq, p, m, scale, bias, row_start, row_stop)
 
 
-def _use_binary_engine(backend: str, p: Any, powers: int) -> bool:
-    """Whether :func:`loo_reduce` runs a problem on the fast binary engine."""
+def binary_engine_serves(backend: str, n: int) -> bool:
+    """Whether float64 binary (K = 2) problems of n points run on the fast binary engine."""
     return (
         backend == "cpp"
         and BINARY_METHOD != "exact"
-        and p.shape[-1] == 2
-        and p.shape[-2] >= BINARY_MIN_N
-        and p.dtype == np.float64
+        and n >= BINARY_MIN_N
         and _runtime._core is not None
         and hasattr(_runtime._core, "binary_reduce")
+    )
+
+
+def _use_binary_engine(backend: str, p: Any, powers: int) -> bool:
+    """Whether :func:`loo_reduce` runs a problem on the fast binary engine."""
+    return (
+        p.shape[-1] == 2 and p.dtype == np.float64 and binary_engine_serves(backend, p.shape[-2])
     )
 
 

@@ -48,6 +48,9 @@ BINNED_MIN_H = 1e-6
 #: method's loop over ~12-25 cells cost about 1 us); measured on the 2-core AVX-512
 #: machine at n = 1e5), times 1.5 for powers = 3 with the pair sums.
 _LOCAL_COST = 200.0
+#: The compiled engine's check: an accumulator whose bound exceeds this fraction of its
+#: value is recomputed by the next method (``kdecal::kTolCheck``).
+_TOL_CHECK = 3e-9
 #: Centres sampled by :func:`choose_method` (it ran once per call and bandwidth, and
 #: sorting all n coordinates was a visible part of a short call's overhead).
 _CHOOSE_CENTRES = 8192
@@ -348,12 +351,22 @@ def choose_method(
     :data:`_CHOOSE_CENTRES` centres, by binary search in the kernel's coordinate
     ``z = arcsin sqrt(x)``, where the kernel's width is about ``sqrt(h)/2``); the binned
     method about :data:`_LOCAL_COST` such terms per query and class.  Below
-    :data:`BINNED_MIN_H` the window method always (the binned method's rounding bound
-    fails there and it would fall back to windows anyway).
+    :data:`BINNED_MIN_H`, and where the cell methods' rounding bound is predicted to fail
+    for most of 512 sampled queries, the window method (they would fall back to it).
     """
     if h < BINNED_MIN_H:
         return "window"
     n = p.shape[-2]
+    # the cell methods' rounding bound: each log-kernel carries about
+    # 24 eps (|log x| + |log(1 - x)|) / h of error (docs, "rounding"), which fails their
+    # check (3e-9) where |log x| + |log(1 - x)| exceeds about 5.6e5 h; where that holds
+    # for most queries, those methods would fall back to windows after their own work
+    rng_r = np.random.default_rng(1)
+    xs = p[0, rng_r.integers(0, n, size=min(n, 512)), 1]
+    with np.errstate(divide="ignore"):
+        logs = -np.log(np.clip(xs, 1e-300, 1.0)) - np.log1p(-np.clip(xs, 0.0, 1.0 - 1e-16))
+    if np.mean(24.0 * np.finfo(np.float64).eps * logs / h > _TOL_CHECK) > 0.5:
+        return "window"
     depth = max(64.0, math.log(n) + 36.0)
     half = math.sqrt(2.0 * depth) * math.sqrt(h) / 2.0  # window half-width in z
     rng = np.random.default_rng(0)
