@@ -580,7 +580,8 @@ struct LocalExp {  // one (group, class)
 // expansion depends only on the context, the group, the class and the accumulators.
 struct LocalCache {
     std::vector<i64> gstart;  // group g: sorted positions [gstart[g], gstart[g + 1])
-    std::vector<LocalExp> exp;  // (group, class), if kept
+    std::vector<i64> slot;    // group g's first slot in exp, -1 for groups never expanded
+    std::vector<LocalExp> exp;  // (group, class) of the groups of kGroupMin points or more
     std::unique_ptr<std::atomic<std::uint8_t>[]> state;  // 0 empty, 1 being built, 2 ready
 };
 
@@ -1110,7 +1111,14 @@ std::shared_ptr<const Context> make_context(const Sorted& so, double scale, cons
     if (binned && keep_local) {
         auto lc = std::make_shared<LocalCache>();
         make_groups(so, scale, lc->gstart);
-        const std::size_t slots = (lc->gstart.size() - 1) * static_cast<std::size_t>(C);
+        const std::size_t ng = lc->gstart.size() - 1;
+        lc->slot.assign(ng, -1);
+        std::size_t slots = 0;
+        for (std::size_t g = 0; g < ng; ++g)
+            if (lc->gstart[g + 1] - lc->gstart[g] >= kGroupMin) {
+                lc->slot[g] = static_cast<i64>(slots);
+                slots += static_cast<std::size_t>(C);
+            }
         lc->exp.resize(slots);
         lc->state = std::make_unique<std::atomic<std::uint8_t>[]>(slots);
         for (std::size_t k = 0; k < slots; ++k) lc->state[k].store(0, std::memory_order_relaxed);
@@ -1135,7 +1143,7 @@ std::size_t context_bytes(const Context& cx) {
         sizeof(double) * (cx.bias.size() + cx.g.size() + cx.mom.size() + cx.fmom.size()) +
         sizeof(i64) * cx.cell_of.size() + sizeof(Cell) * (cx.cells.size() + cx.fine.size());
     if (cx.lcache)
-        b += sizeof(i64) * cx.lcache->gstart.size() +
+        b += sizeof(i64) * (cx.lcache->gstart.size() + cx.lcache->slot.size()) +
              (sizeof(LocalExp) + 1) * cx.lcache->exp.size();
     return b;
 }
@@ -1448,9 +1456,11 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
                     LocalExp own;
                     for (i64 c = 0; c < C; ++c) {
                         const i64 lo = so.seg[c], hi = so.seg[c + 1];
-                        const std::size_t slot = static_cast<std::size_t>(tasks[task] * C + c);
+                        const i64 first = lc ? lc->slot[tasks[task]] : -1;
+                        const bool kept = first >= 0;
+                        const std::size_t slot = kept ? static_cast<std::size_t>(first + c) : 0;
                         const LocalExp* lep = nullptr;
-                        if (lc && lc->state[slot].load(std::memory_order_acquire) == 2 &&
+                        if (kept && lc->state[slot].load(std::memory_order_acquire) == 2 &&
                             lc->exp[slot].key == key) {
                             lep = &lc->exp[slot];
                         } else {
@@ -1471,7 +1481,7 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
                                 ++st.groups_local;
                             }
                             std::uint8_t empty = 0;
-                            if (lc && lc->state[slot].compare_exchange_strong(empty, 1)) {
+                            if (kept && lc->state[slot].compare_exchange_strong(empty, 1)) {
                                 lc->exp[slot] = le;
                                 lc->state[slot].store(2, std::memory_order_release);
                             }
