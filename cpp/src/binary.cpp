@@ -1138,6 +1138,17 @@ void set_residual_weights(Sorted& so, const double* u) {
     }
 }
 
+void accumulate(BinaryStats& to, const BinaryStats& from) {
+    to.pairs_direct += from.pairs_direct;
+    to.cells_taylor += from.cells_taylor;
+    to.terms_taylor += from.terms_taylor;
+    to.fallbacks += from.fallbacks;
+    to.pairs_long += from.pairs_long;
+    to.pairs_fallback += from.pairs_fallback;
+    to.rows_local += from.rows_local;
+    to.groups_local += from.groups_local;
+}
+
 std::size_t context_bytes(const Context& cx) {
     std::size_t b =
         sizeof(double) * (cx.bias.size() + cx.g.size() + cx.mom.size() + cx.fmom.size()) +
@@ -1401,17 +1412,7 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
                 }
             };
             std::vector<BinaryStats> tst(static_cast<std::size_t>(nt));
-            auto add_stats = [&](int tid, const BinaryStats& st) {
-                BinaryStats& ts = tst[tid];
-                ts.pairs_direct += st.pairs_direct;
-                ts.cells_taylor += st.cells_taylor;
-                ts.terms_taylor += st.terms_taylor;
-                ts.fallbacks += st.fallbacks;
-                ts.pairs_long += st.pairs_long;
-                ts.pairs_fallback += st.pairs_fallback;
-                ts.rows_local += st.rows_local;
-                ts.groups_local += st.groups_local;
-            };
+            auto add_stats = [&](int tid, const BinaryStats& st) { accumulate(tst[tid], st); };
             if (local) {
                 // groups over all n sorted positions (independent of the rows asked for,
                 // so that a row's bits do not depend on the row range); the tasks are the
@@ -1546,16 +1547,7 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
                     detail::add_rows(control, k1 - k0);
                 }
             }
-            for (const BinaryStats& st : tst) {
-                total.pairs_direct += st.pairs_direct;
-                total.cells_taylor += st.cells_taylor;
-                total.terms_taylor += st.terms_taylor;
-                total.fallbacks += st.fallbacks;
-                total.pairs_long += st.pairs_long;
-                total.pairs_fallback += st.pairs_fallback;
-                total.rows_local += st.rows_local;
-                total.groups_local += st.groups_local;
-            }
+            for (const BinaryStats& st : tst) accumulate(total, st);
         }
     }
     if (stats) *stats = total;
