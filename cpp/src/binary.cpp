@@ -669,7 +669,6 @@ void build_local(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
                 le.mag[a] += wa * eeq[q];
             }
         }
-        (void)drop;
     };
 
     // 0: stop this direction; 1: used; 2: take the fine cells
