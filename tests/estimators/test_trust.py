@@ -421,6 +421,41 @@ def _search_work_without_sums(pr):
     return next(iter(found.values()))[0].kernel_work
 
 
+@pytest.mark.parametrize("calibration", ["top_label", "classwise"])
+@pytest.mark.parametrize("fuse", [True, False])
+def test_binary_search_on_all_rows(monkeypatch, calibration, fuse):
+    """The fast engine's search: a local minimum of the exact risk on all rows.
+
+    Binary problems of n >= 2,048 search with every risk on all rows (a sample of the
+    points only places the start): the chosen bandwidth is the exhaustive argmin here,
+    its risk and its two neighbours' are the exact ones on all rows, and the
+    accumulators it returns are those of one plain pass at that bandwidth.
+    """
+    if not fuse:
+        monkeypatch.setattr(_search, "SEARCH_FUSE_BYTES", 0)
+    P, y = _data(4000, 4, seed=11)
+    pr = _problem.make_problem(check_probs(P), y, calibration)
+    risk = _search.cv_risk_grid(pr, _search.SEARCH_GRID, "brier", "cpp")
+    record, sums = _search.search_bandwidth(pr, "brier", 2, "cpp")
+    j = int(np.flatnonzero(_search.SEARCH_GRID == record.bandwidth)[0])
+    assert j == int(np.argmin(risk))
+    for i in (j - 1, j, j + 1):
+        np.testing.assert_allclose(
+            record.tried[float(_search.SEARCH_GRID[i])], risk[i], rtol=1e-12
+        )
+    # far fewer bandwidths than the grid: the walk on all rows, not an exhaustive scan
+    assert len(record.tried) <= 12
+    want = _problem.engine(
+        pr, np.array([record.bandwidth]), labelled=True, powers=2, backend="cpp", pairs=True
+    )
+    assert len(sums) == 5
+    for got, ref_ in zip(sums, want):
+        if ref_.size == 0:
+            assert got.size == 0
+            continue
+        np.testing.assert_allclose(got, ref_[:, 0], rtol=1e-12, atol=1e-300)
+
+
 def test_search_follows_every_mode_to_all_rows():
     """A two-mode risk curve: both modes' local searches run on all rows.
 

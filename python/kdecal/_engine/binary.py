@@ -331,6 +331,8 @@ def loo_reduce_k2(
         arrs = [np.asarray(r[i]) for r in parts]
         if arrs[0].size == 0 and arrs[0].ndim == 3 and arrs[0].shape[0] == 0:
             return arrs[0]
+        if len(arrs) == 1:  # one method for every bandwidth: already in order, no copy
+            return arrs[0]
         return np.ascontiguousarray(np.concatenate(arrs, axis=axis)[:, inv])
 
     out = [cat(0), cat(1), cat(2), cat(3)]
