@@ -4,9 +4,12 @@ One engine pass at n = 100,000 (top-label problems: a synthetic K = 10 model and
 CIFAR-10 model resampled to that size) by the binned and the local method, with the
 largest relative difference of their accumulators; then top-label and class-wise
 ``kdecal.estimate(..., bandwidth="auto")`` at n = 100,000 with the engine's method and
-the bandwidth search's plans switched, and ``kdecal.binned.ece`` beside them.
+the bandwidth search's plans switched, the search on all rows (the default for the
+problems the fast engine serves) against the previous search on row subsets, and
+``kdecal.binned.ece`` beside them.
 
     KDECAL_PROGRESS=0 python bench/binary_speed.py [--n N] [--threads T] [--json OUT]
+        [--api-only] [--notions top_label,classwise] [--searches]
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import kdecal
 from kdecal._engine import backends as _backends
 from kdecal._engine import binary as kb
 from kdecal._engine import runtime as _runtime
+from kdecal._estimation import search as _search
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
 
@@ -116,20 +120,43 @@ def one_pass(name: str, P: np.ndarray, y: np.ndarray, out: list[dict]) -> None:
             )
 
 
-def api(name: str, P: np.ndarray, y: np.ndarray, out: list[dict]) -> None:
+def api(
+    name: str, P: np.ndarray, y: np.ndarray, out: list[dict], args: argparse.Namespace
+) -> None:
     warnings.simplefilter("ignore")
     t = best_of(lambda: kdecal.binned.ece(P, y), 3)
     out.append({"data": name, "what": "kdecal.binned.ece", "s": t})
     print(f"{name:10s} kdecal.binned.ece {t:.3f} s", flush=True)
-    for notion in ("top_label", "classwise"):
-        for method, plans in (("binned", False), ("local", False), ("local", True)):
-            with engine_setting(method, plans):
+    settings = (
+        [("local", True, "row subsets"), ("local", True, "all rows")] * 2
+        if args.searches
+        else [
+            ("binned", False, "all rows"),
+            ("local", False, "all rows"),
+            ("local", True, "all rows"),
+        ]
+    )
+    for notion in args.notions.split(","):
+        for method, plans, search in settings:
+            with engine_setting(method, plans), search_setting(search):
                 t0 = time.perf_counter()
                 est = kdecal.estimate(P, y, calibration=notion, progress=False)
                 t = time.perf_counter() - t0
-            what = f"{notion} auto, {method}, plans {'on' if plans else 'off'}"
+            what = f"{notion} auto, {method}, plans {'on' if plans else 'off'}, search on {search}"
             out.append({"data": name, "what": what, "s": t, "bandwidth": float(est.bandwidth)})
-            print(f"{name:10s} {what:36s} {t:6.2f} s  h = {est.bandwidth:.3g}", flush=True)
+            print(f"{name:10s} {what:56s} {t:6.2f} s  h = {est.bandwidth:.3g}", flush=True)
+
+
+@contextlib.contextmanager
+def search_setting(search: str) -> Iterator[None]:
+    """``"row subsets"``: the fast engine's problems searched as the dense engine's are."""
+    saved = _search._search_all_rows
+    if search == "row subsets":
+        _search._search_all_rows = _search._search_bandwidths  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        _search._search_all_rows = saved  # type: ignore[assignment]
 
 
 def main() -> None:
@@ -137,15 +164,21 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--api-only", action="store_true", help="skip the one-pass timings")
+    ap.add_argument("--notions", default="top_label,classwise")
+    ap.add_argument(
+        "--searches", action="store_true", help="the two searches, twice each (local, plans)"
+    )
     args = ap.parse_args()
     if args.threads:
         kdecal.set_num_threads(args.threads)
     out: list[dict] = []
     data = {"synthetic": synthetic(args.n), "cifar10": cifar(args.n)}
+    if not args.api_only:
+        for name, (P, y) in data.items():
+            one_pass(name, P, y, out)
     for name, (P, y) in data.items():
-        one_pass(name, P, y, out)
-    for name, (P, y) in data.items():
-        api(name, P, y, out)
+        api(name, P, y, out, args)
     print(f"threads: {_runtime.get_num_threads()}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))

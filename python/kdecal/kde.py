@@ -6,7 +6,8 @@ Dask backend), which returns, per query row, the running max and class-wise sums
 Dirichlet kernel. At a fixed bandwidth an estimate is one engine pass over the n x n
 pairs (every bandwidth it needs in the same call). ``bandwidth="auto"`` first runs the
 search of :func:`select_bandwidth`, several passes: on random subsets of the query rows,
-then a local search on all of them. The plug-in estimator takes the chosen bandwidth's
+then a local search on all of them (binary problems on the fast engine: a random sample
+of the points places the start of a local search on all rows). The plug-in estimator takes the chosen bandwidth's
 accumulators from those passes (while they fit in
 :data:`kdecal._estimation.search.SEARCH_FUSE_BYTES`); the residual-centred default runs one
 pass of its own after the search. ``"loo-mle"`` evaluates its whole grid in one pass,
@@ -793,7 +794,10 @@ def select_bandwidth(
         Default: for "brier"/"log", a search over 73 log-spaced values in [1e-5, 10]
         (ratio 1.21): coarse, then fine, on a random subset of ``max(500, n / 20)``
         query rows, then a local search on twice, four times, ... as many rows up to
-        all n, which ends at a local minimum of the exact risk on all rows (see
+        all n, which ends at a local minimum of the exact risk on all rows (top-label
+        and class-wise problems of n >= 2,048, whose passes cost nearly as much on a
+        subset of the rows as on all: a random sample of the points places the start,
+        then the local search runs on all rows; see
         ``kdecal._estimation.search.search_bandwidths``); for "loo-mle",
         :data:`DEFAULT_BANDWIDTH_GRID` (55 values) exhaustively.
     backend : {"auto", "cpp", "numba", "cuda", "dask"}, default "auto"

@@ -294,10 +294,14 @@ def search_bandwidths(
     backend: str,
     progress: bool | None = None,
 ) -> dict[str, tuple[Search, tuple[np.ndarray, ...]]]:
-    """Minimise leave-one-out risks over :data:`SEARCH_GRID`; see :func:`_search_bandwidths`.
+    """Minimise leave-one-out risks over :data:`SEARCH_GRID`.
 
-    The search's engine calls on binary problems share one sort of the centres and each
-    bandwidth's cells (:func:`kdecal._engine.binary.reuse_plans`).
+    Binary problems that the fast binary engine serves (top-label, class-wise, n >=
+    2,048 on the compiled core) are searched by :func:`_search_all_rows`, every other
+    problem by :func:`_search_bandwidths`: both return a local minimum of the exact
+    leave-one-out risk on all rows.  The search's engine calls on binary problems share
+    one sort of the centres and each bandwidth's cells
+    (:func:`kdecal._engine.binary.reuse_plans`).
     """
     with _binary.reuse_plans():
         if problem.binary and _backends.binary_engine_serves(
