@@ -373,20 +373,8 @@ def _search_all_rows(
         return float(np.mean(ev.risk(c, i, n)))
 
     def starts(c: str) -> list[int]:
-        coarse = list(range(0, G, 6))
-        if coarse[-1] != G - 1:
-            coarse.append(G - 1)
-        es.ensure(coarse, m, False)
-        cr = [sample_risk(c, i) for i in coarse]
-        a = coarse[int(np.argmin(cr))]
-        modes = [
-            coarse[k]
-            for k in range(len(coarse))
-            if (k == 0 or cr[k] <= cr[k - 1]) and (k == len(coarse) - 1 or cr[k] <= cr[k + 1])
-        ]
-        modes = [i for i in modes if i == a or _paired_excess(es, c, i, a, m) <= 3.0]
         out = set()
-        for i in modes:
+        for i in _coarse_modes(es, c, m):
             window = [j for j in (i - 4, i - 2, i, i + 2, i + 4) if 0 <= j < G]
             es.ensure(window, m, False)
             best = min(window, key=lambda j: sample_risk(c, j))
@@ -428,6 +416,27 @@ def _search_all_rows(
         }
         out[c] = (Search(c, float(grid[b]), tried, n, work), acc.get(b, ()))
     return out
+
+
+def _coarse_modes(ev: _Evaluations, c: str, rows: int) -> list[int]:
+    """Evaluate every 6th grid value (and the last) on rows ``[0, rows)``; return the modes.
+
+    The modes: the local minima of that coarse risk curve whose paired mean risk excess
+    over its minimum is within 3 standard errors (the minimum's index among them).
+    """
+    G = len(SEARCH_GRID)
+    coarse = list(range(0, G, 6))
+    if coarse[-1] != G - 1:
+        coarse.append(G - 1)
+    ev.ensure(coarse, rows, False)
+    cr = [float(np.mean(ev.risk(c, i, rows))) for i in coarse]
+    a = coarse[int(np.argmin(cr))]
+    modes = [
+        coarse[k]
+        for k in range(len(coarse))
+        if (k == 0 or cr[k] <= cr[k - 1]) and (k == len(coarse) - 1 or cr[k] <= cr[k + 1])
+    ]
+    return [i for i in modes if i == a or _paired_excess(ev, c, i, a, rows) <= 3.0]
 
 
 def _paired_excess(ev: _Evaluations, c: str, i: int, b: int, rows: int) -> float:
@@ -525,25 +534,10 @@ def _search_bandwidths(
             """Paired mean risk excess of i over b, in standard errors (rows [0, done))."""
             return _paired_excess(ev, c, i, b, done)
 
-        def close(i: int, b: int, z: float) -> bool:
-            """Whether i's paired mean risk excess over b is within z standard errors."""
-            return excess(i, b) <= z
-
-        coarse = list(range(0, G, 6))
-        if coarse[-1] != G - 1:
-            coarse.append(G - 1)
-        ev.ensure(coarse, done, False)
         # stage 2 around every local minimum of the coarse curve that the subset cannot
         # tell from the best one (risk curves can have two modes, e.g. a small-h and a
         # large-h regression of nearly equal risk)
-        cr = [risk(i) for i in coarse]
-        a = coarse[int(np.argmin(cr))]
-        modes = [
-            coarse[k]
-            for k in range(len(coarse))
-            if (k == 0 or cr[k] <= cr[k - 1]) and (k == len(coarse) - 1 or cr[k] <= cr[k + 1])
-        ]
-        modes = [i for i in modes if i == a or close(i, a, 3.0)]
+        modes = _coarse_modes(ev, c, done)
         cand = sorted({j for i in modes for j in range(max(0, i - 2), min(G, i + 3))})
         done = m_sub
         ev.ensure(cand, done, keep)
