@@ -400,7 +400,7 @@ def choose_method(
     # (docs, "rounding": the query's and the cells' s (|a| + |b|) terms), which fails
     # their check (3e-9) where |log x| + |log(1 - x)| exceeds about 1.7e6 h; where that
     # holds for most queries, those methods would fall back to windows after their own
-    # work.  (Unshifted, the factor was 24: top-label scores within 1e-8 of 1 failed it
+    # work.  (Unshifted, the factor is 24: top-label scores within 1e-8 of 1 failed it
     # below h = 3.3e-5, and with the shift no (query, class) fell back there down to
     # h = 1e-5, on CIFAR-10 predictions resampled to 10^6 and on the synthetic
     # class-wise problems.)
@@ -408,7 +408,8 @@ def choose_method(
     xs = p[0, rng_r.integers(0, n, size=min(n, 512)), 1]
     with np.errstate(divide="ignore"):
         logs = -np.log(np.clip(xs, 1e-300, 1.0)) - np.log1p(-np.clip(xs, 0.0, 1.0 - 1e-16))
-    if np.mean(8.0 * np.finfo(np.float64).eps * logs / h > _TOL_CHECK) > 0.5:
+    factor = 8.0 if h >= SHIFT_MIN_H else 24.0  # unshifted below SHIFT_MIN_H
+    if np.mean(factor * np.finfo(np.float64).eps * logs / h > _TOL_CHECK) > 0.5:
         return "window"
     depth = max(64.0, math.log(n) + 36.0)
     half = math.sqrt(2.0 * depth) * math.sqrt(h) / 2.0  # window half-width in z
