@@ -43,8 +43,9 @@ CELL_WIDTH = 0.8
 #: Below this bandwidth the binned method's rounding bound fails for most rows: window.
 BINNED_MIN_H = 1e-6
 #: Smallest bandwidth whose biases the cell methods take shifted by a constant
-#: (:func:`shifted_bias`; the grid of the bandwidth search ends here).
-SHIFT_MIN_H = 1e-5
+#: (:func:`shifted_bias`): just below 1e-5, so that the bandwidth search grid's end,
+#: 1e-5 (``1 / h`` of which may round above 1e5), is included.
+SHIFT_MIN_H = 9.99e-6
 #: Estimated cost of the local method per (query, class), in exact window terms (the
 #: window method sums about 0.7 terms per ns and thread; a local (query, class) costs
 #: about 0.3 us: the maximum's search and one series per accumulator (the binned
