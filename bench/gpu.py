@@ -18,7 +18,9 @@ writes every number as JSON. What it runs:
 3. The multi-label pass (B = 100 bootstrap weightings) and the backward pass at n = 10^5.
 3b. "lean": the lean kernel (powers 1) against the general one at K = 10, n = 10^5 and
    10^6, for each shape of ``LEAN_VARIANTS`` (query rows per thread, centres per group);
-   "leank": lean against general over K at n = 10^5 (where ``LEAN_MAX_K`` comes from).
+   "leank": lean against general over K at n = 10^5 (where ``LEAN_MAX_K`` comes from);
+   "sums": the default residual estimate's pass (powers 2, pair and residual sums)
+   through the lean kernel with those sums against the general one, K = 10 and 20.
 4. The fast mode's error against the float64 mode on the real files in
    ``../shared/data/real`` at h = 1e-3, 1e-2, 0.1: max relative error of the row maxima,
    max absolute error of the conditional expectation E = S / sum_c S.
@@ -239,6 +241,40 @@ def lean_variants(results):
     _cuda.LEAN_SHAPE = dict(shape0)
 
 
+def lean_sums(sizes, results):
+    """The default residual estimate's pass (powers 2, pair and residual sums): the lean
+    kernel with squared, pair and residual sums against the general one, K = 10 and 20."""
+    h = 0.05
+    for K in (10, 20):
+        for n in sizes:
+            if K == 20 and n > 100_000:
+                continue
+            P, y = _data(n, K)
+            u = np.random.default_rng(1).random(n)
+            for mode, dt in (("fast", np.float32), ("float64", np.float64)):
+                logq, p, bias = _inputs(P, h, dt)
+                for on in (True, False):
+                    _cuda.LEAN_SUMS = on
+
+                    def run(logq=logq, p=p, y=y, K=K, bias=bias, u=u):
+                        return _cuda.loo_reduce(
+                            logq, p, y, K, np.array([1 / h]), bias, 2, pairs=True, resid=u,
+                            device_out=True,
+                        )  # fmt: skip
+
+                    run()
+                    t = _time(run, 3 if n <= 100_000 else 1)
+                    row = {"K": K, "n": n, "mode": mode, "lean_sums": on, "seconds": t}
+                    results["lean_sums"].append(row)
+                    print(
+                        f"residual pass K = {K:>3} n = {n:>8} {mode:>7} "
+                        f"{'lean sums' if on else 'general  '}: {t:.4f} s, "
+                        f"{n * (n - 1) / t:.3g} pairs/s",
+                        flush=True,
+                    )
+    _cuda.LEAN_SUMS = True
+
+
 def lean_k_sweep(results):
     """Lean (the default shape, K <= LEAN_MAX_K lifted) against general kernel over K."""
     h, n = 0.05, 100_000
@@ -400,7 +436,7 @@ def main() -> None:
     ap.add_argument(
         "--skip",
         default="",
-        help="comma list of: lean,leank,variants,forward,materialised,other,error",
+        help="comma list of: sums,lean,leank,variants,forward,materialised,other,error",
     )
     ap.add_argument("--out", default="")
     a = ap.parse_args()
@@ -420,8 +456,11 @@ def main() -> None:
         "variants": [],
         "lean_variants": [],
         "lean_k": [],
+        "lean_sums": [],
     }
     skip = set(a.skip.split(","))
+    if "sums" not in skip:
+        lean_sums([int(x) for x in a.sizes.split(",")], results)
     if "lean" not in skip:
         lean_variants(results)
     if "leank" not in skip:

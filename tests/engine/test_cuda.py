@@ -224,6 +224,51 @@ def test_lean_and_general_kernels_agree(monkeypatch, dtype):
     assert np.max(np.abs(lean[1] - gen[1]) / tot) < tol
 
 
+@pytest.mark.parametrize("n,K,C,hs,opts", CASES)
+@pytest.mark.parametrize("pairs", [False, True], ids=["powers2", "pairs"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_lean_sums_kernel_equals_the_brute_force(n, K, C, hs, opts, pairs, dtype):
+    # powers = 2, with or without pair sums, takes the lean kernel with squared and pair
+    # sums (K <= LEAN_SUMS_MAX_K): Q and D summed online from non-negative products
+    P, y = _points(n, K, seed=3 * n + K, **opts)
+    y = y % C
+    hs = np.array(hs)
+    logq, p, bias = _inputs(P, hs, dtype)
+    r0, r1 = (3, n - 2) if n > 25 else (0, n)
+    out = cu.loo_reduce(logq, p, y, C, 1.0 / hs, bias, 2, r0, r1, pairs=pairs)
+    assert len(out) == (5 if pairs else 4) and out[3].shape == (0, 0, 0)
+    ref = _brute(logq, p, y, C, 1.0 / hs, bias, r0, r1)
+    which = [(0, "m"), (1, "S"), (2, "Q")] + ([(4, "D")] if pairs else [])
+    if dtype == np.float64:
+        tol = 1e-11 if hs.min() >= 0.01 else 1e-9
+        S = ref[1]
+        floors = {0: 1e-300, 1: 1e-300, 2: 1e-80 * S**2, 4: 1e-80 * S**2}
+        for i, name in which:
+            _close(out[i], ref[i], tol, name, np.maximum(floors[i], 1e-300))
+        return
+    # fast mode: m to the float32 rounding of the log-kernel; S relative to the row total,
+    # Q and D relative to its square
+    _close(out[0], ref[0], 1e-6, "m", floor=1.0)
+    tot = ref[1].sum(-1, keepdims=True)
+    for i, name in which[1:]:
+        scale = tot if i == 1 else tot**2
+        assert np.max(np.abs(out[i] - ref[i]) / scale) < 1e-5, name
+
+
+def test_lean_sums_pair_sums_without_cancellation():
+    # one centre far nearer the query than the others of its class: D = S^2 - Q is about
+    # 2 (S - 1), which a difference of S^2 and Q would lose; the online sums keep it
+    t = np.array([0.5, 0.5 + 1e-4, 0.9, 0.1, 0.95, 0.05, 0.7, 0.3])
+    P = np.stack([t, 1 - t], axis=1)
+    y = np.array([0, 0, 0, 0, 1, 1, 1, 1])
+    hs = np.array([2e-3])
+    logq, p, bias = _inputs(P, hs)
+    out = cu.loo_reduce(logq, p, y, 2, 1.0 / hs, bias, 2, pairs=True)
+    ref = _brute(logq, p, y, 2, 1.0 / hs, bias, 0, 8)
+    assert 0.0 < ref[4][0, 0, 0] < 1e-20  # far below the cancellation of S^2 - Q
+    _close(out[4], ref[4], 1e-9, "D", floor=1e-300)
+
+
 def test_lean_kernel_with_sorted_centres_and_far_outliers():
     # centres in increasing order of their log-kernel (every group sets a new maximum)
     # and an isolated query whose every term is far below its own point's: the running
@@ -486,7 +531,9 @@ def test_larger_problems_on_the_device(dtype):
         l64, p64 = logq.astype(np.float64), p.astype(np.float64)
         ref = core.loo_reduce(l64, p64, y, K, 1.0 / hs, bias, 3, 0, n, 0, pairs=True)
         Er = ref[1] / ref[1].sum(-1, keepdims=True)
-        for powers in (3, 1):  # the general kernel, and the lean one (powers 1)
+        # the general kernel, the lean one with squared and pair sums (powers 2, K <= 20),
+        # and the lean one (powers 1)
+        for powers in (3, 2, 1):
             out = cu.loo_reduce(logq, p, y, K, 1.0 / hs, bias, powers, 0, n, pairs=powers > 1)
             E = out[1] / out[1].sum(-1, keepdims=True)
             # fast mode at h = 1e-3: measured 1.8e-5 (K = 10) and 2.0e-4 (K = 100)

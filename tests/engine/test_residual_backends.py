@@ -544,6 +544,7 @@ def test_cuda_launches_centre_splits_and_variants(monkeypatch, splits, dtype):
     # query rows per thread with the (K, TILE) layout of the centre tile
     monkeypatch.setattr(cu, "LAUNCH_PAIRS", 11.0 * 30 * 2)
     monkeypatch.setattr(cu, "CENTRE_SPLITS", splits)
+    monkeypatch.setattr(cu, "LEAN_SUMS", False)  # the general kernel's variants
     if splits == 1:
         monkeypatch.setattr(cu, "QUERIES_PER_THREAD", 2)
         monkeypatch.setattr(cu, "CENTRE_ROWS", False)
@@ -561,6 +562,46 @@ def test_cuda_launches_centre_splits_and_variants(monkeypatch, splits, dtype):
     else:
         assert _rel(out[4], ref[1], ref[1].sum(-1, keepdims=True)) <= tol_a
         assert _rel(out[5], ref[2], ref[3]) <= tol_u
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("pairs", [False, True], ids=["powers2", "pairs"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "fast"])
+@pytest.mark.parametrize(
+    "n,K,C,ties", [(2, 2, 2, False), (3, 3, 3, True), (37, 3, 2, True), (29, 10, 10, False)]
+)
+def test_cuda_lean_sums_match_brute_force_and_general_kernel(
+    monkeypatch, pairs, dtype, n, K, C, ties
+):
+    # powers 2 with residual sums (the default residual estimate's pass) takes the lean
+    # kernel with squared, pair and residual sums; several launches, the last one short
+    monkeypatch.setattr(cu, "LAUNCH_PAIRS", 7.0 * n * 3)
+    hs = HS if dtype == np.float64 else [0.01, 0.1, 10.0]
+    logq, p, labels, scale, bias, u = _cuda_case(n, K, C, hs, dtype, seed=n + 1, ties=ties)
+    r0, r1 = (1, n - 1) if n > 10 else (0, n)
+    kw = {"powers": 2, "pairs": pairs, "backend": "cuda", "rows": (r0, r1)}
+    lean = _backends.loo_reduce(logq, p, labels, C, scale, bias, resid=u, **kw)
+    monkeypatch.setattr(cu, "LEAN_SUMS", False)
+    gen = _backends.loo_reduce(logq, p, labels, C, scale, bias, resid=u, **kw)
+    assert len(lean) == len(gen) == (7 if pairs else 6)
+    ref = _brute(logq, p, labels, C, scale, bias, u, r0, r1, f64=True)
+    tol_a, tol_u = _cuda_tols(dtype)
+    A, U = lean[-2], lean[-1]
+    if dtype == np.float64:
+        _check(A, U, ref, tol_a, tol_u)
+    else:  # fast mode: A relative to its row total (sum_k A_k = S_0), U to its |terms|;
+        # U's squared weights double the log-weight's error (the general kernel's U errs
+        # by 1.8e-6 to 2.5e-5 on such draws, the lean one's by 8e-6 to 2.8e-5)
+        assert _rel(A, ref[1], ref[1].sum(-1, keepdims=True)) <= tol_a
+        assert _rel(U, ref[2], ref[3]) <= 5 * tol_u
+    # m, S, Q (and D) as the general kernel's; S relative to the row total, Q and D to
+    # its square (classes far below the row maximum carry no weight)
+    tol = 1e-12 if dtype == np.float64 else 1e-5
+    assert _rel(lean[0], gen[0], np.maximum(np.abs(gen[0]), 1.0)) <= tol
+    tot = gen[1].sum(-1, keepdims=True)
+    for i in (1, 2, 4) if pairs else (1, 2):
+        assert _rel(lean[i], gen[i], tot if i == 1 else tot**2) <= tol, i
 
 
 @pytest.mark.cuda

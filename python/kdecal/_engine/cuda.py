@@ -31,7 +31,10 @@ and a new maximum rescales what was summed (see :func:`_forward_kernel_qb`).  A 
 O(nC) kernel puts the class sums relative to the row maximum.  The passes that need
 neither powers, pair sums nor residual sums (``powers == 1``: the bandwidth searches, the
 plug-in L1 and KL estimates), for ``K <=`` :data:`LEAN_MAX_K`, run a leaner kernel with the
-same outputs (:func:`_lean_kernel`: about half the instructions per pair).  Nothing of size
+same outputs (:func:`_lean_kernel`: about half the instructions per pair); those with
+squared, pair or residual sums (``powers <= 2``: the default residual estimate's own
+pass), for ``K <=`` :data:`LEAN_SUMS_MAX_K`, run its twin with those sums
+(:func:`_lean_sums_kernel`); ``powers == 3`` and larger K the general kernel.  Nothing of size
 ``n x n`` is formed: memory is ``O(B n (K + H C))``.
 
 Precision.  The dtype of ``logq`` and ``p`` chooses the mode:
@@ -936,6 +939,334 @@ def _lean_kernel(
     return kern
 
 
+# ------------------------------------------- the lean kernel with powers, pairs and residuals
+
+#: Use :func:`_lean_sums_kernel` for the passes with squared sums (``powers == 2``), pair
+#: sums or residual sums, for ``K <=`` :data:`LEAN_SUMS_MAX_K` (the default residual
+#: estimate's own pass, the debiased plug-in's). False: the general kernel
+#: (:func:`_forward_kernel_qb`), which also serves ``powers == 3`` and larger K.
+LEAN_SUMS = True
+
+#: Most coordinates K for which :func:`_lean_sums_kernel` is used: each thread keeps its
+#: query's ``log q`` (and in the fast mode ``p``) and a tile's residual sums ``A`` in
+#: registers, and its float64 row sums of ``A``.
+LEAN_SUMS_MAX_K = 20
+
+
+@cuda.jit
+def _gather_pad(src, order, dst):  # pragma: no cover - runs on the device
+    # dst[b, i] = src[b, order[b, i]] in padded class order, 0 for padding
+    i, b = cuda.grid(2)
+    if b < dst.shape[0] and i < dst.shape[1]:
+        r = order[b, i]
+        dst[b, i] = src[b, r] if r >= 0 else 0
+
+
+@functools.cache
+def _lean_sums_kernel(
+    K: int, fast: bool, powers: int, pairs: bool, resid: bool, NG: int = 8, TB: int = LEAN_TILE
+) -> Any:
+    """Compile the lean forward kernel with squared, pair and residual sums.
+
+    The layout and the log-kernel of :func:`_lean_kernel` (classes padded to whole
+    tiles, groups of ``NG`` centres with one test for a new row maximum, one query row
+    per thread; the fast mode's log-kernel in float32 head-and-tail form in log2 units),
+    with every term ``e = exp(L_ij - M)`` (``M`` the running row maximum) also summed as:
+
+    * ``Q_c = sum e^2`` (``powers >= 2`` or ``pairs``);
+    * ``D_c = sum_{i != i'} e_i e_i'`` (``pairs``), online and without cancellation:
+      a term adds ``2 e`` times the sum of those before it, in each of the
+      :data:`LEAN_ACC` interleaved partial sums of a tile, and the partials' products
+      with each other and with the class's sum of the earlier tiles when the tile is
+      folded in (every product is of non-negative terms, so that ``D`` has the relative
+      accuracy of ``S`` even where one term dominates, as the general kernel's count of
+      ties gives it);
+    * ``A_k = sum e p_ik`` over all centres and ``U = sum e^2 u_i`` (``resid``), relative
+      to the row maximum directly.
+
+    A tile's sums are formed in the mode's dtype (float32 in the fast mode, in
+    :data:`LEAN_ACC` partials for ``S``, ``Q``, ``D``) and added to float64 sums per tile,
+    which a new row maximum rescales with them.  No term is clamped: a term below the
+    float32 (fast) or float64 range relative to the row maximum adds 0 where the general
+    kernel adds ``exp(-230)`` of its class maximum.
+    """
+    dt = float32 if fast else float64
+    per_word = 4 if fast else 2
+    KP = -(-K // per_word) * per_word
+    NA = LEAN_ACC
+    BIG = 1e30  # "s c_j - M" before the first term: every first group sets M
+    sq = powers >= 2 or pairs or resid
+    KA = K if resid else 1
+
+    @cuda.jit
+    def kern(
+        logq, pq, cj, pT, bh, bl, us, seg, pos, scale, t, row0, row1, mc, m_out, S, Q, D, A, U
+    ):
+        # as _lean_kernel's, one query row per thread; us (B, Np) residual weights in padded
+        # class order; Q, D (B, H, R, C) relative to mc (as S); A (B, H, R, K) and U
+        # (B, H, R) relative to the row maximum
+        b = cuda.blockIdx.y
+        tid = cuda.threadIdx.x
+        j = row0 + cuda.blockIdx.x * TB + tid
+        live = j < row1
+        C = seg.shape[1] - 1
+        psh = cuda.shared.array((TB, KP), dt)
+        bsh = cuda.shared.array((TB, 2) if fast else (TB, 1), dt)
+        ush = cuda.shared.array(TB, dt)
+        lq = cuda.local.array(K, dt)
+        pv = cuda.local.array(K, dt)
+        acc = cuda.local.array(NA, dt)
+        acq = cuda.local.array(NA, dt)
+        acd = cuda.local.array(NA, dt)
+        aa = cuda.local.array(KA, dt)
+        Ar = cuda.local.array(KA, float64)
+        xs = cuda.local.array(NG, dt)
+        gs = cuda.local.array(NG, dt)
+        st = scale[t]
+        unit = _LOG2E if fast else 1.0
+        su = st * unit
+        s32 = dt(su)
+        s32lo = dt(su - float64(s32))
+        pj = pos[b, j] if live else -1
+        Dq = su * cj[b, j] if (fast and live) else 0.0
+        for k in range(K):
+            lq[k] = logq[b, j, k] if live else 0
+            pv[k] = pq[b, j, k] if (fast and live) else 0
+        for k in range(KA):
+            Ar[k] = 0.0
+        Ur = 0.0
+        M = -_INF
+        dh = dt(BIG)
+        dl = float32(0)
+        for c in range(C):
+            lo = seg[b, c]
+            hi = seg[b, c + 1]
+            Sc = 0.0
+            Qc = 0.0
+            Dc = 0.0
+            for i0 in range(lo, hi, TB):
+                for k in range(K):
+                    psh[tid, k] = pT[b, k, i0 + tid]
+                bsh[tid, 0] = bh[b, t, i0 + tid]
+                if fast:
+                    bsh[tid, 1] = bl[b, t, i0 + tid]
+                if resid:
+                    ush[tid] = us[b, i0 + tid]
+                cuda.syncthreads()
+                d = pj - i0  # the query's own centre in this tile, if any
+                si = np.int32(d) if (d >= 0 and d < TB) else np.int32(-1)
+                for a in range(NA):
+                    acc[a] = 0
+                    acq[a] = 0
+                    acd[a] = 0
+                for k in range(KA):
+                    aa[k] = 0
+                ua = dt(0)
+                for i8 in range(TB // NG):
+                    xm = dt(-_INF)
+                    for a in range(NG):
+                        ii = np.int32(i8 * NG + a)
+                        if fast:
+                            g = lq[0] * (psh[ii, 0] - pv[0])
+                            for k in range(1, K):
+                                g = cuda.fma(lq[k], psh[ii, k] - pv[k], g)
+                            x = cuda.fma(s32, g, bsh[ii, 0] + dh) + cuda.fma(
+                                s32lo, g, bsh[ii, 1] + dl
+                            )
+                        else:
+                            g = lq[0] * psh[ii, 0]
+                            for k in range(1, K):
+                                g += lq[k] * psh[ii, k]
+                            x = cuda.fma(st, g, bsh[ii, 0] + dh)
+                        if ii == si:
+                            x = dt(-_INF)
+                        xs[a] = x
+                        gs[a] = g
+                        xm = max(xm, x)
+                    if xm > 0:  # a new row maximum in this group: rescale (rarely)
+                        L = M
+                        for a in range(NG):
+                            if xs[a] > -_INF:
+                                ii = np.int32(i8 * NG + a)
+                                if fast:
+                                    La = (float64(bsh[ii, 0]) + float64(bsh[ii, 1])) + Dq
+                                    La += su * float64(gs[a])
+                                else:
+                                    La = cuda.fma(st, gs[a], bsh[ii, 0])
+                                L = max(L, La)
+                        if M == -_INF:
+                            r = 0.0
+                        elif fast:
+                            r = _exp2(M - L)
+                        else:
+                            r = math.exp(M - L)
+                        r2 = r * r
+                        Sc *= r
+                        Qc *= r2
+                        Dc *= r2
+                        for a in range(NA):
+                            acc[a] *= dt(r)
+                            acq[a] *= dt(r2)
+                            acd[a] *= dt(r2)
+                        if resid:
+                            for k in range(K):
+                                aa[k] *= dt(r)
+                                Ar[k] *= r
+                            ua *= dt(r2)
+                            Ur *= r2
+                        M = L
+                        if fast:
+                            dd = Dq - L
+                            dh = float32(dd)
+                            dl = float32(dd - float64(dh))
+                        else:
+                            dh = -L
+                        for a in range(NG):  # the group's terms relative to the new M
+                            if xs[a] > -_INF:
+                                ii = np.int32(i8 * NG + a)
+                                if fast:
+                                    ga = gs[a]
+                                    xs[a] = cuda.fma(s32, ga, bsh[ii, 0] + dh) + cuda.fma(
+                                        s32lo, ga, bsh[ii, 1] + dl
+                                    )
+                                else:
+                                    xs[a] = cuda.fma(st, gs[a], bsh[ii, 0] + dh)
+                    for a in range(NG):
+                        e = _exp2f(xs[a]) if fast else math.exp(xs[a])
+                        p_ = a % NA
+                        if pairs:  # pairs with the partial's earlier terms
+                            acd[p_] = cuda.fma(e, acc[p_], acd[p_])
+                        acc[p_] += e
+                        e2 = e * e
+                        if sq:
+                            acq[p_] += e2
+                        if resid:
+                            ii = np.int32(i8 * NG + a)
+                            for k in range(K):
+                                aa[k] = cuda.fma(e, psh[ii, k], aa[k])
+                            ua = cuda.fma(e2, ush[ii], ua)
+                cuda.syncthreads()
+                # fold the tile: D gains the pairs within each partial (acd), between
+                # the partials, and with the class's earlier tiles (Sc)
+                tot = 0.0
+                dtile = 0.0
+                for a in range(NA):
+                    sa = float64(acc[a])
+                    if pairs:
+                        dtile += float64(acd[a]) + sa * tot
+                    tot += sa
+                if pairs:
+                    Dc += 2.0 * (dtile + tot * Sc)
+                Sc += tot
+                if sq:
+                    tq = 0.0
+                    for a in range(NA):
+                        tq += float64(acq[a])
+                    Qc += tq
+                if resid:
+                    for k in range(K):
+                        Ar[k] += float64(aa[k])
+                    Ur += float64(ua)
+            if live:
+                r = j - row0
+                mc[b, r, c] = M * (_LN2 if fast else 1.0)
+                S[b, t, r, c] = Sc
+                if powers >= 2:
+                    Q[b, t, r, c] = Qc
+                if pairs:
+                    D[b, t, r, c] = Dc
+        if live:
+            r = j - row0
+            m_out[b, t, r] = M * (_LN2 if fast else 1.0)
+            if resid:
+                for k in range(K):
+                    A[b, t, r, k] = Ar[k]
+                U[b, t, r] = Ur
+
+    return kern
+
+
+def _loo_reduce_lean_sums(
+    dlogq: Any,
+    dp: Any,
+    labels: Any,
+    C: int,
+    scale_h: np.ndarray,
+    dbias: Any,
+    r0: int,
+    r1: int,
+    progress: Callable[[int], object] | None,
+    powers: int,
+    pairs: bool,
+    resid: Any,
+) -> tuple[Any, ...]:
+    """:func:`loo_reduce` with ``powers <= 2``, pairs or residuals: :func:`_lean_sums_kernel`.
+
+    Device arrays in; returns the device arrays ``m`` (B, H, R), ``S``, ``Q``, ``D``
+    (B, H, R, C; ``Q``, ``D`` placeholders unless asked), ``A`` (B, H, R, K) and ``U``
+    (B, H, R) (placeholders without ``resid``).
+    """
+    Bn, n, K = (int(s) for s in dp.shape)
+    H = scale_h.shape[0]
+    R = r1 - r0
+    fast = dp.dtype == np.float32
+    TB = LEAN_TILE
+    NG = LEAN_SHAPE[fast][1]
+    has_u = resid is not None
+    empty = (1, 1, 1, 1)
+    shp = (Bn, H, R, C)
+    m = cuda.device_array((Bn, H, R), dtype=np.float64)
+    S = cuda.device_array(shp, dtype=np.float64)
+    Q = cuda.device_array(shp if powers >= 2 else empty, dtype=np.float64)
+    D = cuda.device_array(shp if pairs else empty, dtype=np.float64)
+    A = cuda.device_array((Bn, H, R, K) if has_u else empty, dtype=np.float64)
+    U = cuda.device_array((Bn, H, R) if has_u else (1, 1, 1), dtype=np.float64)
+    if not (R > 0 and H > 0 and Bn > 0 and n > 0):
+        return m, S, Q, D, A, U
+    order, pos, seg = _padded_class_order(labels, C, TB)
+    Np = int(order.shape[1])
+    pT = cuda.device_array((Bn, K, Np), dtype=dp.dtype)
+    bh = cuda.device_array((Bn, H, Np), dtype=dp.dtype)
+    bl = cuda.device_array((Bn, H, Np), dtype=np.float32 if fast else np.float64)
+    cj = cuda.device_array((Bn, n), dtype=np.float64)
+    us = cuda.device_array((Bn, Np) if has_u else (1, 1), dtype=dp.dtype)
+    grid = ((max(n, Np) + TILE - 1) // TILE, Bn)
+    _gather_lean[grid, (TILE, 1)](dp, dbias, order, _LOG2E if fast else 1.0, pT, bh, bl)
+    if fast:
+        _query_shift[grid, (TILE, 1)](dlogq, dp, cj)
+    if has_u:
+        du = resid if _on_device(resid) else np.ascontiguousarray(resid, dtype=np.float64)
+        du, _ = _batched(du, 2)
+        _gather_pad[grid, (TILE, 1)](_dev(du), order, us)
+    dscale = cuda.to_device(scale_h)
+    step = _launch_rows(n, H * Bn, TB)
+    rows = min(step, R)
+    mc = cuda.device_array((Bn, rows, C), dtype=np.float64)
+    kern = _lean_sums_kernel(K, fast, int(powers), bool(pairs), has_u, NG, TB)
+    for a in range(r0, r1, step):
+        b_ = min(a + step, r1)
+        sl = slice(a - r0, b_ - r0)
+        mv = m[:, :, sl]
+        Sv = S[:, :, sl, :]
+        Qv = Q[:, :, sl, :] if powers >= 2 else Q
+        Dv = D[:, :, sl, :] if pairs else D
+        Av = A[:, :, sl, :] if has_u else A
+        Uv = U[:, :, sl] if has_u else U
+        blocks = ((b_ - a + TB - 1) // TB, Bn)
+        rblocks = ((b_ - a + TILE - 1) // TILE, Bn)
+        mcv = mc[:, : b_ - a, :]
+        for t in range(H):
+            kern[blocks, (TB, 1)](
+                dlogq, dp, cj, pT, bh, bl, us, seg, pos, dscale, t, a, b_, mcv, mv, Sv, Qv, Dv,
+                Av, Uv,
+            )  # fmt: skip
+            _rescale[rblocks, (TILE, 1)](mcv, t, mv, Sv, Qv, Q, Dv, int(powers), bool(pairs))
+        cuda.synchronize()
+        if progress is not None:
+            progress((b_ - r0) * Bn)
+    return m, S, Q, D, A, U
+
+
 @functools.cache
 def _multi_kernel(K: int, C: int, fast: bool, powers: int, resid: bool = False) -> Any:
     """Compile the multi-label kernel.
@@ -1272,6 +1603,16 @@ def loo_reduce(
     if LEAN and powers == 1 and not pairs and resid is None and K <= LEAN_MAX_K:
         m, S = _loo_reduce_lean(dlogq, dp, labels, C, scale_h, dbias, r0, r1, progress)
         outs = [m, S, None, None]
+        return tuple(_finish(o, batched, device_out) for o in outs)
+    if LEAN_SUMS and powers <= 2 and K <= LEAN_SUMS_MAX_K:
+        m, S, Q, D, A, U = _loo_reduce_lean_sums(
+            dlogq, dp, labels, C, scale_h, dbias, r0, r1, progress, powers, pairs, resid
+        )
+        outs = [m, S, Q if powers >= 2 else None, None]
+        if pairs:
+            outs.append(D)
+        if resid is not None:
+            outs += [A, U]
         return tuple(_finish(o, batched, device_out) for o in outs)
     order, pos, seg = _class_order(labels, C)
     pT = cuda.device_array((Bn, K, n), dtype=dp.dtype)
