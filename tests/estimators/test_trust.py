@@ -424,27 +424,42 @@ def _search_work_without_sums(pr):
 @pytest.mark.parametrize("calibration", ["top_label", "classwise"])
 @pytest.mark.parametrize("fuse", [True, False])
 def test_binary_search_on_all_rows(monkeypatch, calibration, fuse):
-    """The fast engine's search: a local minimum of the exact risk on all rows.
+    """The fast engine's search: within the tolerance of the exact risk's minimum.
 
     Binary problems of n >= 2,048 search with every risk on all rows (a sample of the
-    points only places the start): the chosen bandwidth is the exhaustive argmin here,
-    its risk and its two neighbours' are the exact ones on all rows, and the
-    accumulators it returns are those of one plain pass at that bandwidth.
+    points only places the start): the risks it reports are the exact ones on all rows;
+    the chosen bandwidth's risk is within ``SEARCH_TOLERANCE_SE`` paired standard errors
+    of the grid's minimum; without the tolerance (every local minimum checked one step
+    away) it is the exhaustive argmin here; and the accumulators it returns are those
+    of one plain pass at that bandwidth.
     """
     if not fuse:
         monkeypatch.setattr(_search, "SEARCH_FUSE_BYTES", 0)
     P, y = _data(4000, 4, seed=11)
     pr = _problem.make_problem(check_probs(P), y, calibration)
-    risk = _search.cv_risk_grid(pr, _search.SEARCH_GRID, "brier", "cpp")
+    grid = _search.SEARCH_GRID
+    risk = _search.cv_risk_grid(pr, grid, "brier", "cpp")
     record, sums = _search.search_bandwidth(pr, "brier", 2, "cpp")
-    j = int(np.flatnonzero(_search.SEARCH_GRID == record.bandwidth)[0])
-    assert j == int(np.argmin(risk))
+    j = int(np.flatnonzero(grid == record.bandwidth)[0])
+    a = int(np.argmin(risk))
+    assert j == a  # the default checks every local minimum one step away
     for i in (j - 1, j, j + 1):
-        np.testing.assert_allclose(
-            record.tried[float(_search.SEARCH_GRID[i])], risk[i], rtol=1e-12
-        )
+        np.testing.assert_allclose(record.tried[float(grid[i])], risk[i], rtol=1e-12)
     # far fewer bandwidths than the grid: the walk on all rows, not an exhaustive scan
     assert len(record.tried) <= 12
+    # with a risk tolerance the chosen risk is within it of the grid's minimum (paired
+    # mean excess in standard errors), from the exact risks on all rows
+    for tol in (0.1, 1.0):
+        monkeypatch.setattr(_search, "SEARCH_TOLERANCE_SE", tol)
+        rec, _ = _search.search_bandwidth(pr, "brier", 0, "cpp")
+        jt = int(np.flatnonzero(grid == rec.bandwidth)[0])
+        for h, r in rec.tried.items():
+            np.testing.assert_allclose(r, risk[int(np.flatnonzero(grid == h)[0])], rtol=1e-12)
+        if jt != a:
+            S = _problem.engine(pr, grid[[jt, a]], labelled=True, powers=1, backend="cpp")[1]
+            d = np.subtract(*_search.cv_risk_rows(pr, S, "brier", slice(0, pr.n)))
+            assert d.mean() <= tol * d.std(ddof=1) / np.sqrt(d.size)
+    monkeypatch.setattr(_search, "SEARCH_TOLERANCE_SE", None)
     want = _problem.engine(
         pr, np.array([record.bandwidth]), labelled=True, powers=2, backend="cpp", pairs=True
     )
