@@ -120,7 +120,7 @@ SEARCH_RATE = 0.6
 #: Paired standard errors within which a bandwidth's leave-one-out risk may lie above
 #: its neighbours' for the search on all rows to stop there without checking them (the
 #: risk tolerance of issue 27), or None: every local minimum is checked one grid step
-#: away. None by default: at 0.1, the search on all rows saved 1-2 passes on 20 of 24
+#: away. None by default: at 0.1, the search on all rows saved 2 passes on 18 of 24
 #: real files, but its bandwidth, one grid step from the exhaustive argmin on 4 of them,
 #: moved the top-label L1 estimate by up to 0.27 of its bootstrap standard error (0.1
 #: allowed; ``bench/search_tolerance.py``, ``bench/README.md``).
