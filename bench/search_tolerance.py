@@ -28,19 +28,11 @@ import numpy as np
 
 import kdecal
 from kdecal._estimation import search as _search
+from search_real import load
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REAL = os.path.join(HERE, "..", "..", "shared", "data", "real")
 Q = ("ece_kde_l1", "ce_l2")
-
-
-def load(path: str) -> tuple[np.ndarray, np.ndarray]:
-    with np.load(path) as d:
-        pre = "test_" if "test_labels" in d.files else ""
-        y = d[pre + "labels"].astype(np.int64)
-        if pre + "probs" in d.files:
-            return d[pre + "probs"].astype(np.float64), y
-        return kdecal.softmax(d[pre + "logits"].astype(np.float64)), y
 
 
 def run(P, y, notion, tol):

@@ -725,6 +725,31 @@ def _padded_class_order(labels: Any, n_classes: int, tile: int) -> tuple[Any, An
     return cuda.to_device(order), cuda.to_device(pos), cuda.to_device(seg)
 
 
+def _lean_inputs(
+    dlogq: Any, dp: Any, dbias: Any, labels: Any, C: int, H: int, TB: int
+) -> tuple[Any, ...]:
+    """Put the lean kernels' inputs on the device, classes padded to whole tiles of ``TB``.
+
+    Returns ``order``, ``pos``, ``seg`` (:func:`_padded_class_order`), the centres ``pT``
+    (B, K, Np) and their biases as head and tail ``bh``, ``bl`` (B, H, Np) in padded class
+    order (in log2 units in the fast mode), the fast mode's query shifts ``cj`` (B, n),
+    and the launch grid of the gathers.
+    """
+    Bn, n, K = (int(s) for s in dp.shape)
+    fast = dp.dtype == np.float32
+    order, pos, seg = _padded_class_order(labels, C, TB)
+    Np = int(order.shape[1])
+    pT = cuda.device_array((Bn, K, Np), dtype=dp.dtype)
+    bh = cuda.device_array((Bn, H, Np), dtype=dp.dtype)
+    bl = cuda.device_array((Bn, H, Np), dtype=np.float32 if fast else np.float64)
+    cj = cuda.device_array((Bn, n), dtype=np.float64)
+    grid = ((max(n, Np) + TILE - 1) // TILE, Bn)
+    _gather_lean[grid, (TILE, 1)](dp, dbias, order, _LOG2E if fast else 1.0, pT, bh, bl)
+    if fast:
+        _query_shift[grid, (TILE, 1)](dlogq, dp, cj)
+    return order, pos, seg, pT, bh, bl, cj, grid
+
+
 @cuda.jit
 def _gather_lean(p, bias, order, unit, pT, bh, bl):  # pragma: no cover - on the device
     # pT[b, k, i] = p[b, order[b, i], k] (0 for padding); the bias times unit (log2(e) in
@@ -1223,17 +1248,8 @@ def _loo_reduce_lean_sums(
     U = cuda.device_array((Bn, H, R) if has_u else (1, 1, 1), dtype=np.float64)
     if not (R > 0 and H > 0 and Bn > 0 and n > 0):
         return m, S, Q, D, A, U
-    order, pos, seg = _padded_class_order(labels, C, TB)
-    Np = int(order.shape[1])
-    pT = cuda.device_array((Bn, K, Np), dtype=dp.dtype)
-    bh = cuda.device_array((Bn, H, Np), dtype=dp.dtype)
-    bl = cuda.device_array((Bn, H, Np), dtype=np.float32 if fast else np.float64)
-    cj = cuda.device_array((Bn, n), dtype=np.float64)
-    us = cuda.device_array((Bn, Np) if has_u else (1, 1), dtype=dp.dtype)
-    grid = ((max(n, Np) + TILE - 1) // TILE, Bn)
-    _gather_lean[grid, (TILE, 1)](dp, dbias, order, _LOG2E if fast else 1.0, pT, bh, bl)
-    if fast:
-        _query_shift[grid, (TILE, 1)](dlogq, dp, cj)
+    order, pos, seg, pT, bh, bl, cj, grid = _lean_inputs(dlogq, dp, dbias, labels, C, H, TB)
+    us = cuda.device_array((Bn, int(order.shape[1])) if has_u else (1, 1), dtype=dp.dtype)
     if has_u:
         du = resid if _on_device(resid) else np.ascontiguousarray(resid, dtype=np.float64)
         du, _ = _batched(du, 2)
@@ -1757,16 +1773,7 @@ def _loo_reduce_lean(
     S = cuda.device_array((Bn, H, R, C), dtype=np.float64)
     if not (R > 0 and H > 0 and Bn > 0 and n > 0):
         return m, S
-    order, pos, seg = _padded_class_order(labels, C, TB)
-    Np = int(order.shape[1])
-    pT = cuda.device_array((Bn, K, Np), dtype=dp.dtype)
-    bh = cuda.device_array((Bn, H, Np), dtype=dp.dtype)
-    bl = cuda.device_array((Bn, H, Np), dtype=np.float32 if fast else np.float64)
-    cj = cuda.device_array((Bn, n), dtype=np.float64)
-    grid = ((max(n, Np) + TILE - 1) // TILE, Bn)
-    _gather_lean[grid, (TILE, 1)](dp, dbias, order, _LOG2E if fast else 1.0, pT, bh, bl)
-    if fast:
-        _query_shift[grid, (TILE, 1)](dlogq, dp, cj)
+    _, pos, seg, pT, bh, bl, cj, _ = _lean_inputs(dlogq, dp, dbias, labels, C, H, TB)
     dscale = cuda.to_device(scale_h)
     step = _launch_rows(n, H * Bn, TB * QB)
     rows = min(step, R)
