@@ -215,6 +215,7 @@ def lean_variants(results):
             logq, p, bias = _inputs(P, h, dt)
             for v in LEAN_VARIANTS:
                 _cuda.LEAN = v is not None
+                _cuda.LEAN_SUMS = v is not None  # None: the general kernel itself
                 if v is not None:
                     _cuda.LEAN_SHAPE = {True: v, False: v}
 
@@ -238,6 +239,7 @@ def lean_variants(results):
                     flush=True,
                 )
     _cuda.LEAN = True
+    _cuda.LEAN_SUMS = True
     _cuda.LEAN_SHAPE = dict(shape0)
 
 
@@ -287,6 +289,7 @@ def lean_k_sweep(results):
             ts = {}
             for lean in (True, False):
                 _cuda.LEAN = lean
+                _cuda.LEAN_SUMS = lean
 
                 def run(logq=logq, p=p, y=y, K=K, bias=bias):
                     return _cuda.loo_reduce(
@@ -303,6 +306,7 @@ def lean_k_sweep(results):
                 flush=True,
             )
     _cuda.LEAN = True
+    _cuda.LEAN_SUMS = True
     _cuda.LEAN_MAX_K = kmax
 
 
@@ -404,7 +408,12 @@ def fast_mode_error(results):
                     logq = cuda.to_device(logq.copy_to_host().astype(np.float64))
                     p = cuda.to_device(p.copy_to_host().astype(np.float64))
                 outs[mode] = _cuda.loo_reduce(logq, p, y, K, np.array([1 / h]), bias, powers)
-            kernel = "lean" if powers == 1 and _cuda.LEAN else "general"
+            if powers == 1 and _cuda.LEAN:
+                kernel = "lean"
+            elif _cuda.LEAN_SUMS and K <= _cuda.LEAN_SUMS_MAX_K:
+                kernel = "lean sums"
+            else:
+                kernel = "general"
             row = {"file": f.name, "K": K, "n": len(y), "h": h, "kernel": kernel}
             for ref in ("f64r", "f64"):
                 m32, S32 = outs["fast"][:2]

@@ -1620,7 +1620,8 @@ def loo_reduce(
         m, S = _loo_reduce_lean(dlogq, dp, labels, C, scale_h, dbias, r0, r1, progress)
         outs = [m, S, None, None]
         return tuple(_finish(o, batched, device_out) for o in outs)
-    if LEAN_SUMS and powers <= 2 and K <= LEAN_SUMS_MAX_K:
+    sums = powers == 2 or pairs or resid is not None
+    if LEAN_SUMS and sums and powers <= 2 and K <= LEAN_SUMS_MAX_K:
         m, S, Q, D, A, U = _loo_reduce_lean_sums(
             dlogq, dp, labels, C, scale_h, dbias, r0, r1, progress, powers, pairs, resid
         )
