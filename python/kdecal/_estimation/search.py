@@ -345,7 +345,9 @@ def _search_all_rows(
        ``(m / n)^``:data:`SEARCH_RATE` (the minimiser's rate in n), is a start;
     2. from each start, a local search on all rows: the start and the grid values 2
        steps away, stepping while one is better; then 1 step away, stepping while one
-       is better, until the best is a local minimum of the exact risk on all rows.
+       is better, until the best is a local minimum of the exact risk on all rows
+       (unless :data:`SEARCH_TOLERANCE_SE`, off by default, settles it first:
+       :func:`_settled`).
 
     The result is the best of these local minima: as with :func:`_search_bandwidths`, a
     local minimum of the exact leave-one-out risk on all n rows; every evaluation on the
