@@ -13,6 +13,7 @@ current ``dask.distributed`` client, one task per block of query rows
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import warnings
@@ -227,24 +228,28 @@ def loo_reduce(
             show=_runtime.show_progress(work, progress),
             pairs=pairs,
             resid=resid,
+            binary=(
+                functools.partial(_binary.reduce_block, BINARY_METHOD)
+                if _use_binary_engine("cpp", p, powers)
+                else None
+            ),
         )
     if _use_binary_engine(backend, p, powers):
-        batched = p.ndim == 3
-        out = _binary.loo_reduce_k2(
-            logq if batched else logq[None],
-            p if batched else p[None],
-            labels if batched else labels[None],
+        return _binary.loo_reduce_rows(
+            logq,
+            p,
+            labels,
             n_classes,
             scale,
-            bias if batched else bias[None],
-            powers=powers,
+            bias,
+            powers,
+            r0,
+            r1,
             pairs=pairs,
-            rows=(r0, r1),
+            resid=resid,
             method=BINARY_METHOD,
             progress=progress,
-            u=None if resid is None else (resid if batched else resid[None]),
         )
-        return out if batched else tuple(x[0] if x.size else x for x in out)
     return _engines.dense_loo_reduce(
         backend,
         logq,
@@ -303,9 +308,12 @@ def kernel_weights(
 
 
 def binary_engine_serves(backend: str, n: int) -> bool:
-    """Whether float64 binary (K = 2) problems of n points run on the fast binary engine."""
+    """Whether float64 binary (K = 2) problems of n points run on the fast binary engine.
+
+    On the ``cpp`` backend in process, and on ``dask`` in row blocks on the workers.
+    """
     return (
-        backend == "cpp"
+        backend in ("cpp", "dask")
         and BINARY_METHOD != "exact"
         and n >= BINARY_MIN_N
         and _runtime._core is not None

@@ -247,14 +247,18 @@ def loo_reduce_k2(
     progress: bool | None = None,
     u: np.ndarray | None = None,
     stats: dict[str, int] | None = None,
+    threads: int | None = None,
 ) -> tuple[np.ndarray, ...]:
     """:func:`kdecal._engine.backends.loo_reduce` for ``K = 2`` inputs, on the fast engine.
 
     The arguments are those of ``loo_reduce`` (logq, p of shape (B, n, 2), float64;
     labels (B, n); scale (H,); bias (B, H, n)), plus ``method`` (see the module
-    docstring), ``u`` ((B, n) float64, optional: also return ``A`` and ``U``) and
-    ``stats`` (a dict that receives the engine's counters).  Returns ``(m, S, Q, T[, D]
-    [, A, U])`` with the leading B axis.
+    docstring), ``u`` ((B, n) float64, optional: also return ``A`` and ``U``),
+    ``stats`` (a dict that receives the engine's counters) and ``threads`` (default:
+    :func:`kdecal._engine.runtime.get_num_threads`).  Returns ``(m, S, Q, T[, D][, A,
+    U])`` with the leading B axis.  Each query row's sums depend on that row alone (the
+    plan, the methods and the cells on all centres), so that the rows of a call over a
+    range equal, bit for bit, those rows of a call over all of them.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -318,7 +322,7 @@ def loo_reduce_k2(
                 powers,
                 r0,
                 r1,
-                _runtime.get_num_threads(),
+                _runtime.get_num_threads() if threads is None else int(threads),
                 report if cb is not None else None,
                 pairs,
                 mth,
@@ -351,6 +355,65 @@ def loo_reduce_k2(
     if u is not None:
         out += [cat(5), cat(6)]
     return tuple(out)
+
+
+def loo_reduce_rows(
+    logq: np.ndarray,
+    p: np.ndarray,
+    labels: np.ndarray,
+    n_classes: int,
+    scale: np.ndarray,
+    bias: np.ndarray,
+    powers: int,
+    row_start: int,
+    row_stop: int,
+    *,
+    pairs: bool = False,
+    resid: np.ndarray | None = None,
+    method: str = "auto",
+    progress: bool | None = None,
+    threads: int | None = None,
+) -> tuple[np.ndarray, ...]:
+    """:func:`loo_reduce_k2` with the arguments and results of ``backends.loo_reduce``.
+
+    One problem (``p`` of shape (n, 2), ``bias`` (H, n), ``resid`` (n,)) or a batch
+    (a leading B axis on each), the query rows ``[row_start, row_stop)``: the results
+    have the batch axis where the inputs have it.
+    """
+    batched = p.ndim == 3
+
+    def b(a: np.ndarray) -> np.ndarray:
+        return a if batched else a[None]
+
+    out = loo_reduce_k2(
+        b(logq),
+        b(p),
+        b(labels),
+        n_classes,
+        scale,
+        b(bias),
+        powers=powers,
+        pairs=pairs,
+        rows=(row_start, row_stop),
+        method=method,
+        progress=progress,
+        u=None if resid is None else b(resid),
+        threads=threads,
+    )
+    return out if batched else tuple(x[0] if x.size else x for x in out)
+
+
+def reduce_block(
+    method: str, resid: np.ndarray | None, pairs: bool, *args: Any
+) -> tuple[np.ndarray, ...]:
+    """One row block of :func:`loo_reduce_rows` on one thread: the task of a dask worker.
+
+    ``args``: ``logq, p, labels, n_classes, scale, bias, powers, row_start, row_stop``
+    (see :func:`kdecal._engine.dask.loo_reduce`, which submits it with ``method`` bound).
+    """
+    return loo_reduce_rows(
+        *args, pairs=pairs, resid=resid, method=method, progress=False, threads=1
+    )
 
 
 def shifted_bias(bias: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -56,6 +56,11 @@ MAX_BLOCK_WORK = 5e11
 #: rest up.
 BLOCKS_PER_THREAD = 3
 
+#: Fewest query rows of a block of a binary problem on the fast binary engine (each
+#: block repeats the engine's O(n log n) plan of all n centres): one block per worker
+#: thread, fewer where the rows are few.
+BINARY_BLOCK_ROWS = 2048
+
 #: Distinct centre arrays kept on the workers between calls.
 CACHE_SIZE = 6
 
@@ -272,11 +277,17 @@ def loo_reduce(
     show: bool = False,
     pairs: bool = False,
     resid: np.ndarray | None = None,
+    binary: Any = None,
 ) -> tuple[np.ndarray, ...]:
     """``kdecal._engine.backends.loo_reduce`` on the current client; same arguments and results.
 
     The query rows ``[row_start, row_stop)`` are cut by :func:`plan_blocks`; ``show``
-    displays ``distributed.progress`` over the tasks.
+    displays ``distributed.progress`` over the tasks.  ``binary``: the task of one row
+    block of a binary problem on the fast binary engine (a picklable callable taking
+    ``resid, pairs``, the engine's arguments and the row range, one thread; the caller's,
+    ``kdecal._engine.binary.reduce_block``, since this layer sits below that engine):
+    one block per worker thread then (each block plans and sorts all n centres,
+    O(n log n), so that more blocks would repeat that part).
 
     Returns
     -------
@@ -301,9 +312,14 @@ def loo_reduce(
     client = get_client()
     n, K = p.shape[-2], p.shape[-1]
     n_problems = p.shape[0] if p.ndim == 3 else 1
-    blocks = plan_blocks(
-        row_start, row_stop, float(n) * K * len(scale) * n_problems, _n_threads(client)
-    )
+    if binary is not None:
+        nb = max(1, min(_n_threads(client), (row_stop - row_start) // BINARY_BLOCK_ROWS))
+        edges = [row_start + ((row_stop - row_start) * i) // nb for i in range(nb + 1)]
+        blocks = list(zip(edges[:-1], edges[1:]))
+    else:
+        blocks = plan_blocks(
+            row_start, row_stop, float(n) * K * len(scale) * n_problems, _n_threads(client)
+        )
     args: tuple[Any, ...] = (
         _broadcast(client, logq, cache=True),
         _broadcast(client, p, cache=True),
@@ -313,12 +329,17 @@ def loo_reduce(
         _broadcast(client, bias, cache=False),
         int(powers),
     )
-    if resid is None:
-        func: Any = _reduce_block_pairs if pairs else _reduce_block
+    if binary is not None:  # the options go first (the row range comes last)
+        rs = None if resid is None else _broadcast(client, resid, cache=False)
+        func: Any = binary
+        args = (rs, bool(pairs), *args)
+    elif resid is None:
+        func = _reduce_block_pairs if pairs else _reduce_block
     else:  # the residuals go first (the row range comes last)
         func = _reduce_block_resid
         args = (_broadcast(client, resid, cache=False), bool(pairs), *args)
-    parts = _run_blocks(client, func, args, blocks, "kdecal-loo-reduce", show)
+    name = "kdecal-loo-binary" if binary is not None else "kdecal-loo-reduce"
+    parts = _run_blocks(client, func, args, blocks, name, show)
     m = np.concatenate([x[0] for x in parts], axis=-1)
     n_out = len(parts[0])
     # U (the last output with resid) has the shape of m: its rows on the last axis

@@ -91,7 +91,7 @@ def make_problem(
     """Build the kernel problems of one notion of calibration (labels None: unlabelled).
 
     The kernel runs in the input's dtype, except that the binary problems (top-label,
-    class-wise) that the fast binary engine serves (``backend`` "cpp", n >= 2,048) run in
+    class-wise) that the fast binary engine serves (``backend`` "cpp" or "dask", n >= 2,048) run in
     float64, the only dtype it has: faster than the float32 dense loop and more exact.
     """
     y = np.zeros(probs.n, dtype=np.int64) if labels is None else labels
