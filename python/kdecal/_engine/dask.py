@@ -184,8 +184,12 @@ def plan_blocks(start: int, stop: int, row_work: float, n_threads: int) -> list[
     total = rows * max(row_work, 1.0)
     want = max(BLOCKS_PER_THREAD * max(n_threads, 1), math.ceil(total / MAX_BLOCK_WORK))
     most = max(1, int(total // MIN_BLOCK_WORK))
-    nb = max(1, min(rows, want, most))
-    edges = [start + (rows * i) // nb for i in range(nb + 1)]
+    return _even_blocks(start, stop, max(1, min(rows, want, most)))
+
+
+def _even_blocks(start: int, stop: int, nb: int) -> list[tuple[int, int]]:
+    """Cut ``[start, stop)`` into ``nb`` contiguous ranges of near-equal sizes, in order."""
+    edges = [start + ((stop - start) * i) // nb for i in range(nb + 1)]
     return list(zip(edges[:-1], edges[1:]))
 
 
@@ -314,8 +318,7 @@ def loo_reduce(
     n_problems = p.shape[0] if p.ndim == 3 else 1
     if binary is not None:
         nb = max(1, min(_n_threads(client), (row_stop - row_start) // BINARY_BLOCK_ROWS))
-        edges = [row_start + ((row_stop - row_start) * i) // nb for i in range(nb + 1)]
-        blocks = list(zip(edges[:-1], edges[1:]))
+        blocks = _even_blocks(row_start, row_stop, nb)
     else:
         blocks = plan_blocks(
             row_start, row_stop, float(n) * K * len(scale) * n_problems, _n_threads(client)
