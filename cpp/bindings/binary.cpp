@@ -47,7 +47,7 @@ py::tuple binary_reduce_py(const carray<double>& logq, const carray<double>& p,
                            std::int64_t row_start, std::int64_t row_stop, int n_threads,
                            const py::object& progress, bool pairs, const std::string& method,
                            bool residuals, const py::object& u, double cell_width,
-                           const py::object& plan) {
+                           const py::object& plan, const py::object& v) {
     const bool batched = p.ndim() == 3;
     if (!(p.ndim() == 2 || batched) || logq.ndim() != p.ndim())
         throw std::invalid_argument("logq and p must both be (n, 2) or both (B, n, 2) arrays");
@@ -91,6 +91,19 @@ py::tuple binary_reduce_py(const carray<double>& logq, const carray<double>& p,
                                                 : "u must have shape (n,)");
         pu = ua.data();
     }
+    const double* pv = nullptr;
+    carray<double> va;
+    if (!v.is_none()) {
+        va = v.cast<carray<double>>();
+        if (va.ndim() != (batched ? 2 : 1) || (batched && va.shape(0) != B) ||
+            va.shape(va.ndim() - 1) != n)
+            throw std::invalid_argument(batched ? "v must have shape (B, n)"
+                                                : "v must have shape (n,)");
+        if (powers > 2 || pairs)
+            throw std::invalid_argument(
+                "centre weights v support powers <= 2 without the pair sums");
+        pv = va.data();
+    }
 
     const std::int64_t R = row_stop - row_start;
     auto shape = [&](std::vector<py::ssize_t> dims) {
@@ -113,6 +126,7 @@ py::tuple binary_reduce_py(const carray<double>& logq, const carray<double>& p,
     prob.p = p.data();
     prob.labels = labels.data();
     prob.u = pu;
+    prob.v = pv;
     prob.B = B;
     prob.n = n;
     prob.C = n_classes;
@@ -179,7 +193,7 @@ without a plan.
           py::arg("progress") = py::none(), py::arg("pairs") = false,
           py::arg("method") = "binned", py::arg("residuals") = false,
           py::arg("u") = py::none(), py::arg("cell_width") = 0.8,
-          py::arg("plan") = py::none(), R"doc(
+          py::arg("plan") = py::none(), py::arg("v") = py::none(), R"doc(
 Fast leave-one-out sums of binary (K = 2) problems: the accumulators of loo_reduce.
 
 logq, p: (n, 2) or (B, n, 2) float64 (the same arrays loo_reduce takes); labels (n,) or
@@ -191,7 +205,9 @@ with an error bound per (query, class) and the window method where it is not met
 series in the query's coordinate, with the same bound, and "binned" where it is not met;
 docs/guide/binary_engine.md).  plan: a BinaryPlan of these logq, p, labels, or None.  residuals=True also returns A (H, R, 2) = sum_{i != j}
 w_ij p[i, k] and, with u ((n,) or (B, n) float64), U (H, R) = sum_{i != j} w_ij^2 u[i],
-w_ij = exp(L_ij - m_j).  Returns (m, S, Q, T, D, A, U, stats): arrays not requested have
+w_ij = exp(L_ij - m_j).  v ((n,) or (B, n) float64 >= 0, powers <= 2, no pairs): centre
+weights (the multiplicities of a bootstrap sample): S_c = sum_{i != j} v_i w_ij [y_i = c],
+Q_c with v_i^2 w_ij^2, A with v_i w_ij; U and m unweighted.  Returns (m, S, Q, T, D, A, U, stats): arrays not requested have
 shape (0, 0, 0); stats counts the direct terms, Taylor cells and fallbacks.  Releases the
 GIL; progress and Ctrl-C as in loo_reduce (B H (row_stop - row_start) rows in all).
 )doc");

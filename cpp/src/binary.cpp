@@ -63,8 +63,8 @@ double digamma(double x) {
 // ISA has it; then bias + scale * G, also contracted), so that m and every window term
 // carry the same bits.
 using RangeFn = double (*)(const double*, const double*, const double*, const double*,
-                           std::int64_t, std::int64_t, std::int64_t, std::int64_t, double,
-                           double, double, double, double, double*);
+                           const double*, std::int64_t, std::int64_t, std::int64_t,
+                           std::int64_t, double, double, double, double, double, double*);
 
 RangeFn pick_range(int isa) {
 #if defined(KDECAL_HAVE_AVX512)
@@ -115,6 +115,13 @@ struct Sorted {
     std::vector<double> z;                        // arcsin sqrt(p1), from the nearer end
     std::vector<i64> run_lo, run_hi;  // the run of identical points (and label) of s
     double umax = 0.0;
+    // centre weights (multiplicities of a bootstrap sample) in sorted order, empty for
+    // unit weights; every term of S, Q, T and A is multiplied by v_i (Q by v_i^2, T by
+    // v_i^3), U's by nothing (its u carries them); the class maxima m ignore them
+    std::vector<double> v;
+    double vmax = 1.0;
+    const double* vp() const { return v.empty() ? nullptr : v.data(); }
+    double wt(i64 s) const { return v.empty() ? 1.0 : v[static_cast<std::size_t>(s)]; }
 };
 
 struct LocalCache;  // a context's groups and their local expansions (below)
@@ -134,6 +141,7 @@ struct Context {  // one (problem, bandwidth)
 
 struct RowSums {  // one (query, class), in units of the class maximum's term
     double mc = kNegInf;
+    double vb = 1.0;          // the maximum's centre weight (its terms are vb, vb^2, vb^3)
     double e[3] = {0, 0, 0};  // sums of w, w^2, w^3 without the maximum's term
     double a[2] = {0, 0};     // sums of w p0, w p1 (with it)
     double uu = 0.0;          // sum of w^2 u (with it)
@@ -253,7 +261,7 @@ void window_sums(const Context& cx, double T, const ExactL& Lx, const Flags& fl,
         for (i64 e = best; e > lo;) {
             const i64 a = std::max(lo, e - kChunk);
             const double mx = Lx.range(cx.bias.data(), so.p0.data(), so.p1.data(), so.u.data(),
-                                       a, e, self, best, cx.s, q0, q1, mc, T, acc);
+                                       so.vp(), a, e, self, best, cx.s, q0, q1, mc, T, acc);
             cnt += e - a;
             e = a;
             if (mx < -T) break;
@@ -261,7 +269,7 @@ void window_sums(const Context& cx, double T, const ExactL& Lx, const Flags& fl,
         for (i64 a = best + 1; a < hi;) {
             const i64 e = std::min(hi, a + kChunk);
             const double mx = Lx.range(cx.bias.data(), so.p0.data(), so.p1.data(), so.u.data(),
-                                       a, e, self, best, cx.s, q0, q1, mc, T, acc);
+                                       so.vp(), a, e, self, best, cx.s, q0, q1, mc, T, acc);
             cnt += e - a;
             a = e;
             if (mx < -T) break;
@@ -277,12 +285,22 @@ void window_sums(const Context& cx, double T, const ExactL& Lx, const Flags& fl,
     if (fl.pairs && T < kClamp && !(e1 > 0 && std::log(e1) > Tn - T)) {
         T = e1 > 0 ? std::min(kClamp, Tn - std::log(e1)) : kClamp;
         pass();
+    } else if (!so.v.empty() && T < kClamp) {
+        // Centre weights: the weighted sum S = vb + e1 can be far below the maximum's
+        // term (the centres near it drawn 0 times), and the terms left out (each below
+        // vmax e^-T of it) must stay negligible next to S: as deep as that needs.
+        const double lv = std::log(so.vmax);
+        const double sv = r.vb + e1;
+        if (!(sv > 0 && std::log(sv) > Tn - T + lv)) {
+            T = sv > 0 ? std::min(kClamp, Tn + lv - std::log(sv)) : kClamp;
+            pass();
+        }
     }
     r.e[0] = acc[0];
     r.e[1] = acc[1];
     r.e[2] = acc[2];
-    r.a[0] = so.p0[best] + acc[3];
-    r.a[1] = so.p1[best] + acc[4];
+    r.a[0] = r.vb * so.p0[best] + acc[3];
+    r.a[1] = r.vb * so.p1[best] + acc[4];
     r.uu = so.u[best] + acc[5];
 }
 
@@ -340,7 +358,8 @@ bool binned_sums(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
     double err[6] = {0, 0, 0, 0, 0, 0};
     double uabs = std::fabs(so.u[best]);  // scale of U: sum of w^2 |u|, bounded above
     // running totals with the maximum's term (for the allowance of far cells)
-    const double base[6] = {1.0, 1.0, 1.0, so.p0[best], so.p1[best], uabs};
+    const double vb = r.vb;
+    const double base[6] = {vb, vb * vb, vb * vb * vb, vb * so.p0[best], vb * so.p1[best], uabs};
     const int qof[6] = {1, 2, 3, 1, 1, 2};
     const int mof[6] = {kM1, kM2, kM3, kA0, kA1, kU2};
     bool want[6] = {true, fl.powers >= 2, fl.powers >= 3, fl.want_a, fl.want_a, fl.want_u};
@@ -362,9 +381,10 @@ bool binned_sums(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
         const double F1 = std::exp(E), ex1 = std::exp(xi1);
         const double w = F1 * ex1;  // bounds every term of the cell
         if (!first && (E + xi1 < -cx.T || remaining * w < stop)) {  // this cell and beyond
-            drop[0] += remaining * w;
-            drop[1] += remaining * w * w;
-            drop[2] += remaining * w * w * w;
+            const double wv = w * so.vmax;  // the heaviest centre's term
+            drop[0] += remaining * wv;
+            drop[1] += remaining * wv * wv;
+            drop[2] += remaining * wv * wv * wv;
             return 0;
         }
         // systematic error of a term's log (docs/guide/binary_engine.md, "rounding"):
@@ -418,12 +438,12 @@ bool binned_sums(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
         if (direct && coarse && count > 64 && c.fe - c.fb > 1) return 2;
         if (direct) {
             if (too_long) st.pairs_long += count;
-            Lx.range(cx.bias.data(), so.p0.data(), so.p1.data(), so.u.data(), c.start, c.end,
-                     self, best, s, q0, q1, mc, cx.T, acc);
+            Lx.range(cx.bias.data(), so.p0.data(), so.p1.data(), so.u.data(), so.vp(), c.start,
+                     c.end, self, best, s, q0, q1, mc, cx.T, acc);
             if (fl.want_u) {  // the same sum over |u|: the scale of U
                 double tmp[6] = {0, 0, 0, 0, 0, 0};
-                Lx.range(cx.bias.data(), so.p0.data(), so.p1.data(), so.ua.data(), c.start,
-                         c.end, self, best, s, q0, q1, mc, cx.T, tmp);
+                Lx.range(cx.bias.data(), so.p0.data(), so.p1.data(), so.ua.data(), nullptr,
+                         c.start, c.end, self, best, s, q0, q1, mc, cx.T, tmp);
                 uabs += tmp[5];
             }
             st.pairs_direct += count;
@@ -457,6 +477,10 @@ bool binned_sums(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
                 if (mof[a] == kA0) wgt *= so.p0[t];
                 else if (mof[a] == kA1) wgt *= so.p1[t];
                 else if (mof[a] == kU2) wgt *= so.u[t];
+                if (mof[a] != kU2 && !so.v.empty()) {  // the moments' weight v^q
+                    const double vt = so.v[static_cast<std::size_t>(t)];
+                    wgt *= q == 1 ? vt : (q == 2 ? vt * vt : vt * vt * vt);
+                }
                 const double y = kq * dex[e];
                 double hs = kInv.f[Pq];
                 for (int p = Pq - 1; p >= 0; --p) hs = hs * y + kInv.f[p];
@@ -508,7 +532,7 @@ bool binned_sums(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
         if (!visit(k, static_cast<double>(hi - cells[k].start))) break;
     // truncation: the cells left out (concavity: every term below its cell's bound), and
     // the terms below e^-T that direct sums skip
-    const double tr = static_cast<double>(cx.n) * std::exp(-cx.T);
+    const double tr = static_cast<double>(cx.n) * std::exp(-cx.T) * so.vmax;
     err[0] += drop[0] + tr;
     err[1] += drop[1] + tr * tr;
     err[2] += drop[2] + tr * tr * tr;
@@ -516,9 +540,9 @@ bool binned_sums(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
     err[4] += drop[0] + tr;
     err[5] += (drop[1] + tr * tr) * so.umax;
     // the check: e1 relative to itself when D is wanted (D >= e1), else to S = 1 + e1
-    const double ref1 = fl.pairs ? acc[0] : 1.0 + acc[0];
-    const double ref2 = fl.pairs ? acc[1] : 1.0 + acc[1];
-    const double refs[6] = {ref1, ref2, 1.0 + acc[2], base[3] + acc[3], base[4] + acc[4], uabs};
+    const double ref1 = fl.pairs ? acc[0] : base[0] + acc[0];
+    const double ref2 = fl.pairs ? acc[1] : base[1] + acc[1];
+    const double refs[6] = {ref1, ref2, base[2] + acc[2], base[3] + acc[3], base[4] + acc[4], uabs};
     for (int a = 0; a < 6; ++a)
         if (want[a] && !(err[a] <= kTolCheck * refs[a])) return false;
     r.e[0] = acc[0];
@@ -622,7 +646,8 @@ void build_local(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
     const bool need[kNMom] = {true, fl.want_a, fl.want_a, fl.powers >= 2, fl.want_u,
                               fl.powers >= 3};
     const int qarr[kNMom] = {1, 1, 1, 2, 2, 3};
-    const double gmax[kNMom] = {1.0, 1.0, 1.0, 1.0, so.umax, 1.0};
+    const double vm = so.vmax;
+    const double gmax[kNMom] = {vm, vm, vm, vm * vm, so.umax, vm * vm * vm};
     const int qmax = std::max(fl.powers, fl.want_u ? 2 : 1);
     const double rem_t_unit = kInv.f[kPt] / (kPt + 1);  // 1 / (kPt + 1)!
     const Cell* cells = cx.cells.data();
@@ -646,7 +671,9 @@ void build_local(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
             if (lw < -700.0) continue;  // below e^-700 of the maximum: counted in drop
             const double w1 = std::exp(lw);
             const double wq[4] = {0.0, w1, w1 * w1, w1 * w1 * w1};
-            const double gv[kNMom] = {1.0, so.p0[i], so.p1[i], 1.0, so.u[i], 1.0};
+            const double vi = so.wt(i);
+            const double gv[kNMom] = {vi, vi * so.p0[i], vi * so.p1[i], vi * vi, so.u[i],
+                                      vi * vi * vi};
             // per power: e^eta and the remainder factor eta^(kPt+1) / (kPt+1)!
             double eeq[4] = {0, 0, 0, 0}, trq[4] = {0, 0, 0, 0};
             for (int q = 1; q <= qmax; ++q) {
@@ -866,24 +893,29 @@ bool local_eval(const Context& cx, const ExactL& Lx, const Flags& fl, const Loca
         magv[a] = Fq[q] * le.mag[a];
         err[a] = Fq[q] * (le.err[a] + (q * delta + kEps * (kPt + 4)) * (le.mag[a] + le.err[a]));
     }
-    const double ws[4] = {0.0, wself, wself * wself, wself * wself * wself};
+    // the excluded terms with their centre weights (the query's own: v_self w_self), the
+    // maximum's v_best^q
+    const double wsv = wself * so.wt(self);
+    const double ws[4] = {0.0, wsv, wsv * wsv, wsv * wsv * wsv};
+    const double vb = r.vb;
+    const double vq[4] = {0.0, vb, vb * vb, vb * vb * vb};
     // subtract the excluded terms (their exact values; the series' own representation of
     // them differs by at most the truncation counted above)
-    const double e1 = val[kM1] - 1.0 - ws[1];
-    const double e2 = fl.powers >= 2 ? val[kM2] - 1.0 - ws[2] : 0.0;
-    const double e3 = fl.powers >= 3 ? val[kM3] - 1.0 - ws[3] : 0.0;
+    const double e1 = val[kM1] - vq[1] - ws[1];
+    const double e2 = fl.powers >= 2 ? val[kM2] - vq[2] - ws[2] : 0.0;
+    const double e3 = fl.powers >= 3 ? val[kM3] - vq[3] - ws[3] : 0.0;
     // rounding of the subtractions (and of the excluded terms' own values)
     auto xerr = [](double v, double sub) { return 8.0 * kEps * (std::fabs(v) + std::fabs(sub)); };
-    err[kM1] += xerr(val[kM1], 1.0 + ws[1]);
-    if (fl.powers >= 2) err[kM2] += xerr(val[kM2], 1.0 + ws[2]);
-    if (fl.powers >= 3) err[kM3] += xerr(val[kM3], 1.0 + ws[3]);
-    const double ref1 = fl.pairs ? e1 : 1.0 + e1;
+    err[kM1] += xerr(val[kM1], vq[1] + ws[1]);
+    if (fl.powers >= 2) err[kM2] += xerr(val[kM2], vq[2] + ws[2]);
+    if (fl.powers >= 3) err[kM3] += xerr(val[kM3], vq[3] + ws[3]);
+    const double ref1 = fl.pairs ? e1 : vq[1] + e1;
     if (!(e1 >= 0.0) || !(err[kM1] <= kTolCheck * ref1)) return false;
     if (fl.powers >= 2) {
-        const double ref2 = fl.pairs ? e2 : 1.0 + e2;
+        const double ref2 = fl.pairs ? e2 : vq[2] + e2;
         if (!(e2 >= 0.0) || !(err[kM2] <= kTolCheck * ref2)) return false;
     }
-    if (fl.powers >= 3 && (!(e3 >= 0.0) || !(err[kM3] <= kTolCheck * (1.0 + e3)))) return false;
+    if (fl.powers >= 3 && (!(e3 >= 0.0) || !(err[kM3] <= kTolCheck * (vq[3] + e3)))) return false;
     double a0 = 0, a1 = 0, uu = 0;
     if (fl.want_a) {
         const double s0 = self_in ? ws[1] * so.p0[self] : 0.0;
@@ -895,7 +927,7 @@ bool local_eval(const Context& cx, const ExactL& Lx, const Flags& fl, const Loca
             return false;
     }
     if (fl.want_u) {
-        const double su = self_in ? ws[2] * so.u[self] : 0.0;
+        const double su = self_in ? (wself * wself) * so.u[self] : 0.0;
         uu = val[kU2] - su;
         const double uref = std::fabs(so.u[best]) + magv[kU2];
         if (!(err[kU2] + xerr(magv[kU2], su) <= kTolCheck * uref)) return false;
@@ -994,7 +1026,15 @@ void cell_moments(const Context& cx, const ExactL& Lx, Cell& c, double* mm) {
         // n e^-194 (docs, "cells").
         const double w1 = phi < -200.0 ? 0.0 : std::exp(phi), w2 = w1 * w1, w3 = w2 * w1;
         const double d = so.p1[t] - so.p1[rs];
-        const double ww[kNMom] = {w1, w1 * so.p0[t], w1 * so.p1[t], w2, w2 * so.u[t], w3};
+        double ww[kNMom] = {w1, w1 * so.p0[t], w1 * so.p1[t], w2, w2 * so.u[t], w3};
+        if (!so.v.empty()) {  // centre weights: v on S and A, v^2 on Q, v^3 on T
+            const double vt = so.v[static_cast<std::size_t>(t)];
+            ww[kM1] *= vt;
+            ww[kA0] *= vt;
+            ww[kA1] *= vt;
+            ww[kM2] *= vt * vt;
+            ww[kM3] *= vt * vt * vt;
+        }
         absu += w2 * std::fabs(so.u[t]);
         double dpow[kNP];
         dpow[0] = 1.0;
@@ -1124,6 +1164,21 @@ std::shared_ptr<const Context> make_context(const Sorted& so, double scale, cons
         cx->lcache = std::move(lc);
     }
     return cx;
+}
+
+// The centre weights v of a sorted problem (by its permutation; null: unit weights).
+void set_centre_weights(Sorted& so, const double* v) {
+    so.v.clear();
+    so.vmax = 1.0;
+    if (!v) return;
+    const i64 n = static_cast<i64>(so.perm.size());
+    so.v.resize(static_cast<std::size_t>(n));
+    double vm = 0.0;
+    for (i64 s = 0; s < n; ++s) {
+        so.v[s] = v[so.perm[s]];
+        vm = std::max(vm, so.v[s]);
+    }
+    so.vmax = vm;
 }
 
 // The residual weights u of a sorted problem (by its permutation).
@@ -1268,6 +1323,8 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
     check(prob.powers < 3 || out.T, "powers == 3 needs a T output");
     check(!out.D || prob.powers >= 2, "the pair sums D need powers >= 2");
     check(!out.U || prob.u, "U needs the residual weights u");
+    check(!prob.v || (prob.powers <= 2 && !out.D),
+          "centre weights v support powers <= 2 without the pair sums D");
     check(std::isfinite(prob.cell_width) && prob.cell_width > 0 && prob.cell_width <= 4,
           "cell_width must be in (0, 4]");
     for (i64 t = 0; t < H; ++t)
@@ -1289,6 +1346,9 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
                                  ", " + std::to_string(k) + "] = " + std::to_string(l));
         }
         if (prob.u) check(std::isfinite(prob.u[i]), "u must be finite");
+        if (prob.v && !(std::isfinite(prob.v[i]) && prob.v[i] >= 0.0))
+            check(false, "centre weights v must be finite and >= 0; v[" + std::to_string(i % n) +
+                             "] = " + std::to_string(prob.v[i]));
     }
     for (i64 i = 0; i < B * H * n; ++i)
         check(std::isfinite(prob.bias[i]), "bias must be finite");
@@ -1325,17 +1385,18 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
         if (detail::cancelled(control)) return false;
         Sorted own;
         const Sorted* sop = nullptr;
-        if (pl && !prob.u) {
+        if (pl && !prob.u && !prob.v) {
             sop = &pl->sorted[b];
         } else if (pl) {
             own = pl->sorted[b];
-            set_residual_weights(own, prob.u + b * n);
+            if (prob.u) set_residual_weights(own, prob.u + b * n);
             sop = &own;
         } else {
             own = sort_problem(prob.p + b * n * 2, prob.logq + b * n * 2, prob.labels + b * n,
                                prob.u ? prob.u + b * n : nullptr, n, C);
             sop = &own;
         }
+        if (prob.v) set_centre_weights(own, prob.v + b * n);
         const Sorted& so = *sop;
         // the queries in the centres' sorted order (by label, then x): neighbouring queries
         // share their searches' and cells' cache lines, and each query's own data is
@@ -1355,7 +1416,7 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
             // the fine cells' moments serve the binned method and the local method's
             // fallbacks, frequent only with the pair sums (e1 to its own precision)
             const bool fine = method == BinaryMethod::binned || fl.pairs || fl.want_u;
-            if (pl && !prob.u)
+            if (pl && !prob.u && !prob.v)
                 held = pl->context(b, prob.scale[t], bsrc, need, binned, fine, prob.cell_width,
                                    Lx, nt);
             else
@@ -1378,10 +1439,11 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
                     const i64 oi = (out_m + row) * C + c;
                     const bool empty = !(r.mc > kNegInf);
                     const double f = empty ? 0.0 : std::exp(r.mc - mx);
-                    out.S[oi] = empty ? 0.0 : (1.0 + r.e[0]) * f;
-                    if (fl.powers >= 2) out.Q[oi] = empty ? 0.0 : (1.0 + r.e[1]) * (f * f);
+                    const double vb = r.vb;
+                    out.S[oi] = empty ? 0.0 : (vb + r.e[0]) * f;
+                    if (fl.powers >= 2) out.Q[oi] = empty ? 0.0 : (vb * vb + r.e[1]) * (f * f);
                     if (fl.powers >= 3)
-                        out.T[oi] = empty ? 0.0 : (1.0 + r.e[2]) * (f * f * f);
+                        out.T[oi] = empty ? 0.0 : (vb * vb * vb + r.e[2]) * (f * f * f);
                     if (fl.pairs) {
                         const double e = r.e[0];
                         out.D[oi] = empty ? 0.0 : ((2.0 * e - r.e[1]) + e * e) * (f * f);
@@ -1498,6 +1560,7 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
                                 r.mc = kNegInf;
                                 continue;
                             }
+                            r.vb = so.wt(best);
                             const bool self_in = self >= lo && self < hi;
                             if (le.ok && local_eval(cx, Lx, fl, le, self, self_in, best, r)) {
                                 ++st.rows_local;
@@ -1538,6 +1601,7 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
                                 r.mc = kNegInf;
                                 continue;
                             }
+                            r.vb = so.wt(best);
                             per_query(self, lo, hi, best, r, st);
                         }
                         emit(self, rs.data());

@@ -13,9 +13,15 @@
 namespace kdecal {
 namespace KDECAL_ISA_NS {
 
-double binary_range(const double* bias, const double* p0, const double* p1, const double* u,
-                    std::int64_t a, std::int64_t b, std::int64_t skip1, std::int64_t skip2,
-                    double s, double q0, double q1, double mc, double T, double* r) {
+namespace {
+
+// Weighted: the centres' weights v multiply each term (binary_kernels.hpp); the
+// unweighted loop is the same code with v = 1 removed, bit for bit.
+template <bool Weighted>
+double range_impl(const double* bias, const double* p0, const double* p1, const double* u,
+                  const double* v, std::int64_t a, std::int64_t b, std::int64_t skip1,
+                  std::int64_t skip2, double s, double q0, double q1, double mc, double T,
+                  double* r) {
     double s1 = 0, s2 = 0, s3 = 0, sa0 = 0, sa1 = 0, su = 0, mx = kNegInf;
     const double lo = opaque(-kClamp);
     const double floor = -T;
@@ -35,11 +41,21 @@ double binary_range(const double* bias, const double* p0, const double* p1, cons
         const double xc = x < lo ? lo : x;
         const double w = keep_or_zero(keep, exp_small(xc));
         const double w2 = w * w;
-        s1 += w;
-        s2 += w2;
-        s3 += w2 * w;
-        sa0 += w * p0[i];
-        sa1 += w * p1[i];
+        if constexpr (Weighted) {
+            const double wv = w * v[i];
+            const double wv2 = wv * wv;
+            s1 += wv;
+            s2 += wv2;
+            s3 += wv2 * wv;
+            sa0 += wv * p0[i];
+            sa1 += wv * p1[i];
+        } else {
+            s1 += w;
+            s2 += w2;
+            s3 += w2 * w;
+            sa0 += w * p0[i];
+            sa1 += w * p1[i];
+        }
         su += w2 * u[i];
         const double xm = x + keep_or_zero(!other, kNegInf);  // -inf for the skipped ones
         mx = xm > mx ? xm : mx;
@@ -51,6 +67,16 @@ double binary_range(const double* bias, const double* p0, const double* p1, cons
     r[4] += sa1;
     r[5] += su;
     return mx;
+}
+
+}  // namespace
+
+double binary_range(const double* bias, const double* p0, const double* p1, const double* u,
+                    const double* v, std::int64_t a, std::int64_t b, std::int64_t skip1,
+                    std::int64_t skip2, double s, double q0, double q1, double mc, double T,
+                    double* r) {
+    if (v) return range_impl<true>(bias, p0, p1, u, v, a, b, skip1, skip2, s, q0, q1, mc, T, r);
+    return range_impl<false>(bias, p0, p1, u, v, a, b, skip1, skip2, s, q0, q1, mc, T, r);
 }
 
 }  // namespace KDECAL_ISA_NS

@@ -455,3 +455,155 @@ def test_shifted_bias_serves_small_bandwidths_near_one(monkeypatch):
     assert shifted["fallbacks"] * 1.5 < unshifted["fallbacks"]
     ex = _run(x, y, 2, hs, "exact", 3, True)
     _assert_close(tuple(a[0] for a in out), ex, x.size, "near one h=3e-5")
+
+
+# ------------------------------------------------------- centre weights (the bootstrap)
+def _weighted_reference(x, y, h, v, u):
+    """The dense multi-label pass: S with weights v, Q with v^2, A with v p, U with u."""
+    logq, p, bias = kb.binary_inputs(x, [h])
+    logq, p, bias = logq[0], p[0], bias[0, 0]
+    m = _run(x, y, 2, [h], "exact", powers=1, pairs=False)[0][0]
+    lab = np.ascontiguousarray(y[None], dtype=np.int64)
+    S, Q = _backends.loo_reduce_multi(
+        logq,
+        p,
+        m,
+        np.concatenate([lab, lab]),
+        2,
+        1.0 / h,
+        bias,
+        np.stack([v, v * v]),
+        powers=2,
+    )[:2]
+    zero = np.zeros((2, len(x)), np.int64)
+    A = _backends.loo_reduce_multi(
+        logq, p, m, zero, 1, 1.0 / h, bias, np.stack([v * p[:, 0], v * p[:, 1]])
+    )[0][:, :, 0].T
+    U = _backends.loo_reduce_multi(
+        logq,
+        p,
+        m,
+        zero[:1],
+        1,
+        1.0 / h,
+        bias,
+        np.ones((1, len(x))),
+        powers=2,
+        resid=u[None],
+    )[2][0]
+    return m, S[0], Q[1], A, U
+
+
+@pytest.mark.parametrize("h", [1e-6, 1e-4, 1e-3, 1e-2, 0.3, 10.0])
+def test_centre_weights_against_the_dense_multi_label_pass(h):
+    # every accumulator of every method within TOL of the dense pass, whose S and Q
+    # take the weights as they are given (so v and v^2 here); weights drawn as a
+    # bootstrap's (many zeros) on the adversarial inputs and a clustered sample
+    rng = np.random.default_rng(21)
+    cases = dict(_adversarial())
+    cases["clustered_3000"] = np.concatenate([1 - rng.random(2400) * 1e-3, rng.beta(3, 1, 600)])
+    for name, x in cases.items():
+        n = len(x)
+        y = (rng.random(n) < x).astype(np.int64)
+        v = rng.poisson(1.0, n).astype(np.float64)
+        u = rng.random(n) * v * v
+        m, S, Q, A, U = _weighted_reference(x, y, h, v, u)
+        # the dense pass drops chunks of centres more than 64 nats below a class
+        # maximum: an absolute floor of n e^-64 (units of the row maximum's term),
+        # all that is left where the centres near the maximum were drawn 0 times
+        floor = n * np.exp(-64.0) * (1.0 + v.max() ** 2)
+        for method in ("window", "binned", "local"):
+            out = _run(x, y, 2, [h], method, powers=2, pairs=False, resid=u, weights=v)
+            what = f"{name} {method} h={h}"
+            fin = np.isfinite(m)
+            assert np.array_equal(np.isfinite(out[0][0]), fin), what
+            assert np.all(np.abs(out[0][0][fin] - m[fin]) <= TOL * np.maximum(1, np.abs(m[fin])))
+            assert _max_rel(out[1][0], S, floor) <= TOL, f"{what} S"
+            assert _max_rel(out[2][0], Q, floor) <= TOL, f"{what} Q"
+            assert _max_rel(out[4][0], A, floor) <= TOL, f"{what} A"
+            assert _max_rel(out[5][0], U, floor) <= TOL, f"{what} U"
+
+
+def test_unit_centre_weights_are_bit_identical_to_none():
+    rng = np.random.default_rng(22)
+    x = np.concatenate([1 - rng.random(3000) * 1e-3, rng.beta(2, 2, 1000)])
+    y = (rng.random(len(x)) < x).astype(np.int64)
+    u = rng.random(len(x))
+    for h in (2e-4, 0.02):
+        for method in ("window", "binned", "local"):
+            a = _run(x, y, 2, [h], method, powers=2, pairs=False, resid=u)
+            b = _run(x, y, 2, [h], method, powers=2, pairs=False, resid=u, weights=np.ones(len(x)))
+            for k in range(len(a)):
+                assert np.array_equal(a[k], b[k]), (h, method, k)
+
+
+def test_centre_weights_scale_and_zero():
+    # weights 2 double S and A and quadruple Q; a centre of weight 0 is left out
+    rng = np.random.default_rng(23)
+    x = rng.beta(5, 1, 2500)
+    y = (rng.random(len(x)) < x).astype(np.int64)
+    for method in ("window", "local"):
+        one = _run(x, y, 2, [1e-3], method, powers=2, pairs=False, resid=np.zeros(len(x)))
+        two = _run(
+            x,
+            y,
+            2,
+            [1e-3],
+            method,
+            powers=2,
+            pairs=False,
+            resid=np.zeros(len(x)),
+            weights=np.full(len(x), 2.0),
+        )
+        assert _max_rel(two[1], 2.0 * one[1]) <= TOL
+        assert _max_rel(two[2], 4.0 * one[2]) <= TOL
+        assert _max_rel(two[4], 2.0 * one[4]) <= TOL
+        keep = np.ones(len(x), bool)
+        keep[::3] = False
+        w = keep.astype(np.float64)
+        sub = _run(x, y, 2, [1e-3], method, powers=2, pairs=False, weights=w)
+        ref = _weighted_reference(x, y, 1e-3, w, np.zeros(len(x)))
+        assert _max_rel(sub[1][0], ref[1], len(x) * np.exp(-64.0)) <= TOL, method
+
+
+def test_centre_weights_bad_inputs():
+    x = np.array([0.1, 0.5, 0.9, 0.95])
+    y = np.array([0, 1, 1, 1])
+    with pytest.raises(ValueError, match="v must be finite and >= 0"):
+        kb.loo_reduce_binary(
+            x, y, 2, [0.1], weights=np.array([1.0, -1.0, 1.0, 1.0]), method="window"
+        )
+    with pytest.raises(ValueError, match="v must be finite"):
+        kb.loo_reduce_binary(
+            x, y, 2, [0.1], weights=np.array([1.0, np.nan, 1.0, 1.0]), method="local"
+        )
+    with pytest.raises(ValueError, match="powers <= 2"):
+        kb.loo_reduce_binary(x, y, 2, [0.1], powers=3, weights=np.ones(4), method="binned")
+    with pytest.raises(ValueError, match="powers <= 2"):
+        kb.loo_reduce_binary(
+            x, y, 2, [0.1], powers=2, pairs=True, weights=np.ones(4), method="window"
+        )
+    with pytest.raises(ValueError, match="not method='exact'"):
+        kb.loo_reduce_binary(x, y, 2, [0.1], weights=np.ones(4), method="exact")
+    with pytest.raises(ValueError, match="v must have shape"):
+        logq, p, bias = kb.binary_inputs(x, [0.1])
+        core.binary_reduce(
+            logq,
+            p,
+            y[None].astype(np.int64),
+            2,
+            np.array([10.0]),
+            bias,
+            1,
+            0,
+            4,
+            1,
+            None,
+            False,
+            "window",
+            False,
+            None,
+            0.8,
+            None,
+            np.ones((1, 3)),
+        )

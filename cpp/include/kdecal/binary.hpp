@@ -50,6 +50,10 @@ struct BinaryProblem {
     const double* p = nullptr;             // (B, n, 2) centre points (1 - x, x)
     const std::int64_t* labels = nullptr;  // (B, n)    labels in [0, C)
     const double* u = nullptr;             // (B, n)    residual weights (U), or null
+    const double* v = nullptr;             // (B, n)    centre weights (>= 0), or null: every
+                                           //           term of S, A times v_i, of Q times
+                                           //           v_i^2 (U's: none; m ignores them);
+                                           //           powers <= 2, no D
     std::int64_t B = 1;
     std::int64_t n = 0;
     std::int64_t C = 1;

@@ -149,6 +149,7 @@ def loo_reduce_binary(
     rows: tuple[int, int] | None = None,
     method: str = "auto",
     progress: bool | None = None,
+    weights: np.ndarray | None = None,
 ) -> tuple[np.ndarray, ...]:
     """Leave-one-out kernel sums of the binary problems ``(1 - x, x)``.
 
@@ -176,6 +177,10 @@ def loo_reduce_binary(
         See the module docstring.
     progress : bool or None
         Progress bar; ``None`` shows one for long work only.  Ctrl-C stops the call.
+    weights : ndarray, shape (n,) or (B, n), float64, optional
+        Centre weights ``v_i >= 0`` (a bootstrap sample's multiplicities; ``powers <= 2``,
+        no ``pairs``, not ``method="exact"``): ``S`` and ``A`` sum ``v_i w_ij``, ``Q``
+        ``v_i^2 w_ij^2``; ``U`` and ``m`` are unweighted.
 
     Returns
     -------
@@ -213,6 +218,11 @@ def loo_reduce_binary(
         u = np.ascontiguousarray(
             np.broadcast_to(np.asarray(resid, dtype=np.float64), xa.shape)
         ).reshape(p.shape[:-1])
+    v = None
+    if weights is not None:
+        v = np.ascontiguousarray(
+            np.broadcast_to(np.asarray(weights, dtype=np.float64), xa.shape)
+        ).reshape(p.shape[:-1])
     out = loo_reduce_k2(
         logq,
         p,
@@ -226,6 +236,7 @@ def loo_reduce_binary(
         method=method,
         progress=progress,
         u=u,
+        v=v,
     )
     if batched:
         return out
@@ -248,14 +259,21 @@ def loo_reduce_k2(
     u: np.ndarray | None = None,
     stats: dict[str, int] | None = None,
     threads: int | None = None,
+    v: np.ndarray | None = None,
+    residuals: bool = False,
 ) -> tuple[np.ndarray, ...]:
     """:func:`kdecal._engine.backends.loo_reduce` for ``K = 2`` inputs, on the fast engine.
 
     The arguments are those of ``loo_reduce`` (logq, p of shape (B, n, 2), float64;
     labels (B, n); scale (H,); bias (B, H, n)), plus ``method`` (see the module
     docstring), ``u`` ((B, n) float64, optional: also return ``A`` and ``U``),
-    ``stats`` (a dict that receives the engine's counters) and ``threads`` (default:
-    :func:`kdecal._engine.runtime.get_num_threads`).  Returns ``(m, S, Q, T[, D][, A,
+    ``stats`` (a dict that receives the engine's counters), ``threads`` (default:
+    :func:`kdecal._engine.runtime.get_num_threads`) and ``v`` ((B, n) float64 >= 0,
+    optional; ``powers <= 2``, no pairs): centre weights, the multiplicities of a
+    bootstrap sample, ``S_c = sum_{i != j} v_i w_ij [y_i = c]``, ``Q_c`` with ``v_i^2
+    w_ij^2``, ``A`` with ``v_i w_ij`` (``U``'s ``u`` carries its own; ``m`` and the
+    leave-one-out of row j's own centre, all its copies, as without); ``residuals``:
+    return ``A`` (and an empty ``U``) without ``u``.  Returns ``(m, S, Q, T[, D][, A,
     U])`` with the leading B axis.  Each query row's sums depend on that row alone (the
     plan, the methods and the cells on all centres), so that the rows of a call over a
     range equal, bit for bit, those rows of a call over all of them.
@@ -265,6 +283,8 @@ def loo_reduce_k2(
     n = p.shape[-2]
     r0, r1 = (0, n) if rows is None else (int(rows[0]), int(rows[1]))
     if method == "exact":  # the dense loop itself (not loo_reduce, which comes back here)
+        if v is not None:
+            raise ValueError("centre weights v need a fast method, not method='exact'")
         return _engines.dense_loo_reduce(
             "cpp",
             logq,
@@ -326,10 +346,11 @@ def loo_reduce_k2(
                 report if cb is not None else None,
                 pairs,
                 mth,
-                u is not None,
+                u is not None or residuals,
                 u,
                 CELL_WIDTH,
                 plan,
+                v,
             )
             done += (r1 - r0) * B * len(ts)
             if shift is not None:  # the class maxima back on the dense engine's scale
@@ -337,8 +358,8 @@ def loo_reduce_k2(
             parts.append(res)
             order.extend(ts)
             if stats is not None:
-                for k, v in res[7].items():
-                    stats[k] = stats.get(k, 0) + int(v)
+                for k, cnt in res[7].items():
+                    stats[k] = stats.get(k, 0) + int(cnt)
     inv = np.argsort(np.asarray(order))
 
     def cat(i: int, axis: int = 1) -> np.ndarray:
@@ -352,7 +373,7 @@ def loo_reduce_k2(
     out = [cat(0), cat(1), cat(2), cat(3)]
     if pairs:
         out.append(cat(4))
-    if u is not None:
+    if u is not None or residuals:
         out += [cat(5), cat(6)]
     return tuple(out)
 

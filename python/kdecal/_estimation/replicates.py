@@ -25,6 +25,7 @@ from dataclasses import replace
 import numpy as np
 
 from .._engine import backends as _backends
+from .._engine import binary as _binary
 from .._engine import runtime as _runtime
 from .._validation import check_int
 from . import problem as _problem
@@ -147,6 +148,10 @@ def replicates(
     problem = est.problem
     if est.m is None:
         raise ValueError("this estimate holds no engine accumulators to resample")
+    if _fast_binary(est, backend):
+        for reps in _binary_replicates(est, [(labels, weights)], squares, progress):
+            yield reps[0]
+        return
     if est.estimator == "residual" and _dense_backend(backend):
         for reps in _residual_replicates(est, [(labels, weights)], squares, progress):
             yield reps[0]
@@ -261,8 +266,14 @@ def replicates_jobs(
     replicate of every job, each equal to what :func:`replicates` yields for that job
     alone. A residual estimate on the compiled core computes every job's sums from the
     same kernel weights (one pass for all); other estimates run the jobs one after the
-    other.
+    other.  Binary problems of a residual estimate on the fast binary engine run one
+    engine call per replicate (:func:`_binary_replicates`).
     """
+    if _fast_binary(est, backend):
+        if est.m is None:
+            raise ValueError("this estimate holds no engine accumulators to resample")
+        yield from _binary_replicates(est, jobs, squares, progress)
+        return
     if est.estimator == "residual" and _dense_backend(backend) and est.debias != "ratio":
         if est.m is None:
             raise ValueError("this estimate holds no engine accumulators to resample")
@@ -323,6 +334,125 @@ def _residual_sums(
             if with_u:
                 U[k, b] = Q[k * per + per - 1, :, 0]  # type: ignore[index]
     return A, U
+
+
+#: Fewest rows whose binary replicates run on the fast binary engine (one O(n log n)
+#: call per replicate) rather than as dense products (O(n^2) per replicate at the GEMM
+#: rate): the two cost about the same near n = 4,096 on the 2-core machine (top-label;
+#: class-wise gains from about 3,000; bench/README.md, "Resampling binary problems").
+BINARY_REPLICATES_MIN_N = 4096
+
+
+def _fast_binary(est: _regression.Estimate, backend: str) -> bool:
+    """Whether the replicates of ``est`` run on the fast binary engine (in process).
+
+    Residual estimates of binary problems (top-label, class-wise) in float64 where the
+    compiled core's binary engine serves them (``backend`` "cpp";
+    :func:`kdecal._engine.backends.binary_engine_serves`) and n is at least
+    :data:`BINARY_REPLICATES_MIN_N`.
+    """
+    problem = est.problem
+    return (
+        est.estimator == "residual"
+        and est.debias != "ratio"
+        and problem.binary
+        and problem.dim == 2
+        and problem.dtype == np.float64
+        and problem.n >= BINARY_REPLICATES_MIN_N
+        and _backends.resolve_backend(backend) == "cpp"
+        and _backends.binary_engine_serves("cpp", problem.n)
+    )
+
+
+def _binary_replicates(
+    est: _regression.Estimate,
+    jobs: list[tuple[np.ndarray, np.ndarray | None]],
+    squares: bool = True,
+    progress: bool | None = None,
+) -> Iterator[tuple[_regression.Estimate, ...]]:
+    """:func:`replicates_jobs` of a residual estimate of binary problems, on the fast engine.
+
+    Each replicate is one call of the fast binary engine
+    (:func:`kdecal._engine.binary.loo_reduce_k2`, every accumulator within ``3e-9``
+    relative of the exact sums) on the replicate's labels, with its multiplicities ``v``
+    as centre weights: ``S_c = sum_{i != j} v_i w_ij [y_i = c]``, ``A = sum v_i w_ij f_i``
+    and, for the U-statistic, ``Q_c`` with ``v_i^2 w_ij^2`` and ``U = sum w_ij^2 v_i^2
+    ||r_i||^2``.  The sums of :func:`_residual_replicates` in ``O(n log n)`` per
+    replicate instead of ``O(n^2)``; the bootstrap replicates share one sort of the
+    centres (their labels are the estimate's).  Memory ``O(B n)``.
+    """
+    problem = est.problem
+    R, B, n = jobs[0][0].shape
+    if any(lab.shape != (R, B, n) for lab, _ in jobs):
+        raise ValueError("the jobs of one resampling pass need the same number of replicates")
+    ustat = est.debias == "ustat" and squares
+    debias = est.debias if ustat else "none"
+    powers = 2 if ustat else 1
+    h = est.bandwidth
+    logq, pk = _problem.kernel_points(problem)
+    scale = np.array([1.0 / h])
+    bias = np.ascontiguousarray(_problem.kernel_bias(problem, h)[:, None, :])
+    method = _binary.choose_method(pk, problem.labels, 2, h, powers)
+    total = R * len(jobs) * B * n
+    # about 1 us per (query, class) and call (bench/README.md, the fast engine)
+    show = _runtime.show_progress(total * 2.0 * 1000.0, progress)
+    with _binary.reuse_plans(), _runtime.progress_bar(show, total, "kdecal LOO resampling") as cb:
+        done = 0
+        for k in range(R):
+            reps = []
+            for lab, weights in jobs:
+                labk = np.ascontiguousarray(lab[k], dtype=np.int64)
+                v = None
+                if weights is not None:
+                    v = np.ascontiguousarray(
+                        np.broadcast_to(np.asarray(weights[k], dtype=np.float64), (B, n))
+                    )
+                prob = replace(problem, labels=labk)
+                u = None
+                if ustat:
+                    u = _problem.residual_weights(prob)
+                    if v is not None:
+                        u = np.ascontiguousarray(u * (v * v))
+                out = _binary.loo_reduce_k2(
+                    logq,
+                    pk,
+                    labk,
+                    2,
+                    scale,
+                    bias,
+                    powers=powers,
+                    method=method,
+                    progress=False,
+                    u=u,
+                    v=v,
+                    residuals=True,
+                )
+                S, Q, A, U = out[1][:, 0], out[2], out[4][:, 0], out[5]
+                s0 = S.sum(axis=-1)
+                nk = S - A
+                den = uk = None
+                if ustat:
+                    den = s0**2 - Q[:, 0].sum(axis=-1)
+                    uk = U[:, 0]
+                rw = None if weights is None else np.asarray(weights[k], dtype=np.float64)
+                # rows whose every centre of non-negligible weight was drawn 0 times leave
+                # the replicate's mean (as in _residual_replicates)
+                empty = np.any(s0 <= 0.0, axis=0)
+                if np.any(empty):
+                    s0 = np.where(empty[None], 1.0, s0)
+                    nk = np.where(empty[None, :, None], 0.0, nk)
+                    if den is not None and uk is not None:
+                        den = np.where(empty[None], 1.0, den)
+                        uk = np.where(empty[None], 0.0, uk)
+                    rw = np.where(empty, 0.0, rw if rw is not None else 1.0)
+                rep_ = _regression.residual_from_sums(
+                    prob, h, debias, est.m, s0, nk, den, uk, warn=False
+                )
+                reps.append(replace(rep_, row_weights=rw))
+                done += B * n
+                if cb is not None:
+                    cb(done)
+            yield tuple(reps)
 
 
 def _dense_backend(backend: str) -> bool:
