@@ -201,13 +201,14 @@ def test_dense_replicates_equal_the_multi_label_pass(calibration, monkeypatch):
         )
 
 
+@pytest.mark.parametrize("estimator", ["residual", "plugin"])
 @pytest.mark.parametrize("calibration", ["top_label", "classwise"])
-def test_fast_binary_replicates_equal_the_dense_products(calibration, monkeypatch):
+def test_fast_binary_replicates_equal_the_dense_products(calibration, estimator, monkeypatch):
     """Binary problems at n >= BINARY_REPLICATES_MIN_N resample on the fast binary
     engine (one call per replicate, the bootstrap's multiplicities as centre weights);
-    its bootstrap and consistency replicates equal the dense products' within the
-    engine's bound (every accumulator within 3e-9 relative), for every quantity, and
-    an estimate on real predictions resamples the same way."""
+    its bootstrap and consistency replicates equal the dense products' (residual) and
+    the multi-label pass's (plug-in) within the engine's bound (every accumulator
+    within 3e-9 relative), for every quantity."""
     from kdecal._engine import runtime as _runtime
     from kdecal._estimation import replicates as _replicates
 
@@ -215,7 +216,7 @@ def test_fast_binary_replicates_equal_the_dense_products(calibration, monkeypatc
         pytest.skip("compiled core with the binary engine not available")
     n = _replicates.BINARY_REPLICATES_MIN_N
     s = datasets.make_seeds_synthetic(n, 4, t1=0.6, t2=1.0, seed=4)
-    est = kdecal.estimate(s.probs, s.labels, calibration=calibration)
+    est = kdecal.estimate(s.probs, s.labels, calibration=calibration, estimator=estimator)
     base = est._for("ece_kde_l1")
     assert _replicates._fast_binary(base, est.backend)
     names = ["ce_l2", "ece_kde_l1", "ce_kl"]
@@ -239,3 +240,72 @@ def test_fast_binary_replicates_equal_the_dense_products(calibration, monkeypatc
             got_t[q].null_distribution, want_t[q].null_distribution, rtol=1e-8, atol=1e-14
         )
         assert got[q].low == pytest.approx(want[q].low, rel=1e-8, abs=1e-14)
+
+
+@pytest.mark.filterwarnings("ignore:.*single effective neighbour")
+def test_fast_binary_replicates_of_isolated_rows_against_brute_force():
+    """Rows far from every other point (a few low confidences among high ones, a small
+    bandwidth): a bootstrap sample can draw none of the centres near such a row's
+    maximum, so its weighted sums are made of terms 50-70 nats below the maximum's.
+    The fast engine keeps them (its windows go deeper where the weighted sum is small);
+    the replicate's E and squared error per row must match a brute force computed
+    relative to the largest weighted term, within what the engine's bound (3e-9 on each
+    sum) allows through the U-statistic's cancellation."""
+    from kdecal._engine import runtime as _runtime
+    from kdecal._estimation import problem as _problem
+    from kdecal._estimation import replicates as _replicates
+
+    if _runtime._core is None or not hasattr(_runtime._core, "binary_reduce"):
+        pytest.skip("compiled core with the binary engine not available")
+    rng = np.random.default_rng(11)
+    n = 900
+    conf = np.concatenate([1 - rng.random(n - 4) * 0.02, [0.35, 0.52, 0.61, 0.74]])
+    K = 3
+    P = np.empty((n, K))
+    P[:, 0] = conf
+    P[:, 1:] = ((1 - conf) / 2)[:, None]
+    y = np.where(rng.random(n) < conf, 0, rng.integers(1, K, n))
+    est = kdecal.estimate(P, y, calibration="top_label", bandwidth=3e-4)
+    base = est._est_sq
+    prob = base.problem
+    h = base.bandwidth
+    R = 12
+    counts = _replicates.draw_bootstrap_counts(n, R, np.random.default_rng(3)).astype(float)
+    lab = np.ascontiguousarray(np.broadcast_to(prob.labels, (R, *prob.labels.shape)))
+    reps = [r[0] for r in _replicates._binary_replicates(base, [(lab, counts)], True, False)]
+    logq, pk = _problem.kernel_points(prob)
+    bias = _problem.kernel_bias(prob, h)[0]
+    L = bias[None, :] + (pk[0] @ logq[0].T).T / h  # (query, centre)
+    np.fill_diagonal(L, -np.inf)
+    r1 = (prob.labels[0] == 1) - pk[0, :, 1]
+    eps = 3e-9
+    deep = 0
+    for k in range(R):
+        v = counts[k]
+        with np.errstate(divide="ignore"):
+            lt = L + np.log(v)[None, :]
+        top = lt.max(axis=1)
+        t = np.exp(lt - top[:, None])  # weighted terms, the largest 1
+        S0, N = t.sum(1), t @ r1
+        Q0, U = (t * t).sum(1), (t * t) @ (r1 * r1)
+        srt = -np.sort(-t, axis=1)
+        den = 2.0 * np.sum(srt[:, 1:] * np.cumsum(srt, axis=1)[:, :-1], axis=1)  # pairs
+        num = N * N - U
+        ok = den > 1e-8 * S0**2
+        rep = reps[k]
+        live = rep.row_weights > 0
+        # a drawn row leaves the replicate only when its weighted terms all lie beyond
+        # the engine's deepest window (230 nats below the row's maximum)
+        gone = (v > 0) & ~live
+        assert np.all(v[live] > 0)
+        assert np.all(top[gone] - L.max(axis=1)[gone] < -200.0), (top - L.max(axis=1))[gone]
+        E_ref = pk[0, :, 1] + N / S0
+        np.testing.assert_allclose(rep.E[0, live, 1], E_ref[live], rtol=0, atol=1e-9)
+        sel = live & ok
+        sq, num, den = rep.sqerr[0][sel], num[sel], den[sel]
+        bound = (2 * eps * N[sel] ** 2 + eps * U[sel]) / den + np.abs(num / den) * eps * (
+            2 * S0[sel] ** 2 + Q0[sel]
+        ) / den
+        assert np.all(np.abs(sq - num / den) <= bound + 1e-12)
+        deep += int(np.sum(live & (top < np.log(1e-20) + L.max(axis=1))))
+    assert deep > 0  # some replicate's rows had only far centres (the case above)

@@ -261,6 +261,7 @@ def loo_reduce_k2(
     threads: int | None = None,
     v: np.ndarray | None = None,
     residuals: bool = False,
+    plan: Any = None,
 ) -> tuple[np.ndarray, ...]:
     """:func:`kdecal._engine.backends.loo_reduce` for ``K = 2`` inputs, on the fast engine.
 
@@ -273,7 +274,9 @@ def loo_reduce_k2(
     bootstrap sample, ``S_c = sum_{i != j} v_i w_ij [y_i = c]``, ``Q_c`` with ``v_i^2
     w_ij^2``, ``A`` with ``v_i w_ij`` (``U``'s ``u`` carries its own; ``m`` and the
     leave-one-out of row j's own centre, all its copies, as without); ``residuals``:
-    return ``A`` (and an empty ``U``) without ``u``.  Returns ``(m, S, Q, T[, D][, A,
+    return ``A`` (and an empty ``U``) without ``u``; ``plan``: a ``core.BinaryPlan`` of
+    these ``logq``, ``p`` (the same arrays) and labels to use instead of the
+    :func:`reuse_plans` scope's (the engine ignores a plan of other arrays or labels).  Returns ``(m, S, Q, T[, D][, A,
     U])`` with the leading B axis.  Each query row's sums depend on that row alone (the
     plan, the methods and the cells on all centres), so that the rows of a call over a
     range equal, bit for bit, those rows of a call over all of them.
@@ -301,7 +304,8 @@ def loo_reduce_k2(
             resid=u,
         )
     core = _require_core()
-    plan = _plan(core, logq, p, labels, n_classes)
+    if plan is None:
+        plan = _plan(core, logq, p, labels, n_classes)
     B, H = p.shape[0], scale.shape[0]
     if method == "auto":
         methods = [choose_method(p, labels, n_classes, 1.0 / float(s), powers) for s in scale]

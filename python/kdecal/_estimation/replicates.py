@@ -19,8 +19,11 @@ class sums of many label vectors (and centre multiplicities) at once.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -218,7 +221,7 @@ def replicates(
             # A bootstrap sample can hold no centre with a non-negligible weight for some
             # query row (all its neighbours drawn 0 times): the estimator is undefined
             # there, so the row leaves that replicate's mean.
-            empty = np.any(S.sum(axis=-1) <= 0.0, axis=0)
+            empty = np.any(S.sum(axis=-1) <= EMPTY_ROW_FLOOR, axis=0)
             A = U = None
             if resid:
                 A = est.A if weights is None else res[0][k]  # type: ignore[index]
@@ -336,6 +339,14 @@ def _residual_sums(
     return A, U
 
 
+#: A bootstrap replicate's query row whose kernel sum ``S0 = sum_i v_i w_ij`` is at or
+#: below this (in units of the row's largest unweighted term, ``w_ij = exp(L_ij - m_j)``)
+#: leaves the replicate's mean: every centre near it was drawn 0 times, and what is left
+#: lies more than 200 nats below the row's maximum, where the engines' sums stop (the
+#: dense products drop terms 64 nats below a running class maximum, the fast binary
+#: engine's windows stop at 230 nats) and the residual regression is noise.
+EMPTY_ROW_FLOOR = float(np.exp(-200.0))
+
 #: Fewest rows whose binary replicates run on the fast binary engine (one O(n log n)
 #: call per replicate) rather than as dense products (O(n^2) per replicate at the GEMM
 #: rate): the two cost about the same near n = 4,096 on the 2-core machine (top-label;
@@ -346,14 +357,14 @@ BINARY_REPLICATES_MIN_N = 4096
 def _fast_binary(est: _regression.Estimate, backend: str) -> bool:
     """Whether the replicates of ``est`` run on the fast binary engine (in process).
 
-    Residual estimates of binary problems (top-label, class-wise) in float64 where the
-    compiled core's binary engine serves them (``backend`` "cpp";
-    :func:`kdecal._engine.backends.binary_engine_serves`) and n is at least
-    :data:`BINARY_REPLICATES_MIN_N`.
+    Residual and plug-in estimates (``debias`` "none" or "ustat") of binary problems
+    (top-label, class-wise) in float64 where the compiled core's binary engine serves
+    them (``backend`` "cpp"; :func:`kdecal._engine.backends.binary_engine_serves`) and n
+    is at least :data:`BINARY_REPLICATES_MIN_N`.
     """
     problem = est.problem
     return (
-        est.estimator == "residual"
+        est.estimator in ("residual", "plugin")
         and est.debias != "ratio"
         and problem.binary
         and problem.dim == 2
@@ -370,22 +381,30 @@ def _binary_replicates(
     squares: bool = True,
     progress: bool | None = None,
 ) -> Iterator[tuple[_regression.Estimate, ...]]:
-    """:func:`replicates_jobs` of a residual estimate of binary problems, on the fast engine.
+    """:func:`replicates_jobs` of an estimate of binary problems, on the fast engine.
 
     Each replicate is one call of the fast binary engine
     (:func:`kdecal._engine.binary.loo_reduce_k2`, every accumulator within ``3e-9``
     relative of the exact sums) on the replicate's labels, with its multiplicities ``v``
     as centre weights: ``S_c = sum_{i != j} v_i w_ij [y_i = c]``, ``A = sum v_i w_ij f_i``
     and, for the U-statistic, ``Q_c`` with ``v_i^2 w_ij^2`` and ``U = sum w_ij^2 v_i^2
-    ||r_i||^2``.  The sums of :func:`_residual_replicates` in ``O(n log n)`` per
-    replicate instead of ``O(n^2)``; the bootstrap replicates share one sort of the
-    centres (their labels are the estimate's).  Memory ``O(B n)``.
+    ||r_i||^2`` (a plug-in estimate: ``S_c`` and, with ``debias="ustat"``, ``Q_c``).
+    The sums of :func:`_residual_replicates` (and of the multi-label pass of
+    :func:`replicates` for a plug-in) in ``O(n log n)`` per replicate instead of
+    ``O(n^2)``; the bootstrap replicates share one sort of the
+    centres (a ``BinaryPlan``: their labels are the estimate's).  The replicates run
+    concurrently, one engine thread each (:data:`_runtime.get_num_threads` of them, at
+    most ``2 x`` that many replicates ahead of the one yielded; one call's rows in
+    parallel lost about a tenth to the threads' waits at n = 10^4); each replicate's
+    numbers do not depend on the number of threads.  Memory ``O(threads x B n)``.
     """
     problem = est.problem
     R, B, n = jobs[0][0].shape
     if any(lab.shape != (R, B, n) for lab, _ in jobs):
         raise ValueError("the jobs of one resampling pass need the same number of replicates")
-    ustat = est.debias == "ustat" and squares
+    resid = est.estimator == "residual"
+    # a plug-in replicate keeps the estimate's debiasing (as replicates() does)
+    ustat = est.debias == "ustat" and (squares or not resid)
     debias = est.debias if ustat else "none"
     powers = 2 if ustat else 1
     h = est.bandwidth
@@ -393,66 +412,158 @@ def _binary_replicates(
     scale = np.array([1.0 / h])
     bias = np.ascontiguousarray(_problem.kernel_bias(problem, h)[:, None, :])
     method = _binary.choose_method(pk, problem.labels, 2, h, powers)
+    core = _runtime._core
+    assert core is not None
+    # one sort of the centres for the replicates of a job whose labels are its first
+    # replicate's (the bootstrap: the estimate's labels); the engine ignores the plan for
+    # a replicate whose labels differ
+    plans = [
+        core.BinaryPlan(logq, pk, np.ascontiguousarray(lab[0], dtype=np.int64), 2)
+        if weights is not None
+        else None
+        for lab, weights in jobs
+    ]
+    workers = max(1, min(_runtime.get_num_threads(), R))
+
+    def one(k: int) -> tuple[_regression.Estimate, ...]:
+        reps = []
+        for (lab, weights), plan in zip(jobs, plans):
+            labk = np.ascontiguousarray(lab[k], dtype=np.int64)
+            v = None
+            if weights is not None:
+                v = np.ascontiguousarray(
+                    np.broadcast_to(np.asarray(weights[k], dtype=np.float64), (B, n))
+                )
+            prob = replace(problem, labels=labk)
+            rw = None if weights is None else np.asarray(weights[k], dtype=np.float64)
+            if not resid:
+                reps.append(
+                    _binary_plugin_replicate(
+                        est, prob, logq, pk, scale, bias, powers, method, v, plan, rw, workers
+                    )
+                )
+                continue
+            u = None
+            if ustat:
+                u = _problem.residual_weights(prob)
+                if v is not None:
+                    u = np.ascontiguousarray(u * (v * v))
+            out = _binary.loo_reduce_k2(
+                logq,
+                pk,
+                labk,
+                2,
+                scale,
+                bias,
+                powers=powers,
+                method=method,
+                progress=False,
+                u=u,
+                v=v,
+                residuals=True,
+                plan=plan,
+                threads=1 if workers > 1 else None,
+            )
+            S, Q, A, U = out[1][:, 0], out[2], out[4][:, 0], out[5]
+            s0 = S.sum(axis=-1)
+            nk = S - A
+            den = uk = None
+            if ustat:
+                den = s0**2 - Q[:, 0].sum(axis=-1)
+                uk = U[:, 0]
+            # rows whose every centre of non-negligible weight was drawn 0 times leave
+            # the replicate's mean (as in _residual_replicates)
+            empty = np.any(s0 <= EMPTY_ROW_FLOOR, axis=0)
+            if np.any(empty):
+                s0 = np.where(empty[None], 1.0, s0)
+                nk = np.where(empty[None, :, None], 0.0, nk)
+                if den is not None and uk is not None:
+                    den = np.where(empty[None], 1.0, den)
+                    uk = np.where(empty[None], 0.0, uk)
+                rw = np.where(empty, 0.0, rw if rw is not None else 1.0)
+            rep = _regression.residual_from_sums(
+                prob, h, debias, est.m, s0, nk, den, uk, warn=False
+            )
+            reps.append(replace(rep, row_weights=rw))
+        return tuple(reps)
+
     total = R * len(jobs) * B * n
     # about 1 us per (query, class) and call (bench/README.md, the fast engine)
     show = _runtime.show_progress(total * 2.0 * 1000.0, progress)
-    with _binary.reuse_plans(), _runtime.progress_bar(show, total, "kdecal LOO resampling") as cb:
+    with _runtime.progress_bar(show, total, "kdecal LOO resampling") as cb:
         done = 0
-        for k in range(R):
-            reps = []
-            for lab, weights in jobs:
-                labk = np.ascontiguousarray(lab[k], dtype=np.int64)
-                v = None
-                if weights is not None:
-                    v = np.ascontiguousarray(
-                        np.broadcast_to(np.asarray(weights[k], dtype=np.float64), (B, n))
-                    )
-                prob = replace(problem, labels=labk)
-                u = None
-                if ustat:
-                    u = _problem.residual_weights(prob)
-                    if v is not None:
-                        u = np.ascontiguousarray(u * (v * v))
-                out = _binary.loo_reduce_k2(
-                    logq,
-                    pk,
-                    labk,
-                    2,
-                    scale,
-                    bias,
-                    powers=powers,
-                    method=method,
-                    progress=False,
-                    u=u,
-                    v=v,
-                    residuals=True,
-                )
-                S, Q, A, U = out[1][:, 0], out[2], out[4][:, 0], out[5]
-                s0 = S.sum(axis=-1)
-                nk = S - A
-                den = uk = None
-                if ustat:
-                    den = s0**2 - Q[:, 0].sum(axis=-1)
-                    uk = U[:, 0]
-                rw = None if weights is None else np.asarray(weights[k], dtype=np.float64)
-                # rows whose every centre of non-negligible weight was drawn 0 times leave
-                # the replicate's mean (as in _residual_replicates)
-                empty = np.any(s0 <= 0.0, axis=0)
-                if np.any(empty):
-                    s0 = np.where(empty[None], 1.0, s0)
-                    nk = np.where(empty[None, :, None], 0.0, nk)
-                    if den is not None and uk is not None:
-                        den = np.where(empty[None], 1.0, den)
-                        uk = np.where(empty[None], 0.0, uk)
-                    rw = np.where(empty, 0.0, rw if rw is not None else 1.0)
-                rep_ = _regression.residual_from_sums(
-                    prob, h, debias, est.m, s0, nk, den, uk, warn=False
-                )
-                reps.append(replace(rep_, row_weights=rw))
-                done += B * n
+        step = len(jobs) * B * n
+        if workers == 1:
+            for k in range(R):
+                yield one(k)
+                done += step
                 if cb is not None:
                     cb(done)
-            yield tuple(reps)
+            return
+        pending: deque[Future[tuple[_regression.Estimate, ...]]] = deque()
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            try:
+                for k in range(R):
+                    pending.append(pool.submit(one, k))
+                    if len(pending) > 2 * workers:
+                        yield pending.popleft().result()
+                        done += step
+                        if cb is not None:
+                            cb(done)
+                while pending:
+                    yield pending.popleft().result()
+                    done += step
+                    if cb is not None:
+                        cb(done)
+            finally:  # Ctrl-C or a consumer that stops: no replicate left running
+                for f in pending:
+                    f.cancel()
+
+
+def _binary_plugin_replicate(
+    est: _regression.Estimate,
+    prob: _problem.Problem,
+    logq: np.ndarray,
+    pk: np.ndarray,
+    scale: np.ndarray,
+    bias: np.ndarray,
+    powers: int,
+    method: str,
+    v: np.ndarray | None,
+    plan: Any,
+    rw: np.ndarray | None,
+    workers: int,
+) -> _regression.Estimate:
+    """One replicate of a plug-in estimate on the fast binary engine (_binary_replicates)."""
+    assert est.m is not None and est.S is not None
+    out = _binary.loo_reduce_k2(
+        logq,
+        pk,
+        prob.labels,
+        2,
+        scale,
+        bias,
+        powers=powers,
+        method=method,
+        progress=False,
+        v=v,
+        plan=plan,
+        threads=1 if workers > 1 else None,
+    )
+    S = np.array(out[1][:, 0])
+    Q = np.array(out[2][:, 0]) if powers == 2 else np.zeros((0, 0, 0))
+    # as in replicates(): a row without a drawn neighbour in reach keeps the estimate's
+    # sums (defined values) and leaves the replicate's mean
+    empty = np.any(S.sum(axis=-1) <= EMPTY_ROW_FLOOR, axis=0)
+    if np.any(empty):
+        S[:, empty] = est.S[:, empty]
+        if powers == 2:
+            Q[:, empty] = est.Q[:, empty]  # type: ignore[index]
+        rw = np.where(empty, 0.0, rw if rw is not None else 1.0)
+    rep = _regression.estimate_from(
+        prob, est.bandwidth, est.debias, "cpp", est.m, S, Q, np.zeros((0, 0, 0)), warn=False
+    )
+    return replace(rep, row_weights=rw)
 
 
 def _dense_backend(backend: str) -> bool:
@@ -592,7 +703,7 @@ def _residual_replicates(
                     # for some query row (all its neighbours drawn 0 times): the
                     # estimator is undefined there, so the row leaves that replicate's
                     # mean.
-                    empty = np.any(s0 <= 0.0, axis=0)
+                    empty = np.any(s0 <= EMPTY_ROW_FLOOR, axis=0)
                     if np.any(empty):
                         s0 = np.where(empty[None], 1.0, s0)
                         nk = np.where(empty[None, :, None], 0.0, nk)
