@@ -81,29 +81,23 @@ py::tuple binary_reduce_py(const carray<double>& logq, const carray<double>& p,
     else
         throw std::invalid_argument("method must be 'window', 'binned' or 'local', got '" +
                                     method + "'");
-    const double* pu = nullptr;
-    carray<double> ua;
-    if (!u.is_none()) {
-        ua = u.cast<carray<double>>();
-        if (ua.ndim() != (batched ? 2 : 1) || (batched && ua.shape(0) != B) ||
-            ua.shape(ua.ndim() - 1) != n)
-            throw std::invalid_argument(batched ? "u must have shape (B, n)"
-                                                : "u must have shape (n,)");
-        pu = ua.data();
-    }
-    const double* pv = nullptr;
-    carray<double> va;
-    if (!v.is_none()) {
-        va = v.cast<carray<double>>();
-        if (va.ndim() != (batched ? 2 : 1) || (batched && va.shape(0) != B) ||
-            va.shape(va.ndim() - 1) != n)
-            throw std::invalid_argument(batched ? "v must have shape (B, n)"
-                                                : "v must have shape (n,)");
-        if (powers > 2 || pairs)
-            throw std::invalid_argument(
-                "centre weights v support powers <= 2 without the pair sums");
-        pv = va.data();
-    }
+    // optional per-centre arrays (n,) or (B, n), kept alive in `keep` for the call
+    auto per_centre = [&](const py::object& obj, const char* name,
+                          carray<double>& keep) -> const double* {
+        if (obj.is_none()) return nullptr;
+        keep = obj.cast<carray<double>>();
+        if (keep.ndim() != (batched ? 2 : 1) || (batched && keep.shape(0) != B) ||
+            keep.shape(keep.ndim() - 1) != n)
+            throw std::invalid_argument(std::string(name) +
+                                        (batched ? " must have shape (B, n)"
+                                                 : " must have shape (n,)"));
+        return keep.data();
+    };
+    carray<double> ua, va;
+    const double* pu = per_centre(u, "u", ua);
+    const double* pv = per_centre(v, "v", va);
+    if (pv && (powers > 2 || pairs))
+        throw std::invalid_argument("centre weights v support powers <= 2 without the pair sums");
 
     const std::int64_t R = row_stop - row_start;
     auto shape = [&](std::vector<py::ssize_t> dims) {

@@ -135,6 +135,33 @@ def test_binary_problems_on_the_fast_engine_equal_cpp(client, calibration, estim
         assert est.value(q) == ref.value(q), q
 
 
+@pytest.mark.parametrize("estimator", ["residual", "plugin"])
+@pytest.mark.parametrize("calibration", ["top_label", "classwise"])
+def test_binary_replicates_on_the_workers_equal_cpp(client, calibration, estimator):
+    """The bootstrap and consistency replicates of binary problems (n >= 4,096) run as
+    tasks of the fast binary engine on the workers (a few replicates each, one thread),
+    and every replicate equals the in-process ones (replicates side by side on two
+    threads) exactly."""
+    from kdecal._estimation import replicates as _replicates
+
+    n = _replicates.BINARY_REPLICATES_MIN_N
+    P, y = make_synthetic(n, 4, alpha=0.7, temperature=0.5, seed=5)
+    kw = {"calibration": calibration, "estimator": estimator}
+    ref = kdecal.estimate(P, y, backend="cpp", **kw)
+    est = kdecal.estimate(P, y, backend="dask", **kw)
+    names = ["ece_kde_l1", "ce_l2"]
+    want = ref._intervals_and_tests(names, names, level=0.9, n_resamples=5, seed=4)
+    with distributed.get_task_stream(client) as ts:
+        got = est._intervals_and_tests(names, names, level=0.9, n_resamples=5, seed=4)
+    tasks = [t for t in ts.data if str(t["key"]).startswith("kdecal-replicates-binary")]
+    assert len(tasks) >= 2, [t["key"] for t in ts.data]
+    for q in names:
+        np.testing.assert_array_equal(
+            got[0][q].bootstrap_distribution, want[0][q].bootstrap_distribution
+        )
+        np.testing.assert_array_equal(got[1][q].null_distribution, want[1][q].null_distribution)
+
+
 @pytest.mark.parametrize("calibration", NOTIONS)
 def test_public_functions_equal_cpp(client, data, calibration):
     """Each engine-backed public function, bandwidth 'auto' (the search), equals cpp."""

@@ -382,6 +382,92 @@ def loo_reduce_k2(
     return tuple(out)
 
 
+def replicate_sums(
+    logq: np.ndarray,
+    p: np.ndarray,
+    scale: np.ndarray,
+    bias: np.ndarray,
+    method: str,
+    powers: int,
+    resid: bool,
+    labels: np.ndarray,
+    v: np.ndarray | None = None,
+    plan: Any = None,
+    threads: int | None = None,
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+    """Return the sums of one resampling replicate of B binary problems (one engine call).
+
+    ``logq``, ``p`` (B, n, 2), ``scale`` (1,), ``bias`` (B, 1, n) as for
+    :func:`loo_reduce_k2`; ``labels`` (B, n), any integer dtype, the replicate's
+    labels; ``v`` (n,) or (B, n), float64, or None: its centre weights (a bootstrap
+    sample's multiplicities).  Returns ``S`` (B, n, 2), ``Q`` (B, n, 2) with ``powers
+    = 2`` (weighted ``v^2``), and with ``resid`` the residual sums ``A`` (B, n, 2) and,
+    with ``powers = 2``, ``U = sum_i w_ij^2 v_i^2 (y_i - p_i1)^2`` (B, n), the
+    U-statistic's diagonal (the positive coordinate's residual,
+    :func:`kdecal._estimation.problem.residual_weights`); None for the others.  A pure
+    function of its inputs (the replicates of ``backend="dask"`` run it on the workers).
+    """
+    B, n = p.shape[0], p.shape[1]
+    lab = np.ascontiguousarray(labels, dtype=np.int64)
+    vv = None
+    if v is not None:
+        vv = np.ascontiguousarray(np.broadcast_to(np.asarray(v, dtype=np.float64), (B, n)))
+    u = None
+    if resid and powers == 2:
+        r = (lab == 1) - p[..., 1]
+        u = r * r
+        if vv is not None:
+            u = u * (vv * vv)
+        u = np.ascontiguousarray(u)
+    out = loo_reduce_k2(
+        logq,
+        p,
+        lab,
+        2,
+        scale,
+        bias,
+        powers=powers,
+        method=method,
+        progress=False,
+        u=u,
+        v=vv,
+        residuals=resid,
+        plan=plan,
+        threads=threads,
+    )
+    S = out[1][:, 0]
+    Q = out[2][:, 0] if powers == 2 else None
+    A = out[4][:, 0] if resid else None
+    U = out[5][:, 0] if u is not None else None
+    return S, Q, A, U
+
+
+def replicate_sums_chunk(
+    logq: np.ndarray,
+    p: np.ndarray,
+    scale: np.ndarray,
+    bias: np.ndarray,
+    method: str,
+    powers: int,
+    resid: bool,
+    items: list[tuple[np.ndarray, np.ndarray | None]],
+) -> list[tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]]:
+    """:func:`replicate_sums` of several ``(labels, v)`` on one thread: a dask task.
+
+    The items with weights (bootstrap samples, whose labels are usually the same) share
+    one sort of the centres (a ``BinaryPlan`` of the first one's labels; the engine
+    ignores it for other labels).  Results are those of single calls, bit for bit.
+    """
+    plan = None
+    first = next((lab for lab, v in items if v is not None), None)
+    if first is not None:
+        plan = _require_core().BinaryPlan(logq, p, np.ascontiguousarray(first, dtype=np.int64), 2)
+    return [
+        replicate_sums(logq, p, scale, bias, method, powers, resid, lab, v, plan, threads=1)
+        for lab, v in items
+    ]
+
+
 def loo_reduce_rows(
     logq: np.ndarray,
     p: np.ndarray,

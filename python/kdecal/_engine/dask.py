@@ -34,7 +34,8 @@ from __future__ import annotations
 import math
 import threading
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -258,6 +259,41 @@ def _run_blocks(
         if not done:  # Ctrl-C or a failed block: stop the rest
             client.cancel(futures)
     return list(parts)
+
+
+def worker_threads() -> int:
+    """Threads of the current client's workers, in all."""
+    return _n_threads(get_client())
+
+
+def map_ordered(
+    func: Any, shared: tuple[Any, ...], tasks: list[tuple[Any, ...]], name: str
+) -> Iterator[Any]:
+    """Run ``func(*shared, *task)`` for each task on the current client, in task order.
+
+    The arrays of ``shared`` are broadcast to every worker once (cached like the
+    centres of :func:`loo_reduce`); at most two tasks per worker thread run or wait
+    ahead of the result yielded, so results the caller has not taken yet do not pile
+    up on the workers.  Leaving the iteration early (Ctrl-C, an error, a caller that
+    stops) cancels the tasks not yet taken.
+    """
+    client = get_client()
+    args = tuple(
+        _broadcast(client, x, cache=True) if isinstance(x, np.ndarray) else x for x in shared
+    )
+    window = 2 * _n_threads(client)
+    tag = uuid.uuid4().hex
+    pending: deque[Any] = deque()
+    try:
+        for i, task in enumerate(tasks):
+            pending.append(client.submit(func, *args, *task, key=f"{name}-{tag}-{i}", pure=False))
+            if len(pending) >= window:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        if pending:
+            client.cancel(list(pending))
 
 
 def _concat(parts: list[tuple[np.ndarray, ...]], k: int, axis: int) -> np.ndarray:

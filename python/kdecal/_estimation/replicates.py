@@ -29,6 +29,7 @@ import numpy as np
 
 from .._engine import backends as _backends
 from .._engine import binary as _binary
+from .._engine import dask as _dask
 from .._engine import runtime as _runtime
 from .._validation import check_int
 from . import problem as _problem
@@ -152,7 +153,8 @@ def replicates(
     if est.m is None:
         raise ValueError("this estimate holds no engine accumulators to resample")
     if _fast_binary(est, backend):
-        for reps in _binary_replicates(est, [(labels, weights)], squares, progress):
+        resolved = _backends.resolve_backend(backend)
+        for reps in _binary_replicates(est, [(labels, weights)], squares, progress, resolved):
             yield reps[0]
         return
     if est.estimator == "residual" and _dense_backend(backend):
@@ -275,7 +277,9 @@ def replicates_jobs(
     if _fast_binary(est, backend):
         if est.m is None:
             raise ValueError("this estimate holds no engine accumulators to resample")
-        yield from _binary_replicates(est, jobs, squares, progress)
+        yield from _binary_replicates(
+            est, jobs, squares, progress, _backends.resolve_backend(backend)
+        )
         return
     if est.estimator == "residual" and _dense_backend(backend) and est.debias != "ratio":
         if est.m is None:
@@ -359,8 +363,9 @@ def _fast_binary(est: _regression.Estimate, backend: str) -> bool:
 
     Residual and plug-in estimates (``debias`` "none" or "ustat") of binary problems
     (top-label, class-wise) in float64 where the compiled core's binary engine serves
-    them (``backend`` "cpp"; :func:`kdecal._engine.backends.binary_engine_serves`) and n
-    is at least :data:`BINARY_REPLICATES_MIN_N`.
+    them (``backend`` "cpp" in this process, "dask" on the workers;
+    :func:`kdecal._engine.backends.binary_engine_serves`) and n is at least
+    :data:`BINARY_REPLICATES_MIN_N`.
     """
     problem = est.problem
     return (
@@ -370,8 +375,8 @@ def _fast_binary(est: _regression.Estimate, backend: str) -> bool:
         and problem.dim == 2
         and problem.dtype == np.float64
         and problem.n >= BINARY_REPLICATES_MIN_N
-        and _backends.resolve_backend(backend) == "cpp"
-        and _backends.binary_engine_serves("cpp", problem.n)
+        and (resolved := _backends.resolve_backend(backend)) in ("cpp", "dask")
+        and _backends.binary_engine_serves(resolved, problem.n)
     )
 
 
@@ -380,23 +385,29 @@ def _binary_replicates(
     jobs: list[tuple[np.ndarray, np.ndarray | None]],
     squares: bool = True,
     progress: bool | None = None,
+    backend: str = "cpp",
 ) -> Iterator[tuple[_regression.Estimate, ...]]:
     """:func:`replicates_jobs` of an estimate of binary problems, on the fast engine.
 
     Each replicate is one call of the fast binary engine
-    (:func:`kdecal._engine.binary.loo_reduce_k2`, every accumulator within ``3e-9``
+    (:func:`kdecal._engine.binary.replicate_sums`, every accumulator within ``3e-9``
     relative of the exact sums) on the replicate's labels, with its multiplicities ``v``
     as centre weights: ``S_c = sum_{i != j} v_i w_ij [y_i = c]``, ``A = sum v_i w_ij f_i``
     and, for the U-statistic, ``Q_c`` with ``v_i^2 w_ij^2`` and ``U = sum w_ij^2 v_i^2
     ||r_i||^2`` (a plug-in estimate: ``S_c`` and, with ``debias="ustat"``, ``Q_c``).
     The sums of :func:`_residual_replicates` (and of the multi-label pass of
     :func:`replicates` for a plug-in) in ``O(n log n)`` per replicate instead of
-    ``O(n^2)``; the bootstrap replicates share one sort of the
-    centres (a ``BinaryPlan``: their labels are the estimate's).  The replicates run
-    concurrently, one engine thread each (:data:`_runtime.get_num_threads` of them, at
-    most ``2 x`` that many replicates ahead of the one yielded; one call's rows in
-    parallel lost about a tenth to the threads' waits at n = 10^4); each replicate's
-    numbers do not depend on the number of threads.  Memory ``O(threads x B n)``.
+    ``O(n^2)``; the bootstrap replicates share one sort of the centres (a
+    ``BinaryPlan``: their labels are the estimate's).
+
+    On ``backend="cpp"`` the replicates run concurrently in this process, one engine
+    thread each (:func:`_runtime.get_num_threads` of them, at most ``2 x`` that many
+    replicates ahead of the one yielded; one call's rows in parallel lost about a tenth
+    to the threads' waits at n = 10^4).  On ``"dask"`` they are tasks of a few replicates
+    each on the workers (:func:`kdecal._engine.binary.replicate_sums_chunk`, about three
+    per worker thread; the points broadcast once, the labels sent as int8), whose sums
+    come back.  Each replicate's numbers are the same on both, whatever the threads.
+    Memory ``O(threads x B n)`` here.
     """
     problem = est.problem
     R, B, n = jobs[0][0].shape
@@ -405,13 +416,60 @@ def _binary_replicates(
     resid = est.estimator == "residual"
     # a plug-in replicate keeps the estimate's debiasing (as replicates() does)
     ustat = est.debias == "ustat" and (squares or not resid)
-    debias = est.debias if ustat else "none"
     powers = 2 if ustat else 1
     h = est.bandwidth
     logq, pk = _problem.kernel_points(problem)
     scale = np.array([1.0 / h])
     bias = np.ascontiguousarray(_problem.kernel_bias(problem, h)[:, None, :])
     method = _binary.choose_method(pk, problem.labels, 2, h, powers)
+    shared = (logq, pk, scale, bias, method, powers, resid)
+
+    def weights_of(w: np.ndarray | None, k: int) -> np.ndarray | None:
+        return None if w is None else np.ascontiguousarray(w[k], dtype=np.float64)
+
+    def formed(k: int, sums: list[tuple[Any, ...]]) -> tuple[_regression.Estimate, ...]:
+        return tuple(
+            _binary_estimate(est, lab[k], weights_of(w, k), ustat, s)
+            for (lab, w), s in zip(jobs, sums)
+        )
+
+    total = R * len(jobs) * B * n
+    step = len(jobs) * B * n
+    # about 1 us per (query, class) and call (bench/README.md, the fast engine)
+    show = _runtime.show_progress(total * 2.0 * 1000.0, progress)
+    with _runtime.progress_bar(show, total, "kdecal LOO resampling") as cb:
+        done = 0
+        for k, sums in enumerate(_binary_sums(jobs, shared, backend, R)):
+            yield formed(k, sums)
+            done += step
+            if cb is not None:
+                cb(done)
+
+
+def _binary_sums(
+    jobs: list[tuple[np.ndarray, np.ndarray | None]],
+    shared: tuple[Any, ...],
+    backend: str,
+    R: int,
+) -> Iterator[list[tuple[Any, ...]]]:
+    """Per replicate, in order, the :func:`_binary.replicate_sums` of every job."""
+    logq, pk = shared[0], shared[1]
+    if backend == "dask":
+        per = max(1, -(-R // (3 * _dask.worker_threads())))
+        tasks = []
+        for r0 in range(0, R, per):
+            items = [
+                (np.asarray(lab[k], dtype=np.int8), None if w is None else np.asarray(w[k]))
+                for k in range(r0, min(R, r0 + per))
+                for lab, w in jobs
+            ]
+            tasks.append((items,))
+        for chunk in _dask.map_ordered(
+            _binary.replicate_sums_chunk, shared, tasks, "kdecal-replicates-binary"
+        ):
+            for i in range(0, len(chunk), len(jobs)):
+                yield chunk[i : i + len(jobs)]
+        return
     core = _runtime._core
     assert core is not None
     # one sort of the centres for the replicates of a job whose labels are its first
@@ -419,149 +477,103 @@ def _binary_replicates(
     # a replicate whose labels differ
     plans = [
         core.BinaryPlan(logq, pk, np.ascontiguousarray(lab[0], dtype=np.int64), 2)
-        if weights is not None
+        if w is not None
         else None
-        for lab, weights in jobs
+        for lab, w in jobs
     ]
     workers = max(1, min(_runtime.get_num_threads(), R))
 
-    def one(k: int) -> tuple[_regression.Estimate, ...]:
-        reps = []
-        for (lab, weights), plan in zip(jobs, plans):
-            labk = np.ascontiguousarray(lab[k], dtype=np.int64)
-            v = None
-            if weights is not None:
-                v = np.ascontiguousarray(
-                    np.broadcast_to(np.asarray(weights[k], dtype=np.float64), (B, n))
-                )
-            prob = replace(problem, labels=labk)
-            rw = None if weights is None else np.asarray(weights[k], dtype=np.float64)
-            if not resid:
-                reps.append(
-                    _binary_plugin_replicate(
-                        est, prob, logq, pk, scale, bias, powers, method, v, plan, rw, workers
-                    )
-                )
-                continue
-            u = None
-            if ustat:
-                u = _problem.residual_weights(prob)
-                if v is not None:
-                    u = np.ascontiguousarray(u * (v * v))
-            out = _binary.loo_reduce_k2(
+    _, _, scale, bias, method, powers, resid = shared
+
+    def one(k: int) -> list[tuple[Any, ...]]:
+        return [
+            _binary.replicate_sums(
                 logq,
                 pk,
-                labk,
-                2,
                 scale,
                 bias,
-                powers=powers,
-                method=method,
-                progress=False,
-                u=u,
-                v=v,
-                residuals=True,
-                plan=plan,
+                method,
+                powers,
+                resid,
+                lab[k],
+                None if w is None else w[k],
+                plan,
                 threads=1 if workers > 1 else None,
             )
-            S, Q, A, U = out[1][:, 0], out[2], out[4][:, 0], out[5]
-            s0 = S.sum(axis=-1)
-            nk = S - A
-            den = uk = None
-            if ustat:
-                den = s0**2 - Q[:, 0].sum(axis=-1)
-                uk = U[:, 0]
-            # rows whose every centre of non-negligible weight was drawn 0 times leave
-            # the replicate's mean (as in _residual_replicates)
-            empty = np.any(s0 <= EMPTY_ROW_FLOOR, axis=0)
-            if np.any(empty):
-                s0 = np.where(empty[None], 1.0, s0)
-                nk = np.where(empty[None, :, None], 0.0, nk)
-                if den is not None and uk is not None:
-                    den = np.where(empty[None], 1.0, den)
-                    uk = np.where(empty[None], 0.0, uk)
-                rw = np.where(empty, 0.0, rw if rw is not None else 1.0)
-            rep = _regression.residual_from_sums(
-                prob, h, debias, est.m, s0, nk, den, uk, warn=False
-            )
-            reps.append(replace(rep, row_weights=rw))
-        return tuple(reps)
+            for (lab, w), plan in zip(jobs, plans)
+        ]
 
-    total = R * len(jobs) * B * n
-    # about 1 us per (query, class) and call (bench/README.md, the fast engine)
-    show = _runtime.show_progress(total * 2.0 * 1000.0, progress)
-    with _runtime.progress_bar(show, total, "kdecal LOO resampling") as cb:
-        done = 0
-        step = len(jobs) * B * n
-        if workers == 1:
+    if workers == 1:
+        for k in range(R):
+            yield one(k)
+        return
+    pending: deque[Future[list[tuple[Any, ...]]]] = deque()
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        try:
             for k in range(R):
-                yield one(k)
-                done += step
-                if cb is not None:
-                    cb(done)
-            return
-        pending: deque[Future[tuple[_regression.Estimate, ...]]] = deque()
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            try:
-                for k in range(R):
-                    pending.append(pool.submit(one, k))
-                    if len(pending) > 2 * workers:
-                        yield pending.popleft().result()
-                        done += step
-                        if cb is not None:
-                            cb(done)
-                while pending:
+                pending.append(pool.submit(one, k))
+                if len(pending) > 2 * workers:
                     yield pending.popleft().result()
-                    done += step
-                    if cb is not None:
-                        cb(done)
-            finally:  # Ctrl-C or a consumer that stops: no replicate left running
-                for f in pending:
-                    f.cancel()
+            while pending:
+                yield pending.popleft().result()
+        finally:  # Ctrl-C or a consumer that stops: no replicate left running
+            for f in pending:
+                f.cancel()
 
 
-def _binary_plugin_replicate(
+def _binary_estimate(
     est: _regression.Estimate,
-    prob: _problem.Problem,
-    logq: np.ndarray,
-    pk: np.ndarray,
-    scale: np.ndarray,
-    bias: np.ndarray,
-    powers: int,
-    method: str,
-    v: np.ndarray | None,
-    plan: Any,
+    labels: np.ndarray,
     rw: np.ndarray | None,
-    workers: int,
+    ustat: bool,
+    sums: tuple[Any, ...],
 ) -> _regression.Estimate:
-    """One replicate of a plug-in estimate on the fast binary engine (_binary_replicates)."""
+    """Form one replicate's estimate from its :func:`_binary.replicate_sums`.
+
+    Rows whose every centre of non-negligible weight was drawn 0 times (the kernel sum
+    at or below :data:`EMPTY_ROW_FLOOR`) leave the replicate's mean, as in
+    :func:`_residual_replicates` and :func:`replicates`.
+    """
     assert est.m is not None and est.S is not None
-    out = _binary.loo_reduce_k2(
-        logq,
-        pk,
-        prob.labels,
-        2,
-        scale,
-        bias,
-        powers=powers,
-        method=method,
-        progress=False,
-        v=v,
-        plan=plan,
-        threads=1 if workers > 1 else None,
-    )
-    S = np.array(out[1][:, 0])
-    Q = np.array(out[2][:, 0]) if powers == 2 else np.zeros((0, 0, 0))
-    # as in replicates(): a row without a drawn neighbour in reach keeps the estimate's
-    # sums (defined values) and leaves the replicate's mean
-    empty = np.any(S.sum(axis=-1) <= EMPTY_ROW_FLOOR, axis=0)
-    if np.any(empty):
-        S[:, empty] = est.S[:, empty]
-        if powers == 2:
-            Q[:, empty] = est.Q[:, empty]  # type: ignore[index]
+    S, Q, A, U = sums
+    prob = replace(est.problem, labels=np.ascontiguousarray(labels, dtype=np.int64))
+    s0 = S.sum(axis=-1)
+    empty = np.any(s0 <= EMPTY_ROW_FLOOR, axis=0)
+    any_empty = bool(np.any(empty))
+    if any_empty:
         rw = np.where(empty, 0.0, rw if rw is not None else 1.0)
-    rep = _regression.estimate_from(
-        prob, est.bandwidth, est.debias, "cpp", est.m, S, Q, np.zeros((0, 0, 0)), warn=False
+    if est.estimator != "residual":
+        if any_empty:  # the estimate's sums there: defined values, weight 0
+            S = np.array(S)
+            S[:, empty] = est.S[:, empty]
+            if Q is not None:
+                Q = np.array(Q)
+                Q[:, empty] = est.Q[:, empty]  # type: ignore[index]
+        rep = _regression.estimate_from(
+            prob,
+            est.bandwidth,
+            est.debias,
+            "cpp",
+            est.m,
+            S,
+            Q if Q is not None else np.zeros((0, 0, 0)),
+            np.zeros((0, 0, 0)),
+            warn=False,
+        )
+        return replace(rep, row_weights=rw)
+    nk = S - A
+    den = uk = None
+    if ustat:
+        den = s0**2 - Q.sum(axis=-1)
+        uk = U
+    if any_empty:
+        s0 = np.where(empty[None], 1.0, s0)
+        nk = np.where(empty[None, :, None], 0.0, nk)
+        if den is not None and uk is not None:
+            den = np.where(empty[None], 1.0, den)
+            uk = np.where(empty[None], 0.0, uk)
+    rep = _regression.residual_from_sums(
+        prob, est.bandwidth, est.debias if ustat else "none", est.m, s0, nk, den, uk, warn=False
     )
     return replace(rep, row_weights=rw)
 
