@@ -13,12 +13,10 @@ them: ``CalibrationEstimate._intervals_and_tests``) timed two ways on the same e
 - "dense": the kernel weights a block of rows at a time times the replicates' value
   columns, one BLAS product per block (``_residual_replicates``), O(n^2) per replicate.
 
-The largest difference between the two ways' replicates is printed too.  Where it
-exceeds rounding, the dense products are the inexact ones: a bootstrap sample that draws
-none of the centres within 64 nats of a query row's maximum leaves that row's sum to
-terms the dense products drop (they skip chunks 64 nats below a running class maximum),
-while the fast engine's windows go deeper (``tests/estimators/test_residual.py``, the
-isolated rows against a brute force).
+The largest difference between the two ways' replicates is printed too (both reach 230
+nats below a row's maximum, where a bootstrap sample that draws none of a query row's
+near centres leaves it; ``tests/estimators/test_residual.py``, the isolated rows against
+a brute force).
 Sizes up to 10,000: rows of the bundled example drawn without replacement (drawing with
 replacement would tie rows and drive the automatic bandwidth to the grid's end).
 ``--large``: the seeds' synthetic protocol (K = 10, t1 = t2 = 0.6) at that n, fast with

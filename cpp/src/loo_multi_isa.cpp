@@ -15,7 +15,8 @@
 // consecutive), into the group's (b) accumulators.
 //
 // With an output W (kernel_weights), the tiles' weights are written out instead, in the
-// centres' sorted order, and nothing is summed.
+// centres' sorted order, and nothing is summed; there they are kept down to
+// exp(-kClamp) instead of exp(-kDrop).
 //
 // Every row is computed in its own vector lane with the same operations in the same
 // order, whatever the other rows of its group are (a tile skipped for the group has
@@ -190,7 +191,9 @@ void run_group(const MultiPrepared<Real>& mp, i64 q0, double* scratch) noexcept 
             for (i64 r0 = 0; r0 < RB; r0 += kMicroRows)
                 gemm_micro(lq + r0 * K, K, mp.pt + cb * K, bc, g + r0 * kColBlock, kColBlock);
 
-            // kernel weights, row-major: 0 below exp(-kDrop), and on the diagonal
+            // kernel weights, row-major: 0 below exp(-kDrop) (kernel_weights: below
+            // exp(-kClamp), since a weighted sum of its products can be far below the
+            // row maximum's term), and on the diagonal
             bool any_row = false;
             for (i64 r = 0; r < RB; ++r) {
                 const Real* grow = g + r * kColBlock;
@@ -198,7 +201,7 @@ void run_group(const MultiPrepared<Real>& mp, i64 q0, double* scratch) noexcept 
                 const double* bias = mp.bias + cb;
                 const double off = mr[r];
                 double mx = kNegInf;
-                const double lo = opaque(-kDrop), hi = opaque(kClamp);
+                const double lo = opaque(mp.W != nullptr ? -kClamp : -kDrop), hi = opaque(kClamp);
 #pragma omp simd reduction(max : mx)
                 for (i64 i = 0; i < bc; ++i) {
                     double x = bias[i] + s * static_cast<double>(grow[i]) - off;

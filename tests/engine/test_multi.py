@@ -22,6 +22,7 @@ from kdecal._engine import backends as _backends
 from kdecal._engine import runtime as _runtime
 
 DROP = 64.0  # kdecal::kDrop: terms more than this below the row max are dropped
+CLAMP = 230.0  # kdecal::kClamp: kernel_weights keeps the terms down to this
 
 core = _runtime._core
 needs_core = pytest.mark.skipif(core is None, reason="compiled core not available")
@@ -485,8 +486,9 @@ def test_every_simd_path_agrees():
     ("n", "K", "h"), [(1, 3, 0.1), (2, 2, 0.5), (300, 3, 0.05), (700, 10, 0.01)]
 )
 def test_kernel_weights_match_brute_force(dtype, n, K, h):
-    """The weights of the multi-label pass itself: exp(L_ij - m_j), 0 on the diagonal
-    and below exp(-64), the centres in the returned order (a permutation)."""
+    """The weights of the multi-label pass: exp(L_ij - m_j), 0 on the diagonal and
+    below exp(-230) (the pass itself drops those below exp(-64)), the centres in the
+    returned order (a permutation)."""
     logq, p, bias, labels, _ = _problem(n, K, 2, 1, h, dtype=dtype, alpha=0.3)
     scale = 1.0 / h
     L = _log_kernel(logq, p, bias, scale)
@@ -498,17 +500,20 @@ def test_kernel_weights_match_brute_force(dtype, n, K, h):
         want = np.zeros((1, 1))
     else:
         X = L - m[:, None]
-        want = np.where(X >= -DROP, np.exp(np.where(X >= -DROP, X, 0.0)), 0.0)
+        want = np.where(X >= -CLAMP, np.exp(np.where(X >= -CLAMP, X, 0.0)), 0.0)
     got = W[:, np.argsort(order)]  # back to the original centre order
     # float32 K-dots: the log-kernel is off by ~1e-7 |scale * dot| in the exponent
     rtol = 1e-12 if dtype == np.float64 else 3e-3
     np.testing.assert_allclose(got, want, rtol=rtol, atol=1e-300)
     assert np.all(np.diag(got) == 0.0)
-    # the weights are the terms that loo_reduce_multi sums
+    # the weights are the terms that loo_reduce_multi sums, and those it drops (each
+    # below exp(-64) of the row maximum's term, 1 here) less than n exp(-64) in all
     S, _ = core.loo_reduce_multi(logq, p, m, labels, 2, scale, bias, None, 1, 0, 0, 2)
     lab = labels[0][order]
     for c in range(2):
-        np.testing.assert_allclose(S[0, :, c], W[:, lab == c].sum(axis=1), rtol=1e-12, atol=1e-300)
+        np.testing.assert_allclose(
+            S[0, :, c], W[:, lab == c].sum(axis=1), rtol=1e-12, atol=n * np.exp(-DROP)
+        )
 
 
 @needs_core

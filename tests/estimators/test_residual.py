@@ -247,10 +247,11 @@ def test_fast_binary_replicates_of_isolated_rows_against_brute_force():
     """Rows far from every other point (a few low confidences among high ones, a small
     bandwidth): a bootstrap sample can draw none of the centres near such a row's
     maximum, so its weighted sums are made of terms 50-70 nats below the maximum's.
-    The fast engine keeps them (its windows go deeper where the weighted sum is small);
-    the replicate's E and squared error per row must match a brute force computed
-    relative to the largest weighted term, within what the engine's bound (3e-9 on each
-    sum) allows through the U-statistic's cancellation."""
+    The fast engine keeps them (its windows go deeper where the weighted sum is small),
+    and so do the dense products (their kernel weights reach 230 nats below the row's
+    maximum); the replicate's E and squared error per row must match a brute force
+    computed relative to the largest weighted term, within what the fast engine's bound
+    (3e-9 on each sum) allows through the U-statistic's cancellation."""
     from kdecal._engine import runtime as _runtime
     from kdecal._estimation import problem as _problem
     from kdecal._estimation import replicates as _replicates
@@ -272,7 +273,8 @@ def test_fast_binary_replicates_of_isolated_rows_against_brute_force():
     R = 12
     counts = _replicates.draw_bootstrap_counts(n, R, np.random.default_rng(3)).astype(float)
     lab = np.ascontiguousarray(np.broadcast_to(prob.labels, (R, *prob.labels.shape)))
-    reps = [r[0] for r in _replicates._binary_replicates(base, [(lab, counts)], True, False)]
+    fast = [r[0] for r in _replicates._binary_replicates(base, [(lab, counts)], True, False)]
+    dense = [r[0] for r in _replicates._residual_replicates(base, [(lab, counts)], True, False)]
     logq, pk = _problem.kernel_points(prob)
     bias = _problem.kernel_bias(prob, h)[0]
     L = bias[None, :] + (pk[0] @ logq[0].T).T / h  # (query, centre)
@@ -280,7 +282,7 @@ def test_fast_binary_replicates_of_isolated_rows_against_brute_force():
     r1 = (prob.labels[0] == 1) - pk[0, :, 1]
     eps = 3e-9
     deep = 0
-    for k in range(R):
+    for k, way in [(k, way) for k in range(R) for way in (fast, dense)]:
         v = counts[k]
         with np.errstate(divide="ignore"):
             lt = L + np.log(v)[None, :]
@@ -292,7 +294,7 @@ def test_fast_binary_replicates_of_isolated_rows_against_brute_force():
         den = 2.0 * np.sum(srt[:, 1:] * np.cumsum(srt, axis=1)[:, :-1], axis=1)  # pairs
         num = N * N - U
         ok = den > 1e-8 * S0**2
-        rep = reps[k]
+        rep = way[k]
         live = rep.row_weights > 0
         # a drawn row leaves the replicate only when its weighted terms all lie beyond
         # the engine's deepest window (230 nats below the row's maximum)

@@ -72,7 +72,10 @@ bool loo_reduce_multi(const MultiProblem<float>& prob, double* S, double* Q, int
 /// The kernel weights themselves, for dense products with many value vectors (the
 /// resampling of residual estimates: W @ M is a BLAS GEMM).  Writes W (R, n) with
 /// W[r, s] = w_{j, order[s]} for query j = row_start + r: the w_ij of loo_reduce_multi
-/// (0 on the diagonal and for dropped terms), the centres in the engine's sorted order
+/// (0 on the diagonal), kept down to exp(-kClamp) of the row maximum where
+/// loo_reduce_multi drops those below exp(-kDrop) (a product with bootstrap
+/// multiplicities can leave a row only terms far below its maximum's), 0 below, the
+/// centres in the engine's sorted order
 /// `order` (n,), written too (a permutation of 0..n-1: the caller permutes its value
 /// vectors instead of the n x n weights).  The labels, weights, u, B, C and powers of
 /// prob are ignored.  Throws std::invalid_argument as loo_reduce_multi; cancellation

@@ -291,10 +291,12 @@ def kernel_weights(
     """Return the leave-one-out kernel weights of query rows ``[row_start, row_stop)`` (cpp).
 
     Returns ``W`` of shape ``(row_stop - row_start, n)`` float64 and ``order`` (n,)
-    int64 with ``W[r, s] = w_{j, order[s]}`` for ``j = row_start + r``: exactly the
-    weights that :func:`loo_reduce_multi` sums (0 on the diagonal and for dropped
-    terms), the centres in the engine's order, so that products with many value
-    vectors are dense GEMMs (``W @ M[order]``).  The arguments are those of
+    int64 with ``W[r, s] = w_{j, order[s]}`` for ``j = row_start + r``: the weights
+    that :func:`loo_reduce_multi` sums (0 on the diagonal), kept down to ``exp(-230)``
+    of the row's maximum where that pass drops those below ``exp(-64)`` (a bootstrap
+    sample that draws none of a row's near centres leaves it only far terms), the
+    centres in the engine's order, so that products with many value vectors are dense
+    GEMMs (``W @ M[order]``).  The arguments are those of
     :func:`loo_reduce_multi` (checked by the compiled core).
 
     Raises
