@@ -11,7 +11,10 @@ fraction of draws whose interval covers the truth, covers the estimator's expect
 (the mean of the estimates over the draws), and contains its own estimate; the mean
 estimate; the sampling sd of the estimate against the mean bootstrap sd.
 
-    python bench/bootstrap_coverage.py --K 2 4 10 --n 1000 5000 --draws 200 --R 200
+    python bench/bootstrap_coverage.py --K 2 4 10 --n 1000 5000 --draws 200 --R 200 [--reselect]
+
+``--reselect``: ``confidence_intervals(..., reselect_bandwidth=True)`` (each replicate
+re-selects the bandwidth near the searched one).
 
 Prints one Markdown row per cell and quantity (bench/README.md, "Bootstrap intervals").
 """
@@ -46,7 +49,7 @@ def draw(n: int, K: int, t: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def cell(
-    n: int, K: int, t: float, draws: int, R: int, h: float | str = "auto"
+    n: int, K: int, t: float, draws: int, R: int, h: float | str = "auto", reselect: bool = False
 ) -> dict[str, dict[str, float]]:
     truth = truths(K, t)
     rows: dict[str, list[tuple[float, ...]]] = {q: [] for q in QUANTITIES}
@@ -55,7 +58,9 @@ def cell(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", kdecal.KdecalWarning)
             est = kdecal.estimate(P, y, bandwidth=h)
-            cis = est.confidence_intervals(list(QUANTITIES), n_resamples=R, seed=d)
+            cis = est.confidence_intervals(
+                list(QUANTITIES), n_resamples=R, seed=d, reselect_bandwidth=reselect
+            )
         for q, ci in cis.items():
             b = ci.bootstrap_distribution
             rows[q].append((ci.estimate, ci.low, ci.high, float(np.std(b))))
@@ -85,6 +90,7 @@ def main() -> None:
     ap.add_argument(
         "--bandwidth", default="auto", help="'auto' (searched per draw) or a fixed float"
     )
+    ap.add_argument("--reselect", action="store_true")
     args = ap.parse_args()
     print(
         "| n | K | t | quantity | truth | mean estimate | covers truth | covers mean "
@@ -96,7 +102,7 @@ def main() -> None:
             for t in args.t:
                 t0 = time.perf_counter()
                 h = args.bandwidth if args.bandwidth == "auto" else float(args.bandwidth)
-                res = cell(n, K, t, args.draws, args.R, h)
+                res = cell(n, K, t, args.draws, args.R, h, args.reselect)
                 s = time.perf_counter() - t0
                 for q, r in res.items():
                     print(

@@ -474,9 +474,10 @@ def test_report_keeps_its_estimates():
 # ------------------------------------------- intervals and tests share one resampling pass
 
 
+@pytest.mark.parametrize("bandwidth", ["auto", 0.2])
 @pytest.mark.parametrize("calibration", ["canonical", "classwise", "top_label"])
 @pytest.mark.parametrize("estimator", ["residual", "plugin"])
-def test_intervals_and_tests_share_one_pass(monkeypatch, calibration, estimator):
+def test_intervals_and_tests_share_one_pass(monkeypatch, calibration, estimator, bandwidth):
     """evaluate's joint resampling equals the two separate calls.
 
     To rounding (1e-13 relative): the shared products sum the same terms in another
@@ -487,7 +488,9 @@ def test_intervals_and_tests_share_one_pass(monkeypatch, calibration, estimator)
     of the two separate calls); the plug-in runs them one after the other.
     """
     P, y = _calibrated(n=400, K=4, seed=5)
-    est = _quiet(kdecal.estimate, P, y, calibration=calibration, estimator=estimator)
+    est = _quiet(
+        kdecal.estimate, P, y, calibration=calibration, estimator=estimator, bandwidth=bandwidth
+    )
     names = ["ece_kde_l1", "ce_l2", "ce_kl"]
     calls = Counter()
     real = _backends.kernel_weights
@@ -515,7 +518,8 @@ def test_intervals_and_tests_share_one_pass(monkeypatch, calibration, estimator)
         )
         assert tests[q].pvalue == tests2[q].pvalue and tests[q].statistic == tests2[q].statistic
     if estimator == "residual" and "cpp" in kdecal.available_backends():
-        assert separate > 0 and calls["w"] * 2 == separate
+        assert separate > 0
+        assert calls["w"] * 2 == separate
     else:
         assert calls["w"] == separate
 
@@ -583,3 +587,77 @@ def test_cli_compare_metrics(tmp_path, capsys):
     )
     assert main([*args, "--metrics", "nope"]) == 2
     assert "expected comma-separated metrics" in capsys.readouterr().err
+
+
+# ------------------------------------- the automatic bandwidth re-selected per replicate
+
+
+@pytest.mark.parametrize("calibration", ["canonical", "top_label"])
+def test_bootstrap_reselects_the_bandwidth_per_replicate(calibration):
+    """With reselect_bandwidth=True (and bandwidth="auto") each bootstrap replicate takes
+    the grid bandwidth (within
+    RESELECT_STEPS steps of the searched one) that minimises the leave-one-out Brier
+    risk with the rows weighted by its multiplicities, and is computed there; the
+    squared L2 estimate moves by the same factor. Reference: the per-row risks from a
+    materialised kernel (tests/_reference.py), each replicate recomputed on an estimate
+    at its bandwidth with the same multiplicities. A fixed bandwidth re-selects nothing."""
+    from _reference import ref_loo_weights, ref_notion_problems, ref_one_hot
+
+    from kdecal._calibration_estimate import RESELECT_STEPS
+    from kdecal._estimation import replicates as _replicates
+    from kdecal._estimation import search as _search
+
+    rng = np.random.default_rng(3)
+    n, K = 300, 3
+    P = rng.dirichlet(np.ones(K), size=n)
+    T = P**2 / (P**2).sum(axis=1, keepdims=True)  # over-confident: some calibration error
+    y = np.array([rng.choice(K, p=row) for row in T])
+    est = _quiet(kdecal.estimate, P, y, calibration=calibration)
+    names = ["ece_kde_l1", "ce_l2"]
+    R, seed = 40, 9
+    got = _quiet(
+        est.confidence_intervals, names, n_resamples=R, seed=seed, reselect_bandwidth=True
+    )
+    plain = _quiet(est.confidence_intervals, names, n_resamples=R, seed=seed)
+    counts = _replicates.draw_bootstrap_counts(n, R, np.random.default_rng(seed)).astype(float)
+    grid = _search.SEARCH_GRID
+    i0 = int(np.argmin(np.abs(np.log(grid) - np.log(est.bandwidth))))
+    cand = [
+        est.bandwidth if i == i0 else float(grid[i])
+        for i in range(max(0, i0 - RESELECT_STEPS), min(len(grid), i0 + RESELECT_STEPS + 1))
+    ]
+    ((points, lab),) = ref_notion_problems(P, y, calibration)
+    Y = ref_one_hot(lab, points.shape[1])
+    coords = slice(None) if calibration == "canonical" else slice(1, 2)
+    risks = []
+    for h in cand:  # per-row leave-one-out Brier risk of the plug-in regression
+        W = ref_loo_weights(points, h)
+        E = (W @ Y) / W.sum(axis=1, keepdims=True)
+        risks.append(np.sum((Y - E)[:, coords] ** 2, axis=1))
+    risk = np.array(risks) @ counts.T  # (candidates, R): the weighted sums
+    pick = np.argmin(risk, axis=0)
+    assert len(set(pick.tolist())) > 1  # replicates did move (else the test shows nothing)
+    for k in range(R):
+        h = cand[pick[k]]
+        ratio = h / est.bandwidth
+        for q in names:
+            fixed = _quiet(
+                kdecal.estimate,
+                P,
+                y,
+                calibration=calibration,
+                bandwidth=(est.bandwidth if q == "ece_kde_l1" else est.bandwidth_l2) * ratio,
+            )
+            dist = {q: np.empty(1)}
+            fixed._bootstrap_chunk([q], counts[k : k + 1].astype(np.int64), dist, 0)
+            assert got[q].bootstrap_distribution[k] == pytest.approx(dist[q][0], rel=1e-9), (k, q)
+    # by default, and with a fixed bandwidth, every replicate at the estimate's
+    fixed = _quiet(kdecal.estimate, P, y, calibration=calibration, bandwidth=est.bandwidth)
+    d = {"ece_kde_l1": np.empty(R)}
+    fixed._bootstrap_chunk(["ece_kde_l1"], counts.astype(np.int64), d, 0)
+    np.testing.assert_allclose(
+        plain["ece_kde_l1"].bootstrap_distribution, d["ece_kde_l1"], rtol=1e-12
+    )
+    assert list(fixed._reselected(fixed._est, counts)) == [est.bandwidth]
+    with pytest.raises(TypeError, match="reselect_bandwidth"):
+        est.confidence_intervals(names, n_resamples=4, reselect_bandwidth="yes")
