@@ -538,42 +538,29 @@ def _binary_estimate(
     S, Q, A, U = sums
     prob = replace(est.problem, labels=np.ascontiguousarray(labels, dtype=np.int64))
     s0 = S.sum(axis=-1)
-    empty = np.any(s0 <= EMPTY_ROW_FLOOR, axis=0)
-    any_empty = bool(np.any(empty))
-    if any_empty:
-        rw = np.where(empty, 0.0, rw if rw is not None else 1.0)
-    if est.estimator != "residual":
-        if any_empty:  # the estimate's sums there: defined values, weight 0
-            S = np.array(S)
-            S[:, empty] = est.S[:, empty]
-            if Q is not None:
-                Q = np.array(Q)
-                Q[:, empty] = est.Q[:, empty]  # type: ignore[index]
-        rep = _regression.estimate_from(
-            prob,
-            est.bandwidth,
-            est.debias,
-            "cpp",
-            est.m,
-            S,
-            Q if Q is not None else np.zeros((0, 0, 0)),
-            np.zeros((0, 0, 0)),
-            warn=False,
+    if est.estimator == "residual":
+        den = None if Q is None or not ustat else s0**2 - Q.sum(axis=-1)
+        return _residual_replicate(
+            est, prob, est.debias if ustat else "none", s0, S - A, den, U if ustat else None, rw
         )
-        return replace(rep, row_weights=rw)
-    nk = S - A
-    den = uk = None
-    if ustat:
-        den = s0**2 - Q.sum(axis=-1)
-        uk = U
-    if any_empty:
-        s0 = np.where(empty[None], 1.0, s0)
-        nk = np.where(empty[None, :, None], 0.0, nk)
-        if den is not None and uk is not None:
-            den = np.where(empty[None], 1.0, den)
-            uk = np.where(empty[None], 0.0, uk)
-    rep = _regression.residual_from_sums(
-        prob, est.bandwidth, est.debias if ustat else "none", est.m, s0, nk, den, uk, warn=False
+    empty = np.any(s0 <= EMPTY_ROW_FLOOR, axis=0)
+    if np.any(empty):  # the estimate's sums there: defined values, weight 0
+        rw = np.where(empty, 0.0, rw if rw is not None else 1.0)
+        S = np.array(S)
+        S[:, empty] = est.S[:, empty]
+        if Q is not None:
+            Q = np.array(Q)
+            Q[:, empty] = est.Q[:, empty]  # type: ignore[index]
+    rep = _regression.estimate_from(
+        prob,
+        est.bandwidth,
+        est.debias,
+        "cpp",
+        est.m,
+        S,
+        Q if Q is not None else np.zeros((0, 0, 0)),
+        np.zeros((0, 0, 0)),
+        warn=False,
     )
     return replace(rep, row_weights=rw)
 
@@ -711,24 +698,41 @@ def _residual_replicates(
                         q0 = Q0t[k] if Q0t is not None else Q0_est
                         den, uk = s0**2 - q0, Ut[k]
                     rw = None if weights is None else weights[r0 + k]
-                    # A bootstrap sample can hold no centre with a non-negligible weight
-                    # for some query row (all its neighbours drawn 0 times): the
-                    # estimator is undefined there, so the row leaves that replicate's
-                    # mean.
-                    empty = np.any(s0 <= EMPTY_ROW_FLOOR, axis=0)
-                    if np.any(empty):
-                        s0 = np.where(empty[None], 1.0, s0)
-                        nk = np.where(empty[None, :, None], 0.0, nk)
-                        if den is not None and uk is not None:
-                            den = np.where(empty[None], 1.0, den)
-                            uk = np.where(empty[None], 0.0, uk)
-                        rw = np.where(empty, 0.0, rw if rw is not None else 1.0)
                     prob = replace(problem, labels=np.ascontiguousarray(lab[r0 + k]))
-                    rep = _regression.residual_from_sums(
-                        prob, h, debias, est.m, s0, nk, den, uk, warn=False
-                    )
-                    reps.append(replace(rep, row_weights=rw))
+                    reps.append(_residual_replicate(est, prob, debias, s0, nk, den, uk, rw))
                 yield tuple(reps)
+
+
+def _residual_replicate(
+    est: _regression.Estimate,
+    prob: _problem.Problem,
+    debias: str,
+    s0: np.ndarray,
+    nk: np.ndarray,
+    den: np.ndarray | None,
+    uk: np.ndarray | None,
+    rw: np.ndarray | None,
+) -> _regression.Estimate:
+    """Form one residual replicate from its sums (:func:`_regression.residual_from_sums`).
+
+    ``s0`` (B, n), ``nk`` (B, n, D), ``den``, ``uk`` (B, n) or None; ``rw`` (n,) the row
+    multiplicities (None: all 1).  A bootstrap sample can hold no centre with a
+    non-negligible weight for some query row (all its neighbours drawn 0 times: the
+    kernel sum at or below :data:`EMPTY_ROW_FLOOR`): the estimator is undefined there,
+    so the row leaves that replicate's mean (weight 0, neutral sums).
+    """
+    empty = np.any(s0 <= EMPTY_ROW_FLOOR, axis=0)
+    if np.any(empty):
+        s0 = np.where(empty[None], 1.0, s0)
+        nk = np.where(empty[None, :, None], 0.0, nk)
+        if den is not None and uk is not None:
+            den = np.where(empty[None], 1.0, den)
+            uk = np.where(empty[None], 0.0, uk)
+        rw = np.where(empty, 0.0, rw if rw is not None else 1.0)
+    rep = _regression.residual_from_sums(
+        prob, est.bandwidth, debias, est.m, s0, nk, den, uk, warn=False
+    )
+    return replace(rep, row_weights=rw)
 
 
 def _value_columns(
