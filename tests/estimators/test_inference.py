@@ -602,7 +602,6 @@ def test_bootstrap_reselects_the_bandwidth_per_replicate(calibration):
     materialised kernel (tests/_reference.py), each replicate recomputed on an estimate
     at its bandwidth with the same multiplicities. A fixed bandwidth re-selects nothing."""
     from _reference import ref_loo_weights, ref_notion_problems, ref_one_hot
-
     from kdecal._calibration_estimate import RESELECT_STEPS
     from kdecal._estimation import replicates as _replicates
     from kdecal._estimation import search as _search
