@@ -359,7 +359,7 @@ BINARY_REPLICATES_MIN_N = 4096
 
 
 def _fast_binary(est: _regression.Estimate, backend: str) -> bool:
-    """Whether the replicates of ``est`` run on the fast binary engine (in process).
+    """Whether the replicates of ``est`` run on the fast binary engine.
 
     Residual and plug-in estimates (``debias`` "none" or "ustat") of binary problems
     (top-label, class-wise) in float64 where the compiled core's binary engine serves
