@@ -249,6 +249,7 @@ def loo_reduce(
             resid=resid,
             method=BINARY_METHOD,
             progress=progress,
+            backend=backend,
         )
     return _engines.dense_loo_reduce(
         backend,
@@ -312,12 +313,15 @@ def kernel_weights(
 def binary_engine_serves(backend: str, n: int) -> bool:
     """Whether float64 binary (K = 2) problems of n points run on the fast binary engine.
 
-    On the ``cpp`` backend in process, and on ``dask`` in row blocks on the workers.
+    On the ``cpp`` backend in process and on ``dask`` in row blocks on the workers (the
+    compiled core), and on ``numba`` (its twin, :mod:`kdecal._engine.numba_binary`).
     """
+    if BINARY_METHOD == "exact" or n < BINARY_MIN_N:
+        return False
+    if backend == "numba":
+        return _engines.load_numba() is not None
     return (
         backend in ("cpp", "dask")
-        and BINARY_METHOD != "exact"
-        and n >= BINARY_MIN_N
         and _runtime._core is not None
         and hasattr(_runtime._core, "binary_reduce")
     )

@@ -21,6 +21,12 @@ coordinate.  :func:`loo_reduce_binary` returns the accumulators of
   loop over cells;
 - ``method="exact"``: the dense engine itself (``_backends.loo_reduce``);
 - ``method="auto"``: window or local per bandwidth, whichever is estimated faster.
+
+The compiled core (``kdecal._core.binary_reduce``) computes them on ``backend="cpp"``
+(and on the Dask workers); :mod:`kdecal._engine.numba_binary`, its numba twin, on
+``backend="numba"``: the window and binned methods, the same decisions and the same
+sums to rounding (``"local"`` runs as ``"binned"`` there, whose bound is the same; no
+plans: each call sorts the centres again).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+from scipy.special import gammaln
 
 from .. import _formulas as _f
 from . import engines as _engines
@@ -122,18 +129,24 @@ def binary_inputs(x: np.ndarray, hs: np.ndarray) -> tuple[np.ndarray, np.ndarray
         ``log p`` and the clipped, renormalised points (:func:`kdecal._formulas.binary_points`).
     bias : ndarray, shape (B, H, n), float64
         ``-sum_k lgamma(p_ik / h + 1)``, from the compiled core's ``kernel_bias`` (as the
-        estimators compute it).
+        estimators compute it; without the core, :func:`scipy.special.gammaln`).
     """
     xb = np.atleast_2d(np.asarray(x, dtype=np.float64))
     p = np.ascontiguousarray(_f.binary_points(xb), dtype=np.float64)
     logq = np.ascontiguousarray(np.log(p))
-    core = _require_core()
+    core = _runtime._core
     flat = p.reshape(-1, 2)
     nt = _runtime.get_num_threads()
-    bias = np.stack(
-        [np.asarray(core.kernel_bias(flat, 1.0 / float(h), nt)).reshape(p.shape[:-1]) for h in hs],
-        axis=1,
-    )
+    if core is None:  # the numba twin without the compiled core: scipy's lgamma
+        bias = np.stack([-gammaln(p / float(h) + 1.0).sum(axis=-1) for h in hs], axis=1)
+    else:
+        bias = np.stack(
+            [
+                np.asarray(core.kernel_bias(flat, 1.0 / float(h), nt)).reshape(p.shape[:-1])
+                for h in hs
+            ],
+            axis=1,
+        )
     return logq, p, np.ascontiguousarray(bias)
 
 
@@ -262,6 +275,7 @@ def loo_reduce_k2(
     v: np.ndarray | None = None,
     residuals: bool = False,
     plan: Any = None,
+    backend: str = "cpp",
 ) -> tuple[np.ndarray, ...]:
     """:func:`kdecal._engine.backends.loo_reduce` for ``K = 2`` inputs, on the fast engine.
 
@@ -276,7 +290,9 @@ def loo_reduce_k2(
     leave-one-out of row j's own centre, all its copies, as without); ``residuals``:
     return ``A`` (and an empty ``U``) without ``u``; ``plan``: a ``core.BinaryPlan`` of
     these ``logq``, ``p`` (the same arrays) and labels to use instead of the
-    :func:`reuse_plans` scope's (the engine ignores a plan of other arrays or labels).  Returns ``(m, S, Q, T[, D][, A,
+    :func:`reuse_plans` scope's (the engine ignores a plan of other arrays or labels);
+    ``backend``: "cpp" (the compiled core) or "numba" (:mod:`.numba_binary`, where
+    "local" runs as "binned" and plans are not used).  Returns ``(m, S, Q, T[, D][, A,
     U])`` with the leading B axis.  Each query row's sums depend on that row alone (the
     plan, the methods and the cells on all centres), so that the rows of a call over a
     range equal, bit for bit, those rows of a call over all of them.
@@ -285,11 +301,13 @@ def loo_reduce_k2(
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     n = p.shape[-2]
     r0, r1 = (0, n) if rows is None else (int(rows[0]), int(rows[1]))
+    if backend not in ("cpp", "numba"):
+        raise ValueError(f"backend must be 'cpp' or 'numba', got {backend!r}")
     if method == "exact":  # the dense loop itself (not loo_reduce, which comes back here)
         if v is not None:
             raise ValueError("centre weights v need a fast method, not method='exact'")
         return _engines.dense_loo_reduce(
-            "cpp",
+            backend,
             logq,
             p,
             labels,
@@ -303,14 +321,21 @@ def loo_reduce_k2(
             pairs=pairs,
             resid=u,
         )
-    core = _require_core()
-    if plan is None:
-        plan = _plan(core, logq, p, labels, n_classes)
+    if backend == "numba":
+        reduce = _engines.require_numba_binary().binary_reduce
+        plan = None
+    else:
+        core = _require_core()
+        reduce = core.binary_reduce
+        if plan is None:
+            plan = _plan(core, logq, p, labels, n_classes)
     B, H = p.shape[0], scale.shape[0]
     if method == "auto":
         methods = [choose_method(p, labels, n_classes, 1.0 / float(s), powers) for s in scale]
     else:
         methods = [method] * H
+    if backend == "numba":  # no local expansions in the numba twin: the binned sums
+        methods = ["binned" if mth == "local" else mth for mth in methods]
     parts: list[tuple[np.ndarray, ...]] = []
     groups = [
         (mth, [t for t in range(H) if methods[t] == mth]) for mth in ("local", "binned", "window")
@@ -336,7 +361,7 @@ def loo_reduce_k2(
             shift = None
             if mth != "window":
                 bias_g, shift = shifted_bias(bias_g, scale if whole else scale[idx])
-            res = core.binary_reduce(
+            res = reduce(
                 logq,
                 p,
                 labels,
@@ -394,6 +419,7 @@ def replicate_sums(
     v: np.ndarray | None = None,
     plan: Any = None,
     threads: int | None = None,
+    backend: str = "cpp",
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
     """Return the sums of one resampling replicate of B binary problems (one engine call).
 
@@ -434,6 +460,7 @@ def replicate_sums(
         residuals=resid,
         plan=plan,
         threads=threads,
+        backend=backend,
     )
     S = out[1][:, 0]
     Q = out[2][:, 0] if powers == 2 else None
@@ -484,12 +511,13 @@ def loo_reduce_rows(
     method: str = "auto",
     progress: bool | None = None,
     threads: int | None = None,
+    backend: str = "cpp",
 ) -> tuple[np.ndarray, ...]:
     """:func:`loo_reduce_k2` with the arguments and results of ``backends.loo_reduce``.
 
     One problem (``p`` of shape (n, 2), ``bias`` (H, n), ``resid`` (n,)) or a batch
     (a leading B axis on each), the query rows ``[row_start, row_stop)``: the results
-    have the batch axis where the inputs have it.
+    have the batch axis where the inputs have it.  ``backend``: "cpp" or "numba".
     """
     batched = p.ndim == 3
 
@@ -510,6 +538,7 @@ def loo_reduce_rows(
         progress=progress,
         u=None if resid is None else b(resid),
         threads=threads,
+        backend=backend,
     )
     return out if batched else tuple(x[0] if x.size else x for x in out)
 

@@ -50,6 +50,15 @@ def numba_missing() -> str:
     return f"numba failed to import ({_numba_error})"
 
 
+def require_numba_binary() -> Any:
+    """Return :mod:`kdecal._engine.numba_binary` (the fast binary engine's numba twin).
+
+    Raises ``ImportError`` naming the extra without numba (:func:`require_numba`).
+    """
+    require_numba()
+    return importlib.import_module("kdecal._engine.numba_binary")
+
+
 def require_numba() -> Any:
     """Return :mod:`kdecal._engine.numba`; raise ``ImportError`` naming the extra without numba."""
     mod = load_numba()

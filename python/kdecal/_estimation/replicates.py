@@ -362,8 +362,8 @@ def _fast_binary(est: _regression.Estimate, backend: str) -> bool:
     """Whether the replicates of ``est`` run on the fast binary engine.
 
     Residual and plug-in estimates (``debias`` "none" or "ustat") of binary problems
-    (top-label, class-wise) in float64 where the compiled core's binary engine serves
-    them (``backend`` "cpp" in this process, "dask" on the workers;
+    (top-label, class-wise) in float64 where the fast binary engine serves them
+    (``backend`` "cpp" in this process, "dask" on the workers, "numba" its twin;
     :func:`kdecal._engine.backends.binary_engine_serves`) and n is at least
     :data:`BINARY_REPLICATES_MIN_N`.
     """
@@ -375,7 +375,7 @@ def _fast_binary(est: _regression.Estimate, backend: str) -> bool:
         and problem.dim == 2
         and problem.dtype == np.float64
         and problem.n >= BINARY_REPLICATES_MIN_N
-        and (resolved := _backends.resolve_backend(backend)) in ("cpp", "dask")
+        and (resolved := _backends.resolve_backend(backend)) in ("cpp", "dask", "numba")
         and _backends.binary_engine_serves(resolved, problem.n)
     )
 
@@ -403,7 +403,8 @@ def _binary_replicates(
     On ``backend="cpp"`` the replicates run concurrently in this process, one engine
     thread each (:func:`_runtime.get_num_threads` of them, at most ``2 x`` that many
     replicates ahead of the one yielded; one call's rows in parallel lost about a tenth
-    to the threads' waits at n = 10^4).  On ``"dask"`` they are tasks of a few replicates
+    to the threads' waits at n = 10^4); on ``"numba"`` one after the other, each call's
+    rows on numba's threads.  On ``"dask"`` they are tasks of a few replicates
     each on the workers (:func:`kdecal._engine.binary.replicate_sums_chunk`, about three
     per worker thread; the points broadcast once, the labels sent as int8), whose sums
     come back.  Each replicate's numbers are the same on both, whatever the threads.
@@ -471,17 +472,17 @@ def _binary_sums(
                 yield chunk[i : i + len(jobs)]
         return
     core = _runtime._core
-    assert core is not None
+    numba = backend == "numba"
     # one sort of the centres for the replicates of a job whose labels are its first
     # replicate's (the bootstrap: the estimate's labels); the engine ignores the plan for
-    # a replicate whose labels differ
+    # a replicate whose labels differ (the numba twin has no plans)
     plans = [
         core.BinaryPlan(logq, pk, np.ascontiguousarray(lab[0], dtype=np.int64), 2)
-        if w is not None
+        if w is not None and not numba and core is not None
         else None
         for lab, w in jobs
     ]
-    workers = max(1, min(_runtime.get_num_threads(), R))
+    workers = 1 if numba else max(1, min(_runtime.get_num_threads(), R))
 
     _, _, scale, bias, method, powers, resid = shared
 
@@ -499,6 +500,7 @@ def _binary_sums(
                 None if w is None else w[k],
                 plan,
                 threads=1 if workers > 1 else None,
+                backend="numba" if numba else "cpp",
             )
             for (lab, w), plan in zip(jobs, plans)
         ]

@@ -1,0 +1,1417 @@
+"""Numba twin of the compiled fast engine of binary problems (``kdecal._core.binary_reduce``).
+
+Imported lazily, like :mod:`kdecal._engine.numba` (whose helpers it uses): it imports
+numba at module level.  :func:`binary_reduce` has the contract of the compiled
+``binary_reduce`` as :func:`kdecal._engine.binary.loo_reduce_k2` calls it (the same
+arguments, checks, returned tuple and empty-array conventions) and computes the same
+leave-one-out sums of the ``K = 2`` (Beta-kernel) problems in ``O(n log n + n W)``
+(``docs/guide/binary_engine.md``; the C++ is ``cpp/src/binary.cpp``, whose names this
+module follows):
+
+- ``method="window"``: per (query, class) the class maximum of the log-kernel ``L`` found
+  by the concavity of ``L`` in the centre's coordinate (binary search over the digamma
+  differences of the sorted class, a scan of 8 centres either side, the same hill-climb
+  and the same final walk over rounding-level ties as the C++), then the exact terms
+  outward from it in chunks of 64 centres until a whole chunk lies ``T = max(64, ln n +
+  36)`` nats below (deeper for the pair sums when ``e1`` is small, and for centre weights
+  when the weighted sum is small next to the maximum's term, as the C++ does);
+- ``method="binned"``: the Taylor sums over cells in ``z = arcsin sqrt(x)`` with the
+  error bound of section 3 per (query, class), and the window method where it is not
+  met (every accumulator within ``3e-9`` relative of the exact sums): the same cells,
+  moments, orders, bounds and checks as the C++, so the same (query, class) pairs fall
+  back to windows;
+- ``method="local"`` is not available here (``ValueError``: use ``"binned"``, whose
+  bound is the same).
+
+``L`` is evaluated as the compiled core evaluates it: with fused multiply-adds where the
+core's SIMD path has them (``avx2``, ``avx512``, AArch64), unfused otherwise, and unfused
+without the compiled core, as the numba dense engine (:mod:`kdecal._engine.numba`) computes
+it (:func:`fused_kernel`); so the class maxima ``m`` are those of the dense engine of the
+same machine, bit for bit.  The sums are formed in another order (each window's terms
+added element-wise into 64 lanes, the lanes summed as a tree at the end) and with the
+numba engine's ``exp``: they agree with the compiled core's to rounding (1e-15 relative
+at n = 1e3, 1e-14 at n = 1e5).  Each query row is computed by one thread in a fixed
+order, so the results depend neither on the number of threads nor on the row range asked
+for.  The rows run in chunks of about :data:`kdecal._engine.numba.CHUNK_SECONDS` (one
+kernel call each, timed from the previous one), so that ``progress`` is called and
+Ctrl-C is seen between two chunks.  ``plan`` (the compiled core's sorted centres and
+cell cache) is ignored: each call sorts the centres and builds its cells again.
+
+Speed (2 threads of a shared 2-core AVX-512 machine, n = 1e5 top-label-like scores,
+h = 1e-3, powers = 2 with the pair and residual sums): window 11.4 s (compiled 7.2 s; its
+windows hold 58 % of the centres there), binned 1.0 s (compiled 0.42 s); the numba dense
+engine 32 s.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from . import runtime as _runtime
+from .numba import CHUNK_SECONDS, _exp_nonpos, _fma, _seg_max, _tree_sum, num_threads
+
+__all__ = ["binary_reduce", "fused_kernel"]
+
+_JIT = {"nogil": True, "cache": True, "error_model": "numpy"}
+
+_EPS = float(np.finfo(np.float64).eps)
+#: exp arguments are clamped here (kdecal::kClamp): the deepest window
+_KCLAMP = 230.0
+#: the window method's least depth (kdecal::kDrop)
+_KDROP = 64.0
+#: centres per chunk of the window walk (and of the exact sums of a cell)
+_KCHUNK = 64
+#: highest Taylor order of the binned method (kdecal::kMaxOrder); moments per array
+_KMAXORDER = 24
+_KNP = _KMAXORDER + 1
+#: relative truncation tolerance per cell (kdecal::kTolCell)
+_KTOLCELL = 1e-10
+#: the binned method's check (kdecal::kTolCheck)
+_KTOLCHECK = 3e-9
+#: fine cells per coarse cell
+_KSUB = 4
+#: consecutive sorted queries per block of a task (neighbours share cache lines)
+_QBLOCK = 16
+#: 1 / (p + 1) for p = 0 .. kMaxOrder + 2, and 1 / p! for p = 0 .. kMaxOrder
+_INV_V = np.array([1.0 / (p + 1) for p in range(_KMAXORDER + 3)])
+_INV_F = np.ones(_KNP)
+for _p in range(1, _KNP):
+    _INV_F[_p] = _INV_F[_p - 1] / _p  # as the C++ builds it
+del _p
+
+# Rows of the centre data ``cen`` (8, n), in sorted order: the bias (of the bandwidth at
+# hand), p0, p1, logq0, logq1, u, |u| and the centre weights v (1 without weights).
+_CB, _CP0, _CP1, _CLQ0, _CLQ1, _CU, _CUA, _CV = range(8)
+# Rows of the integer data ``ix`` (4, n): the original row of each sorted position, the
+# run of identical points (and label) it belongs to, [run_lo, run_hi), and (binned) its
+# coarse cell.
+_IPERM, _IRLO, _IRHI, _ICELL = range(4)
+# Scalars of a call ``cfg``: 1 / h, the largest centre weight, the largest |u|, n, the
+# binned method's depth ln n + 36 and the window method's max(64, ln n + 36).
+_FS, _FVMAX, _FUMAX, _FN, _FTB, _FTW = range(6)
+# Flags of a call ``fl``: powers, pairs, A, U, centre weights, fused L, binned, the
+# highest power of the binned sums, then the accumulators wanted (e1, e2, e3, A0, A1, U).
+# The number of coarse cells closes it (the fine ones follow them in the cell arrays).
+_GPOW, _GPAIRS, _GA, _GU, _GW, _GFUSED, _GBINNED, _GQMAX = range(8)
+_GWANT = 8
+_GNC = 14
+_NFL = 15
+# Moment arrays of a cell: e^phi, e^phi p0, e^phi p1, e^2phi, e^2phi u, e^3phi
+_M1, _A0, _A1, _M2, _U2, _M3 = range(6)
+_NMOM = 6
+# accumulator (e1, e2, e3, A0, A1, U) -> its power q and its moment array
+_QOF = np.array([1, 2, 3, 1, 1, 2], np.int64)
+_MOF = np.array([_M1, _M2, _M3, _A0, _A1, _U2], np.int64)
+# Integer columns of a cell: start, end, ref (sorted positions), fb, fe (a coarse cell's
+# fine cells), off (offset of its moments; -1: none, a single centre, summed directly).
+# The coarse cells come first in the arrays of cells, then the fine ones.
+_CI_START, _CI_END, _CI_REF, _CI_FB, _CI_FE, _CI_OFF = range(6)
+# Float columns: L of the reference at itself, Phi, dmax, esum, sum e^{2 phi} |u|, then
+# 1 / M_0 of each moment array (0 where M_0 = 0).
+_CF_LRR, _CF_PHI, _CF_DMAX, _CF_ESUM, _CF_ABSU, _CF_INV0 = range(6)
+_NCF = _CF_INV0 + _NMOM
+# State of one binned (query, class): the sums (e1, e2, e3, A0, A1, U without the
+# maximum's term), their error bounds, the bounds of the cells left out (w, w^2, w^3),
+# the running scale of U (sum w^2 |u|) and the maximum's own terms (vb, vb^2, vb^3,
+# vb p0, vb p1, |u|).
+_SA, _SE, _SD, _SU, _SB = 0, 6, 12, 15, 16
+_NSTATE = 22
+# Rows of a task's scratch ``scr`` (_NSCR, 64): the logs and terms of a chunk, a few
+# scalars, then the lanes of the six sums (added element-wise, summed once per window).
+_RX, _RW, _RTMP, _RLN = 0, 1, 2, 3
+_NSCR = _RLN + 6
+# Counters of a task (the compiled core's BinaryStats, those of these two methods)
+_ST_DIRECT, _ST_CELLS, _ST_TERMS, _ST_FALLBACKS, _ST_LONG, _ST_PFALL = range(6)
+_NST = 6
+_STAT_KEYS = (
+    "pairs_direct",
+    "cells_taylor",
+    "terms_taylor",
+    "fallbacks",
+    "pairs_long",
+    "pairs_fallback",
+    "rows_local",
+    "groups_local",
+)
+
+
+def fused_kernel() -> bool:
+    """Whether the log-kernel is evaluated with fused multiply-adds (as the compiled core's).
+
+    The compiled core's dense and binary engines contract ``logq0 p0 + logq1 p1`` and
+    ``bias + s G`` to FMA on their ``avx2`` and ``avx512`` paths and on AArch64; the numba
+    dense engine never does.  With the compiled core this follows its path (so that ``m``
+    is the compiled engines' bit for bit), without it the numba dense engine's.
+    """
+    core = _runtime._core
+    if core is None or not hasattr(core, "simd_path"):
+        return False
+    if platform.machine().lower() in ("aarch64", "arm64"):
+        return True
+    return str(core.simd_path()) != "baseline"
+
+
+# ---------------------------------------------------------------------------
+# The log-kernel, the digamma differences and the class maximum (section 1).
+# ---------------------------------------------------------------------------
+@njit(inline="always", **_JIT)
+def _lk(b, s, q0, q1, c0, c1, fused):
+    """L = b + s (q0 c0 + q1 c1), as the compiled core's path computes it."""
+    if fused:
+        return _fma(s, _fma(q1, c1, q0 * c0), b)
+    return b + s * (q0 * c0 + q1 * c1)
+
+
+@njit(**_JIT)
+def _digamma(x):
+    """digamma(x) for x >= 1 (the C++ engine's: recurrence to 8, asymptotic series)."""
+    acc = 0.0
+    while x < 8.0:
+        acc -= 1.0 / x
+        x += 1.0
+    r = 1.0 / x
+    r2 = r * r
+    series = r2 * (1.0 / 12 - r2 * (1.0 / 120 - r2 * (1.0 / 252 - r2 * (1.0 / 240 - r2 / 132))))
+    return acc + math.log(x) - 0.5 * r - series
+
+
+@njit(parallel=True, **_JIT)
+def _context(cen, perm, bias_row, s, g):
+    """Set the centres' bias (cen[_CB]) and digamma differences g, in sorted order."""
+    n = cen.shape[1]
+    for k in prange(n):
+        cen[_CB, k] = bias_row[perm[k]]
+        g[k] = _digamma(cen[_CP0, k] * s + 1.0) - _digamma(cen[_CP1, k] * s + 1.0)
+
+
+@njit(**_JIT)
+def _class_argmax(cen, g, ix, s, lo, hi, me, q0, q1, fused):
+    """Return (best, mc): the class maximum of L for the query and its value.
+
+    best is its sorted position (never the query's own position me); (-1, -inf) when the
+    class has no other centre.
+    The C++ class_argmax, step for step: binary search of the root of the derivative
+    over g (decreasing along the class), a scan of 8 centres either side, the
+    hill-climb while the best sits next to an edge of the scanned window, and the walk
+    outward over runs of identical points while L stays within rounding of the best.
+    """
+    if hi - lo <= 0 or (hi - lo == 1 and me == lo):
+        return -1, -np.inf
+    # (2-D indexing, no views: no reference counts per (query, class))
+    thr = q0 - q1
+    a = lo
+    b = hi
+    while a < b:  # the first position with g <= thr
+        mid = a + (b - a) // 2
+        if g[mid] > thr:
+            a = mid + 1
+        else:
+            b = mid
+    best = -1
+    bv = -np.inf
+    wl = max(lo, a - 8)
+    wr = min(hi, a + 8)
+    for k in range(wl, wr):
+        if k != me:
+            val = _lk(cen[_CB, k], s, q0, q1, cen[_CP0, k], cen[_CP1, k], fused)
+            if best < 0 or val > bv:  # first of equal values: lowest position
+                bv = val
+                best = k
+    while True:  # the hill-climb past the window's edges
+        ext = False
+        if best >= 0 and wl > lo and (best - wl) - (1 if wl <= me < best else 0) < 2:
+            nl = max(lo, wl - 16)
+            for k in range(nl, wl):
+                if k != me:
+                    val = _lk(cen[_CB, k], s, q0, q1, cen[_CP0, k], cen[_CP1, k], fused)
+                    if best < 0 or val > bv:
+                        bv = val
+                        best = k
+            wl = nl
+            ext = True
+        if best >= 0 and wr < hi and (wr - best - 1) - (1 if best < me < wr else 0) < 2:
+            nr = min(hi, wr + 16)
+            for k in range(wr, nr):
+                if k != me:
+                    val = _lk(cen[_CB, k], s, q0, q1, cen[_CP0, k], cen[_CP1, k], fused)
+                    if best < 0 or val > bv:
+                        bv = val
+                        best = k
+            wr = nr
+            ext = True
+        if not ext:
+            break
+    if best < 0:  # the window held only the query itself
+        for k in range(lo, hi):
+            if k != me:
+                val = _lk(cen[_CB, k], s, q0, q1, cen[_CP0, k], cen[_CP1, k], fused)
+                if best < 0 or val > bv:
+                    bv = val
+                    best = k
+    # centres beyond the window within rounding of the best (runs of identical points)
+    pb0 = cen[_CP0, best]
+    pb1 = cen[_CP1, best]
+    delta = 8.0 * _EPS * (abs(bv) + abs(cen[_CB, best]) + s * (abs(q0) * pb0 + abs(q1) * pb1))
+    t = wl - 1
+    while t >= lo:  # t: the last position of a run
+        r0 = ix[_IRLO, t]
+        if not (t == r0 and t == me):
+            val = _lk(cen[_CB, t], s, q0, q1, cen[_CP0, t], cen[_CP1, t], fused)
+            if val < bv - delta:
+                break
+            if val > bv:
+                bv = val
+                best = t - 1 if t == me else t
+        t = r0 - 1
+    t = wr
+    while t < hi:  # t: the first position of a run
+        r1 = ix[_IRHI, t]
+        if not (t + 1 == r1 and t == me):
+            val = _lk(cen[_CB, t], s, q0, q1, cen[_CP0, t], cen[_CP1, t], fused)
+            if val < bv - delta:
+                break
+            if val > bv:
+                bv = val
+                best = t + 1 if t == me else t
+        t = r1
+    return best, bv
+
+
+# ---------------------------------------------------------------------------
+# Exact terms of a range of sorted centres and the window method (section 2).
+# ---------------------------------------------------------------------------
+@njit(**_JIT)
+def _range_lanes(cen, urow, weighted, fused, a, b, skip1, skip2, s, q0, q1, mc, T, scr, ln):
+    """Add the exact terms of the centres [a, b) (at most 64) to the lanes ln (6, 64).
+
+    ln[k, i - a] += the k-th term of centre i, over the sorted centres [a, b) other than
+    skip1, skip2 whose w = exp(L - mc) has L - mc >= -T: w, w^2, w^3, w p0, w p1, w^2 u (u:
+    the row urow of cen; with centre weights, v w for w, except in w^2 u).  Returns the
+    largest L - mc of those centres (-inf if none), whatever their weights.  Element-wise
+    (vectorised; all six, as the C++ kernel: branches between the loops cost more than
+    the sums), the lanes summed once per window (:func:`_flush`), in a fixed order.
+    """
+    w = b - a
+    # slices from 0 (no index wrap-around to check: the loops vectorise)
+    bias = cen[_CB, a:b]
+    p0 = cen[_CP0, a:b]
+    p1 = cen[_CP1, a:b]
+    X = scr[_RX, :w]
+    W = scr[_RW, :w]
+    for ii in range(w):
+        X[ii] = _lk(bias[ii], s, q0, q1, p0[ii], p1[ii], fused) - mc
+    if a <= skip1 < b:
+        X[skip1 - a] = -np.inf
+    if a <= skip2 < b:
+        X[skip2 - a] = -np.inf
+    mx = _seg_max(X, 0, w)
+    if not (mx >= -T):  # every term below e^-T (or none): nothing to add
+        return mx
+    floor = -T
+    for ii in range(w):
+        x = X[ii]
+        e = _exp_nonpos(max(x, -_KCLAMP))
+        W[ii] = e if x >= floor else 0.0
+    u = cen[urow, a:b]
+    lk = ln[5, :w]
+    for ii in range(w):  # w^2 u: no centre weights
+        lk[ii] += (W[ii] * W[ii]) * u[ii]
+    if weighted:
+        v = cen[_CV, a:b]
+        for ii in range(w):
+            W[ii] = W[ii] * v[ii]
+    lk = ln[0, :w]
+    for ii in range(w):
+        lk[ii] += W[ii]
+    lk = ln[1, :w]
+    for ii in range(w):
+        lk[ii] += W[ii] * W[ii]
+    lk = ln[2, :w]
+    for ii in range(w):
+        lk[ii] += (W[ii] * W[ii]) * W[ii]
+    lk = ln[3, :w]
+    for ii in range(w):
+        lk[ii] += W[ii] * p0[ii]
+    lk = ln[4, :w]
+    for ii in range(w):
+        lk[ii] += W[ii] * p1[ii]
+    return mx
+
+
+@njit(**_JIT)
+def _flush(ln, acc):
+    """Add the sums of the lanes ln[k] to acc[k] (trees, a fixed order); zero the lanes."""
+    for k in range(6):
+        acc[k] += _tree_sum(ln[k])
+        ln[k, :] = 0.0
+
+
+@njit(**_JIT)
+def _window_pass(cen, weighted, fused, lo, hi, me, best, s, q0, q1, mc, T, scr, acc):
+    """Sum one class outward from its maximum into acc (reset); return the terms visited.
+
+    Chunks of 64 centres either side of best, until a whole chunk lies below e^-T.
+    """
+    for k in range(6):
+        acc[k] = 0.0
+    ln = scr[_RLN : _RLN + 6]
+    cnt = 0
+    e = best
+    while e > lo:
+        a = max(lo, e - _KCHUNK)
+        mx = _range_lanes(cen, _CU, weighted, fused, a, e, me, best, s, q0, q1, mc, T, scr, ln)
+        cnt += e - a
+        e = a
+        if mx < -T:
+            break
+    a = best + 1
+    while a < hi:
+        e = min(hi, a + _KCHUNK)
+        mx = _range_lanes(cen, _CU, weighted, fused, a, e, me, best, s, q0, q1, mc, T, scr, ln)
+        cnt += e - a
+        a = e
+        if mx < -T:
+            break
+    _flush(ln, acc)
+    return cnt
+
+
+@njit(**_JIT)
+def _window_sums(cen, cfg, fl, lo, hi, me, best, vb, q0, q1, mc, scr, acc):
+    """Run the window method of one (query, class); return the terms visited.
+
+    acc[0..2] = e1, e2, e3 (without the maximum's term), acc[3], acc[4] = A0, A1 and
+    acc[5] = U (with it), in units of the class maximum's term.
+
+    Depth max(64, ln n + 36) nats; the pair sums D ~ 2 e1 need e1 to its own precision,
+    so with pairs the window goes to ln n + 36 nats below e1 (at most 230) when the
+    terms left out are not negligible next to it; with centre weights, as deep as the
+    weighted sum vb + e1 needs next to the heaviest centre (section "Centre weights").
+    """
+    s = cfg[_FS]
+    weighted = fl[_GW] != 0
+    fused = fl[_GFUSED] != 0
+    Tn = cfg[_FTB]
+    T = cfg[_FTW]
+    cnt = _window_pass(cen, weighted, fused, lo, hi, me, best, s, q0, q1, mc, T, scr, acc)
+    e1 = acc[0]
+    if fl[_GPAIRS] != 0 and T < _KCLAMP and not (e1 > 0 and math.log(e1) > Tn - T):
+        T = min(_KCLAMP, Tn - math.log(e1)) if e1 > 0 else _KCLAMP
+        cnt += _window_pass(cen, weighted, fused, lo, hi, me, best, s, q0, q1, mc, T, scr, acc)
+    elif weighted and T < _KCLAMP:
+        vmax = cfg[_FVMAX]
+        lv = math.log(vmax) if vmax > 0 else -np.inf
+        sv = vb + e1
+        if not (sv > 0 and math.log(sv) > Tn - T + lv):
+            T = min(_KCLAMP, Tn + lv - math.log(sv)) if sv > 0 else _KCLAMP
+            cnt += _window_pass(cen, weighted, fused, lo, hi, me, best, s, q0, q1, mc, T, scr, acc)
+    acc[3] += vb * cen[_CP0, best]
+    acc[4] += vb * cen[_CP1, best]
+    acc[5] += cen[_CU, best]
+    return cnt
+
+
+@njit(**_JIT)
+def _emit(row, mcs, vbs, sums, fl, outs):
+    """Write the outputs of one query row from its classes' sums (the C++ emit)."""
+    m_out, S_out, Q_out, T_out, D_out, A_out, U_out = outs
+    C = mcs.shape[0]
+    powers = fl[_GPOW]
+    mx = -np.inf
+    for c in range(C):
+        mx = max(mx, mcs[c])
+    m_out[row] = mx
+    a0 = 0.0
+    a1 = 0.0
+    uu = 0.0
+    for c in range(C):
+        empty = not (mcs[c] > -np.inf)
+        f = 0.0 if empty else math.exp(mcs[c] - mx)
+        vb = vbs[c]
+        e = sums[c, 0]
+        S_out[row, c] = 0.0 if empty else (vb + e) * f
+        if powers >= 2:
+            Q_out[row, c] = 0.0 if empty else (vb * vb + sums[c, 1]) * (f * f)
+        if powers >= 3:
+            T_out[row, c] = 0.0 if empty else (vb * vb * vb + sums[c, 2]) * (f * f * f)
+        if fl[_GPAIRS] != 0:
+            D_out[row, c] = 0.0 if empty else ((2.0 * e - sums[c, 1]) + e * e) * (f * f)
+        if not empty:
+            a0 += sums[c, 3] * f
+            a1 += sums[c, 4] * f
+            uu += sums[c, 5] * (f * f)
+    if fl[_GA] != 0:
+        A_out[row, 0] = a0
+        A_out[row, 1] = a1
+    if fl[_GU] != 0:
+        U_out[row] = uu
+
+
+# ---------------------------------------------------------------------------
+# The binned method (section 3): cells in z, their moments, the Taylor sums.
+# ---------------------------------------------------------------------------
+@njit(**_JIT)
+def _cell_bounds(z, seg, wf):
+    """Coarse and fine cells of every class: z-cells of width 4 wf and wf.
+
+    Returns (ci, fi, cell_of): the integer columns of the coarse and fine cells (start,
+    end, ref = start, fb, fe; off = -1) and the coarse cell of every sorted position.
+    """
+    n = z.shape[0]
+    ci = np.empty((max(n, 1), 6), np.int64)
+    fi = np.empty((max(n, 1), 6), np.int64)
+    cell_of = np.zeros(n, np.int64)
+    nc = 0
+    nf = 0
+    for c in range(seg.shape[0] - 1):
+        prev_f = -1
+        prev_c = -1
+        fresh = True  # a class starts new cells
+        for t in range(seg[c], seg[c + 1]):
+            fid = np.int64(math.floor(z[t] / wf))
+            cid = fid // _KSUB  # z >= 0
+            if fresh or cid != prev_c:
+                ci[nc, _CI_START] = t
+                ci[nc, _CI_END] = t + 1
+                ci[nc, _CI_REF] = t
+                ci[nc, _CI_FB] = nf
+                ci[nc, _CI_FE] = nf
+                ci[nc, _CI_OFF] = -1
+                nc += 1
+                prev_c = cid
+            else:
+                ci[nc - 1, _CI_END] = t + 1
+            if fresh or fid != prev_f:
+                fi[nf, _CI_START] = t
+                fi[nf, _CI_END] = t + 1
+                fi[nf, _CI_REF] = t
+                fi[nf, _CI_FB] = 0
+                fi[nf, _CI_FE] = 0
+                fi[nf, _CI_OFF] = -1
+                nf += 1
+                prev_f = fid
+            else:
+                fi[nf - 1, _CI_END] = t + 1
+            ci[nc - 1, _CI_FE] = nf
+            fresh = False
+            cell_of[t] = nc - 1
+    return ci[:nc].copy(), fi[:nf].copy(), cell_of
+
+
+@njit(parallel=True, **_JIT)
+def _cell_moments(ci, cf, mom, cen, s, weighted, fused, need):
+    """Set the reference, Phi, dmax, esum and moments of the cells with moments (off >= 0).
+
+    mom[off + a 25 + p] = sum_i g_a,i e^{q phi_i} d_i^p / p! (the C++ cell_moments).
+    """
+    bias = cen[_CB]
+    p0 = cen[_CP0]
+    p1 = cen[_CP1]
+    u = cen[_CU]
+    v = cen[_CV]
+    for k in prange(ci.shape[0]):
+        off = ci[k, _CI_OFF]
+        if off < 0:
+            continue
+        start = ci[k, _CI_START]
+        end = ci[k, _CI_END]
+        rs = (start + end) // 2
+        ci[k, _CI_REF] = rs
+        q0 = cen[_CLQ0, rs]
+        q1 = cen[_CLQ1, rs]
+        cf[k, _CF_LRR] = _lk(bias[rs], s, q0, q1, p0[rs], p1[rs], fused)
+        phimax = -np.inf
+        dmax = 0.0
+        emax = 0.0
+        for t in range(start, end):
+            phimax = max(phimax, _lk(bias[t], s, q0, q1, p0[t], p1[t], fused))
+            dmax = max(dmax, abs(p1[t] - p1[rs]))
+            emax = max(emax, abs((p0[t] + p1[t]) - 1.0))
+        cf[k, _CF_PHI] = phimax
+        cf[k, _CF_DMAX] = dmax
+        cf[k, _CF_ESUM] = 2.0 * emax + 4 * _EPS  # |(p0 + p1) - 1| itself is rounded
+        absu = 0.0
+        for t in range(start, end):
+            phi = _lk(bias[t], s, q0, q1, p0[t], p1[t], fused) - phimax
+            # a centre more than 200 nats below the cell's largest is left out (docs)
+            w1 = 0.0 if phi < -200.0 else math.exp(phi)
+            w2 = w1 * w1
+            w3 = w2 * w1
+            d = p1[t] - p1[rs]
+            absu += w2 * abs(u[t])
+            vt = v[t] if weighted else 1.0
+            for a in range(_NMOM):
+                if not need[a]:
+                    continue  # arrays no accumulator of this call uses stay 0
+                if a == _M1:
+                    wa = w1 * vt if weighted else w1
+                elif a == _A0:
+                    wa = (w1 * p0[t]) * vt if weighted else w1 * p0[t]
+                elif a == _A1:
+                    wa = (w1 * p1[t]) * vt if weighted else w1 * p1[t]
+                elif a == _M2:
+                    wa = w2 * (vt * vt) if weighted else w2
+                elif a == _U2:
+                    wa = w2 * u[t]
+                else:
+                    wa = w3 * (vt * vt * vt) if weighted else w3
+                base = off + a * _KNP
+                dp = 1.0
+                for p in range(_KNP):
+                    mom[base + p] += wa * dp
+                    dp = dp * d
+        for j in range(_NMOM * _KNP):
+            mom[off + j] *= _INV_F[j % _KNP]
+        for a in range(_NMOM):
+            m0 = absu if a == _U2 else mom[off + a * _KNP]
+            cf[k, _CF_INV0 + a] = 1.0 / m0 if m0 > 0 else 0.0
+        cf[k, _CF_ABSU] = absu
+
+
+@njit(inline="always", **_JIT)
+def _series(mom, base, P, k):
+    """sum_{p <= P} mom[base + p] k^p in blocks of four terms (the C++ series)."""
+    k2 = k * k
+    k4 = k2 * k2
+    r = (P + 1) & 3
+    b0 = P + 1 - r  # terms [b0, P] lead, then blocks of four below
+    acc = 0.0
+    for i in range(r - 1, -1, -1):
+        acc = acc * k + mom[base + b0 + i]
+    b = base + b0 - 4
+    while b >= base:
+        acc = acc * k4 + ((mom[b] + mom[b + 1] * k) + (mom[b + 2] + mom[b + 3] * k) * k2)
+        b -= 4
+    return acc
+
+
+@njit(inline="always", **_JIT)
+def _order_for(xi, tgt):
+    """(P, rem): the smallest order P with rem = xi^(P+1)/(P+1)! <= tgt, or kMaxOrder + 1."""
+    if xi == 0.0:
+        return 0, 0.0
+    term = xi  # xi^(P+1)/(P+1)! for P = 0
+    for P in range(_KMAXORDER + 1):
+        if term <= tgt:
+            return P, term
+        term *= xi * _INV_V[P + 1]
+    return _KMAXORDER + 1, term
+
+
+@njit(**_JIT)
+def _do_cell(
+    k, coarse, first, stop, remaining, ci, cf, mom, cen, cfg, fl, me, best, qv, state, st, scr
+):
+    """Add the cell k to the binned sums of a (query, class) (the C++ do_cell).
+
+    qv = (q0, q1, mc).  Returns 0: every term of the cell (and beyond) is negligible (its
+    bound added to the drop), 1: added, 2: a coarse cell whose series would be too long,
+    to be taken as its fine cells.  (2-D indexing, no array views: no reference counts
+    per cell.)
+    """
+    s = cfg[_FS]
+    Tb = cfg[_FTB]
+    fused = fl[_GFUSED] != 0
+    weighted = fl[_GW] != 0
+    q0 = qv[0]
+    q1 = qv[1]
+    mc = qv[2]
+    rs = ci[k, _CI_REF]
+    Lrr = cf[k, _CF_LRR]
+    phim = cf[k, _CF_PHI]
+    dmax = cf[k, _CF_DMAX]
+    pr0 = cen[_CP0, rs]
+    pr1 = cen[_CP1, rs]
+    Lrj = _lk(cen[_CB, rs], s, q0, q1, pr0, pr1, fused)
+    E = (Lrj - Lrr) + phim - mc
+    lq0r = cen[_CLQ0, rs]
+    lq1r = cen[_CLQ1, rs]
+    d0q = q0 - lq0r
+    d1q = q1 - lq1r
+    kappa = s * (d1q - d0q)
+    xi1 = abs(kappa) * dmax
+    F1 = math.exp(E)
+    ex1 = math.exp(xi1)
+    w = F1 * ex1  # bounds every term of the cell
+    if not first and (E + xi1 < -Tb or remaining * w < stop):  # this cell and beyond
+        wv = w * cfg[_FVMAX]  # the heaviest centre's term
+        state[_SD] += remaining * wv
+        state[_SD + 1] += remaining * wv * wv
+        state[_SD + 2] += remaining * wv * wv * wv
+        return 0
+    # systematic error of a term's log (docs, "rounding"), with a margin of about 2
+    mag = (
+        abs(Lrj)
+        + abs(Lrr)
+        + 2.0 * abs(phim)
+        + 2.0 * abs(mc)
+        + s * (abs(q0) * pr0 + abs(q1) * pr1 + abs(lq0r) * pr0 + abs(lq1r) * pr1)
+        + s * (abs(d0q) + abs(d1q)) * dmax
+    )
+    dsys = 4.0 * _EPS * mag + s * abs(d0q) * cf[k, _CF_ESUM]
+    start = ci[k, _CI_START]
+    end = ci[k, _CI_END]
+    count = end - start - (1 if start <= me < end else 0) - (1 if start <= best < end else 0)
+    if count <= 0:
+        return 1
+    # orders per power q = 1, 2, 3 (tuples indexed by q; no allocation per cell)
+    Fq = (0.0, F1, F1 * F1, F1 * F1 * F1)
+    exq = (1.0, ex1, ex1 * ex1, ex1 * ex1 * ex1)
+    P1, P2, P3 = 0, 0, 0
+    rem1, rem2, rem3 = 0.0, 0.0, 0.0
+    off = ci[k, _CI_OFF]
+    exact_only = off < 0
+    direct = exact_only
+    cost_t = 0.0
+    for q in range(1, fl[_GQMAX] + 1):
+        if direct:
+            break
+        xi = q * xi1
+        # ub = Fq M0 e^xi bounds the cell's sum: tgt = tau (e^-2xi + R / (10 ub)), the
+        # smallest over this power's accumulators
+        rmin = np.inf
+        anyq = False
+        for a in range(6):
+            if fl[_GWANT + a] == 0 or _QOF[a] != q:
+                continue
+            inv0 = cf[k, _CF_INV0 + _MOF[a]]
+            if inv0 == 0.0:
+                continue
+            rmin = min(rmin, (state[_SB + a] + state[_SA + a]) * inv0)
+            anyq = True
+        if not anyq:
+            continue
+        inv_ex = 1.0 / exq[q]
+        tgt = _KTOLCELL * (inv_ex * inv_ex + rmin * inv_ex / (10.0 * Fq[q]))
+        Pq, rq = _order_for(xi, tgt)
+        if q == 1:
+            P1, rem1 = Pq, rq
+        elif q == 2:
+            P2, rem2 = Pq, rq
+        else:
+            P3, rem3 = Pq, rq
+        if Pq > _KMAXORDER:
+            direct = True
+        cost_t += (Pq + 1) * 3.0
+    too_long = direct and not exact_only
+    if not direct and float(count) * 4.0 <= cost_t:
+        direct = True
+    if direct and coarse and count > 64 and ci[k, _CI_FE] - ci[k, _CI_FB] > 1:
+        return 2
+    if direct:
+        if too_long:
+            st[_ST_LONG] += count
+        ln = scr[_RLN : _RLN + 6]
+        for c0 in range(start, end, _KCHUNK):
+            c1 = min(end, c0 + _KCHUNK)
+            _range_lanes(cen, _CU, weighted, fused, c0, c1, me, best, s, q0, q1, mc, Tb, scr, ln)
+        _flush(ln, state)  # (the sums are state[_SA:_SA + 6] = state[:6])
+        if fl[_GWANT + 5] != 0:  # the same sum over |u|: the scale of U
+            tmp = scr[_RTMP, :6]
+            tmp[:] = 0.0
+            for c0 in range(start, end, _KCHUNK):
+                c1 = min(end, c0 + _KCHUNK)
+                _range_lanes(cen, _CUA, False, fused, c0, c1, me, best, s, q0, q1, mc, Tb, scr, ln)
+            _flush(ln, tmp)
+            state[_SU] += tmp[5]
+        st[_ST_DIRECT] += count
+        return 1
+    st[_ST_CELLS] += 1
+    Ps = (0, P1, P2, P3)
+    rems = (0.0, rem1, rem2, rem3)
+    # phi and d of the excluded centres (the query, the maximum), as the moments were built
+    nex = 0
+    t_0, t_1 = -1, -1
+    ephi_0, ephi_1, dex_0, dex_1 = 0.0, 0.0, 0.0, 0.0
+    for tt in range(2):
+        t = me if tt == 0 else best
+        if t < start or t >= end:
+            continue
+        ephi_t = _lk(cen[_CB, t], s, lq0r, lq1r, cen[_CP0, t], cen[_CP1, t], fused) - phim
+        if nex == 0:
+            t_0, ephi_0, dex_0 = t, ephi_t, cen[_CP1, t] - pr1
+        else:
+            t_1, ephi_1, dex_1 = t, ephi_t, cen[_CP1, t] - pr1
+        nex += 1
+    cnt = float(end - start)
+    for a in range(6):
+        if fl[_GWANT + a] == 0:
+            continue
+        q = _QOF[a]
+        ma = _MOF[a]
+        Pq = Ps[q]
+        kq = q * kappa
+        mbase = off + ma * _KNP
+        acc = _series(mom, mbase, Pq, kq)
+        for e in range(nex):  # the excluded centres' own series
+            t = t_0 if e == 0 else t_1
+            wgt = math.exp(q * (ephi_0 if e == 0 else ephi_1))
+            if ma == _A0:
+                wgt *= cen[_CP0, t]
+            elif ma == _A1:
+                wgt *= cen[_CP1, t]
+            elif ma == _U2:
+                wgt *= cen[_CU, t]
+            if ma != _U2 and weighted:  # the moments' weight v^q
+                vt = cen[_CV, t]
+                wgt *= vt if q == 1 else (vt * vt if q == 2 else vt * vt * vt)
+            y = kq * (dex_0 if e == 0 else dex_1)
+            hs = _INV_F[Pq]
+            for p in range(Pq - 1, -1, -1):
+                hs = hs * y + _INV_F[p]
+            acc -= wgt * hs
+        m0 = cf[k, _CF_ABSU] if a == 5 else mom[mbase]
+        bound = Fq[q] * m0 * exq[q]
+        # truncation and rounding of the series against the bound of the cell's sum; the
+        # systematic error is relative to each term: against the sum itself
+        trunc = bound * (rems[q] + _EPS * (cnt + 2 * Pq + 8))
+        val = Fq[q] * acc
+        mass = bound if a == 5 else abs(val)
+        state[_SE + a] += trunc + q * dsys * (mass + trunc)
+        state[_SA + a] += val
+        if a == 5:
+            state[_SU] += bound
+    st[_ST_TERMS] += P1 + 1
+    return 1
+
+
+@njit(**_JIT)
+def _stop_level(fl, state):
+    """1e-12 of the smallest running total (the walk's stop for far cells)."""
+    rmin = np.inf
+    pairs = fl[_GPAIRS] != 0
+    for a in range(6):
+        if fl[_GWANT + a] == 0:
+            continue
+        if a == 5:
+            val = state[_SU]
+        elif pairs and a < 2:
+            val = state[_SA + a]
+        else:
+            val = state[_SB + a] + state[_SA + a]
+        rmin = min(rmin, val)
+    return 1e-12 * rmin
+
+
+@njit(inline="always", **_JIT)
+def _visit(k, k0, remaining, ci, cf, mom, cen, cfg, fl, me, best, qv, state, st, scr):
+    """Visit the coarse cell k of the walk (its fine cells where its series is too long).
+
+    Returns False where the walk stops in this direction.
+    """
+    stop = _stop_level(fl, state)
+    first = k == k0
+    res = _do_cell(
+        k, True, first, stop, remaining, ci, cf, mom, cen, cfg, fl, me, best, qv, state, st, scr
+    )
+    if res == 0:
+        return False
+    if res == 2:
+        for f in range(ci[k, _CI_FB], ci[k, _CI_FE]):
+            _do_cell(
+                f, False, False, 0.0, 0.0, ci, cf, mom, cen, cfg, fl, me, best, qv, state, st, scr
+            )
+    return True
+
+
+@njit(**_JIT)
+def _binned_sums(ci, cf, mom, ix, cen, cfg, fl, lo, hi, me, best, vb, qv, state, st, scr, out):
+    """Compute the binned sums of one (query, class) (the C++ binned_sums) into out.
+
+    out[0..5] = e1, e2, e3 without the maximum's term, A0, A1, U with it.  Returns False
+    where an error bound exceeds kTolCheck of its value (the caller then uses the window
+    method).
+    """
+    for j in range(_NSTATE):
+        state[j] = 0.0
+    state[_SU] = abs(cen[_CU, best])  # the scale of U: sum of w^2 |u|, bounded above
+    state[_SB + 0] = vb
+    state[_SB + 1] = vb * vb
+    state[_SB + 2] = vb * vb * vb
+    state[_SB + 3] = vb * cen[_CP0, best]
+    state[_SB + 4] = vb * cen[_CP1, best]
+    state[_SB + 5] = state[_SU]
+    k0 = ix[_ICELL, best]
+    _visit(k0, k0, 0.0, ci, cf, mom, cen, cfg, fl, me, best, qv, state, st, scr)
+    k = k0 - 1  # the class's cells are contiguous: outward while in [lo, hi)
+    while k >= 0 and ci[k, _CI_START] >= lo:
+        rem = float(ci[k, _CI_END] - lo)
+        if not _visit(k, k0, rem, ci, cf, mom, cen, cfg, fl, me, best, qv, state, st, scr):
+            break
+        k -= 1
+    k = k0 + 1
+    while k < fl[_GNC] and ci[k, _CI_END] <= hi:
+        rem = float(hi - ci[k, _CI_START])
+        if not _visit(k, k0, rem, ci, cf, mom, cen, cfg, fl, me, best, qv, state, st, scr):
+            break
+        k += 1
+    # truncation: the cells left out (concavity: every term below its cell's bound), and
+    # the terms below e^-T that the exact sums skip
+    tr = cfg[_FN] * math.exp(-cfg[_FTB]) * cfg[_FVMAX]
+    d0 = state[_SD]
+    d1 = state[_SD + 1]
+    state[_SE + 0] += d0 + tr
+    state[_SE + 1] += d1 + tr * tr
+    state[_SE + 2] += state[_SD + 2] + tr * tr * tr
+    state[_SE + 3] += d0 + tr
+    state[_SE + 4] += d0 + tr
+    state[_SE + 5] += (d1 + tr * tr) * cfg[_FUMAX]
+    # the check: e1 relative to itself when D is wanted (D >= e1), else to S = vb + e1
+    pairs = fl[_GPAIRS] != 0
+    for a in range(6):
+        if fl[_GWANT + a] == 0:
+            continue
+        if a == 5:
+            ref = state[_SU]
+        elif pairs and a < 2:
+            ref = state[_SA + a]
+        else:
+            ref = state[_SB + a] + state[_SA + a]
+        if not (state[_SE + a] <= _KTOLCHECK * ref):
+            return False
+    out[0] = state[_SA + 0]
+    out[1] = state[_SA + 1]
+    out[2] = state[_SA + 2]
+    out[3] = state[_SB + 3] + state[_SA + 3]
+    out[4] = state[_SB + 4] + state[_SA + 4]
+    out[5] = cen[_CU, best] + state[_SA + 5]
+    return True
+
+
+# ---------------------------------------------------------------------------
+# The parallel kernel: one chunk of query rows of one (problem, bandwidth).
+# ---------------------------------------------------------------------------
+@njit(parallel=True, **_JIT)
+def _kernel(
+    qorder, k0, k1, ix, seg, cen, g, ci, cf, mom, cfg, fl, row_start, n_tasks, outs, stats
+):
+    """Rows qorder[k0:k1] (sorted positions) of one (problem, bandwidth) into outs.
+
+    Blocks of _QBLOCK consecutive sorted queries go round-robin to n_tasks tasks (the
+    windows' lengths vary along the sorted scores: the blocks spread them over the
+    threads); each (query, class) is computed by one task, in a fixed order, so that its
+    bits depend neither on the threads nor on the rows asked for.  stats (n_tasks, _NST)
+    receives each task's counters.
+    """
+    C = seg.shape[0] - 1
+    nblocks = (k1 - k0 + _QBLOCK - 1) // _QBLOCK
+    nt = max(1, min(n_tasks, nblocks))
+    s = cfg[_FS]
+    fused = fl[_GFUSED] != 0
+    binned = fl[_GBINNED] != 0
+    weighted = fl[_GW] != 0
+    perm = ix[_IPERM]
+    for task in prange(nt):
+        scr = np.zeros((_NSCR, _KCHUNK))
+        acc = np.empty(6)
+        state = np.empty(_NSTATE)
+        qv = np.empty(3)
+        mcs = np.empty(C)
+        vbs = np.empty(C)
+        sums = np.zeros((C, 6))
+        st = stats[task]
+        for blk in range(task, nblocks, nt):
+            b0 = k0 + blk * _QBLOCK
+            for kq in range(b0, min(k1, b0 + _QBLOCK)):
+                me = qorder[kq]
+                q0 = cen[_CLQ0, me]
+                q1 = cen[_CLQ1, me]
+                for c in range(C):
+                    lo = seg[c]
+                    hi = seg[c + 1]
+                    sums[c, :] = 0.0
+                    vbs[c] = 1.0
+                    best, mc = _class_argmax(cen, g, ix, s, lo, hi, me, q0, q1, fused)
+                    mcs[c] = mc
+                    if best < 0:
+                        mcs[c] = -np.inf
+                        continue
+                    vb = cen[_CV, best] if weighted else 1.0
+                    vbs[c] = vb
+                    ok = False
+                    if binned:
+                        qv[0] = q0
+                        qv[1] = q1
+                        qv[2] = mc
+                        ok = _binned_sums(
+                            ci,
+                            cf,
+                            mom,
+                            ix,
+                            cen,
+                            cfg,
+                            fl,
+                            lo,
+                            hi,
+                            me,
+                            best,
+                            vb,
+                            qv,
+                            state,
+                            st,
+                            scr,
+                            acc,
+                        )
+                    if not ok:
+                        cnt = _window_sums(
+                            cen, cfg, fl, lo, hi, me, best, vb, q0, q1, mc, scr, acc
+                        )
+                        if binned:
+                            st[_ST_FALLBACKS] += 1
+                            st[_ST_PFALL] += cnt
+                        else:
+                            st[_ST_DIRECT] += cnt
+                    for j in range(6):
+                        sums[c, j] = acc[j]
+                _emit(perm[me] - row_start, mcs, vbs, sums, fl, outs)
+
+
+# ---------------------------------------------------------------------------
+# The sorted problem and the cells of a bandwidth.
+# ---------------------------------------------------------------------------
+def _sort_problem(
+    p: np.ndarray, logq: np.ndarray, labels: np.ndarray, C: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Sort one problem by label, then x = p1 up, then p0 down, then row (the C++ order).
+
+    Returns ``cen`` (8, n) (the bias row left to fill per bandwidth, u, |u| zero and v one),
+    ``ix`` (4, n) (the permutation, the runs of identical points of the same label, and
+    a row for the coarse cells),
+    ``seg`` (C + 1,) (the classes' sorted positions) and ``z = arcsin sqrt(x)`` (from the
+    nearer end).
+    """
+    n = p.shape[0]
+    perm = np.lexsort((np.arange(n), -p[:, 0], p[:, 1], labels)).astype(np.int64)
+    lab = labels[perm]
+    cen = np.zeros((8, n))
+    cen[_CP0] = p[perm, 0]
+    cen[_CP1] = p[perm, 1]
+    cen[_CLQ0] = logq[perm, 0]
+    cen[_CLQ1] = logq[perm, 1]
+    cen[_CV] = 1.0
+    p0, p1 = cen[_CP0], cen[_CP1]
+    seg = np.zeros(C + 1, dtype=np.int64)
+    np.cumsum(np.bincount(labels, minlength=C)[:C], out=seg[1:])
+    same = np.zeros(n, dtype=bool)
+    same[1:] = (lab[1:] == lab[:-1]) & (p0[1:] == p0[:-1]) & (p1[1:] == p1[:-1])
+    starts = np.flatnonzero(~same)
+    run = np.cumsum(~same) - 1
+    ix = np.stack([perm, starts[run], np.append(starts[1:], n)[run], np.zeros(n, np.int64)])
+    z = np.where(p1 < 0.5, np.arcsin(np.sqrt(p1)), math.acos(0.0) - np.arcsin(np.sqrt(p0)))
+    return cen, np.ascontiguousarray(ix), seg, np.ascontiguousarray(z)
+
+
+def _cells(
+    cen: np.ndarray,
+    ix: np.ndarray,
+    seg: np.ndarray,
+    z: np.ndarray,
+    s: float,
+    cell_width: float,
+    weighted: bool,
+    fused: bool,
+    need: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Build the coarse and fine cells of one bandwidth and their moments (build_cells).
+
+    Returns (ci, cf, mom, nc): the cells' integer and float columns, the coarse cells
+    first (nc of them, their fine cells' indices [fb, fe) into the same arrays), then the
+    fine ones, and their moments; ix[_ICELL] receives the coarse cell of every sorted
+    position.  Moments only for cells of two or more centres (a single centre is summed
+    directly): memory O(n) even when every centre has its own cell.
+    """
+    wf = cell_width * math.sqrt(1.0 / s) * 0.5 / _KSUB  # the fine cells' width in z
+    coarse, fine, ix[_ICELL] = _cell_bounds(z, seg, wf)
+    nc = coarse.shape[0]
+    coarse[:, _CI_FB] += nc
+    coarse[:, _CI_FE] += nc
+    ci = np.ascontiguousarray(np.concatenate([coarse, fine]))
+    multi = (ci[:, _CI_END] - ci[:, _CI_START]) > 1
+    k = int(multi.sum())
+    ci[multi, _CI_OFF] = np.arange(k, dtype=np.int64) * (_NMOM * _KNP)
+    mom = np.zeros(k * _NMOM * _KNP)
+    cf = np.zeros((ci.shape[0], _NCF))
+    _cell_moments(ci, cf, mom, cen, s, weighted, fused, need)
+    return ci, cf, mom, nc
+
+
+# ---------------------------------------------------------------------------
+# Checks (those of the binding and of kdecal::binary_reduce).
+# ---------------------------------------------------------------------------
+def _carray(x: Any, name: str, dtype: type) -> np.ndarray:
+    """Return x itself if it is a C-contiguous array of dtype, else raise TypeError.
+
+    No hidden copies, as the binding's noconvert().
+    """
+    if not (isinstance(x, np.ndarray) and x.dtype == np.dtype(dtype) and x.flags.c_contiguous):
+        raise TypeError(
+            f"kdecal.binary_reduce: {name} must be a C-contiguous {np.dtype(dtype).name} "
+            f"array, got {type(x).__name__} {getattr(x, 'dtype', '')}"
+        )
+    return x
+
+
+def _fail(what: str) -> None:
+    raise ValueError("kdecal.binary_reduce: " + what)
+
+
+def binary_reduce(
+    logq: np.ndarray,
+    p: np.ndarray,
+    labels: np.ndarray,
+    n_classes: int,
+    scale: np.ndarray,
+    bias: np.ndarray,
+    powers: int = 1,
+    row_start: int = 0,
+    row_stop: int = 0,
+    n_threads: int = 0,
+    progress: Callable[[int], object] | None = None,
+    pairs: bool = False,
+    method: str = "binned",
+    residuals: bool = False,
+    u: Any = None,
+    cell_width: float = 0.8,
+    plan: Any = None,
+    v: Any = None,
+) -> tuple[Any, ...]:
+    """Fast leave-one-out sums of binary (K = 2) problems: the twin of ``core.binary_reduce``.
+
+    Parameters
+    ----------
+    logq, p : ndarray, shape (n, 2) or (B, n, 2), float64, C-contiguous
+        The dense engine's inputs (``p`` in [0, 1], ``logq`` finite and <= 0).
+    labels : ndarray, shape (n,) or (B, n), int64, C-contiguous
+        Labels in ``[0, n_classes)``.
+    n_classes : int
+        Number of label groups C >= 1.
+    scale : ndarray, shape (H,), float64
+        ``1 / h`` (finite, > 0).
+    bias : ndarray, shape (H, n) or (B, H, n), float64
+        The kernel's bias (the cell methods' callers may shift it by a constant).
+    powers : {1, 2, 3}
+    row_start, row_stop : int
+        Query rows ``[row_start, row_stop)`` (against all n centres).
+    n_threads : int
+        numba threads (0: numba's current count).
+    progress : callable or None
+        Called from the calling thread with the number of (row, problem, bandwidth)
+        units done so far (strictly increasing, the last ``B H R``).
+    pairs : bool
+        Also return the pair sums D (needs ``powers >= 2``).
+    method : {"window", "binned"}
+        ``"local"`` (the compiled core's) is refused: use ``"binned"``.
+    residuals : bool
+        Also return ``A`` (and ``U`` with ``u``).
+    u : array_like, shape (n,) or (B, n), or None
+        Residual weights of U (finite).
+    cell_width : float
+        The binned method's coarse cell width in units of ``sqrt(h)/2`` (in (0, 4]).
+    plan : ignored
+        (A ``core.BinaryPlan`` serves the compiled core only; results never depend on it.)
+    v : array_like, shape (n,) or (B, n), or None
+        Centre weights (finite, >= 0; ``powers <= 2``, no pairs).
+
+    Returns
+    -------
+    m, S, Q, T, D, A, U, stats
+        As the compiled core's: ``m`` ``([B,] H, R)``, ``S, Q, T, D`` ``([B,] H, R, C)``,
+        ``A`` ``([B,] H, R, 2)``, ``U`` ``([B,] H, R)``; arrays not requested have shape
+        ``(0, 0, 0)``; ``stats`` a dict of the counters of ``BinaryStats``.
+
+    Raises
+    ------
+    ValueError
+        On bad shapes, labels, powers, rows, method, non-finite inputs, ``p`` outside
+        [0, 1], negative centre weights (the compiled core's checks).
+    TypeError
+        ``logq``, ``p``, ``labels``, ``scale`` or ``bias`` not C-contiguous arrays of
+        their dtype (the binding converts none of them either).
+    """
+    del plan  # the compiled core's sort and cell cache; results are the same without
+    logq = _carray(logq, "logq", np.float64)
+    p = _carray(p, "p", np.float64)
+    labels = _carray(labels, "labels", np.int64)
+    scale = _carray(scale, "scale", np.float64)
+    bias = _carray(bias, "bias", np.float64)
+    batched = p.ndim == 3
+    if not (p.ndim == 2 or batched) or logq.ndim != p.ndim:
+        raise ValueError("logq and p must both be (n, 2) or both (B, n, 2) arrays")
+    B = p.shape[0] if batched else 1
+    n = p.shape[-2]
+    K = p.shape[-1]
+    if K != 2:
+        raise ValueError(f"binary problems need K = 2, got {K}")
+    if logq.shape != p.shape:
+        raise ValueError("logq and p must have the same shape")
+    if (
+        labels.ndim != (2 if batched else 1)
+        or (batched and labels.shape[0] != B)
+        or (labels.shape[-1] != n)
+    ):
+        raise ValueError(
+            "labels must have shape (B, n)" if batched else "labels must have shape (n,)"
+        )
+    if scale.ndim != 1:
+        raise ValueError("scale must be 1-D")
+    H = scale.shape[0]
+    if (
+        bias.ndim != (3 if batched else 2)
+        or (batched and bias.shape[0] != B)
+        or bias.shape[-2] != H
+        or bias.shape[-1] != n
+    ):
+        raise ValueError(
+            "bias must have shape (B, H, n)" if batched else "bias must have shape (H, n)"
+        )
+    row_start = int(row_start)
+    row_stop = int(row_stop)
+    if row_start < 0 or row_stop < row_start or row_stop > n:
+        raise ValueError("need 0 <= row_start <= row_stop <= n")
+    powers = int(powers)
+    if powers < 1 or powers > 3:
+        raise ValueError("powers must be 1, 2 or 3")
+    pairs = bool(pairs)
+    if pairs and powers < 2:
+        raise ValueError(f"pairs=True needs powers >= 2, got powers = {powers}")
+    C = int(n_classes)
+    if C < 1:
+        raise ValueError("n_classes must be >= 1")
+    if method == "local":
+        raise ValueError(
+            "method 'local' is not available on the numba backend: use method='binned' "
+            "(the same bound, per query)"
+        )
+    if method not in ("window", "binned"):
+        raise ValueError(f"method must be 'window', 'binned' or 'local', got '{method}'")
+
+    def per_centre(obj: Any, name: str) -> np.ndarray | None:
+        if obj is None:
+            return None
+        a = np.ascontiguousarray(obj, dtype=np.float64)
+        if a.ndim != (2 if batched else 1) or (batched and a.shape[0] != B) or a.shape[-1] != n:
+            raise ValueError(
+                f"{name} must have shape (B, n)" if batched else f"{name} must have shape (n,)"
+            )
+        return a.reshape(B, n)
+
+    ua = per_centre(u, "u")
+    va = per_centre(v, "v")
+    if va is not None and (powers > 2 or pairs):
+        raise ValueError("centre weights v support powers <= 2 without the pair sums")
+    residuals = bool(residuals)
+    # the compiled core's own checks
+    if n < 1:
+        _fail(f"n must be >= 1, got {n}")
+    cell_width = float(cell_width)
+    if not (math.isfinite(cell_width) and 0 < cell_width <= 4):
+        _fail("cell_width must be in (0, 4]")
+    for t in range(H):
+        if not (math.isfinite(scale[t]) and scale[t] > 0):
+            _fail(f"scale must be finite and > 0, got {scale[t]}")
+    lab2 = labels.reshape(B, n)
+    bad = (lab2 < 0) | (lab2 >= C)
+    if bad.any():
+        b, i = np.argwhere(bad)[0]
+        raise ValueError(
+            f"kdecal.binary_reduce: label {lab2[b, i]} at index {i} is outside [0, {C})"
+        )
+    p3 = p.reshape(B, n, 2)
+    q3 = logq.reshape(B, n, 2)
+    ok = (p3 >= 0.0) & (p3 <= 1.0)
+    if not ok.all():
+        b, i, k = np.argwhere(~ok)[0]
+        _fail(f"p must lie in [0, 1]; p[{i}, {k}] = {p3[b, i, k]}")
+    ok = np.isfinite(q3) & (q3 <= 0.0)
+    if not ok.all():
+        b, i, k = np.argwhere(~ok)[0]
+        _fail(f"logq must be finite and <= 0; logq[{i}, {k}] = {q3[b, i, k]}")
+    if ua is not None and not np.isfinite(ua).all():
+        _fail("u must be finite")
+    if va is not None:
+        ok = np.isfinite(va) & (va >= 0.0)
+        if not ok.all():
+            b, i = np.argwhere(~ok)[0]
+            _fail(f"centre weights v must be finite and >= 0; v[{i}] = {va[b, i]}")
+    if not np.isfinite(bias).all():
+        _fail("bias must be finite")
+
+    R = row_stop - row_start
+
+    def shape(*dims: int) -> tuple[int, ...]:
+        return (B, *dims) if batched else dims
+
+    none = (0, 0, 0)
+    m = np.empty(shape(H, R))
+    S = np.empty(shape(H, R, C))
+    Q = np.empty(shape(H, R, C) if powers >= 2 else none)
+    T = np.empty(shape(H, R, C) if powers >= 3 else none)
+    D = np.empty(shape(H, R, C) if pairs else none)
+    want_a = residuals
+    want_u = residuals and ua is not None
+    A = np.empty(shape(H, R, 2) if want_a else none)
+    U = np.empty(shape(H, R) if want_u else none)
+    stats = dict.fromkeys(_STAT_KEYS, 0)
+    if R > 0:
+        flags = {
+            "powers": powers,
+            "pairs": pairs,
+            "want_a": want_a,
+            "want_u": want_u,
+            "binned": method == "binned",
+        }
+        views: list[np.ndarray | None] = [
+            m.reshape(B, H, R),
+            S.reshape(B, H, R, C),
+            Q.reshape(B, H, R, C) if powers >= 2 else None,
+            T.reshape(B, H, R, C) if powers >= 3 else None,
+            D.reshape(B, H, R, C) if pairs else None,
+            A.reshape(B, H, R, 2) if want_a else None,
+            U.reshape(B, H, R) if want_u else None,
+        ]
+        _run(
+            logq.reshape(B, n, 2),
+            p3,
+            lab2,
+            C,
+            scale,
+            bias.reshape(B, H, n),
+            (row_start, row_stop),
+            int(n_threads),
+            progress,
+            flags,
+            ua,
+            va,
+            cell_width,
+            views,
+            stats,
+        )
+    return m, S, Q, T, D, A, U, stats
+
+
+def _run(
+    logq: np.ndarray,
+    p: np.ndarray,
+    labels: np.ndarray,
+    C: int,
+    scale: np.ndarray,
+    bias: np.ndarray,
+    rows: tuple[int, int],
+    n_threads: int,
+    progress: Callable[[int], object] | None,
+    flags: dict[str, Any],
+    u: np.ndarray | None,
+    v: np.ndarray | None,
+    cell_width: float,
+    outs: list[np.ndarray | None],
+    stats: dict[str, int],
+) -> None:
+    """Run the batch's problems and bandwidths, their rows in chunks (progress, Ctrl-C).
+
+    ``outs``: m (B, H, R), S, Q, T, D (B, H, R, C), A (B, H, R, 2), U (B, H, R), None for
+    those not wanted.  Each chunk is one kernel call of about CHUNK_SECONDS (timed from
+    the previous one), so that Ctrl-C and the progress callback come between two chunks.
+    """
+    B, n = p.shape[0], p.shape[1]
+    H = scale.shape[0]
+    row_start, row_stop = rows
+    R = row_stop - row_start
+    powers, pairs, want_a, want_u = (flags[k] for k in ("powers", "pairs", "want_a", "want_u"))
+    binned = flags["binned"]
+    weighted = v is not None
+    fused = fused_kernel()
+    fl = np.zeros(_NFL, np.int64)
+    for slot, flag in ((_GPOW, powers), (_GPAIRS, pairs), (_GA, want_a), (_GU, want_u)):
+        fl[slot] = flag
+    for slot, flag in ((_GW, weighted), (_GFUSED, fused), (_GBINNED, binned)):
+        fl[slot] = flag
+    fl[_GQMAX] = max(powers, 2 if want_u else 1)
+    fl[_GWANT : _GWANT + 6] = [1, powers >= 2, powers >= 3, want_a, want_a, want_u]
+    # the moment arrays (M1, A0, A1, M2, U2, M3) the call uses
+    need = np.array([True, want_a, want_a, powers >= 2, want_u, powers >= 3], dtype=np.bool_)
+    no_cells = (np.empty((0, 6), np.int64), np.empty((0, _NCF)), np.empty(0), 0)
+    absent = (
+        np.empty(0),
+        np.empty((0, 0)),
+        np.empty((0, 0)),
+        np.empty((0, 0)),
+        np.empty((0, 0)),
+        np.empty((0, 0)),
+        np.empty(0),
+    )
+    Tb = math.log(float(n)) + 36.0
+    cfg = np.array([0.0, 1.0, 0.0, float(n), Tb, max(_KDROP, Tb)])
+    done = 0
+    with num_threads(n_threads):
+        n_tasks = 4 * numba.get_num_threads()
+        step = max(_QBLOCK * n_tasks, 256)  # the first chunk's rows (then timed)
+        for b in range(B):
+            cen, ix, seg, z = _sort_problem(p[b], logq[b], labels[b], C)
+            perm = ix[_IPERM]
+            qorder = np.flatnonzero((perm >= row_start) & (perm < row_stop)).astype(np.int64)
+            if u is not None:
+                cen[_CU] = u[b][perm]
+                cen[_CUA] = np.abs(cen[_CU])
+            if v is not None:
+                cen[_CV] = v[b][perm]
+            cfg[_FUMAX] = cen[_CUA].max()
+            cfg[_FVMAX] = cen[_CV].max() if v is not None else 1.0
+            g = np.empty(n)
+            for t in range(H):
+                cfg[_FS] = s = float(scale[t])
+                _context(cen, perm, bias[b, t], s, g)
+                ci, cf, mom, fl[_GNC] = (
+                    _cells(cen, ix, seg, z, s, cell_width, weighted, fused, need)
+                    if binned
+                    else no_cells
+                )
+                out = tuple(absent[i] if a is None else a[b, t] for i, a in enumerate(outs))
+                k = 0
+                while k < R:
+                    k1 = min(R, k + step)
+                    st = np.zeros((n_tasks, _NST), np.int64)
+                    t0 = time.perf_counter()
+                    _kernel(
+                        qorder,
+                        k,
+                        k1,
+                        ix,
+                        seg,
+                        cen,
+                        g,
+                        ci,
+                        cf,
+                        mom,
+                        cfg,
+                        fl,
+                        row_start,
+                        n_tasks,
+                        out,
+                        st,
+                    )
+                    dt = time.perf_counter() - t0
+                    tot = st.sum(axis=0)
+                    for key, slot in (
+                        ("pairs_direct", _ST_DIRECT),
+                        ("cells_taylor", _ST_CELLS),
+                        ("terms_taylor", _ST_TERMS),
+                        ("fallbacks", _ST_FALLBACKS),
+                        ("pairs_long", _ST_LONG),
+                        ("pairs_fallback", _ST_PFALL),
+                    ):
+                        stats[key] += int(tot[slot])
+                    # the next chunk: about CHUNK_SECONDS at this chunk's pace
+                    rate = (k1 - k) / max(dt, 1e-6)
+                    step = int(min(max(rate * CHUNK_SECONDS, _QBLOCK * n_tasks), 4 * step + 1))
+                    done += k1 - k
+                    k = k1
+                    if progress is not None:
+                        progress(done)
