@@ -11,10 +11,13 @@ fraction of draws whose interval covers the truth, covers the estimator's expect
 (the mean of the estimates over the draws), and contains its own estimate; the mean
 estimate; the sampling sd of the estimate against the mean bootstrap sd.
 
-    python bench/bootstrap_coverage.py --K 2 4 10 --n 1000 5000 --draws 200 --R 200 [--reselect]
+    python bench/bootstrap_coverage.py --K 2 4 10 --n 1000 5000 --draws 200 --R 200 \
+        [--variability add|refit|none]
 
-``--reselect``: ``confidence_intervals(..., reselect_bandwidth=True)`` (each replicate
-re-selects the bandwidth near the searched one).
+``--variability``: ``confidence_intervals(..., bandwidth_variability=...)``, how the
+replicates carry the automatic bandwidth's own variability (default "add", the
+library's default; "none" holds the bandwidth fixed, as the tables before 2026-11-27).
+``python bench/bootstrap_selection.py`` compares the three on the same draws.
 
 Prints one Markdown row per cell and quantity (bench/README.md, "Bootstrap intervals").
 """
@@ -49,7 +52,7 @@ def draw(n: int, K: int, t: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def cell(
-    n: int, K: int, t: float, draws: int, R: int, h: float | str = "auto", reselect: bool = False
+    n: int, K: int, t: float, draws: int, R: int, h: float | str = "auto", variability: str = "add"
 ) -> dict[str, dict[str, float]]:
     truth = truths(K, t)
     rows: dict[str, list[tuple[float, ...]]] = {q: [] for q in QUANTITIES}
@@ -59,7 +62,7 @@ def cell(
             warnings.simplefilter("ignore", kdecal.KdecalWarning)
             est = kdecal.estimate(P, y, bandwidth=h)
             cis = est.confidence_intervals(
-                list(QUANTITIES), n_resamples=R, seed=d, reselect_bandwidth=reselect
+                list(QUANTITIES), n_resamples=R, seed=d, bandwidth_variability=variability
             )
         for q, ci in cis.items():
             b = ci.bootstrap_distribution
@@ -90,7 +93,7 @@ def main() -> None:
     ap.add_argument(
         "--bandwidth", default="auto", help="'auto' (searched per draw) or a fixed float"
     )
-    ap.add_argument("--reselect", action="store_true")
+    ap.add_argument("--variability", choices=("add", "refit", "none"), default="add")
     args = ap.parse_args()
     print(
         "| n | K | t | quantity | truth | mean estimate | covers truth | covers mean "
@@ -102,7 +105,7 @@ def main() -> None:
             for t in args.t:
                 t0 = time.perf_counter()
                 h = args.bandwidth if args.bandwidth == "auto" else float(args.bandwidth)
-                res = cell(n, K, t, args.draws, args.R, h, args.reselect)
+                res = cell(n, K, t, args.draws, args.R, h, args.variability)
                 s = time.perf_counter() - t0
                 for q, r in res.items():
                     print(

@@ -130,6 +130,11 @@ class CalibrationTestResult:
 #: :meth:`CalibrationEstimate._reselected`).
 RESELECT_STEPS = 3
 
+#: How a bootstrap interval of an estimate at a searched bandwidth carries the
+#: selection's own variability (:meth:`CalibrationEstimate.confidence_interval`'s
+#: ``bandwidth_variability``): "add" (the default), "refit" or "none".
+BANDWIDTH_VARIABILITY = ("add", "refit", "none")
+
 
 def bootstrap_counts(n: int, n_resamples: int, rng: np.random.Generator) -> np.ndarray:
     """Row multiplicities of ``n_resamples`` bootstrap samples of n rows, (R, n) int64.
@@ -389,17 +394,19 @@ class CalibrationEstimate:
         level: float = 0.95,
         n_resamples: int = 200,
         seed: int | np.random.Generator | None = None,
-        reselect_bandwidth: bool = False,
+        bandwidth_variability: str = "add",
     ) -> ConfidenceInterval:
         """Bootstrap interval of a quantity: the percentile interval centred on the estimate.
 
         Rows are resampled with replacement ``n_resamples`` times; each replicate is the
-        same leave-one-out estimator on the resampled rows at the same bandwidth (the
-        copies of a query row are left out with it), computed from the kernel of this
-        estimate in multi-label engine passes. The interval is the ``(1 -+ level) / 2``
-        quantiles of the replicates moved so that their median is the estimate
-        (:func:`centred_interval`): it contains the estimate and covers the estimator's
-        expectation (for L1 and KL, the truth plus the estimator's noise bias).
+        same leave-one-out estimator on the resampled rows, computed from the kernel of
+        this estimate in multi-label engine passes (the copies of a query row are left
+        out with it). With a searched bandwidth (``bandwidth="auto"``) each replicate
+        also carries the selection's own variability (``bandwidth_variability``). The
+        interval is the ``(1 -+ level) / 2`` quantiles of the replicates moved so that
+        their median is the estimate (:func:`centred_interval`): it contains the
+        estimate and covers the estimator's expectation (for L1 and KL, the truth plus
+        the estimator's noise bias).
 
         Parameters
         ----------
@@ -408,18 +415,30 @@ class CalibrationEstimate:
         level : float, default 0.95
         n_resamples : int, default 200
         seed : int or numpy Generator, optional
-        reselect_bandwidth : bool, default False
-            With an automatic bandwidth, let each replicate select its own among the
-            search grid's values within :data:`RESELECT_STEPS` steps of this one: the
-            minimiser of the leave-one-out risk curve with the rows weighted by the
-            replicate's multiplicities (the squared L2 estimate moves by the same
-            factor), so that the interval carries the bandwidth's own variability. On
-            the protocol of ``bench/README.md`` ("Bootstrap intervals") the canonical L1
-            intervals at K = 10 then covered the estimator's expectation in 93-97 % of
-            draws instead of 52-75 %; at K = 6 they over-covered (100 %) and at K <= 4
-            they could under-cover (82-86 % in two cells), so it is not the default.
-            Ignored for a fixed bandwidth, "loo-mle", and the plug-in's KL quantities
-            at their own log-risk bandwidth.
+        bandwidth_variability : {"add", "refit", "none"}, default "add"
+            How the interval carries the variability of a searched bandwidth, which the
+            replicates at the estimate's bandwidth leave out (at K = 10 it doubles the
+            canonical L1 estimate's spread). Each replicate selects a bandwidth among
+            the search grid's values within :data:`RESELECT_STEPS` steps of the
+            searched one: the minimiser of the leave-one-out risk curve with the rows
+            weighted by its multiplicities (the whole sample's per-row risks, one engine
+            pass for the candidates); the squared L2 estimate's bandwidth moves by the
+            same factor. Then
+
+            - "add": the replicate at the estimate's bandwidth plus a selection shift,
+              the whole sample's estimate at the bandwidth selected by the previous
+              replicate minus the estimate (paired with another replicate, so that the
+              two parts add as independent: the bootstrap's pairing correlates a noisy
+              replicate with a smoother bandwidth, which the estimates' sampling
+              spread does not show);
+            - "refit": the replicate computed at its own selected bandwidth;
+            - "none": every replicate at the estimate's bandwidth.
+
+            On the protocol of ``bench/README.md`` ("Bootstrap intervals") "add" covered
+            the canonical estimator's expectation in 93-97 % of draws at K = 2, 4 and 10
+            (the K = 10 L1 intervals: 52-75 % with "none"); "refit" under-covered at
+            K <= 4 (82-86 % in two cells). Ignored for a fixed bandwidth, "loo-mle",
+            and the plug-in's KL quantities at their own log-risk bandwidth.
 
         Returns
         -------
@@ -439,7 +458,7 @@ class CalibrationEstimate:
             level=level,
             n_resamples=R,
             seed=seed,
-            reselect_bandwidth=reselect_bandwidth,
+            bandwidth_variability=bandwidth_variability,
         )[name]
 
     def confidence_intervals(
@@ -449,7 +468,7 @@ class CalibrationEstimate:
         level: float = 0.95,
         n_resamples: int = 200,
         seed: int | np.random.Generator | None = None,
-        reselect_bandwidth: bool = False,
+        bandwidth_variability: str = "add",
     ) -> dict[str, ConfidenceInterval]:
         """Bootstrap intervals of several quantities from the same replicates.
 
@@ -458,12 +477,11 @@ class CalibrationEstimate:
         names = [_check_quantity(q) for q in quantities]
         level = _check_level(level)
         R = _replicates.check_resamples(n_resamples, "n_resamples", 2)
-        if not isinstance(reselect_bandwidth, bool):
-            raise TypeError(
-                f"reselect_bandwidth must be True or False, got {reselect_bandwidth!r}"
-            )
+        variability = check_choice(
+            bandwidth_variability, "bandwidth_variability", BANDWIDTH_VARIABILITY
+        )
         dist, _ = self._resampled(
-            names, [], R, np.random.default_rng(seed), None, reselect=reselect_bandwidth
+            names, [], R, np.random.default_rng(seed), None, variability=variability
         )
         return self._intervals(dist, level)
 
@@ -509,12 +527,15 @@ class CalibrationEstimate:
         R: int,
         boot_rng: np.random.Generator | None,
         test_rng: np.random.Generator | None,
-        reselect: bool = False,
+        variability: str = "add",
     ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """Bootstrap replicates of ``boot`` and consistency replicates of ``test``.
 
         Drawn a chunk at a time (memory O(n + chunk x n) for any R; the draws do not
         depend on the chunking), each chunk of both in one resampling pass per estimate.
+        ``variability``: see :meth:`confidence_interval`'s ``bandwidth_variability``;
+        with "add", replicate ``r`` gets the selection shift of replicate ``r - 1``
+        (cyclically).
 
         Raises
         ------
@@ -523,6 +544,7 @@ class CalibrationEstimate:
         """
         dist_b = {q: np.empty(R) for q in boot}
         dist_t = {s: np.empty(R) for s in test}
+        shifts = {q: np.zeros(R) for q in boot} if variability == "add" else None
         B = self._est.problem.labels.shape[0]
         step = R
         if boot:
@@ -542,9 +564,34 @@ class CalibrationEstimate:
                 labels = np.stack(
                     [_replicates.problem_labels(self.calibration, self._probs, ys) for ys in ystar]
                 )
-            self._fill_chunk(boot, counts, dist_b, test, labels, dist_t, r0, reselect)
+            self._fill_chunk(
+                boot, counts, dist_b, test, labels, dist_t, r0, variability == "refit"
+            )
+            if shifts is not None and counts is not None:
+                self._selection_shifts(boot, counts, shifts, r0)
         _check_replicates(self, dist_b)
+        if shifts is not None:
+            for q, s in shifts.items():
+                dist_b[q] += np.roll(s, 1)
         return dist_b, dist_t
+
+    def _selection_shifts(
+        self, boot: list[str], counts: np.ndarray, shifts: dict[str, np.ndarray], r0: int
+    ) -> None:
+        """Fill ``shifts[q][r0:r0 + c]``: each replicate's selection shift of ``q``.
+
+        The whole sample's estimate of ``q`` at the bandwidth the replicate selects
+        (:meth:`_reselected`, estimates refitted there once and cached) minus the
+        estimate; 0 where it selects the estimate's own bandwidth.
+        """
+        for base, group in self._groups(boot):
+            for h, idx in self._reselected(base, counts).items():
+                if h == base.bandwidth:
+                    continue
+                est_h = self._refit(base, h)
+                for q in group:
+                    value = _quiet(QUANTITIES[q], base)
+                    shifts[q][r0 + idx] = _quiet(QUANTITIES[q], est_h) - value
 
     def _fill_chunk(
         self,
@@ -633,8 +680,8 @@ class CalibrationEstimate:
         the candidates, made once), and ``base`` moves by the same factor (the squared
         L2 estimate keeps its half). The interval then carries the automatic
         bandwidth's own variability, which a fixed bandwidth left out: at K = 10 it was
-        half the spread of the estimate (bench/README.md, "Bootstrap intervals"; opt-in:
-        :meth:`confidence_interval`'s ``reselect_bandwidth``).
+        half the spread of the estimate (bench/README.md, "Bootstrap intervals";
+        :meth:`confidence_interval`'s ``bandwidth_variability``).
         Otherwise (a fixed bandwidth, "loo-mle", the plug-in's KL estimate at its own
         log-risk bandwidth) every replicate keeps ``base.bandwidth``.
         """

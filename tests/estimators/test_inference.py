@@ -594,13 +594,15 @@ def test_cli_compare_metrics(tmp_path, capsys):
 
 @pytest.mark.parametrize("calibration", ["canonical", "top_label"])
 def test_bootstrap_reselects_the_bandwidth_per_replicate(calibration):
-    """With reselect_bandwidth=True (and bandwidth="auto") each bootstrap replicate takes
-    the grid bandwidth (within
+    """With bandwidth="auto" each bootstrap replicate selects the grid bandwidth (within
     RESELECT_STEPS steps of the searched one) that minimises the leave-one-out Brier
-    risk with the rows weighted by its multiplicities, and is computed there; the
-    squared L2 estimate moves by the same factor. Reference: the per-row risks from a
-    materialised kernel (tests/_reference.py), each replicate recomputed on an estimate
-    at its bandwidth with the same multiplicities. A fixed bandwidth re-selects nothing."""
+    risk with the rows weighted by its multiplicities; the squared L2 estimate's moves
+    by the same factor. bandwidth_variability="refit": the replicate is computed there;
+    "none": at the estimate's bandwidth; "add" (the default): the "none" replicate r
+    plus the whole sample's estimate at replicate r - 1's bandwidth minus the estimate.
+    Reference: the per-row risks from a materialised kernel (tests/_reference.py), each
+    replicate recomputed on an estimate at its bandwidth with the same multiplicities.
+    A fixed bandwidth re-selects nothing."""
     from _reference import ref_loo_weights, ref_notion_problems, ref_one_hot
     from kdecal._calibration_estimate import RESELECT_STEPS
     from kdecal._estimation import replicates as _replicates
@@ -615,9 +617,12 @@ def test_bootstrap_reselects_the_bandwidth_per_replicate(calibration):
     names = ["ece_kde_l1", "ce_l2"]
     R, seed = 40, 9
     got = _quiet(
-        est.confidence_intervals, names, n_resamples=R, seed=seed, reselect_bandwidth=True
+        est.confidence_intervals, names, n_resamples=R, seed=seed, bandwidth_variability="refit"
     )
-    plain = _quiet(est.confidence_intervals, names, n_resamples=R, seed=seed)
+    plain = _quiet(
+        est.confidence_intervals, names, n_resamples=R, seed=seed, bandwidth_variability="none"
+    )
+    added = _quiet(est.confidence_intervals, names, n_resamples=R, seed=seed)
     counts = _replicates.draw_bootstrap_counts(n, R, np.random.default_rng(seed)).astype(float)
     grid = _search.SEARCH_GRID
     i0 = int(np.argmin(np.abs(np.log(grid) - np.log(est.bandwidth))))
@@ -636,6 +641,7 @@ def test_bootstrap_reselects_the_bandwidth_per_replicate(calibration):
     risk = np.array(risks) @ counts.T  # (candidates, R): the weighted sums
     pick = np.argmin(risk, axis=0)
     assert len(set(pick.tolist())) > 1  # replicates did move (else the test shows nothing)
+    shift = {q: np.zeros(R) for q in names}
     for k in range(R):
         h = cand[pick[k]]
         ratio = h / est.bandwidth
@@ -650,6 +656,13 @@ def test_bootstrap_reselects_the_bandwidth_per_replicate(calibration):
             dist = {q: np.empty(1)}
             fixed._bootstrap_chunk([q], counts[k : k + 1].astype(np.int64), dist, 0)
             assert got[q].bootstrap_distribution[k] == pytest.approx(dist[q][0], rel=1e-9), (k, q)
+            if ratio != 1.0:
+                shift[q][k] = _quiet(fixed.value, q) - _quiet(est.value, q)
+    for q in names:
+        assert np.count_nonzero(shift[q]) > 0
+        want = plain[q].bootstrap_distribution + np.roll(shift[q], 1)
+        np.testing.assert_allclose(added[q].bootstrap_distribution, want, rtol=1e-9, atol=1e-14)
+        assert added[q].low <= added[q].estimate <= added[q].high
     # by default, and with a fixed bandwidth, every replicate at the estimate's
     fixed = _quiet(kdecal.estimate, P, y, calibration=calibration, bandwidth=est.bandwidth)
     d = {"ece_kde_l1": np.empty(R)}
@@ -658,5 +671,11 @@ def test_bootstrap_reselects_the_bandwidth_per_replicate(calibration):
         plain["ece_kde_l1"].bootstrap_distribution, d["ece_kde_l1"], rtol=1e-12
     )
     assert list(fixed._reselected(fixed._est, counts)) == [est.bandwidth]
-    with pytest.raises(TypeError, match="reselect_bandwidth"):
-        est.confidence_intervals(names, n_resamples=4, reselect_bandwidth="yes")
+    np.testing.assert_array_equal(  # nothing to add at a fixed bandwidth
+        _quiet(fixed.confidence_intervals, names, n_resamples=R, seed=seed)[
+            "ece_kde_l1"
+        ].bootstrap_distribution,
+        d["ece_kde_l1"],
+    )
+    with pytest.raises(ValueError, match="bandwidth_variability"):
+        est.confidence_intervals(names, n_resamples=4, bandwidth_variability="yes")
