@@ -25,7 +25,7 @@ ROOT = Path(kdecal.__file__).resolve().parent
 LAYERS: list[set[str]] = [
     {"warnings", "tolerances", "_validation", "_formulas", "_debias", "_io", "datasets"},
     {"_engine", "_engine.runtime"},
-    {"_engine.cpp", "_engine.numba", "_engine.cuda", "_engine.dask"},
+    {"_engine.cpp", "_engine.numba", "_engine.numba_binary", "_engine.cuda", "_engine.dask"},
     {"_engine.engines"},
     {"_engine.binary"},
     {"_engine.backends"},
