@@ -15,7 +15,11 @@ and tuned offline:
 
     python bench/bootstrap_selection.py run --K 10 --n 1000 --t 2 --draws 100 --R 100 \
         --out bench/selection/K10_n1000_t2.npz
+    python bench/bootstrap_selection.py run ... --first 100 --draws 100 --out more.npz
     python bench/bootstrap_selection.py summarize bench/selection/*.npz
+
+``--first`` starts at that draw index (new samples and row samples), and ``summarize``
+pools the files of one cell.
 
 ``summarize`` prints, per cell and quantity, the coverage of the estimator's
 expectation (the mean estimate over the draws) by each rule's 95 % interval.
@@ -58,7 +62,7 @@ def run(args: argparse.Namespace) -> None:
         for key in ("est", "fixed", "reselect", "shift"):
             out[f"{q}/{key}"] = []
     t0 = time.perf_counter()
-    for d in range(args.draws):
+    for d in range(args.first, args.first + args.draws):
         P, y = draw(n, K, t, 1000 * d + K)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", kdecal.KdecalWarning)
@@ -81,8 +85,11 @@ def run(args: argparse.Namespace) -> None:
                 out[f"{q}/fixed"].append(fixed[q].bootstrap_distribution)  # type: ignore[arg-type]
                 out[f"{q}/reselect"].append(resel[q].bootstrap_distribution)  # type: ignore[arg-type]
                 out[f"{q}/shift"].append(shift)  # type: ignore[arg-type]
-        if (d + 1) % 10 == 0:
-            print(f"draw {d + 1} / {args.draws}, {time.perf_counter() - t0:.0f} s", flush=True)
+        if (d + 1 - args.first) % 10 == 0:
+            print(
+                f"draw {d + 1 - args.first} / {args.draws}, {time.perf_counter() - t0:.0f} s",
+                flush=True,
+            )
     arrays = {k.replace("/", "__"): np.asarray(v) for k, v in out.items()}
     tr = truths(K, t) if args.calibration == "canonical" else top_label_truths(K, t)
     np.savez(
@@ -114,9 +121,23 @@ def rules(d: dict[str, np.ndarray], q: str) -> dict[str, np.ndarray]:
 def summarize(args: argparse.Namespace) -> None:
     print("| notion | K | n | t | quantity | draws | rule | covers mean | sd / bootstrap sd |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for path in args.files:
+    cells: dict[tuple[str, int, int, float], dict[str, np.ndarray]] = {}
+    for path in args.files:  # the runs of one cell (--first) are pooled
         with np.load(path) as f:
-            d = {k: f[k] for k in f.files}
+            part = {k: f[k] for k in f.files}
+        key = (
+            str(part.get("calibration", "canonical")),
+            int(part["K"]),
+            int(part["n"]),
+            float(part["t"]),
+        )
+        if key not in cells:
+            cells[key] = part
+            continue
+        for k, value in part.items():
+            if k.endswith(("__est", "__fixed", "__reselect", "__shift")):
+                cells[key][k] = np.concatenate([cells[key][k], value])
+    for d in cells.values():
         for q in NAMES:
             est = d[f"{q}__est"]
             mu = float(est.mean())
@@ -143,6 +164,9 @@ def main() -> None:
     r.add_argument("--n", type=int, required=True)
     r.add_argument("--t", type=float, required=True)
     r.add_argument("--draws", type=int, default=100)
+    r.add_argument(
+        "--first", type=int, default=0, help="index of the first draw (to extend a cell's run)"
+    )
     r.add_argument("--R", type=int, default=100)
     r.add_argument("--out", required=True)
     r.add_argument("--calibration", choices=("canonical", "top_label"), default="canonical")
