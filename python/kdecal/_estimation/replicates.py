@@ -14,7 +14,8 @@ class sums of many label vectors (and centre multiplicities) at once.
   the class sums and the row means; the copies of a query row are left out with it, so
   each replicate is the same leave-one-out estimator on the resampled rows, ties
   removed; the U-statistic of the squares counts the copies of a centre as one point
-  (``sum v_i^2 w_ij^2``). The bandwidth is kept fixed.
+  (``sum v_i^2 w_ij^2``). The bandwidth is the estimate's (the selection's own
+  variability is added by :class:`kdecal.CalibrationEstimate`).
 """
 
 from __future__ import annotations
