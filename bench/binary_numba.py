@@ -1,8 +1,8 @@
 """The numba twin of the fast binary engine against the compiled core (issue 27 item 1).
 
 One engine pass at n = 100,000 (top-label-like scores x ~ Beta(8, 1), labels ~
-Bernoulli(x), h = 1e-3, powers 2 with the pair and residual sums) by the window and
-binned methods of both (and the compiled local method), the largest relative difference
+Bernoulli(x), h = 1e-3, powers 2 with the pair and residual sums) by the window,
+binned and local methods of both, the largest relative difference
 of their accumulators; the dense numba loop at ``--dense-n`` rows; then
 ``kdecal.estimate(..., bandwidth="auto")`` for top-label and class-wise calibration on
 both backends (the synthetic protocol's K = 10 model of ``bench/binary_speed.py``).
@@ -67,11 +67,14 @@ def main() -> None:
     kw = {"powers": 2, "pairs": True, "u": u}
     # compile the numba kernels first (cached on disk after the first run)
     small = (logq[:, :500], p[:, :500], lab[:, :500], 2, common[4], bias[:, :, :500])
-    kb.loo_reduce_k2(*small, method="binned", backend="numba", powers=2, pairs=True, u=u[:, :500])
+    for method in ("binned", "local"):
+        kb.loo_reduce_k2(
+            *small, method=method, backend="numba", powers=2, pairs=True, u=u[:, :500]
+        )
     ref = kb.loo_reduce_k2(*common, method="window", **kw)
     for backend, methods in (
         ("cpp", ("window", "binned", "local")),
-        ("numba", ("window", "binned")),
+        ("numba", ("window", "binned", "local")),
     ):
         for method in methods:
             res = kb.loo_reduce_k2(*common, method=method, backend=backend, **kw)

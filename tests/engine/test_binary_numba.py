@@ -2,8 +2,9 @@
 
 Every accumulator of ``numba_binary.binary_reduce`` against (a) the compiled
 ``core.binary_reduce`` with the same method and inputs (the window method: the same
-terms summed in another order, within 1e-13 relative; the binned method: the same cells,
-orders and fallbacks, within the bound both keep, TOL) and (b) the dense engine with the
+terms summed in another order, within 1e-13 relative; the binned and local methods: the
+same cells, orders, groups, expansions and fallbacks, within the bound both keep, TOL;
+every method: the same counters) and (b) the dense engine with the
 tolerances of ``tests/engine/test_binary_engine.py`` (TOL = 1e-8 relative; the pair sums
 D with the absolute floor ``n e^-64 Q`` of the dense engine's own truncation; centre
 weights against the dense multi-label pass with its floor ``n e^-64 (1 + vmax^2)``).  The
@@ -32,6 +33,7 @@ pytestmark = pytest.mark.numba
 TOL = 1e-8  # against the dense engine (tests/engine/test_binary_engine.py)
 TWIN = 1e-13  # window method against the compiled core's
 NAMES = ("m", "S", "Q", "T", "D", "A", "U")
+METHODS = ("window", "binned", "local")
 WORST: dict[str, float] = {}  # largest differences seen (printed with -s)
 
 
@@ -149,6 +151,8 @@ def _check_twin(a, c, method, what):
     """Every output of the numba engine against the compiled one's (same method)."""
     assert len(a) == len(c) == 8, what
     assert set(a[7]) == set(c[7]), what
+    # the same decisions per (query, class): the same counters
+    assert a[7] == c[7], f"{what} stats {a[7]} != {c[7]}"
     assert np.array_equal(a[0], c[0]), f"{what} m"  # the same L and the same search
     tol = TWIN if method == "window" else TOL
     for k in range(1, 7):
@@ -199,7 +203,7 @@ def _check_dense(a, x, y, C, hs, powers, pairs, u, what, method):
 
 
 # ------------------------------------------------------------------ adversarial inputs
-@pytest.mark.parametrize("method", ["window", "binned"])
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("h", [1e-8, 1e-6, 1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0])
 def test_adversarial_against_compiled_and_dense(method, h):
     rng = np.random.default_rng(6)
@@ -217,7 +221,7 @@ def test_adversarial_against_compiled_and_dense(method, h):
         _check_dense(a, x, z, 1, [h], 1, False, None, what + " unlabelled", method)
 
 
-@pytest.mark.parametrize("method", ["window", "binned"])
+@pytest.mark.parametrize("method", METHODS)
 def test_powers_pairs_and_residual_options(method):
     rng = np.random.default_rng(1)
     n = 1500
@@ -230,6 +234,9 @@ def test_powers_pairs_and_residual_options(method):
             what = f"{method} powers={powers} pairs={pairs} u={uu is not None}"
             a, c = _pair(x, y, 2, hs, method, powers=powers, pairs=pairs, u=uu)
             _check_twin(a, c, method, what)
+            if method == "local":  # the groups' expansions serve most (query, class)
+                assert a[7]["groups_local"] > 0, what
+                assert a[7]["rows_local"] > n, what
             assert a[2].shape == ((1, 3, n, 2) if powers >= 2 else (0, 0, 0))
             assert a[3].shape == ((1, 3, n, 2) if powers >= 3 else (0, 0, 0))
             assert a[4].shape == ((1, 3, n, 2) if pairs else (0, 0, 0))
@@ -255,7 +262,7 @@ def test_batched_classwise_problems_and_two_dimensional_inputs():
     Y = (yy[None, :] == np.arange(4)[:, None]).astype(np.int64)
     u = rng.random((4, 1200))
     hs = [1e-3, 1e-2]
-    for method in ("window", "binned"):
+    for method in METHODS:
         a, c = _pair(X, Y, 2, hs, method, u=u)
         assert a[0].shape == (4, 2, 1200) and a[1].shape == (4, 2, 1200, 2)
         _check_twin(a, c, method, f"batched {method}")
@@ -264,14 +271,14 @@ def test_batched_classwise_problems_and_two_dimensional_inputs():
         # without B
         logq, p, bias = _inputs(X[1], hs)
         scale = np.ascontiguousarray(1.0 / np.asarray(hs))
-        if method == "binned":
+        if method != "window":
             bias = kb.shifted_bias(bias, scale)[0]
         args = (logq[0], p[0], Y[1].copy(), 2, scale, np.ascontiguousarray(bias[0]), method)
         one = _call(nb.binary_reduce, *args, u=u[1].copy())
         ref = _call(core.binary_reduce, *args, u=u[1].copy())
         for k in range(7):
             assert one[k].shape == ref[k].shape, k
-        shift = kb.shifted_bias(_inputs(X, hs)[2], scale)[1] if method == "binned" else None
+        shift = kb.shifted_bias(_inputs(X, hs)[2], scale)[1] if method != "window" else None
         for k in range(7):
             got = one[k] if k else one[0] + (0.0 if shift is None else shift[1][:, None])
             assert np.array_equal(got, a[k][1]), (method, k)
@@ -283,12 +290,12 @@ def test_large_clustered_and_all_equal():
     x = np.concatenate([1 - rng.random(2200) * 1e-3, rng.beta(2, 2, 800)])
     y = (rng.random(n) < x).astype(np.int64)
     u = rng.random(n)
-    for method in ("window", "binned"):
+    for method in METHODS:
         a, c = _pair(x, y, 2, [2e-4, 0.02], method, powers=2, pairs=True, u=u)
         _check_twin(a, c, method, f"clustered {method}")
         _check_dense(a, x, y, 2, [2e-4, 0.02], 2, True, u, f"clustered {method}", method)
     x = np.full(n, 0.9)
-    for method in ("window", "binned"):
+    for method in METHODS:
         a, c = _pair(x, np.zeros(n, np.int64), 1, [1e-3], method, powers=2, pairs=True)
         _check_twin(a, c, method, f"all equal {method}")
         assert np.all(a[0] == a[0][0, 0, 0])
@@ -297,7 +304,7 @@ def test_large_clustered_and_all_equal():
 
 
 def test_one_point_and_lonely_classes():
-    for method in ("window", "binned"):
+    for method in METHODS:
         a, c = _pair(np.array([0.3]), np.array([1]), 2, [0.01], method)
         assert np.all(np.isneginf(a[0]))
         for k in range(7):
@@ -328,7 +335,7 @@ def test_signed_residual_weights():
 
     ex = dense(u)
     scale_u = dense(np.abs(u))[-1]
-    for method in ("window", "binned"):
+    for method in METHODS:
         a, c = _pair(x, y, 2, hs, method, powers=2, pairs=False, u=u)
         assert np.array_equal(a[0], c[0])
         for k in (1, 2, 5):
@@ -376,7 +383,7 @@ def test_centre_weights_against_compiled_and_the_dense_multi_label_pass(h):
         u = rng.random(n) * v * v
         m, S, Q, A, U = _weighted_reference(x, y, h, v, u)
         floor = n * np.exp(-64.0) * (1.0 + v.max() ** 2)
-        for method in ("window", "binned"):
+        for method in METHODS:
             what = f"{name} {method} h={h}"
             a, c = _pair(x, y, 2, [h], method, powers=2, pairs=False, u=u, v=v)
             _check_twin(a, c, method, what)
@@ -397,7 +404,7 @@ def test_unit_and_zero_centre_weights():
     x = np.concatenate([1 - rng.random(1500) * 1e-3, rng.beta(2, 2, 500)])
     y = (rng.random(len(x)) < x).astype(np.int64)
     u = rng.random(len(x))
-    for method in ("window", "binned"):
+    for method in METHODS:
         for h in (2e-4, 0.02):
             a, _ = _pair(x, y, 2, [h], method, powers=2, pairs=False, u=u)
             b, _ = _pair(x, y, 2, [h], method, powers=2, pairs=False, u=u, v=np.ones(len(x)))
@@ -441,7 +448,7 @@ def test_without_the_compiled_core_as_the_numba_dense_engine(monkeypatch):
             assert not nb.fused_kernel()
             outs = {
                 method: _call(nb.binary_reduce, logq, p, lab, 2, scale, bias, method, 2, u=u)
-                for method in ("window", "binned")
+                for method in METHODS
             }
         floor = n * np.exp(-64.0) * ex[2]
         for method, a in outs.items():
@@ -466,7 +473,7 @@ def test_rows_threads_and_chunks_are_bit_identical(monkeypatch):
     x = rng.beta(3, 1, n)
     y = (rng.random(n) < x).astype(np.int64)
     u = rng.random(n)
-    for method in ("window", "binned"):
+    for method in METHODS:
         one, _ = _pair(x, y, 2, [1e-3, 0.03], method, u=u, threads=1)
         two, _ = _pair(x, y, 2, [1e-3, 0.03], method, u=u, threads=2)
         part, _ = _pair(x, y, 2, [1e-3, 0.03], method, u=u, rows=(700, 1900))
@@ -481,7 +488,7 @@ def test_rows_threads_and_chunks_are_bit_identical(monkeypatch):
         seen: list[int] = []
         logq, p, bias = _inputs(x, [1e-3, 0.03])
         scale = np.ascontiguousarray(1.0 / np.array([1e-3, 0.03]))
-        if method == "binned":
+        if method != "window":
             bias = kb.shifted_bias(bias, scale)[0]
         small = _call(
             nb.binary_reduce,
@@ -542,8 +549,8 @@ def test_bad_arguments_raise():
         return nb.binary_reduce(**args)
 
     call()  # the good call runs
-    with pytest.raises(ValueError, match="local.*binned"):
-        call(method="local")
+    for method in ("binned", "local"):
+        call(method=method)
     with pytest.raises(ValueError, match="method"):
         call(method="dense")
     with pytest.raises(ValueError, match="K = 2"):
@@ -629,7 +636,7 @@ def test_numba_backend_runs_binary_problems_on_the_twin(monkeypatch):
     logq, p, bias = kb.binary_inputs(x, hs)
     args = (logq[0], p[0], lab, 2, 1.0 / hs, bias[0])
     got = _backends.loo_reduce(*args, powers=2, backend="numba", pairs=True)
-    assert calls and set(calls) <= {"window", "binned"}  # "local" runs as "binned"
+    assert calls and set(calls) <= {"window", "binned", "local"}
     want = _backends.loo_reduce(*args, powers=2, backend="cpp", pairs=True)
     dense = _engines.dense_loo_reduce("numba", *args, 2, 0, n, progress=False, pairs=True)
     for name, a, b, d in zip(NAMES, got, want, dense):

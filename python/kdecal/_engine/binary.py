@@ -24,9 +24,9 @@ coordinate.  :func:`loo_reduce_binary` returns the accumulators of
 
 The compiled core (``kdecal._core.binary_reduce``) computes them on ``backend="cpp"``
 (and on the Dask workers); :mod:`kdecal._engine.numba_binary`, its numba twin, on
-``backend="numba"``: the window and binned methods, the same decisions and the same
-sums to rounding (``"local"`` runs as ``"binned"`` there, whose bound is the same; no
-plans: each call sorts the centres again).
+``backend="numba"``: the window, binned and local methods, the same decisions and the
+same sums to rounding (no plans there: each call sorts the centres and builds its cells
+and groups' expansions again).
 """
 
 from __future__ import annotations
@@ -292,7 +292,7 @@ def loo_reduce_k2(
     these ``logq``, ``p`` (the same arrays) and labels to use instead of the
     :func:`reuse_plans` scope's (the engine ignores a plan of other arrays or labels);
     ``backend``: "cpp" (the compiled core) or "numba" (:mod:`.numba_binary`, where
-    "local" runs as "binned" and plans are not used).  Returns ``(m, S, Q, T[, D][, A,
+    plans are not used).  Returns ``(m, S, Q, T[, D][, A,
     U])`` with the leading B axis.  Each query row's sums depend on that row alone (the
     plan, the methods and the cells on all centres), so that the rows of a call over a
     range equal, bit for bit, those rows of a call over all of them.
@@ -334,8 +334,6 @@ def loo_reduce_k2(
         methods = [choose_method(p, labels, n_classes, 1.0 / float(s), powers) for s in scale]
     else:
         methods = [method] * H
-    if backend == "numba":  # no local expansions in the numba twin: the binned sums
-        methods = ["binned" if mth == "local" else mth for mth in methods]
     parts: list[tuple[np.ndarray, ...]] = []
     groups = [
         (mth, [t for t in range(H) if methods[t] == mth]) for mth in ("local", "binned", "window")

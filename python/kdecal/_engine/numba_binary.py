@@ -20,8 +20,15 @@ module follows):
   met (every accumulator within ``3e-9`` relative of the exact sums): the same cells,
   moments, orders, bounds and checks as the C++, so the same (query, class) pairs fall
   back to windows;
-- ``method="local"`` is not available here (``ValueError``: use ``"binned"``, whose
-  bound is the same).
+- ``method="local"``: the binned method's cells, their Taylor sums translated once per
+  group of neighbouring queries (at most ``0.125 sqrt(h)/2`` in ``z`` and 256 points,
+  over all n sorted positions) into one series of order 12 in the query's coordinate,
+  with its bound per (query, class) (section 4); where it is not met, the binned method,
+  then the window method: the same groups, expansions, bounds and fallbacks as the
+  C++ ``build_local`` and ``local_eval`` (and, as there, no moments for the fine cells
+  without the pair or residual sums), so the same (query, class) pairs are served by
+  each (the counters ``rows_local``, ``groups_local``, ``fallbacks`` equal the compiled
+  core's on the tests' inputs).
 
 ``L`` is evaluated as the compiled core evaluates it: with fused multiply-adds where the
 core's SIMD path has them (``avx2``, ``avx512``, AArch64), unfused otherwise, and unfused
@@ -34,13 +41,15 @@ at n = 1e3, 1e-14 at n = 1e5).  Each query row is computed by one thread in a fi
 order, so the results depend neither on the number of threads nor on the row range asked
 for.  The rows run in chunks of about :data:`kdecal._engine.numba.CHUNK_SECONDS` (one
 kernel call each, timed from the previous one), so that ``progress`` is called and
-Ctrl-C is seen between two chunks.  ``plan`` (the compiled core's sorted centres and
-cell cache) is ignored: each call sorts the centres and builds its cells again.
+Ctrl-C is seen between two chunks (the local method: chunks of groups, each group and its
+rows computed by one thread).  ``plan`` (the compiled core's sorted centres, cell cache
+and groups' expansions) is ignored: each call sorts the centres and builds its cells
+and expansions again.
 
 Speed (2 threads of a shared 2-core AVX-512 machine, n = 1e5 top-label-like scores,
 h = 1e-3, powers = 2 with the pair and residual sums): window 11.4 s (compiled 7.2 s; its
-windows hold 58 % of the centres there), binned 1.0 s (compiled 0.42 s); the numba dense
-engine 32 s.
+windows hold 58 % of the centres there), binned 1.0 s (compiled 0.42 s), local 0.20 s
+(compiled 0.10 s); the numba dense engine 32 s.
 """
 
 from __future__ import annotations
@@ -128,9 +137,37 @@ _NSTATE = 22
 # scalars, then the lanes of the six sums (added element-wise, summed once per window).
 _RX, _RW, _RTMP, _RLN = 0, 1, 2, 3
 _NSCR = _RLN + 6
-# Counters of a task (the compiled core's BinaryStats, those of these two methods)
+# Counters of a task (the compiled core's BinaryStats)
 _ST_DIRECT, _ST_CELLS, _ST_TERMS, _ST_FALLBACKS, _ST_LONG, _ST_PFALL = range(6)
-_NST = 6
+_ST_ROWS, _ST_GROUPS = 6, 7
+_NST = 8
+# The local method (kdecal's kPt, kGroupWidth, kGroupMax, kGroupMin): the order of the
+# series in t, a group's z-span in units of sqrt(h)/2, its most and least points
+_KPT = 12
+_KGROUPWIDTH = 0.125
+_KGROUPMAX = 256
+_KGROUPMIN = 4
+# the power q of each moment array (M1, A0, A1, M2, U2, M3)
+_QARR = np.array([1, 1, 1, 2, 2, 3], np.int64)
+# C(p + l, p) for p + l <= kMaxOrder (0 beyond), as the C++ BinomTable builds it
+_BINOM_C = np.zeros((_KNP, _KNP))
+for _a in range(_KNP):
+    for _b in range(_KNP):
+        _BINOM_C[_a, _b] = (
+            1.0
+            if _b == 0
+            else (0.0 if _a == 0 else _BINOM_C[_a - 1, _b - 1] + _BINOM_C[_a - 1, _b])
+        )
+_BINOM_T = np.zeros((_KNP, _KNP))
+for _a in range(_KNP):
+    for _b in range(_KNP):
+        _BINOM_T[_a, _b] = _BINOM_C[_a + _b, _a] if _a + _b < _KNP else 0.0
+del _a, _b, _BINOM_C
+# Scalars of a (group, class) expansion ``le``: Q's class maximum M, xbar = x_Q, Q's
+# logs, the systematic log error of the cells' part, the largest esum of the cells used,
+# and a flag: a term too far above M (the expansion may not serve).
+_LM, _LXBAR, _LQ0, _LQ1, _LDELTA, _LESUM, _LBAD = range(7)
+_NLE = 7
 _STAT_KEYS = (
     "pairs_direct",
     "cells_taylor",
@@ -887,6 +924,806 @@ def _binned_sums(ci, cf, mom, ix, cen, cfg, fl, lo, hi, me, best, vb, qv, state,
 
 
 # ---------------------------------------------------------------------------
+# The local method (section 4): one series per group of queries.
+# ---------------------------------------------------------------------------
+@njit(**_JIT)
+def _per_query(ci, cf, mom, ix, cen, cfg, fl, lo, hi, me, best, vb, qv, state, st, scr, acc):
+    """One (query, class) by the binned method, else the window method (the C++ per_query)."""
+    binned = fl[_GBINNED] != 0
+    ok = False
+    if binned:
+        ok = _binned_sums(
+            ci, cf, mom, ix, cen, cfg, fl, lo, hi, me, best, vb, qv, state, st, scr, acc
+        )
+    if not ok:
+        cnt = _window_sums(cen, cfg, fl, lo, hi, me, best, vb, qv[0], qv[1], qv[2], scr, acc)
+        if binned:
+            st[_ST_FALLBACKS] += 1
+            st[_ST_PFALL] += cnt
+        else:
+            st[_ST_DIRECT] += cnt
+
+
+@njit(**_JIT)
+def _make_groups(z, s):
+    """Group starts over all n sorted positions (the C++ make_groups), n appended."""
+    n = z.shape[0]
+    wz = _KGROUPWIDTH * math.sqrt(1.0 / s) * 0.5
+    gs = np.empty(n + 1, np.int64)
+    ng = 0
+    sp = 0
+    while sp < n:
+        gs[ng] = sp
+        ng += 1
+        g0 = sp
+        sp += 1
+        while sp < n and sp - g0 < _KGROUPMAX and abs(z[sp] - z[g0]) <= wz:
+            sp += 1
+    gs[ng] = n
+    return gs[: ng + 1].copy()
+
+
+@njit(**_JIT)
+def _local_direct(a, b, cen, s, fused, need, qmax, tmax, le, lam, lerr, lmag, yk):
+    """Add the exact terms of the sorted positions [a, b) to the expansion (the C++ direct).
+
+    Returns True where a term lies more than 600 nats above the group's maximum (bad).
+    """
+    q0 = le[_LQ0]
+    q1 = le[_LQ1]
+    M = le[_LM]
+    xbar = le[_LXBAR]
+    rem_t_unit = _INV_F[_KPT] / (_KPT + 1)  # 1 / (kPt + 1)!
+    for i in range(a, b):
+        p0 = cen[_CP0, i]
+        p1 = cen[_CP1, i]
+        Li = _lk(cen[_CB, i], s, q0, q1, p0, p1, fused)
+        lw = Li - M
+        y = p1 - xbar
+        le[_LDELTA] = max(
+            le[_LDELTA], 4.0 * _EPS * (abs(Li) + 2.0 * abs(M) + s * (abs(q0) * p0 + abs(q1) * p1))
+        )
+        le[_LESUM] = max(le[_LESUM], 2.0 * abs((p0 + p1) - 1.0) + 4 * _EPS)
+        if lw > 600.0:
+            return True
+        if lw < -700.0:
+            continue  # below e^-700 of the maximum: counted in the drop
+        w1 = math.exp(lw)
+        w2 = w1 * w1
+        w3 = w1 * w1 * w1
+        vi = cen[_CV, i]  # 1 without centre weights
+        ui = cen[_CU, i]
+        # per power: e^eta and the remainder factor eta^(kPt+1) / (kPt+1)!
+        ee1, ee2, ee3 = 0.0, 0.0, 0.0
+        tr1, tr2, tr3 = 0.0, 0.0, 0.0
+        for q in range(1, qmax + 1):
+            eta = q * tmax * abs(y)
+            ee = math.exp(eta)
+            tr = rem_t_unit
+            for _ in range(_KPT + 1):
+                tr *= eta
+            if q == 1:
+                ee1, tr1 = ee, tr
+            elif q == 2:
+                ee2, tr2 = ee, tr
+            else:
+                ee3, tr3 = ee, tr
+        yk[0] = 1.0
+        for k in range(1, _KPT + 1):
+            yk[k] = yk[k - 1] * y * _INV_V[k - 1]
+        for ar in range(_NMOM):
+            if not need[ar]:
+                continue
+            q = _QARR[ar]
+            if q == 1:
+                wq, eeq, trq = w1, ee1, tr1
+            elif q == 2:
+                wq, eeq, trq = w2, ee2, tr2
+            else:
+                wq, eeq, trq = w3, ee3, tr3
+            if ar == _M1:
+                gv = vi
+            elif ar == _A0:
+                gv = vi * p0
+            elif ar == _A1:
+                gv = vi * p1
+            elif ar == _M2:
+                gv = vi * vi
+            elif ar == _U2:
+                gv = ui
+            else:
+                gv = vi * vi * vi
+            w = wq * gv
+            for k in range(_KPT + 1):
+                lam[ar, k] += w * yk[k]
+            wa = wq * abs(ui) if ar == _U2 else w
+            lerr[ar] += wa * eeq * (trq + _EPS * (_KPT + 8))
+            lmag[ar] += wa * eeq
+    return False
+
+
+@njit(**_JIT)
+def _use_cell(
+    k,
+    coarse,
+    first,
+    remaining,
+    ci,
+    cf,
+    mom,
+    cen,
+    cfg,
+    fused,
+    need,
+    qmax,
+    tmax,
+    dmax_q,
+    le,
+    lam,
+    lerr,
+    lmag,
+    drop,
+    work,
+):
+    """Use the cell k for the group's expansion (the C++ use_cell).
+
+    Returns 0: stop this direction (the cell's bound added to drop), 1: used, 2: a coarse
+    cell whose series would be too long, to be taken as its fine cells.  le[_LBAD] is set
+    where a term lies too far above the maximum.  work: scratch (5, 26).
+    """
+    s = cfg[_FS]
+    q0 = le[_LQ0]
+    q1 = le[_LQ1]
+    M = le[_LM]
+    xbar = le[_LXBAR]
+    rs = ci[k, _CI_REF]
+    dmax = cf[k, _CF_DMAX]
+    Lrq = _lk(cen[_CB, rs], s, q0, q1, cen[_CP0, rs], cen[_CP1, rs], fused)
+    E = (Lrq - cf[k, _CF_LRR]) + cf[k, _CF_PHI] - M
+    dq0 = q0 - cen[_CLQ0, rs]
+    dq1 = q1 - cen[_CLQ1, rs]
+    kappa = s * (dq1 - dq0)
+    xi1 = abs(kappa) * dmax
+    dC = cen[_CP1, rs] - xbar
+    rho = abs(dC) + dmax
+    eta1 = tmax * rho
+    top = E + xi1 + eta1  # every term of the cell, every query: <= e^{top + D_j}
+    if not first and (
+        top + dmax_q < -cfg[_FTB] or top + dmax_q + math.log(max(remaining, 1.0)) < -36.0
+    ):
+        for q in range(1, 4):
+            drop[q] += remaining * math.exp(q * top)
+        return 0
+    if E > 600.0:
+        le[_LBAD] = 1.0
+        return 1
+    start = ci[k, _CI_START]
+    end = ci[k, _CI_END]
+    count = end - start
+    off = ci[k, _CI_OFF]
+    if off < 0:
+        if _local_direct(
+            start, end, cen, s, fused, need, qmax, tmax, le, lam, lerr, lmag, work[4]
+        ):
+            le[_LBAD] = 1.0
+        return 1
+    # kappa orders per power (the target as binned_sums': relative to the cell and, for
+    # far cells, to the smallest total a query of the group can have)
+    P1, P2, P3 = 0, 0, 0
+    too_long = False
+    cost_t = 0.0
+    for q in range(1, qmax + 1):
+        xi = q * xi1
+        m0 = 0.0  # the largest cell mass of this power's arrays
+        for ar in range(_NMOM):
+            if need[ar] and _QARR[ar] == q:
+                m0 = max(m0, cf[k, _CF_ABSU] if ar == _U2 else mom[off + ar * _KNP])
+        ub = math.exp(q * E + xi + q * eta1) * max(m0, 1e-300)
+        rmin = math.exp(-q * dmax_q)
+        tgt = _KTOLCELL * (math.exp(-2.0 * xi) + rmin / (10.0 * ub))
+        Pq = _order_for(xi, tgt)[0]
+        if q == 1:
+            P1 = Pq
+        elif q == 2:
+            P2 = Pq
+        else:
+            P3 = Pq
+        if Pq > _KMAXORDER:
+            too_long = True
+        cost_t += (_KPT + 1.0) * (min(Pq, _KMAXORDER - _KPT // 2) + 1.0) + 0.5 * (_KPT + 1.0) * (
+            _KPT + 2.0
+        )
+    cost_d = float(count) * (_KPT + 12.0) * qmax
+    if too_long and coarse and count > 64 and ci[k, _CI_FE] - ci[k, _CI_FB] > 1:
+        return 2
+    if too_long or cost_d <= cost_t:
+        if _local_direct(
+            start, end, cen, s, fused, need, qmax, tmax, le, lam, lerr, lmag, work[4]
+        ):
+            le[_LBAD] = 1.0
+        return 1
+    le[_LESUM] = max(le[_LESUM], cf[k, _CF_ESUM])
+    pr0 = cen[_CP0, rs]
+    pr1 = cen[_CP1, rs]
+    mag = (
+        abs(Lrq)
+        + abs(cf[k, _CF_LRR])
+        + 2.0 * abs(cf[k, _CF_PHI])
+        + 2.0 * abs(M)
+        + s
+        * (abs(q0) * pr0 + abs(q1) * pr1 + abs(cen[_CLQ0, rs]) * pr0 + abs(cen[_CLQ1, rs]) * pr1)
+        + s * (abs(dq0) + abs(dq1)) * dmax
+    )
+    le[_LDELTA] = max(le[_LDELTA], 4.0 * _EPS * mag + s * abs(dq0) * cf[k, _CF_ESUM])
+    dpow = work[0]  # (Delta_C)^j / j!
+    kp = work[1]
+    N = work[2]
+    rx = work[3]
+    dpow[0] = 1.0
+    for j in range(1, _KPT + 1):
+        dpow[j] = dpow[j - 1] * dC * _INV_V[j - 1]
+    cnt = float(count)
+    rem_t_unit = _INV_F[_KPT] / (_KPT + 1)
+    for ar in range(_NMOM):
+        if not need[ar]:
+            continue
+        q = _QARR[ar]
+        if q == 1:
+            Pk = P1
+        elif q == 2:
+            Pk = P2
+        else:
+            Pk = P3
+        kq = q * kappa
+        mb = off + ar * _KNP
+        kp[0] = 1.0
+        for p in range(1, Pk + 1):
+            kp[p] = kp[p - 1] * kq
+        # N_l / l! = sum_p (q kappa)^p C(p + l, p) m_{p + l}, p <= P_l = min(P, 24 - l)
+        xi = q * xi1
+        etad = q * tmax * dmax
+        for l in range(_KPT + 1):
+            N[l] = 0.0
+        for p in range(Pk + 1):  # p <= P_l  <=>  l <= 24 - p
+            lmax = min(_KPT, _KMAXORDER - p)
+            kpp = kp[p]
+            for l in range(lmax + 1):
+                N[l] += kpp * _BINOM_T[p, l] * mom[mb + p + l]
+        rx[0] = 1.0  # xi^j / j!, j <= P + 1 (the remainders' orders)
+        for j in range(1, Pk + 2):
+            rx[j] = rx[j - 1] * xi * _INV_V[j - 1]
+        trunc_k = 0.0
+        etal = 1.0
+        for l in range(_KPT + 1):
+            trunc_k += rx[min(Pk, _KMAXORDER - l) + 1] * etal
+            etal *= etad * _INV_V[l]
+        fac = math.exp(q * E)
+        for kk in range(_KPT + 1):
+            acc = 0.0
+            for l in range(kk + 1):
+                acc += dpow[kk - l] * N[l]
+            lam[ar, kk] += fac * acc
+        m0 = cf[k, _CF_ABSU] if ar == _U2 else mom[mb]
+        eta = q * eta1
+        trunc_t = rem_t_unit
+        for _ in range(_KPT + 1):
+            trunc_t *= eta
+        b1 = fac * m0 * math.exp(xi)
+        b0 = b1 * math.exp(eta)
+        lerr[ar] += b1 * math.exp(q * tmax * abs(dC)) * trunc_k + b0 * (
+            trunc_t + _EPS * (cnt + 2 * Pk + 2 * _KPT + 16)
+        )
+        lmag[ar] += b0
+    return 1
+
+
+@njit(**_JIT)
+def _lvisit(
+    k,
+    k0,
+    remaining,
+    ci,
+    cf,
+    mom,
+    cen,
+    cfg,
+    fused,
+    need,
+    qmax,
+    tmax,
+    dmax_q,
+    le,
+    lam,
+    lerr,
+    lmag,
+    drop,
+    work,
+):
+    """Visit the coarse cell k of the group's walk (its fine cells where too long)."""
+    res = _use_cell(
+        k,
+        True,
+        k == k0,
+        remaining,
+        ci,
+        cf,
+        mom,
+        cen,
+        cfg,
+        fused,
+        need,
+        qmax,
+        tmax,
+        dmax_q,
+        le,
+        lam,
+        lerr,
+        lmag,
+        drop,
+        work,
+    )
+    if res == 0:
+        return False
+    if res == 2:
+        for f in range(ci[k, _CI_FB], ci[k, _CI_FE]):
+            _use_cell(
+                f,
+                False,
+                True,
+                0.0,
+                ci,
+                cf,
+                mom,
+                cen,
+                cfg,
+                fused,
+                need,
+                qmax,
+                tmax,
+                dmax_q,
+                le,
+                lam,
+                lerr,
+                lmag,
+                drop,
+                work,
+            )
+    return True
+
+
+@njit(**_JIT)
+def _build_local(
+    ci,
+    cf,
+    mom,
+    ix,
+    cen,
+    cfg,
+    fl,
+    need,
+    lo,
+    hi,
+    Q,
+    bestQ,
+    mQ,
+    tmax,
+    dmax_q,
+    le,
+    lam,
+    lerr,
+    lmag,
+    drop,
+    work,
+):
+    """Build the local expansion of the class [lo, hi) for the group of reference Q.
+
+    The C++ build_local, into le (scalars), lam (6, kPt + 1), lerr, lmag (6,).
+
+    Returns (ok, kl, kr): whether it may serve, and the walk's stopping cells (every cell
+    used lies strictly between them).
+    """
+    le[_LM] = mQ
+    le[_LXBAR] = cen[_CP1, Q]
+    le[_LQ0] = cen[_CLQ0, Q]
+    le[_LQ1] = cen[_CLQ1, Q]
+    le[_LDELTA] = 0.0
+    le[_LESUM] = 4 * _EPS
+    le[_LBAD] = 0.0
+    lam[:, :] = 0.0
+    lerr[:] = 0.0
+    lmag[:] = 0.0
+    drop[:] = 0.0
+    qmax = fl[_GQMAX]
+    nc = fl[_GNC]
+    fused = fl[_GFUSED] != 0
+    k0 = ix[_ICELL, bestQ]
+    _lvisit(
+        k0,
+        k0,
+        0.0,
+        ci,
+        cf,
+        mom,
+        cen,
+        cfg,
+        fused,
+        need,
+        qmax,
+        tmax,
+        dmax_q,
+        le,
+        lam,
+        lerr,
+        lmag,
+        drop,
+        work,
+    )
+    kl = -1
+    kr = nc
+    k = k0 - 1
+    while k >= 0 and ci[k, _CI_START] >= lo:
+        rem = float(ci[k, _CI_END] - lo)
+        if not _lvisit(
+            k,
+            k0,
+            rem,
+            ci,
+            cf,
+            mom,
+            cen,
+            cfg,
+            fused,
+            need,
+            qmax,
+            tmax,
+            dmax_q,
+            le,
+            lam,
+            lerr,
+            lmag,
+            drop,
+            work,
+        ):
+            kl = k
+            break
+        k -= 1
+    k = k0 + 1
+    while k < nc and ci[k, _CI_END] <= hi:
+        rem = float(hi - ci[k, _CI_START])
+        if not _lvisit(
+            k,
+            k0,
+            rem,
+            ci,
+            cf,
+            mom,
+            cen,
+            cfg,
+            fused,
+            need,
+            qmax,
+            tmax,
+            dmax_q,
+            le,
+            lam,
+            lerr,
+            lmag,
+            drop,
+            work,
+        ):
+            kr = k
+            break
+        k += 1
+    if le[_LBAD] != 0.0:
+        return False, kl, kr
+    # the cells left out, and the terms below e^-700 of M that direct sums skipped
+    tiny = cfg[_FN] * math.exp(-700.0)
+    vm = cfg[_FVMAX]
+    for ar in range(_NMOM):
+        q = _QARR[ar]
+        if ar == _M2:
+            gm = vm * vm
+        elif ar == _U2:
+            gm = cfg[_FUMAX]
+        elif ar == _M3:
+            gm = vm * vm * vm
+        else:
+            gm = vm
+        lerr[ar] += (drop[q] + tiny) * gm
+    return True, kl, kr
+
+
+@njit(**_JIT)
+def _local_eval(ix, cen, cfg, fl, le, lam, lerr, lmag, kl, kr, me, self_in, best, mc, vb, ev, acc):
+    """Evaluate the group's expansion for one (query, class) into acc (the C++ local_eval).
+
+    acc as _binned_sums' out.  Returns False where a bound fails the check (the caller
+    then uses the binned method, then the window method).
+    """
+    s = cfg[_FS]
+    fused = fl[_GFUSED] != 0
+    kb = ix[_ICELL, best]
+    if not (kb > kl and kb < kr):
+        return False
+    if self_in:
+        ks = ix[_ICELL, me]
+        if not (ks > kl and ks < kr):
+            return False
+    powers = fl[_GPOW]
+    pairs = fl[_GPAIRS] != 0
+    want_a = fl[_GA] != 0
+    want_u = fl[_GU] != 0
+    q0 = cen[_CLQ0, me]
+    q1 = cen[_CLQ1, me]
+    sd0 = s * (q0 - le[_LQ0])
+    t = s * ((q1 - le[_LQ1]) - (q0 - le[_LQ0]))
+    D = ((le[_LM] - mc) + sd0) + t * le[_LXBAR]
+    if not (D < 600.0):
+        return False
+    # systematic log error: the cells' part, D's own rounding, the dense engine's error
+    # in L_ij, and the neglected s (q0_j - q0_Q)(p0 + p1 - 1)
+    delta = (
+        le[_LDELTA]
+        + 4.0 * _EPS * (abs(le[_LM]) + abs(sd0) + abs(t) + 2.0 * abs(mc) + s * (abs(q0) + abs(q1)))
+        + abs(sd0) * le[_LESUM]
+    )
+    F1 = math.exp(D)
+    # the query's own term (excluded) and the class maximum's (exactly 1, added apart)
+    wself = 0.0
+    if self_in:
+        wself = math.exp(_lk(cen[_CB, me], s, q0, q1, cen[_CP0, me], cen[_CP1, me], fused) - mc)
+    val = ev[0]
+    err = ev[1]
+    magv = ev[2]
+    val[:] = 0.0
+    err[:] = 0.0
+    magv[:] = 0.0
+    for ar in range(_NMOM):
+        if not (
+            ar == _M1
+            or (want_a and (ar == _A0 or ar == _A1))
+            or (ar == _M2 and powers >= 2)
+            or (ar == _U2 and want_u)
+            or (ar == _M3 and powers >= 3)
+        ):
+            continue
+        q = _QARR[ar]
+        Fq = F1 if q == 1 else (F1 * F1 if q == 2 else F1 * F1 * F1)
+        y = q * t
+        a = lam[ar, _KPT]
+        for k in range(_KPT - 1, -1, -1):
+            a = a * y + lam[ar, k]
+        val[ar] = Fq * a
+        magv[ar] = Fq * lmag[ar]
+        err[ar] = Fq * (lerr[ar] + (q * delta + _EPS * (_KPT + 4)) * (lmag[ar] + lerr[ar]))
+    # the excluded terms with their centre weights (the query's own: v_self w_self), the
+    # maximum's v_best^q
+    wsv = wself * cen[_CV, me]
+    ws1 = wsv
+    ws2 = wsv * wsv
+    ws3 = wsv * wsv * wsv
+    vq1 = vb
+    vq2 = vb * vb
+    vq3 = vb * vb * vb
+    # subtract the excluded terms (their exact values)
+    e1 = val[_M1] - vq1 - ws1
+    e2 = val[_M2] - vq2 - ws2 if powers >= 2 else 0.0
+    e3 = val[_M3] - vq3 - ws3 if powers >= 3 else 0.0
+    # rounding of the subtractions (and of the excluded terms' own values)
+    err[_M1] += 8.0 * _EPS * (abs(val[_M1]) + abs(vq1 + ws1))
+    if powers >= 2:
+        err[_M2] += 8.0 * _EPS * (abs(val[_M2]) + abs(vq2 + ws2))
+    if powers >= 3:
+        err[_M3] += 8.0 * _EPS * (abs(val[_M3]) + abs(vq3 + ws3))
+    ref1 = e1 if pairs else vq1 + e1
+    if not (e1 >= 0.0) or not (err[_M1] <= _KTOLCHECK * ref1):
+        return False
+    if powers >= 2:
+        ref2 = e2 if pairs else vq2 + e2
+        if not (e2 >= 0.0) or not (err[_M2] <= _KTOLCHECK * ref2):
+            return False
+    if powers >= 3 and (not (e3 >= 0.0) or not (err[_M3] <= _KTOLCHECK * (vq3 + e3))):
+        return False
+    a0 = 0.0
+    a1 = 0.0
+    uu = 0.0
+    if want_a:
+        s0 = ws1 * cen[_CP0, me] if self_in else 0.0
+        s1 = ws1 * cen[_CP1, me] if self_in else 0.0
+        a0 = val[_A0] - s0
+        a1 = val[_A1] - s1
+        if not (err[_A0] + 8.0 * _EPS * (abs(val[_A0]) + abs(s0)) <= _KTOLCHECK * a0) or not (
+            err[_A1] + 8.0 * _EPS * (abs(val[_A1]) + abs(s1)) <= _KTOLCHECK * a1
+        ):
+            return False
+    if want_u:
+        su = (wself * wself) * cen[_CU, me] if self_in else 0.0
+        uu = val[_U2] - su
+        uref = abs(cen[_CU, best]) + magv[_U2]
+        if not (err[_U2] + 8.0 * _EPS * (abs(magv[_U2]) + abs(su)) <= _KTOLCHECK * uref):
+            return False
+    acc[0] = e1
+    acc[1] = e2
+    acc[2] = e3
+    acc[3] = a0
+    acc[4] = a1
+    acc[5] = uu
+    return True
+
+
+@njit(parallel=True, **_JIT)
+def _local_kernel(
+    tasks,
+    k0,
+    k1,
+    gstart,
+    in_range,
+    ix,
+    seg,
+    cen,
+    g,
+    ci,
+    cf,
+    mom,
+    cfg,
+    fl,
+    need,
+    row_start,
+    n_tasks,
+    outs,
+    stats,
+):
+    """Compute the groups tasks[k0:k1] of one (problem, bandwidth) into outs (local method).
+
+    The groups go round-robin to n_tasks tasks; per group and class the expansion is
+    built once (groups of kGroupMin points or more), then each query row of the group is
+    evaluated by it, else by the binned method, else by the window method.  Each group is
+    computed by one task in a fixed order: its bits depend neither on the threads nor on
+    the rows asked for (the groups and their tmax span all n sorted positions).
+    """
+    C = seg.shape[0] - 1
+    ng = k1 - k0
+    nt = max(1, min(n_tasks, ng))
+    s = cfg[_FS]
+    fused = fl[_GFUSED] != 0
+    weighted = fl[_GW] != 0
+    perm = ix[_IPERM]
+    for task in prange(nt):
+        scr = np.zeros((_NSCR, _KCHUNK))
+        acc = np.empty(6)
+        state = np.empty(_NSTATE)
+        qv = np.empty(3)
+        le = np.zeros(_NLE)
+        lam = np.zeros((_NMOM, _KPT + 1))
+        lerr = np.zeros(_NMOM)
+        lmag = np.zeros(_NMOM)
+        drop = np.zeros(4)
+        work = np.zeros((5, _KNP + 1))
+        ev = np.zeros((3, _NMOM))
+        mcs = np.empty((_KGROUPMAX, C))
+        vbs = np.empty((_KGROUPMAX, C))
+        sums = np.zeros((_KGROUPMAX, C, 6))
+        st = stats[task]
+        for gi in range(task, ng, nt):
+            grp = tasks[k0 + gi]
+            g0 = gstart[grp]
+            g1 = gstart[grp + 1]
+            Q = g0 + (g1 - g0) // 2
+            # |t_j| over the whole group (row-range independent)
+            tmax = 0.0
+            for sp in range(g0, g1):
+                tmax = max(
+                    tmax,
+                    abs(s * ((cen[_CLQ1, sp] - cen[_CLQ1, Q]) - (cen[_CLQ0, sp] - cen[_CLQ0, Q]))),
+                )
+            for c in range(C):
+                lo = seg[c]
+                hi = seg[c + 1]
+                ok_le = False
+                kl = -1
+                kr = -1
+                # (a group of a few points, where the kernel is narrow against the points'
+                # spacing, costs more to expand than to sum per query)
+                if g1 - g0 >= _KGROUPMIN:
+                    bQ, mQ = _class_argmax(
+                        cen, g, ix, s, lo, hi, Q, cen[_CLQ0, Q], cen[_CLQ1, Q], fused
+                    )
+                    if bQ >= 0 and math.isfinite(mQ) and math.isfinite(tmax):
+                        # D_j <= t_j (xbar - x_bQ): L at bQ bounds m_j from below
+                        dq = tmax * abs(cen[_CP1, Q] - cen[_CP1, bQ]) + 1.0
+                        ok_le, kl, kr = _build_local(
+                            ci,
+                            cf,
+                            mom,
+                            ix,
+                            cen,
+                            cfg,
+                            fl,
+                            need,
+                            lo,
+                            hi,
+                            Q,
+                            bQ,
+                            mQ,
+                            tmax,
+                            dq,
+                            le,
+                            lam,
+                            lerr,
+                            lmag,
+                            drop,
+                            work,
+                        )
+                        st[_ST_GROUPS] += 1
+                for me in range(g0, g1):
+                    if not in_range[me]:
+                        continue
+                    kq = me - g0
+                    for j in range(6):
+                        sums[kq, c, j] = 0.0
+                    vbs[kq, c] = 1.0
+                    q0 = cen[_CLQ0, me]
+                    q1 = cen[_CLQ1, me]
+                    best, mc = _class_argmax(cen, g, ix, s, lo, hi, me, q0, q1, fused)
+                    mcs[kq, c] = mc
+                    if best < 0:
+                        mcs[kq, c] = -np.inf
+                        continue
+                    vb = cen[_CV, best] if weighted else 1.0
+                    vbs[kq, c] = vb
+                    self_in = lo <= me < hi
+                    if ok_le and _local_eval(
+                        ix,
+                        cen,
+                        cfg,
+                        fl,
+                        le,
+                        lam,
+                        lerr,
+                        lmag,
+                        kl,
+                        kr,
+                        me,
+                        self_in,
+                        best,
+                        mc,
+                        vb,
+                        ev,
+                        acc,
+                    ):
+                        st[_ST_ROWS] += 1
+                    else:
+                        qv[0] = q0
+                        qv[1] = q1
+                        qv[2] = mc
+                        _per_query(
+                            ci,
+                            cf,
+                            mom,
+                            ix,
+                            cen,
+                            cfg,
+                            fl,
+                            lo,
+                            hi,
+                            me,
+                            best,
+                            vb,
+                            qv,
+                            state,
+                            st,
+                            scr,
+                            acc,
+                        )
+                    for j in range(6):
+                        sums[kq, c, j] = acc[j]
+            for me in range(g0, g1):
+                if in_range[me]:
+                    kq = me - g0
+                    _emit(perm[me] - row_start, mcs[kq], vbs[kq], sums[kq], fl, outs)
+
+
+# ---------------------------------------------------------------------------
 # The parallel kernel: one chunk of query rows of one (problem, bandwidth).
 # ---------------------------------------------------------------------------
 @njit(parallel=True, **_JIT)
@@ -1019,6 +1856,7 @@ def _cells(
     weighted: bool,
     fused: bool,
     need: np.ndarray,
+    fine_moments: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Build the coarse and fine cells of one bandwidth and their moments (build_cells).
 
@@ -1026,7 +1864,9 @@ def _cells(
     first (nc of them, their fine cells' indices [fb, fe) into the same arrays), then the
     fine ones, and their moments; ix[_ICELL] receives the coarse cell of every sorted
     position.  Moments only for cells of two or more centres (a single centre is summed
-    directly): memory O(n) even when every centre has its own cell.
+    directly): memory O(n) even when every centre has its own cell; without ``fine_moments``
+    (the local method without pair or residual sums, as the C++), none for the fine
+    cells, which are then summed directly.
     """
     wf = cell_width * math.sqrt(1.0 / s) * 0.5 / _KSUB  # the fine cells' width in z
     coarse, fine, ix[_ICELL] = _cell_bounds(z, seg, wf)
@@ -1035,6 +1875,8 @@ def _cells(
     coarse[:, _CI_FE] += nc
     ci = np.ascontiguousarray(np.concatenate([coarse, fine]))
     multi = (ci[:, _CI_END] - ci[:, _CI_START]) > 1
+    if not fine_moments:
+        multi[nc:] = False
     k = int(multi.sum())
     ci[multi, _CI_OFF] = np.arange(k, dtype=np.int64) * (_NMOM * _KNP)
     mom = np.zeros(k * _NMOM * _KNP)
@@ -1107,8 +1949,7 @@ def binary_reduce(
         units done so far (strictly increasing, the last ``B H R``).
     pairs : bool
         Also return the pair sums D (needs ``powers >= 2``).
-    method : {"window", "binned"}
-        ``"local"`` (the compiled core's) is refused: use ``"binned"``.
+    method : {"window", "binned", "local"}
     residuals : bool
         Also return ``A`` (and ``U`` with ``u``).
     u : array_like, shape (n,) or (B, n), or None
@@ -1185,12 +2026,7 @@ def binary_reduce(
     C = int(n_classes)
     if C < 1:
         raise ValueError("n_classes must be >= 1")
-    if method == "local":
-        raise ValueError(
-            "method 'local' is not available on the numba backend: use method='binned' "
-            "(the same bound, per query)"
-        )
-    if method not in ("window", "binned"):
+    if method not in ("window", "binned", "local"):
         raise ValueError(f"method must be 'window', 'binned' or 'local', got '{method}'")
 
     def per_centre(obj: Any, name: str) -> np.ndarray | None:
@@ -1266,7 +2102,8 @@ def binary_reduce(
             "pairs": pairs,
             "want_a": want_a,
             "want_u": want_u,
-            "binned": method == "binned",
+            "binned": method in ("binned", "local"),
+            "local": method == "local",
         }
         views: list[np.ndarray | None] = [
             m.reshape(B, H, R),
@@ -1326,6 +2163,10 @@ def _run(
     R = row_stop - row_start
     powers, pairs, want_a, want_u = (flags[k] for k in ("powers", "pairs", "want_a", "want_u"))
     binned = flags["binned"]
+    local = flags["local"]
+    # the fine cells' moments serve the binned method and the local method's fallbacks,
+    # frequent only with the pair sums (e1 to its own precision) (as the C++)
+    fine = not local or pairs or want_u
     weighted = v is not None
     fused = fused_kernel()
     fl = np.zeros(_NFL, np.int64)
@@ -1369,34 +2210,73 @@ def _run(
                 cfg[_FS] = s = float(scale[t])
                 _context(cen, perm, bias[b, t], s, g)
                 ci, cf, mom, fl[_GNC] = (
-                    _cells(cen, ix, seg, z, s, cell_width, weighted, fused, need)
+                    _cells(cen, ix, seg, z, s, cell_width, weighted, fused, need, fine)
                     if binned
                     else no_cells
                 )
                 out = tuple(absent[i] if a is None else a[b, t] for i, a in enumerate(outs))
+                if local:
+                    # groups over all n sorted positions (independent of the rows asked
+                    # for); the tasks are the groups holding at least one query row
+                    gstart = _make_groups(z, s)
+                    in_range = np.zeros(n, np.bool_)
+                    in_range[qorder] = True
+                    nq = np.add.reduceat(in_range.astype(np.int64), gstart[:-1])
+                    tasks = np.flatnonzero(nq > 0).astype(np.int64)
+                    rows_done = np.concatenate([[0], np.cumsum(nq[tasks])])
+                    total = tasks.shape[0]
+                    gstep = max(n_tasks, 4)  # the first chunk's groups (then timed)
+                else:
+                    total = R
                 k = 0
-                while k < R:
-                    k1 = min(R, k + step)
+                while k < total:
                     st = np.zeros((n_tasks, _NST), np.int64)
                     t0 = time.perf_counter()
-                    _kernel(
-                        qorder,
-                        k,
-                        k1,
-                        ix,
-                        seg,
-                        cen,
-                        g,
-                        ci,
-                        cf,
-                        mom,
-                        cfg,
-                        fl,
-                        row_start,
-                        n_tasks,
-                        out,
-                        st,
-                    )
+                    if local:
+                        k1 = min(total, k + gstep)
+                        _local_kernel(
+                            tasks,
+                            k,
+                            k1,
+                            gstart,
+                            in_range,
+                            ix,
+                            seg,
+                            cen,
+                            g,
+                            ci,
+                            cf,
+                            mom,
+                            cfg,
+                            fl,
+                            need,
+                            row_start,
+                            n_tasks,
+                            out,
+                            st,
+                        )
+                        nrows = int(rows_done[k1] - rows_done[k])
+                    else:
+                        k1 = min(R, k + step)
+                        _kernel(
+                            qorder,
+                            k,
+                            k1,
+                            ix,
+                            seg,
+                            cen,
+                            g,
+                            ci,
+                            cf,
+                            mom,
+                            cfg,
+                            fl,
+                            row_start,
+                            n_tasks,
+                            out,
+                            st,
+                        )
+                        nrows = k1 - k
                     dt = time.perf_counter() - t0
                     tot = st.sum(axis=0)
                     for key, slot in (
@@ -1406,12 +2286,18 @@ def _run(
                         ("fallbacks", _ST_FALLBACKS),
                         ("pairs_long", _ST_LONG),
                         ("pairs_fallback", _ST_PFALL),
+                        ("rows_local", _ST_ROWS),
+                        ("groups_local", _ST_GROUPS),
                     ):
                         stats[key] += int(tot[slot])
                     # the next chunk: about CHUNK_SECONDS at this chunk's pace
-                    rate = (k1 - k) / max(dt, 1e-6)
-                    step = int(min(max(rate * CHUNK_SECONDS, _QBLOCK * n_tasks), 4 * step + 1))
-                    done += k1 - k
+                    if local:
+                        rate = (k1 - k) / max(dt, 1e-6)
+                        gstep = int(min(max(rate * CHUNK_SECONDS, n_tasks), 4 * gstep + 1))
+                    else:
+                        rate = (k1 - k) / max(dt, 1e-6)
+                        step = int(min(max(rate * CHUNK_SECONDS, _QBLOCK * n_tasks), 4 * step + 1))
+                    done += nrows
                     k = k1
                     if progress is not None:
                         progress(done)
