@@ -26,16 +26,7 @@ from kdecal._engine import binary as kb
 from kdecal._engine import engines as _engines
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from binary_speed import synthetic
-
-
-def best(fn, repeats: int = 2) -> float:
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return min(ts)
+from binary_speed import best_of, synthetic
 
 
 def rel(a: np.ndarray, b: np.ndarray) -> float:
@@ -78,8 +69,9 @@ def main() -> None:
     ):
         for method in methods:
             res = kb.loo_reduce_k2(*common, method=method, backend=backend, **kw)
-            t = best(
-                lambda m=method, b=backend: kb.loo_reduce_k2(*common, method=m, backend=b, **kw)
+            t = best_of(
+                lambda m=method, b=backend: kb.loo_reduce_k2(*common, method=m, backend=b, **kw),
+                2,
             )
             diff = max(rel(a, b) for a, b in zip(res, ref))
             row = {
@@ -96,7 +88,7 @@ def main() -> None:
     nd = args.dense_n
     dl = lab[:, :nd]
     lq, pp, bb = kb.binary_inputs(x[:nd], [h])
-    t = best(
+    t = best_of(
         lambda: _engines.dense_loo_reduce(
             "numba",
             lq[0],

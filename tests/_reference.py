@@ -739,3 +739,24 @@ def ref_debias_atol(problems, factor=16.0):
     """
     cond = np.concatenate([p["cond"] for p in problems])
     return factor * np.finfo(np.float64).eps * float(np.mean(cond))
+
+
+def adversarial_scores():
+    """The fast binary engine's adversarial scores in [0, 1], by name (seeded).
+
+    Ties, exact 0 and 1, all scores equal, scores at 1 - 1e-12, n = 3 and 4, a cluster
+    within 1e-3 of 1: the inputs of tests/engine/test_binary_engine.py and of its numba
+    twin's tests.
+    """
+    rng = np.random.default_rng(5)
+    return {
+        "ties": np.round(rng.beta(4, 1, 400), 2),
+        "zeros_ones": np.concatenate([np.zeros(20), np.ones(30), rng.random(150)]),
+        "all_equal": np.full(200, 0.7),
+        "near_one": np.concatenate(
+            [np.full(10, 1 - 1e-12), 1 - rng.random(100) * 1e-6, rng.beta(8, 1, 200)]
+        ),
+        "n3": np.array([0.2, 0.5, 0.9]),
+        "n4_extremes": np.array([0.0, 1.0, 0.5, 0.5]),
+        "clustered": np.concatenate([1 - rng.random(300) * 1e-3, rng.random(20)]),
+    }

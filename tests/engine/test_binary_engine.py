@@ -16,6 +16,7 @@ import time
 import numpy as np
 import pytest
 
+from _reference import adversarial_scores
 from conftest import load_real_file
 
 core = pytest.importorskip("kdecal._core")
@@ -125,31 +126,18 @@ def test_real_files(fname):
 
 
 # ------------------------------------------------------------------ adversarial inputs
-def _adversarial():
-    rng = np.random.default_rng(5)
-    return {
-        "ties": np.round(rng.beta(4, 1, 400), 2),
-        "zeros_ones": np.concatenate([np.zeros(20), np.ones(30), rng.random(150)]),
-        "all_equal": np.full(200, 0.7),
-        "near_one": np.concatenate(
-            [np.full(10, 1 - 1e-12), 1 - rng.random(100) * 1e-6, rng.beta(8, 1, 200)]
-        ),
-        "n3": np.array([0.2, 0.5, 0.9]),
-        "n4_extremes": np.array([0.0, 1.0, 0.5, 0.5]),
-        "clustered": np.concatenate([1 - rng.random(300) * 1e-3, rng.random(20)]),
-    }
 
 
-@pytest.mark.parametrize("name", list(_adversarial()))
+@pytest.mark.parametrize("name", list(adversarial_scores()))
 @pytest.mark.parametrize("h", [1e-8, 1e-6, 1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0])
 def test_adversarial(name, h):
-    x = _adversarial()[name]
+    x = adversarial_scores()[name]
     y = (np.random.default_rng(6).random(len(x)) < x).astype(np.int64)
     _compare(x, y, 2, [h], what=name)
 
 
 def test_adversarial_unlabelled():
-    for name, x in _adversarial().items():
+    for name, x in adversarial_scores().items():
         _compare(x, np.zeros(len(x), np.int64), 1, [1e-6, 1e-3, 0.05], what=name)
 
 
@@ -500,7 +488,7 @@ def test_centre_weights_against_the_dense_multi_label_pass(h):
     # take the weights as they are given (so v and v^2 here); weights drawn as a
     # bootstrap's (many zeros) on the adversarial inputs and a clustered sample
     rng = np.random.default_rng(21)
-    cases = dict(_adversarial())
+    cases = dict(adversarial_scores())
     cases["clustered_3000"] = np.concatenate([1 - rng.random(2400) * 1e-3, rng.beta(3, 1, 600)])
     for name, x in cases.items():
         n = len(x)

@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from _reference import adversarial_scores
+
 pytest.importorskip("numba")
 core = pytest.importorskip("kdecal._core")
 if not hasattr(core, "binary_reduce"):
@@ -58,21 +60,6 @@ def _max_rel(a, b, floor=None):
 
 def _note(key, value):
     WORST[key] = max(WORST.get(key, 0.0), value)
-
-
-def _adversarial():
-    rng = np.random.default_rng(5)
-    return {
-        "ties": np.round(rng.beta(4, 1, 400), 2),
-        "zeros_ones": np.concatenate([np.zeros(20), np.ones(30), rng.random(150)]),
-        "all_equal": np.full(200, 0.7),
-        "near_one": np.concatenate(
-            [np.full(10, 1 - 1e-12), 1 - rng.random(100) * 1e-6, rng.beta(8, 1, 200)]
-        ),
-        "n3": np.array([0.2, 0.5, 0.9]),
-        "n4_extremes": np.array([0.0, 1.0, 0.5, 0.5]),
-        "clustered": np.concatenate([1 - rng.random(300) * 1e-3, rng.random(20)]),
-    }
 
 
 def _inputs(x, hs):
@@ -207,7 +194,7 @@ def _check_dense(a, x, y, C, hs, powers, pairs, u, what, method):
 @pytest.mark.parametrize("h", [1e-8, 1e-6, 1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0])
 def test_adversarial_against_compiled_and_dense(method, h):
     rng = np.random.default_rng(6)
-    for name, x in _adversarial().items():
+    for name, x in adversarial_scores().items():
         y = (rng.random(len(x)) < x).astype(np.int64)
         u = rng.random(len(x)) + 0.1
         what = f"{name} {method} h={h}"
@@ -374,7 +361,7 @@ def _weighted_reference(x, y, h, v, u):
 @pytest.mark.parametrize("h", [1e-6, 1e-3, 0.3, 10.0])
 def test_centre_weights_against_compiled_and_the_dense_multi_label_pass(h):
     rng = np.random.default_rng(21)
-    cases = dict(_adversarial())
+    cases = dict(adversarial_scores())
     cases["clustered_2000"] = np.concatenate([1 - rng.random(1600) * 1e-3, rng.beta(3, 1, 400)])
     for name, x in cases.items():
         n = len(x)
