@@ -593,8 +593,9 @@ class CalibrationEstimate:
                     continue
                 est_h = self._refit(base, h)
                 for q in group:
-                    value = _quiet(QUANTITIES[q], base)
-                    shifts[q][r0 + idx] = _quiet(QUANTITIES[q], est_h) - value
+                    shift = _quiet(QUANTITIES[q], est_h) - _quiet(QUANTITIES[q], base)
+                    # not finite: the quantity is undefined there; the replicate keeps 0
+                    shifts[q][r0 + idx] = shift if np.isfinite(shift) else 0.0
 
     def _fill_chunk(
         self,
@@ -698,13 +699,29 @@ class CalibrationEstimate:
         G, L = risks
         w = counts.astype(np.float64)
         risk = (L @ w.T) / w.sum(axis=1)  # (H, c)
+        # a candidate whose risk is not finite is never selected (argmin would pick a
+        # NaN); the searched value, finite on the whole sample, stays selectable
+        home = int(np.argmin(np.abs(G - self.search.bandwidth)))
+        risk[~np.isfinite(risk)] = np.inf
+        risk[home, np.all(np.isinf(risk), axis=0)] = 0.0
         pick = np.argmin(risk, axis=0)
         ratio = G[pick] / self.search.bandwidth
         out: dict[float, np.ndarray] = {}
         for r in np.unique(ratio):
             h = base.bandwidth if r == 1.0 else float(base.bandwidth * r)
-            out[h] = np.flatnonzero(ratio == r)
+            if h != base.bandwidth and not self._finite(self._refit(base, h)):
+                h = base.bandwidth  # a refit without a finite estimate: keep the bandwidth
+            idx = np.flatnonzero(ratio == r)
+            out[h] = np.sort(np.concatenate([out[h], idx])) if h in out else idx
         return out
+
+    @staticmethod
+    def _finite(est: _regression.Estimate) -> bool:
+        """Whether an estimate's conditional expectations (and squared errors) are finite."""
+        ok = bool(np.all(np.isfinite(est.E)))
+        if est.sqerr is not None:
+            ok = ok and bool(np.all(np.isfinite(est.sqerr)))
+        return ok
 
     def _selection_risks(self) -> tuple[np.ndarray, np.ndarray] | None:
         """Return the candidate bandwidths of :meth:`_reselected` and their per-row risks.

@@ -679,3 +679,51 @@ def test_bootstrap_reselects_the_bandwidth_per_replicate(calibration):
     )
     with pytest.raises(ValueError, match="bandwidth_variability"):
         est.confidence_intervals(names, n_resamples=4, bandwidth_variability="yes")
+
+
+def test_reselection_never_picks_an_undefined_bandwidth():
+    """A candidate bandwidth whose leave-one-out risk is not finite is never selected
+    (np.argmin would return a NaN's index), and one whose refitted estimate is not
+    finite leaves its replicates at the estimate's bandwidth with no shift: the
+    interval stays finite and holds its estimate."""
+    from dataclasses import replace
+
+    from kdecal._estimation import replicates as _replicates
+
+    rng = np.random.default_rng(3)
+    n, K = 300, 3
+    P = rng.dirichlet(np.ones(K), size=n)
+    T = P**2 / (P**2).sum(axis=1, keepdims=True)
+    y = np.array([rng.choice(K, p=row) for row in T])
+    est = _quiet(kdecal.estimate, P, y)
+    R, seed = 40, 9
+    counts = _replicates.draw_bootstrap_counts(n, R, np.random.default_rng(seed))
+    G, L = est._selection_risks()
+    home = int(np.argmin(np.abs(G - est.search.bandwidth)))
+    picked = est._reselected(est._est, counts)
+    moved = [h for h in picked if h != est.bandwidth]
+    assert moved  # the replicates select other bandwidths (else the test shows nothing)
+    # 1. NaN risks on every candidate but the searched one: all stay at home
+    Lbad = L.copy()
+    Lbad[np.arange(len(G)) != home, 0] = np.nan
+    est._risks = (G, Lbad)
+    assert list(est._reselected(est._est, counts)) == [est.bandwidth]
+    # every candidate NaN: still the searched value, never a NaN's index
+    est._risks = (G, np.full_like(L, np.nan))
+    assert list(est._reselected(est._est, counts)) == [est.bandwidth]
+    # 2. a refit without a finite estimate: its replicates keep the estimate's bandwidth
+    est._risks = (G, L)
+    h_bad = moved[0]
+    good = est._refit(est._est, h_bad)
+    est._refits[(id(est._est), h_bad)] = replace(good, E=np.full_like(good.E, np.nan))
+    again = est._reselected(est._est, counts)
+    assert h_bad not in again
+    np.testing.assert_array_equal(
+        np.sort(np.concatenate(list(again.values()))), np.arange(R)
+    )  # every replicate still assigned exactly once
+    np.testing.assert_array_equal(
+        again[est.bandwidth], np.sort(np.concatenate([picked[est.bandwidth], picked[h_bad]]))
+    )
+    ci = _quiet(est.confidence_interval, "ece_kde_l1", n_resamples=R, seed=seed)
+    assert np.all(np.isfinite(ci.bootstrap_distribution))
+    assert ci.low <= ci.estimate <= ci.high
