@@ -516,6 +516,45 @@ def test_kernel_weights_match_brute_force(dtype, n, K, h):
         )
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize(
+    ("n", "K", "h"), [(1, 3, 0.1), (2, 2, 0.5), (300, 3, 0.05), (700, 10, 0.01)]
+)
+def test_numba_kernel_weights_match_brute_force(dtype, n, K, h):
+    """The numba twin of kernel_weights (a BLAS product for the K-dots): the same
+    weights as the brute force (0 on the diagonal and below exp(-230)), for any row
+    range and thread count, bit for bit across thread counts."""
+    pytest.importorskip("numba")
+    logq, p, bias, _, _ = _problem(n, K, 2, 1, h, dtype=dtype, alpha=0.3)
+    scale = 1.0 / h
+    L = _log_kernel(logq, p, bias, scale)
+    m = L.max(axis=1) if n > 1 else np.array([-np.inf])
+    W, order = _backends.kernel_weights(logq, p, m, scale, bias, 0, n, backend="numba")
+    assert W.shape == (n, n) and W.dtype == np.float64
+    np.testing.assert_array_equal(order, np.arange(n))
+    if n == 1:
+        want = np.zeros((1, 1))
+    else:
+        X = L - m[:, None]
+        want = np.where(X >= -CLAMP, np.exp(np.where(X >= -CLAMP, X, 0.0)), 0.0)
+    rtol = 1e-12 if dtype == np.float64 else 3e-3
+    np.testing.assert_allclose(W, want, rtol=rtol, atol=1e-300)
+    assert np.all(np.diag(W) == 0.0)
+    if core is not None:  # the core's weights, in the same centre order
+        Wc, oc = core.kernel_weights(logq, p, m, scale, bias, 0, 0, 2, None)
+        np.testing.assert_allclose(W, Wc[:, np.argsort(oc)], rtol=rtol, atol=1e-300)
+    j0, j1 = n // 3, n - n // 4
+    for nt in (1, 2):
+        kdecal.set_num_threads(nt)
+        try:
+            part, _ = _backends.kernel_weights(logq, p, m, scale, bias, j0, j1, backend="numba")
+        finally:
+            kdecal.set_num_threads(None)
+        np.testing.assert_array_equal(part, W[j0:j1])
+    empty, _ = _backends.kernel_weights(logq, p, m, scale, bias, 5, 5, backend="numba")
+    assert empty.shape == (0, n)
+
+
 @needs_core
 def test_kernel_weights_rows_and_threads():
     """A row range is those rows of the full matrix, for any thread count, bitwise."""

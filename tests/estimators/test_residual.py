@@ -173,23 +173,30 @@ def test_ratio_debias_needs_plugin():
     kdecal.estimate(s.probs, s.labels, bandwidth=0.1, debias="ratio", estimator="plugin")
 
 
+@pytest.mark.parametrize("backend", ["cpp", "numba"])
 @pytest.mark.parametrize("calibration", NOTIONS)
-def test_dense_replicates_equal_the_multi_label_pass(calibration, monkeypatch):
-    """The residual replicates on the compiled core are BLAS products of the kernel
-    weights with value columns; the multi-label pass (label sets for S, single-class
-    sets for A and U) computes the same sums: bootstrap and consistency replicates agree
-    to rounding, for every quantity."""
+def test_dense_replicates_equal_the_multi_label_pass(calibration, backend, monkeypatch):
+    """The residual replicates on the compiled core and on numba are BLAS products of
+    the kernel weights (the core's, or its numba twin's) with value columns; the
+    multi-label pass (label sets for S, single-class sets for A and U) computes the
+    same sums: bootstrap and consistency replicates agree to rounding, for every
+    quantity."""
     from kdecal._engine import runtime as _runtime
     from kdecal._estimation import replicates as _replicates
 
-    if _runtime._core is None:
+    if backend == "cpp" and _runtime._core is None:
         pytest.skip("compiled core not available")
+    if backend == "numba":
+        pytest.importorskip("numba")
     s = datasets.make_seeds_synthetic(400, 4, t1=0.6, t2=1.0, seed=3)
-    est = kdecal.estimate(s.probs, s.labels, bandwidth=0.1, calibration=calibration)
+    est = kdecal.estimate(
+        s.probs, s.labels, bandwidth=0.1, calibration=calibration, backend=backend
+    )
+    assert _replicates._dense_backend(backend) == backend
     names = ["ce_l2", "ece_kde_l1", "ce_kl", "refinement_l2"]
     got = est.confidence_intervals(names, n_resamples=12, seed=1)
     got_t = est.calibration_tests(names, n_resamples=12, seed=1)
-    monkeypatch.setattr(_replicates, "_dense_backend", lambda backend: False)
+    monkeypatch.setattr(_replicates, "_dense_backend", lambda backend: None)
     want = est.confidence_intervals(names, n_resamples=12, seed=1)
     want_t = est.calibration_tests(names, n_resamples=12, seed=1)
     for q in names:

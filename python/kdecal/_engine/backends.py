@@ -288,8 +288,9 @@ def kernel_weights(
     bias: np.ndarray,
     row_start: int,
     row_stop: int,
+    backend: str = "cpp",
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Return the leave-one-out kernel weights of query rows ``[row_start, row_stop)`` (cpp).
+    """Return the leave-one-out kernel weights of query rows ``[row_start, row_stop)``.
 
     Returns ``W`` of shape ``(row_stop - row_start, n)`` float64 and ``order`` (n,)
     int64 with ``W[r, s] = w_{j, order[s]}`` for ``j = row_start + r``: the weights
@@ -298,15 +299,23 @@ def kernel_weights(
     sample that draws none of a row's near centres leaves it only far terms), the
     centres in the engine's order, so that products with many value vectors are dense
     GEMMs (``W @ M[order]``).  The arguments are those of
-    :func:`loo_reduce_multi` (checked by the compiled core).
+    :func:`loo_reduce_multi` (checked by the compiled core). ``backend``: "cpp" (the
+    compiled core) or "numba" (its twin, :func:`kdecal._engine.numba.kernel_weights`:
+    the K-dots as one BLAS product, unchecked arguments).
 
     Raises
     ------
     RuntimeError
-        Without the compiled core.
+        "cpp" without the compiled core.
+    ImportError
+        "numba" without numba.
     ValueError, TypeError
-        As :func:`loo_reduce_multi`.
+        As :func:`loo_reduce_multi` ("cpp").
     """
+    if backend == "numba":
+        return _engines.require_numba().kernel_weights(
+            logq, p, m, scale, bias, row_start, row_stop
+        )
     return _cpp.kernel_weights(logq, p, m, scale, bias, row_start, row_stop)
 
 

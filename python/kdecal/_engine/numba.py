@@ -59,7 +59,7 @@ from numba.extending import intrinsic
 
 from . import runtime as _runtime
 
-__all__ = ["loo_grad", "loo_reduce", "loo_reduce_multi", "num_threads"]
+__all__ = ["kernel_weights", "loo_grad", "loo_reduce", "loo_reduce_multi", "num_threads"]
 
 _JIT = {"nogil": True, "cache": True, "error_model": "numpy"}
 
@@ -1037,6 +1037,65 @@ def loo_reduce_multi(
                 **kw,
             )
         )
+
+
+@njit(parallel=True, **_JIT)
+def _weights_kernel(logq, psT, bias, m, scale, row_start, W):
+    """Fill W (rows, n) with the kernel weights of query rows ``row_start ..``.
+
+    Tiles of :data:`_TQ` rows in parallel; the K-dots by :func:`_dot_tile` (the input
+    dtype, k = 0 .. K-1, as the reduction), so that a row's weights do not depend on
+    the rows asked with it nor on the thread count.
+    """
+    rows = W.shape[0]
+    n = W.shape[1]
+    ntile = (rows + _TQ - 1) // _TQ
+    for t in prange(ntile):
+        q0 = t * _TQ
+        tq = min(_TQ, rows - q0)
+        G = np.empty((_TQ, n))
+        acc = np.empty(_BLK, dtype=logq.dtype)
+        _dot_tile(logq, row_start + q0, tq, psT, G, acc)
+        for q in range(tq):
+            j = row_start + q0 + q
+            off = m[j]
+            out = W[q0 + q]
+            g = G[q]
+            for i in range(n):
+                x = bias[i] + scale * g[i] - off
+                if not x >= _CLAMP:  # below exp(-230) of the row maximum (or NaN)
+                    out[i] = 0.0
+                else:
+                    out[i] = math.exp(min(x, -_CLAMP))
+            out[j] = 0.0  # leave-one-out
+
+
+def kernel_weights(logq, p, m, scale, bias, row_start, row_stop):
+    """Return the leave-one-out kernel weights of query rows ``[row_start, row_stop)``.
+
+    The twin of ``kdecal._core.kernel_weights`` (the protocol): ``W`` (rows, n) float64
+    with ``W[r, i] = exp(bias_i + scale * <logq_j, p_i> - m_j)`` for ``j = row_start +
+    r``, 0 on the diagonal and below ``exp(-230)``, the exponent clamped at 230; the
+    centres in their own order (``order = arange(n)``).  The K-dots are those of the
+    reduction (the input dtype), so a row's weights are the same bits whatever rows
+    and threads compute them.
+    """
+    n = p.shape[0]
+    order = np.arange(n, dtype=np.int64)
+    W = np.zeros((max(0, row_stop - row_start), n))
+    if row_stop <= row_start:
+        return W, order
+    with num_threads(_runtime._num_threads):
+        _weights_kernel(
+            np.ascontiguousarray(logq),
+            np.ascontiguousarray(p.T),
+            np.ascontiguousarray(bias, dtype=np.float64),
+            np.ascontiguousarray(m, dtype=np.float64),
+            float(scale),
+            int(row_start),
+            W,
+        )
+    return W, order
 
 
 def loo_grad(*args, **kwargs):

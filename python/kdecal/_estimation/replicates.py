@@ -31,6 +31,7 @@ import numpy as np
 from .._engine import backends as _backends
 from .._engine import binary as _binary
 from .._engine import dask as _dask
+from .._engine import engines as _engines
 from .._engine import runtime as _runtime
 from .._validation import check_int
 from . import problem as _problem
@@ -158,8 +159,9 @@ def replicates(
         for reps in _binary_replicates(est, [(labels, weights)], squares, progress, resolved):
             yield reps[0]
         return
-    if est.estimator == "residual" and _dense_backend(backend):
-        for reps in _residual_replicates(est, [(labels, weights)], squares, progress):
+    dense = _dense_backend(backend) if est.estimator == "residual" else None
+    if dense is not None:
+        for reps in _residual_replicates(est, [(labels, weights)], squares, progress, dense):
             yield reps[0]
         return
     R, B, n = labels.shape
@@ -282,10 +284,11 @@ def replicates_jobs(
             est, jobs, squares, progress, _backends.resolve_backend(backend)
         )
         return
-    if est.estimator == "residual" and _dense_backend(backend) and est.debias != "ratio":
+    dense = _dense_backend(backend) if est.estimator == "residual" else None
+    if dense is not None and est.debias != "ratio":
         if est.m is None:
             raise ValueError("this estimate holds no engine accumulators to resample")
-        yield from _residual_replicates(est, jobs, squares, progress)
+        yield from _residual_replicates(est, jobs, squares, progress, dense)
         return
     yield from zip(*(replicates(est, lab, w, backend, squares, progress) for lab, w in jobs))
 
@@ -568,13 +571,22 @@ def _binary_estimate(
     return replace(rep, row_weights=rw)
 
 
-def _dense_backend(backend: str) -> bool:
-    """Whether the residual replicates run as dense products (the compiled core)."""
-    return (
-        _backends.resolve_backend(backend) == "cpp"
+def _dense_backend(backend: str) -> str | None:
+    """Return the engine of the kernel weights of the dense residual replicates.
+
+    "cpp" (the compiled core) or "numba" (its twin); None elsewhere (CUDA and Dask run
+    the multi-label pass on their devices and workers).
+    """
+    resolved = _backends.resolve_backend(backend)
+    if (
+        resolved == "cpp"
         and _runtime._core is not None
         and hasattr(_runtime._core, "kernel_weights")
-    )
+    ):
+        return "cpp"
+    if resolved == "numba" and _engines.load_numba() is not None:
+        return "numba"
+    return None
 
 
 def _residual_replicates(
@@ -582,6 +594,7 @@ def _residual_replicates(
     jobs: list[tuple[np.ndarray, np.ndarray | None]],
     squares: bool = True,
     progress: bool | None = None,
+    engine: str = "cpp",
 ) -> Iterator[tuple[_regression.Estimate, ...]]:
     """:func:`replicates_jobs` of a residual estimate, as dense products with the kernel.
 
@@ -591,8 +604,8 @@ def _residual_replicates(
     v_i^2 w_ij^2 ||r_i||^2``: ``D + 1`` products with the kernel weights ``W`` and 2 with
     ``W^2`` per bootstrap replicate (multiplicities ``v``); ``D`` and 1 per consistency
     replicate (``v = 1``: ``S0`` and ``Q0`` are the estimate's).  The weights come a
-    block of query rows at a time from the compiled core (:func:`_backends.kernel_weights`,
-    the terms of the multi-label pass), and the products of all the replicates of a chunk
+    block of query rows at a time from the compiled core or its numba twin (``engine``,
+    :func:`_backends.kernel_weights`, the terms of the multi-label pass), and the products of all the replicates of a chunk
     of every job (a bootstrap and a consistency resampling share the weights) are one
     BLAS GEMM per block: ``n^2 (D + 3)`` multiply-adds per replicate at the machine's
     GEMM rate, where the multi-label pass needs one label set per class and value.
@@ -649,7 +662,9 @@ def _residual_replicates(
                 M1 = M2 = None
                 for j0 in range(0, n, rows):
                     j1 = min(n, j0 + rows)
-                    W, order = _backends.kernel_weights(logq, pk, m, scale, bias, j0, j1)
+                    W, order = _backends.kernel_weights(
+                        logq, pk, m, scale, bias, j0, j1, backend=engine
+                    )
                     if M1 is None:  # the chunk's value columns, in the weights' order
                         cols = [
                             _value_columns(problem.p[b], lab[r0:r1, b], vk, coords, order, ustat)
