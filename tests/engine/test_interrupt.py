@@ -257,14 +257,20 @@ _CHILD = textwrap.dedent(
     # sets hold 64 MB of sums (far more would make the first touch of the output pages
     # the longest step)
     sets = rng.integers(0, K, (8, n)).astype(np.int64)
+    # one bandwidth's backward pass takes about 1.4 s at this n on 2 threads, too close
+    # to the signal's delay: twice the rows (4x the pairs) for loo_grad
+    n2 = 2 * n
+    P2 = rng.dirichlet(np.ones(K), size=n2)
+    y2 = rng.integers(0, K, n2).astype(np.int64)
+    b2 = -gammaln(P2 / hs[0] + 1).sum(1)
     print("started", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     try:
         if which == "loo_reduce":
             _backends.loo_reduce(logq, P, y, K, 1 / hs, bias, backend=backend, progress=False)
         elif which == "loo_grad":
-            _backends.loo_grad(logq, P, y, K, 1 / hs[0], bias[0], np.zeros(n),
-                               np.ones((n, K)), progress=False)
+            _backends.loo_grad(np.log(P2), P2, y2, K, 1 / hs[0], b2, np.zeros(n2),
+                               np.ones((n2, K)), progress=False)
         else:
             _backends.loo_reduce_multi(logq, P, np.zeros(n), sets, K, 1 / hs[-1], bias[-1],
                                        None, powers=2, backend=backend, progress=False)
