@@ -5,7 +5,7 @@ the bootstrap and the calibration test for the canonical and top-label notions),
 the same work piece by piece through the public API: per notion, the estimate, the
 bootstrap intervals and the calibration test of the report's quantities.
 
-    KDECAL_PROGRESS=0 python bench/evaluate_breakdown.py [--threads N] [--json OUT]
+    KDECAL_PROGRESS=0 python bench/evaluate_breakdown.py [--threads N] [--backend B] [--json OUT]
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--resamples", type=int, default=100)
+    ap.add_argument("--backend", default="auto", help="kdecal's backend (default: auto)")
     ap.add_argument("--json", default=None, help="write the timings here")
     args = ap.parse_args()
     if args.threads:
@@ -34,11 +35,11 @@ def main() -> None:
     warnings.simplefilter("ignore")
     out: dict[str, float] = {}
     t = time.perf_counter()
-    kdecal.evaluate(P, y, n_resamples=args.resamples, progress=False)
+    kdecal.evaluate(P, y, n_resamples=args.resamples, progress=False, backend=args.backend)
     out["evaluate"] = time.perf_counter() - t
     for notion in ("canonical", "top_label", "classwise"):
         t = time.perf_counter()
-        est = kdecal.estimate(P, y, calibration=notion)
+        est = kdecal.estimate(P, y, calibration=notion, backend=args.backend)
         out[f"{notion} estimate"] = time.perf_counter() - t
         if notion == "classwise":  # evaluate resamples canonical and top-label only
             continue
