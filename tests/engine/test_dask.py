@@ -309,6 +309,63 @@ def test_no_client_and_no_dask(monkeypatch, data):
         kdecal.ece_kde(P, y, bandwidth=0.1, backend="dusk")
 
 
+def test_lost_inputs_are_broadcast_again(client, data, monkeypatch):
+    """Where a lost worker took the only replica of an input (the scheduler's active
+    memory manager reduces the broadcast replicas between calls), the call's futures end
+    as cancelled: the call broadcasts its inputs again and reruns, up to
+    LOST_INPUT_RETRIES times, and equals the in-process result; beyond, the error
+    propagates. The same for map_ordered, from the task that was lost."""
+    from distributed.client import FutureCancelledError
+
+    P, _ = data
+    hs = np.array([0.05, 0.2])
+    ref = kdecal.loo_log_likelihood(P, hs, backend="cpp")
+    real = _dask._run_blocks
+    calls = []
+
+    def lose(n_lost):
+        def run(*args, **kwargs):
+            calls.append(1)
+            if len(calls) <= n_lost:
+                raise FutureCancelledError("lost", "already forgotten")
+            return real(*args, **kwargs)
+
+        return run
+
+    kdecal.loo_log_likelihood(P, hs, backend="dask")  # the centres now cached
+    cleared = []
+    real_clear = _dask.clear_cache
+    monkeypatch.setattr(_dask, "clear_cache", lambda: (cleared.append(1), real_clear()))
+    monkeypatch.setattr(_dask, "_run_blocks", lose(_dask.LOST_INPUT_RETRIES))
+    out = kdecal.loo_log_likelihood(P, hs, backend="dask")
+    np.testing.assert_array_equal(out, ref)
+    assert len(calls) == _dask.LOST_INPUT_RETRIES + 1
+    assert len(cleared) == _dask.LOST_INPUT_RETRIES  # the cached replicas dropped each time
+    calls.clear()
+    monkeypatch.setattr(_dask, "_run_blocks", lose(_dask.LOST_INPUT_RETRIES + 1))
+    with pytest.raises(FutureCancelledError):
+        kdecal.loo_log_likelihood(P, hs, backend="dask")
+    monkeypatch.setattr(_dask, "_run_blocks", real)
+
+    # map_ordered: the first future of the second task cancelled (as a lost input
+    # ends it); the tasks are rerun from there, in order
+    submitted = []
+    real_submit = client.submit
+
+    def submit(fn, *args, key=None, **kwargs):
+        fut = real_submit(fn, *args, key=key, **kwargs)
+        submitted.append(key)
+        if key.endswith("-0-1"):
+            client.cancel(fut)
+        return fut
+
+    monkeypatch.setattr(client, "submit", submit)
+    got = list(_dask.map_ordered(np.add, (np.arange(3.0),), [(i,) for i in range(5)], "t"))
+    for i, g in enumerate(got):
+        np.testing.assert_array_equal(g, np.arange(3.0) + i)
+    assert any(k.endswith("-1-1") for k in submitted)  # task 1 again, after the loss
+
+
 def test_worker_killed_mid_call(client, monkeypatch):
     """A worker process killed during a call: dask reruns its blocks, the result is unchanged.
 

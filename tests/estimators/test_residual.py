@@ -194,8 +194,27 @@ def test_dense_replicates_equal_the_multi_label_pass(calibration, backend, monke
     )
     assert _replicates._dense_backend(backend) == backend
     names = ["ce_l2", "ece_kde_l1", "ce_kl", "refinement_l2"]
+    # every consistency replicate as dense products too (the core's default sends them
+    # to the multi-label pass from CONSISTENCY_MULTI_MIN_DIM classes on)
+    monkeypatch.setattr(_replicates, "CONSISTENCY_MULTI_MIN_DIM", 10**9)
     got = est.confidence_intervals(names, n_resamples=12, seed=1)
     got_t = est.calibration_tests(names, n_resamples=12, seed=1)
+    # bootstrap and consistency replicates in one resampling, split between the dense
+    # products and (on the core, for any number of classes here) the multi-label pass
+    monkeypatch.setattr(_replicates, "CONSISTENCY_MULTI_MIN_DIM", 2)
+    both, both_t = est._intervals_and_tests(names, names, level=0.95, n_resamples=12, seed=1)
+    for q in names:
+        np.testing.assert_allclose(
+            both[q].bootstrap_distribution, got[q].bootstrap_distribution, rtol=1e-12
+        )
+        np.testing.assert_allclose(
+            both_t[q].null_distribution, got_t[q].null_distribution, rtol=1e-10, atol=1e-15
+        )
+    # a quantity without squares: the multi-label pass skips them (powers = 1)
+    alone = est.calibration_tests(["ece_kde_l1"], n_resamples=12, seed=1)["ece_kde_l1"]
+    np.testing.assert_allclose(
+        alone.null_distribution, got_t["ece_kde_l1"].null_distribution, rtol=1e-10
+    )
     monkeypatch.setattr(_replicates, "_dense_backend", lambda backend: None)
     want = est.confidence_intervals(names, n_resamples=12, seed=1)
     want_t = est.calibration_tests(names, n_resamples=12, seed=1)

@@ -22,8 +22,12 @@ Per call, on the current ``dask.distributed`` client (:func:`get_client`):
 - only the per-row accumulators come back, O(n K) in all.
 
 A worker lost during a call is handled by the scheduler: its tasks run again on
-another worker (the broadcast centres have a replica on every worker), and since every
-block is a pure function of its inputs the result does not change.
+another worker, and since every block is a pure function of its inputs the result does
+not change. The broadcast inputs have a replica on every worker when they are sent, but
+the scheduler's active memory manager (on by default) reduces the replicas that no
+waiting task needs, so a cached input can end up on one worker; where a lost worker took
+the only replica, the call broadcasts its inputs again and runs its blocks again
+(:data:`LOST_INPUT_RETRIES`).
 
 ``dask`` and ``distributed`` are imported on first use only; without them a clear
 ImportError names ``pip install "kdecal[dask]"``.
@@ -64,6 +68,10 @@ BINARY_BLOCK_ROWS = 2048
 
 #: Distinct centre arrays kept on the workers between calls.
 CACHE_SIZE = 6
+
+#: Times a call broadcasts its inputs again and reruns its blocks after a lost worker
+#: took the only replica of one of them (the call's futures then end as cancelled).
+LOST_INPUT_RETRIES = 2
 
 _cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
 _cache_lock = threading.Lock()
@@ -261,6 +269,31 @@ def _run_blocks(
     return list(parts)
 
 
+def _run_with_inputs(
+    client: Any,
+    make: Any,
+    blocks: list[tuple[int, int]],
+    name: str,
+    show: bool,
+) -> list[tuple[np.ndarray, ...]]:
+    """Run :func:`_run_blocks` on ``(func, args) = make()``, which broadcasts the inputs.
+
+    Again, with freshly broadcast inputs, where a lost worker took one of them (up to
+    :data:`LOST_INPUT_RETRIES` times).
+    """
+    from distributed.client import FutureCancelledError
+
+    for attempt in range(LOST_INPUT_RETRIES + 1):
+        func, args = make()
+        try:
+            return _run_blocks(client, func, args, blocks, name, show)
+        except FutureCancelledError:
+            if attempt == LOST_INPUT_RETRIES:
+                raise
+            clear_cache()  # the cached replicas may be the lost ones
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def worker_threads() -> int:
     """Threads of the current client's workers, in all."""
     return _n_threads(get_client())
@@ -277,23 +310,44 @@ def map_ordered(
     up on the workers.  Leaving the iteration early (Ctrl-C, an error, a caller that
     stops) cancels the tasks not yet taken.
     """
+    from distributed.client import FutureCancelledError
+
     client = get_client()
-    args = tuple(
-        _broadcast(client, x, cache=True) if isinstance(x, np.ndarray) else x for x in shared
-    )
+
+    def broadcast() -> tuple[Any, ...]:
+        return tuple(
+            _broadcast(client, x, cache=True) if isinstance(x, np.ndarray) else x for x in shared
+        )
+
+    args = broadcast()
     window = 2 * _n_threads(client)
     tag = uuid.uuid4().hex
-    pending: deque[Any] = deque()
+    pending: deque[tuple[int, Any]] = deque()
+    nxt = retries = 0  # the next task to submit; inputs broadcast again so far
     try:
-        for i, task in enumerate(tasks):
-            pending.append(client.submit(func, *args, *task, key=f"{name}-{tag}-{i}", pure=False))
-            if len(pending) >= window:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
+        while pending or nxt < len(tasks):
+            while nxt < len(tasks) and len(pending) < window:
+                key = f"{name}-{tag}-{retries}-{nxt}"
+                pending.append((nxt, client.submit(func, *args, *tasks[nxt], key=key, pure=False)))
+                nxt += 1
+            i, fut = pending[0]
+            try:
+                result = fut.result()
+            except FutureCancelledError:  # a lost worker took an input: again from i
+                if retries == LOST_INPUT_RETRIES:
+                    raise
+                retries += 1
+                client.cancel([f for _, f in pending])
+                pending.clear()
+                clear_cache()
+                args = broadcast()
+                nxt = i
+                continue
+            pending.popleft()
+            yield result
     finally:
         if pending:
-            client.cancel(list(pending))
+            client.cancel([f for _, f in pending])
 
 
 def _concat(parts: list[tuple[np.ndarray, ...]], k: int, axis: int) -> np.ndarray:
@@ -359,26 +413,27 @@ def loo_reduce(
         blocks = plan_blocks(
             row_start, row_stop, float(n) * K * len(scale) * n_problems, _n_threads(client)
         )
-    args: tuple[Any, ...] = (
-        _broadcast(client, logq, cache=True),
-        _broadcast(client, p, cache=True),
-        _broadcast(client, labels, cache=True),
-        int(n_classes),
-        scale,
-        _broadcast(client, bias, cache=False),
-        int(powers),
-    )
-    if binary is not None:  # the options go first (the row range comes last)
-        rs = None if resid is None else _broadcast(client, resid, cache=False)
-        func: Any = binary
-        args = (rs, bool(pairs), *args)
-    elif resid is None:
-        func = _reduce_block_pairs if pairs else _reduce_block
-    else:  # the residuals go first (the row range comes last)
-        func = _reduce_block_resid
-        args = (_broadcast(client, resid, cache=False), bool(pairs), *args)
+
+    def make() -> tuple[Any, tuple[Any, ...]]:
+        args: tuple[Any, ...] = (
+            _broadcast(client, logq, cache=True),
+            _broadcast(client, p, cache=True),
+            _broadcast(client, labels, cache=True),
+            int(n_classes),
+            scale,
+            _broadcast(client, bias, cache=False),
+            int(powers),
+        )
+        if binary is not None:  # the options go first (the row range comes last)
+            rs = None if resid is None else _broadcast(client, resid, cache=False)
+            return binary, (rs, bool(pairs), *args)
+        if resid is None:
+            return (_reduce_block_pairs if pairs else _reduce_block), args
+        # the residuals go first (the row range comes last)
+        return _reduce_block_resid, (_broadcast(client, resid, cache=False), bool(pairs), *args)
+
     name = "kdecal-loo-binary" if binary is not None else "kdecal-loo-reduce"
-    parts = _run_blocks(client, func, args, blocks, name, show)
+    parts = _run_with_inputs(client, make, blocks, name, show)
     m = np.concatenate([x[0] for x in parts], axis=-1)
     n_out = len(parts[0])
     # U (the last output with resid) has the shape of m: its rows on the last axis
@@ -419,21 +474,25 @@ def loo_reduce_multi(
     n, K = p.shape
     B = labels.shape[0]
     blocks = plan_blocks(row_start, row_stop, float(n) * K * max(1.0, B / 8.0), _n_threads(client))
-    args: tuple[Any, ...] = (
-        _broadcast(client, logq, cache=True),
-        _broadcast(client, p, cache=True),
-        _broadcast(client, m, cache=True),
-        _broadcast(client, labels, cache=False),
-        int(n_classes),
-        float(scale),
-        _broadcast(client, bias, cache=True),
-        None if weights is None else _broadcast(client, weights, cache=False),
-        int(powers),
-    )
+
+    def make() -> tuple[Any, tuple[Any, ...]]:
+        args: tuple[Any, ...] = (
+            _broadcast(client, logq, cache=True),
+            _broadcast(client, p, cache=True),
+            _broadcast(client, m, cache=True),
+            _broadcast(client, labels, cache=False),
+            int(n_classes),
+            float(scale),
+            _broadcast(client, bias, cache=True),
+            None if weights is None else _broadcast(client, weights, cache=False),
+            int(powers),
+        )
+        if resid is None:
+            return _reduce_multi_block, args
+        return _reduce_multi_block_resid, (_broadcast(client, resid, cache=False), *args)
+
+    parts = _run_with_inputs(client, make, blocks, "kdecal-loo-multi", show)
     if resid is None:
-        parts = _run_blocks(client, _reduce_multi_block, args, blocks, "kdecal-loo-multi", show)
         return _concat(parts, 0, 1), _concat(parts, 1, 1)
-    args = (_broadcast(client, resid, cache=False), *args)
-    parts = _run_blocks(client, _reduce_multi_block_resid, args, blocks, "kdecal-loo-multi", show)
     U = np.concatenate([x[2] for x in parts], axis=1)
     return _concat(parts, 0, 1), _concat(parts, 1, 1), U

@@ -151,7 +151,6 @@ def replicates(
             "resampling supports debias='none' and 'ustat', not 'ratio' (it needs the "
             "third power sums, which the multi-label pass does not accumulate)"
         )
-    problem = est.problem
     if est.m is None:
         raise ValueError("this estimate holds no engine accumulators to resample")
     if _fast_binary(est, backend):
@@ -160,20 +159,47 @@ def replicates(
             yield reps[0]
         return
     dense = _dense_backend(backend) if est.estimator == "residual" else None
-    if dense is not None:
+    if dense is not None and not (weights is None and _consistency_on_multi(est, dense)):
         for reps in _residual_replicates(est, [(labels, weights)], squares, progress, dense):
             yield reps[0]
         return
+    yield from _multi_label_replicates(est, labels, weights, backend, squares, progress)
+
+
+def _consistency_on_multi(est: _regression.Estimate, dense: str | None) -> bool:
+    """Whether consistency replicates of a residual estimate run on the multi-label pass.
+
+    On the compiled core with ``D >= CONSISTENCY_MULTI_MIN_DIM`` classes: a consistency
+    replicate's label sums are one add per pair there, against ``D`` multiply-adds per
+    pair in the dense products (bench/README.md, "Consistency replicates").
+    """
+    return dense == "cpp" and est.problem.dim >= CONSISTENCY_MULTI_MIN_DIM
+
+
+def _multi_label_replicates(
+    est: _regression.Estimate,
+    labels: np.ndarray,
+    weights: np.ndarray | None,
+    backend: str,
+    squares: bool = True,
+    progress: bool | None = None,
+) -> Iterator[_regression.Estimate]:
+    """:func:`replicates` as multi-label engine passes (label sets of a chunk at once)."""
+    problem = est.problem
+    assert est.m is not None
     R, B, n = labels.shape
     C = problem.dim
-    powers = 2 if est.debias == "ustat" else 1
+    resid = est.estimator == "residual"
+    # a residual estimate's replicates skip the squared sums where the quantities do
+    # not read them (as the dense products do); a plug-in's ustat ratio needs them
+    powers = 2 if est.debias == "ustat" and (squares or not resid) else 1
+    rep_debias = est.debias if powers == 2 or not resid else "none"
     # With multiplicities v the U-statistic needs sum v_i^2 w_ij^2 (the copies of one
     # centre are one point, whose pairs with itself are left out), not the engine's
     # sum v_i w_ij^2: each replicate runs twice in the same pass, with weights v (for S)
     # and v^2 (for Q). Issue 26: with sum v w^2 the pairs of copies of a centre entered
     # the U-statistic, shifting every bootstrap replicate of a squared error upwards.
     twice = weights is not None and powers == 2
-    resid = est.estimator == "residual"
     # residual estimates: per replicate and problem, the residual sums as single-class
     # label sets of the same pass: A_k = sum_i v_i w_ij f_ik (bootstrap only; under
     # relabelling A does not change) and U = sum_i v_i^2 w_ij^2 ||y*_i - f_i||^2
@@ -244,7 +270,7 @@ def replicates(
                 rep = _regression.residual_estimate(
                     prob,
                     h,
-                    est.debias,
+                    rep_debias,
                     est.m,
                     S,
                     Q if powers == 2 else None,
@@ -288,7 +314,31 @@ def replicates_jobs(
     if dense is not None and est.debias != "ratio":
         if est.m is None:
             raise ValueError("this estimate holds no engine accumulators to resample")
-        yield from _residual_replicates(est, jobs, squares, progress, dense)
+        # the bootstraps as dense products (sharing the weights), and the consistency
+        # resamplings there too or on the multi-label pass (_consistency_on_multi)
+        apart = [k for k, (_, w) in enumerate(jobs) if w is None]
+        if not _consistency_on_multi(est, dense) or not apart:
+            yield from _residual_replicates(est, jobs, squares, progress, dense)
+            return
+        here = [k for k in range(len(jobs)) if k not in apart]
+        streams: list[Iterator[tuple[_regression.Estimate, ...]]] = []
+        if here:
+            streams.append(
+                _residual_replicates(est, [jobs[k] for k in here], squares, progress, dense)
+            )
+        streams += [
+            (
+                (rep,)
+                for rep in _multi_label_replicates(
+                    est, jobs[k][0], None, backend, squares, progress
+                )
+            )
+            for k in apart
+        ]
+        order = here + apart
+        for parts in zip(*streams):
+            flat = [rep for part in parts for rep in part]
+            yield tuple(flat[order.index(k)] for k in range(len(jobs)))
         return
     yield from zip(*(replicates(est, lab, w, backend, squares, progress) for lab, w in jobs))
 
@@ -569,6 +619,11 @@ def _binary_estimate(
         warn=False,
     )
     return replace(rep, row_weights=rw)
+
+
+#: Classes from which the compiled core's consistency replicates of a residual estimate
+#: run on the multi-label pass rather than as dense products (:func:`_consistency_on_multi`).
+CONSISTENCY_MULTI_MIN_DIM = 4
 
 
 def _dense_backend(backend: str) -> str | None:
