@@ -301,7 +301,7 @@ def kernel_weights(
     GEMMs (``W @ M[order]``).  The arguments are those of
     :func:`loo_reduce_multi` (checked by the compiled core). ``backend``: "cpp" (the
     compiled core) or "numba" (its twin, :func:`kdecal._engine.numba.kernel_weights`:
-    the K-dots as one BLAS product, unchecked arguments).
+    the centres in their own order, unchecked arguments).
 
     Raises
     ------

@@ -660,8 +660,9 @@ def _residual_replicates(
     ``W^2`` per bootstrap replicate (multiplicities ``v``); ``D`` and 1 per consistency
     replicate (``v = 1``: ``S0`` and ``Q0`` are the estimate's).  The weights come a
     block of query rows at a time from the compiled core or its numba twin (``engine``,
-    :func:`_backends.kernel_weights`, the terms of the multi-label pass), and the products of all the replicates of a chunk
-    of every job (a bootstrap and a consistency resampling share the weights) are one
+    :func:`_backends.kernel_weights`, the terms of the multi-label pass), and the
+    products of all the replicates of a chunk of every job (a bootstrap and a
+    consistency resampling share the weights) are one
     BLAS GEMM per block: ``n^2 (D + 3)`` multiply-adds per replicate at the machine's
     GEMM rate, where the multi-label pass needs one label set per class and value.
     Memory: ``O(chunk x n (D + 3))`` within :data:`_CHUNK_BYTES`, plus a block of at
