@@ -437,10 +437,10 @@ class CalibrationEstimate:
             - "none": every replicate at the estimate's bandwidth.
 
             On the protocol of ``bench/README.md`` ("Bootstrap intervals"), canonical
-            L1 intervals covered the estimator's expectation in 94-98 % of draws at
+            L1 intervals covered the estimator's expectation in 94-98.5 % of draws at
             K = 2, 4 and 10 with "add" (K = 10: 49-74 % with "none"; "refit"
-            87.5-91.5 % in three K <= 4 cells; a calibrated K = 10 cell at n = 5,000
-            over-covered, 100 %). Ignored for a fixed bandwidth, "loo-mle", and the
+            87.5-91.5 % in three K <= 4 cells; the calibrated K = 10 cell at n = 5,000
+            over-covered, 98.5 %). Ignored for a fixed bandwidth, "loo-mle", and the
             plug-in's KL quantities at their own log-risk bandwidth.
 
         Returns
