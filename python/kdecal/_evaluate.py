@@ -217,7 +217,8 @@ def evaluate(
     {notion_params}
     backend : {"auto", "cpp", "numba", "cuda", "dask"}, default "auto"
     progress : bool or None, default None
-        Progress bar with ETA; None shows one only for long work.
+        Progress bar with ETA; None shows one for long work where the output is a
+        terminal or a notebook (none in logs and pipes).
     source : str, optional
         Description stored in the report (e.g. a file name).
     notions : sequence of str or None, default ("canonical", "top_label", "classwise")

@@ -284,8 +284,8 @@ def estimate(
     backend : {"auto", "cpp", "numba", "cuda", "dask"}, default "auto"
         See :func:`conditional_expectation`.
     progress : bool or None, default None
-        Progress bar (``distributed.progress`` with "dask"); None shows one only for
-        long work.
+        Progress bar (``distributed.progress`` with "dask"); None shows one for long
+        work where the output is a terminal or a notebook (none in logs and pipes).
 
     Returns
     -------
@@ -802,7 +802,8 @@ def select_bandwidth(
         :data:`DEFAULT_BANDWIDTH_GRID` (55 values) exhaustively.
     backend : {"auto", "cpp", "numba", "cuda", "dask"}, default "auto"
     progress : bool or None, default None
-        Progress bar; None shows one only for long work.
+        Progress bar; None shows one for long work where the output is a terminal
+        or a notebook (none in logs and pipes).
 
     Returns
     -------

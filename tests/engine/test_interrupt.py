@@ -177,6 +177,67 @@ def test_numba_progress_counts_increase_to_the_total():
     assert np.all(np.diff(seen) > 0) and seen[-1] == n - 5
 
 
+class _Terminal:
+    """A text stream that says it is a terminal."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def write(self, s: str) -> int:
+        self.text += s
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_automatic_bars_show_on_a_terminal_only(monkeypatch, capsys):
+    """progress=None: long work gets a bar on a terminal, none in a file or a pipe."""
+    monkeypatch.delenv("KDECAL_PROGRESS", raising=False)
+    big = 10.0 * _runtime.PROGRESS_MIN_WORK
+    assert _runtime.show_progress(big, None) is None  # automatic
+    assert _runtime.show_progress(1.0, None) is False  # short work
+    assert _runtime.show_progress(1.0, True) is True
+    assert _runtime.show_progress(big, False) is False
+    monkeypatch.setenv("KDECAL_PROGRESS", "0")
+    assert _runtime.show_progress(big, True) is False
+    monkeypatch.delenv("KDECAL_PROGRESS")
+    # pytest's capture is not a terminal: no bar, no callback (the engine runs unwatched)
+    with _runtime.progress_bar(None, 10, "kdecal test bar") as cb:
+        assert cb is None
+    with _runtime.progress_bar(True, 10, "kdecal forced bar") as cb:
+        assert cb is not None
+        cb(10)
+    err = capsys.readouterr().err
+    assert "kdecal test bar" not in err and "kdecal forced bar" in err
+    tty = _Terminal()
+    monkeypatch.setattr(sys, "stderr", tty)
+    with _runtime.progress_bar(None, 10, "kdecal test bar") as cb:
+        assert cb is not None
+        cb(10)
+    assert "kdecal test bar" in tty.text and "/10 " in tty.text
+
+
+def test_cli_writes_no_bar_into_a_log(monkeypatch, capsys, tmp_path):
+    """kdecal evaluate with its output in a file: the report, no carriage-return bars."""
+    from kdecal import cli
+
+    monkeypatch.delenv("KDECAL_PROGRESS", raising=False)
+    monkeypatch.setattr(_runtime, "PROGRESS_MIN_WORK", 0.0)  # every pass is long work
+    rng = np.random.default_rng(0)
+    P = rng.dirichlet(np.ones(3), size=150)
+    y = np.array([rng.choice(3, p=p) for p in P])
+    path = tmp_path / "preds.npz"
+    np.savez(path, probs=P, labels=y)
+    assert cli.main(["evaluate", str(path), "--n-resamples", "9"]) == 0
+    out, err = capsys.readouterr()
+    assert "kdecal calibration report" in out
+    assert "kdecal LOO" not in err and "\r" not in err
+
+
 # --------------------------------------------- (d) an exception from the callback
 
 

@@ -247,7 +247,7 @@ def _run_blocks(
     args: tuple[Any, ...],
     blocks: list[tuple[int, int]],
     name: str,
-    show: bool,
+    show: bool | None,
 ) -> list[tuple[np.ndarray, ...]]:
     """Submit one task per row block, report progress, gather the results in order."""
     tag = uuid.uuid4().hex
@@ -257,7 +257,7 @@ def _run_blocks(
     ]
     done = False
     try:
-        if show:
+        if show or (show is None and _runtime.interactive_stdout()):
             from distributed import progress
 
             progress(futures)
@@ -274,7 +274,7 @@ def _run_with_inputs(
     make: Any,
     blocks: list[tuple[int, int]],
     name: str,
-    show: bool,
+    show: bool | None,
 ) -> list[tuple[np.ndarray, ...]]:
     """Run :func:`_run_blocks` on ``(func, args) = make()``, which broadcasts the inputs.
 
@@ -368,7 +368,7 @@ def loo_reduce(
     row_start: int,
     row_stop: int,
     *,
-    show: bool = False,
+    show: bool | None = False,
     pairs: bool = False,
     resid: np.ndarray | None = None,
     binary: Any = None,
@@ -457,7 +457,7 @@ def loo_reduce_multi(
     row_start: int,
     row_stop: int,
     *,
-    show: bool = False,
+    show: bool | None = False,
     resid: np.ndarray | None = None,
 ) -> tuple[np.ndarray, ...]:
     """``kdecal._engine.backends.loo_reduce_multi`` on the current client (validated arguments).

@@ -11,6 +11,7 @@ one assignment changes it for every caller.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -128,30 +129,51 @@ def map_row_blocks(f: Callable[[np.ndarray], np.ndarray], a: np.ndarray) -> np.n
 PROGRESS_MIN_WORK = 2e9
 
 
-def show_progress(work: float, progress: bool | None) -> bool:
+def show_progress(work: float, progress: bool | None) -> bool | None:
     """Decide whether to show a bar.
 
-    ``progress``, or for ``None`` long work only; never when the environment variable
-    ``KDECAL_PROGRESS`` is ``0``.
+    ``progress`` as given (True: a bar, False: none); for ``None`` none for short work,
+    and for long work ``None``: a bar where the output is a terminal or a notebook, none
+    where it goes to a file or a pipe (logs get no carriage-return lines; tqdm's
+    ``disable=None``). Never a bar when the environment variable ``KDECAL_PROGRESS`` is
+    ``0``.
     """
     if os.environ.get("KDECAL_PROGRESS", "1") == "0":
         return False
-    return (work >= PROGRESS_MIN_WORK) if progress is None else bool(progress)
+    if progress is None:
+        return None if work >= PROGRESS_MIN_WORK else False
+    return bool(progress)
+
+
+def interactive_stdout() -> bool:
+    """Whether standard output is a terminal (the automatic bars of Dask's progress)."""
+    try:
+        return bool(sys.stdout.isatty())
+    except (AttributeError, ValueError):  # replaced or closed streams
+        return False
 
 
 @contextmanager
-def progress_bar(show: bool, total: int, desc: str) -> Iterator[Callable[[int], None] | None]:
+def progress_bar(
+    show: bool | None, total: int, desc: str
+) -> Iterator[Callable[[int], None] | None]:
     """Show a tqdm bar of ``total`` rows while the block runs.
 
-    Yields the callback that the engine calls with the rows done so far (``None`` when
-    no bar is shown).
+    ``show`` from :func:`show_progress`: False no bar, True a bar, None a bar where the
+    output is a terminal or a notebook (tqdm decides). Yields the callback that the
+    engine calls with the rows done so far (``None`` when no bar is shown).
     """
-    if not show:
+    if show is False:
         yield None
         return
     from tqdm.auto import tqdm
 
-    with tqdm(total=total, unit="row", desc=desc, leave=False) as bar:
+    with tqdm(
+        total=total, unit="row", desc=desc, leave=False, disable=None if show is None else False
+    ) as bar:
+        if bar.disable:  # automatic, and the output is not a terminal
+            yield None
+            return
 
         def update(done: int) -> None:
             bar.update(int(done) - bar.n)
