@@ -201,6 +201,42 @@ def test_small_n_bootstrap_enumerated_exactly():
     np.testing.assert_allclose(ci.bootstrap_distribution, want, rtol=1e-10)
 
 
+def test_intervals_stay_in_the_range_of_their_quantity():
+    """The L1 ECE^KDE and the KL error are >= 0: their intervals are cut at 0 (the moved
+    quantiles fall below it at n = 10), exactly where the uncut interval goes below; the
+    squared L2 U-statistic may be negative and is not cut; the same in compare."""
+    from kdecal._calibration_estimate import centred_interval
+
+    rng = np.random.default_rng(0)
+    P = rng.dirichlet(np.full(3, 0.5), size=10)
+    y = np.array([rng.choice(3, p=p) for p in P])
+    est = _quiet(kdecal.estimate, P, y, calibration="top_label")
+    qs = ["ece_kde_l1", "ce_kl", "ce_l2"]
+    ci = _quiet(est.confidence_intervals, qs, n_resamples=40, seed=0)
+    cut = 0
+    for q in qs:
+        c = ci[q]
+        lo, hi = centred_interval(c.bootstrap_distribution, c.estimate, 0.95)
+        assert c.low <= c.estimate <= c.high
+        if q == "ce_l2":
+            assert (c.low, c.high) == (lo, hi)
+        else:
+            assert c.estimate >= 0.0
+            assert c.low == max(lo, 0.0) and c.high == max(hi, 0.0)
+            cut += lo < 0.0
+    assert cut >= 1  # the case is one where the uncut interval reaches below 0
+    cmp = _quiet(
+        kdecal.compare,
+        {"a": P, "b": np.roll(P, 1, axis=0)},
+        y,
+        quantities=["ece_kde_l1"],
+        calibration="top_label",
+        n_resamples=40,
+    )
+    for k in ("a", "b"):
+        assert cmp.estimates[k]["ece_kde_l1"]["low"] >= 0.0
+
+
 # ------------------------------------------------------------------- resampling limits
 
 

@@ -200,6 +200,18 @@ class Quantity:
         return self.divergence == "l2"
 
     @property
+    def lower_bound(self) -> float | None:
+        """The least value of every estimate, where an interval may be cut.
+
+        0 where every estimate is >= 0 by construction (a norm or a divergence of E from
+        f: the ECE^KDE and the KL error); None where an unbiased estimate may be negative
+        (the squared L2 U-statistic) or the quantity has no sign (refinement, sharpness).
+        """
+        if self.kind == "ece" or (self.kind == "ce" and self.divergence == "kl"):
+            return 0.0
+        return None
+
+    @property
     def criterion(self) -> str:
         """The plug-in estimator's ``bandwidth="auto"`` criterion of the quantity."""
         return "log" if self.divergence == "kl" else "brier"
