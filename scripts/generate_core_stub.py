@@ -71,6 +71,8 @@ RETURNS = {
     "kernel_weights": f"tuple[{F64}, numpy.typing.NDArray[numpy.int64]]",
     # (m, S, Q, T, D, A, U, stats): arrays not requested have shape (0, 0, 0)
     "binary_reduce": f"tuple[{F64}, {F64}, {F64}, {F64}, {F64}, {F64}, {F64}, dict[str, int]]",
+    # (grad_p, grad_bias, stats)
+    "binary_grad_centres": f"tuple[{F64}, {F64}, dict[str, int]]",
 }
 
 HEADER = (

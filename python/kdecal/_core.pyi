@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['BinaryPlan', 'WATCH_MIN_WORK', 'binary_reduce', 'debias', 'has_openmp', 'kernel_bias', 'kernel_weights', 'loo_grad', 'loo_reduce', 'loo_reduce_multi', 'max_threads', 'simd_path']
+__all__: list[str] = ['BinaryPlan', 'WATCH_MIN_WORK', 'binary_grad_centres', 'binary_reduce', 'debias', 'has_openmp', 'kernel_bias', 'kernel_weights', 'loo_grad', 'loo_reduce', 'loo_reduce_multi', 'max_threads', 'simd_path']
 class BinaryPlan:
     """
     The sorted centres of a batch of binary problems and a cache of their per-bandwidth
@@ -20,6 +20,19 @@ class BinaryPlan:
     """
     def __init__(self, logq: numpy.typing.NDArray[numpy.float64], p: numpy.typing.NDArray[numpy.float64], labels: numpy.typing.NDArray[numpy.int64], n_classes: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
+def binary_grad_centres(logq: numpy.typing.NDArray[numpy.float64], p: numpy.typing.NDArray[numpy.float64], labels: numpy.typing.NDArray[numpy.int64], n_classes: typing.SupportsInt | typing.SupportsIndex, scale: typing.SupportsFloat | typing.SupportsIndex, bias: numpy.typing.NDArray[numpy.float64], lse: numpy.typing.NDArray[numpy.float64], coef: numpy.typing.NDArray[numpy.float64], n_threads: typing.SupportsInt | typing.SupportsIndex = 0, progress: typing.Callable[[int], object] | None = None, cell_width: typing.SupportsFloat | typing.SupportsIndex = 0.5) -> tuple[numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], dict[str, int]]:
+    """
+    The centre role of loo_grad for binary (K = 2, Beta-kernel) problems without the O(n^2)
+    loop: grad_p[i, k] = scale * sum_{j != i} w_ij coef[j, labels_i] logq[j, k] and
+    grad_bias[i] = sum_{j != i} w_ij coef[j, labels_i], w_ij = exp(L_ij - lse[j]), as
+    loo_grad returns them.  Taylor series in the centre's coordinate over cells of queries
+    (width cell_width * sqrt(h) / 2 in arcsin sqrt(x)), each sum within 3e-9 of the sum of
+    its terms' magnitudes (a centre whose bound fails is summed exactly;
+    docs/guide/binary_engine.md).  logq, p (n, 2) or (B, n, 2) float64; labels (n,) /
+    (B, n) int64; bias, lse (n,) / (B, n) float64; coef (n, C) / (B, n, C) float64.  Returns
+    (grad_p, grad_bias, stats).  Releases the GIL; progress and Ctrl-C as in loo_grad (B n
+    rows in all).
+    """
 def binary_reduce(logq: numpy.typing.NDArray[numpy.float64], p: numpy.typing.NDArray[numpy.float64], labels: numpy.typing.NDArray[numpy.int64], n_classes: typing.SupportsInt | typing.SupportsIndex, scale: numpy.typing.NDArray[numpy.float64], bias: numpy.typing.NDArray[numpy.float64], powers: typing.SupportsInt | typing.SupportsIndex = 1, row_start: typing.SupportsInt | typing.SupportsIndex = 0, row_stop: typing.SupportsInt | typing.SupportsIndex = 0, n_threads: typing.SupportsInt | typing.SupportsIndex = 0, progress: typing.Callable[[int], object] | None = None, pairs: bool = False, method: str = 'binned', residuals: bool = False, u: numpy.typing.NDArray[numpy.float64] | None = None, cell_width: typing.SupportsFloat | typing.SupportsIndex = 0.8, plan: typing.Any = None, v: typing.Any = None) -> tuple[numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], dict[str, int]]:
     """
     Fast leave-one-out sums of binary (K = 2) problems: the accumulators of loo_reduce.

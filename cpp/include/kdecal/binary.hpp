@@ -127,4 +127,55 @@ constexpr double kTolCell = 1e-10;
 /// (D = 2 e1 + e1^2 - e2 then errs by at most 3 kTolCheck relative).
 constexpr double kTolCheck = 3e-9;
 
+/// The centre role of the backward pass of binary problems (kdecal::loo_grad's grad_p
+/// and grad_bias for K = 2, without the O(n^2) loop).  With L_ij as in BinaryProblem
+/// (one bandwidth), w_ij = exp(L_ij - lse[j]) and the label c_i of centre i:
+///
+///   grad_bias[i]  =         sum_{j != i} w_ij coef[j, c_i]
+///   grad_p[i, k]  = scale * sum_{j != i} w_ij coef[j, c_i] logq[j, k]      (k = 0, 1)
+///
+/// sums over the queries j of each centre i (the transpose of binary_reduce's sums).
+/// L_ij = bias_i + s (logq_j0 + x_i t_j) with x_i = p_i1, t_j = logq_j1 - logq_j0, so
+/// around a cell of queries (width cell_width sqrt(h)/2 in z = arcsin sqrt(x), reference
+/// t_C, x_C) the pair term factors into the centre's exp(bias_i + s x_i t_C), the query's
+/// exp(s (logq_j0 + x_C (t_j - t_C)) - lse_j) coef logq, and exp(kappa d_j) with
+/// kappa = s (x_i - x_C) and d_j = t_j - t_C: a Taylor series in kappa over the cell's
+/// moments (docs/guide/binary_engine.md, "The backward pass").  Every accumulator keeps
+/// an absolute error bound (truncation, rounding, the cells left out by the envelope of
+/// the concave log-kernel), and a centre whose bound exceeds kTolCheck of the sum of its
+/// terms' magnitudes (a lower bound of it) is summed exactly over all queries.
+struct BinaryGradProblem {
+    const double* logq = nullptr;          // (B, n, 2)
+    const double* p = nullptr;             // (B, n, 2)
+    const std::int64_t* labels = nullptr;  // (B, n) in [0, C)
+    std::int64_t B = 1;
+    std::int64_t n = 0;
+    std::int64_t C = 1;
+    double scale = 1.0;                    // 1 / h
+    const double* bias = nullptr;          // (B, n)
+    const double* lse = nullptr;           // (B, n)
+    const double* coef = nullptr;          // (B, n, C)
+    double cell_width = 0.5;               // units of sqrt(h) / 2 in z
+};
+
+struct BinaryGradResult {
+    double* grad_p = nullptr;     // (B, n, 2)
+    double* grad_bias = nullptr;  // (B, n)
+};
+
+struct BinaryGradStats {
+    std::int64_t cells_taylor = 0;  // (centre, cell) Taylor evaluations
+    std::int64_t terms_taylor = 0;  // sum of their orders + 1
+    std::int64_t pairs_direct = 0;  // (centre, query) terms summed exactly
+    std::int64_t fallbacks = 0;     // centres summed exactly over all queries
+};
+
+/// Run it.  Throws std::invalid_argument on bad sizes, labels, non-finite inputs or p
+/// outside [0, 1] (before any parallel work).  Each centre is computed by one thread in
+/// a fixed order (bits independent of the thread count).  control: rows_done grows by
+/// B n in all; returns false when cancelled.
+bool binary_grad_centres(const BinaryGradProblem& prob, const BinaryGradResult& out,
+                         int n_threads, Control* control = nullptr,
+                         BinaryGradStats* stats = nullptr);
+
 }  // namespace kdecal

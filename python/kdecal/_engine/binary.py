@@ -636,3 +636,100 @@ def _require_core() -> Any:
     if core is None or not hasattr(core, "binary_reduce"):
         raise RuntimeError("the fast binary engine needs kdecal's compiled core")
     return core
+
+
+#: Smallest bandwidth of the fast backward pass: below it the rounding of the log-kernel
+#: (about eps |L|, |L| ~ 2 lgamma(1 / (2 h))) approaches the pass's 3e-9 bound and most
+#: centres would be summed exactly, so the dense backward pass runs instead.
+GRAD_MIN_H = 1e-4
+#: Cell width of the backward pass's cells of queries, in units of sqrt(h)/2 in z.
+GRAD_CELL_WIDTH = 0.5
+
+
+def loo_grad_k2(
+    logq: np.ndarray,
+    p: np.ndarray,
+    labels: np.ndarray,
+    n_classes: int,
+    scale: float,
+    bias: np.ndarray,
+    lse: np.ndarray,
+    coef: np.ndarray,
+    *,
+    progress: bool | None = None,
+    stats: dict[str, int] | None = None,
+    threads: int | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`kdecal._engine.backends.loo_grad` for ``K = 2`` float64 inputs, without O(n^2).
+
+    The arguments and the returned ``(grad_logq, grad_p, grad_bias, row_sum)`` are those
+    of ``kdecal._core.loo_grad`` (one problem ``(n, 2)`` or a batch ``(B, n, 2)``).
+
+    - The query role, ``grad_logq[j, k] = s sum_{i != j} w_ij coef[j, c_i] p[i, k]``, is
+      two forward passes of :func:`loo_reduce_k2` with the centre weights ``v = p[:, k]``:
+      ``sum_c coef[j, c] S_c(j) e^(m_j - lse_j)``; ``row_sum`` from the same sums
+      (``p_i0 + p_i1 = 1``).
+    - The centre role, ``grad_p`` and ``grad_bias`` (sums over the queries of each
+      centre), is ``kdecal._core.binary_grad_centres``: Taylor series in the centre's
+      coordinate over cells of queries.
+
+    Every sum is within ``3e-9`` of the sum of its terms' magnitudes
+    (``docs/guide/binary_engine.md``, "The backward pass"); ``stats`` receives the
+    centre pass's counters.
+    """
+    core = _require_core()
+    if not hasattr(core, "binary_grad_centres"):  # pragma: no cover - a stale build
+        raise RuntimeError("this build of kdecal's core has no binary_grad_centres")
+    batched = p.ndim == 3
+
+    def lead(x: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(x if batched else x[None])
+
+    L, P, Y = lead(logq), lead(p), lead(labels)
+    Bias, Lse, Coef = lead(bias), lead(lse), lead(coef)
+    s = float(scale)
+    bias3 = np.ascontiguousarray(Bias[:, None, :])
+    # the query role: sum_{i != j, c_i = c} w_ij p[i, k] for k = 0, 1
+    Sk = []
+    m = None
+    for k in range(2):
+        out = loo_reduce_k2(
+            L,
+            P,
+            Y,
+            n_classes,
+            np.array([s]),
+            bias3,
+            v=np.ascontiguousarray(P[..., k]),
+            progress=False,
+            threads=threads,
+        )
+        m = out[0][:, 0]
+        Sk.append(out[1][:, 0])  # (B, n, C)
+    assert m is not None
+    factor = np.exp(m - Lse)  # w_ij = e^(L_ij - m_j) e^(m_j - lse_j)
+    grad_logq = np.stack([s * np.sum(Coef * S, axis=-1) * factor for S in Sk], axis=-1)
+    row_sum = np.sum(Coef * (Sk[0] + Sk[1]), axis=-1) * factor
+    B, n = P.shape[:2]
+    work = float(B) * n * 1000.0
+    with _runtime.progress_bar(
+        _runtime.show_progress(work, progress), B * n, "kdecal binary backward"
+    ) as cb:
+        grad_p, grad_bias, st = core.binary_grad_centres(
+            L,
+            P,
+            Y,
+            n_classes,
+            s,
+            Bias,
+            Lse,
+            Coef,
+            _runtime.get_num_threads() if threads is None else int(threads),
+            cb,
+            GRAD_CELL_WIDTH,
+        )
+    if stats is not None:
+        for key, cnt in st.items():
+            stats[key] = stats.get(key, 0) + int(cnt)
+    out4 = (grad_logq, grad_p, grad_bias, row_sum)
+    return out4 if batched else (grad_logq[0], grad_p[0], grad_bias[0], row_sum[0])
