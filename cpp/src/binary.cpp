@@ -19,6 +19,7 @@
 #endif
 
 #include "binary_kernels.hpp"
+#include "binary_series.hpp"
 #include "loo_prepared.hpp"  // detail::isa_level, resolve_threads, cancelled, add_rows
 
 #if defined(KDECAL_HAVE_AVX512)
@@ -35,7 +36,7 @@ namespace {
 using i64 = std::int64_t;
 constexpr double kEps = std::numeric_limits<double>::epsilon();
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-constexpr int kNP = kMaxOrder + 1;  // moments per array
+using binary_series::kNP;  // moments per array
 // moment arrays of a cell: e^phi, e^phi p0, e^phi p1, e^2phi, e^2phi u, e^3phi
 enum { kM1 = 0, kA0 = 1, kA1 = 2, kM2 = 3, kU2 = 4, kM3 = 5, kNMom = 6 };
 constexpr i64 kRowsPerTask = 64;
@@ -304,46 +305,9 @@ void window_sums(const Context& cx, double T, const ExactL& Lx, const Flags& fl,
     r.uu = so.u[best] + acc[5];
 }
 
-// v[p] = 1 / (p + 1) for p = 0 .. kMaxOrder + 2, f[p] = 1 / p! for p = 0 .. kMaxOrder
-struct InvTable {
-    double v[kMaxOrder + 3];
-    double f[kNP];
-    InvTable() {
-        for (int p = 0; p < kMaxOrder + 3; ++p) v[p] = 1.0 / (p + 1);
-        f[0] = 1.0;
-        for (int p = 1; p < kNP; ++p) f[p] = f[p - 1] / p;
-    }
-};
-const InvTable kInv;
-
-// sum_{p <= P} m[p] k^p in blocks of four terms: one dependent FMA per block (a plain
-// Horner chain of P + 1 dependent FMAs was a quarter of the binned method's time).
-inline double series(const double* m, int P, double k) {
-    const double k2 = k * k, k4 = k2 * k2;
-    const int r = (P + 1) & 3;
-    const int base = P + 1 - r;  // terms [base, P] lead, then blocks of four below
-    double s = 0.0;
-    for (int i = r - 1; i >= 0; --i) s = s * k + m[base + i];
-    for (int b = base - 4; b >= 0; b -= 4)
-        s = s * k4 + ((m[b] + m[b + 1] * k) + (m[b + 2] + m[b + 3] * k) * k2);
-    return s;
-}
-
-// Smallest order P with rem = xi^(P+1)/(P+1)! <= tgt, or kMaxOrder + 1 if none.
-int order_for(double xi, double tgt, double& rem) {
-    rem = 0.0;
-    if (xi == 0.0) return 0;
-    double term = xi;  // xi^(P+1)/(P+1)! for P = 0
-    for (int P = 0; P <= kMaxOrder; ++P) {
-        if (term <= tgt) {
-            rem = term;
-            return P;
-        }
-        term *= xi * kInv.v[P + 1];
-    }
-    rem = term;
-    return kMaxOrder + 1;
-}
+using binary_series::kInv;
+using binary_series::order_for;
+using binary_series::series;
 
 // Binned sums of class c for one query: cells outward from the maximum's cell; returns
 // false if an error bound exceeds kTolCheck of its value (the caller then uses the
@@ -1330,21 +1294,9 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
     for (i64 t = 0; t < H; ++t)
         if (!(std::isfinite(prob.scale[t]) && prob.scale[t] > 0))
             check(false, "scale must be finite and > 0, got " + std::to_string(prob.scale[t]));
+    binary_series::check_points(prob.p, prob.logq, prob.labels, B * n, n, C,
+                                "kdecal.binary_reduce");
     for (i64 i = 0; i < B * n; ++i) {
-        const std::int64_t c = prob.labels[i];
-        if (c < 0 || c >= C)
-            throw std::invalid_argument("kdecal.binary_reduce: label " + std::to_string(c) +
-                                        " at index " + std::to_string(i % n) +
-                                        " is outside [0, " + std::to_string(C) + ")");
-        for (int k = 0; k < 2; ++k) {
-            const double v = prob.p[2 * i + k], l = prob.logq[2 * i + k];
-            if (!(v >= 0.0 && v <= 1.0))  // also NaN; the message only on failure
-                check(false, "p must lie in [0, 1]; p[" + std::to_string(i % n) + ", " +
-                                 std::to_string(k) + "] = " + std::to_string(v));
-            if (!(std::isfinite(l) && l <= 0.0))
-                check(false, "logq must be finite and <= 0; logq[" + std::to_string(i % n) +
-                                 ", " + std::to_string(k) + "] = " + std::to_string(l));
-        }
         if (prob.u) check(std::isfinite(prob.u[i]), "u must be finite");
         if (prob.v && !(std::isfinite(prob.v[i]) && prob.v[i] >= 0.0))
             check(false, "centre weights v must be finite and >= 0; v[" + std::to_string(i % n) +

@@ -14,6 +14,7 @@
 #include <omp.h>
 #endif
 
+#include "binary_series.hpp"
 #include "kdecal/binary.hpp"
 #include "loo_prepared.hpp"  // detail::resolve_threads, cancelled, add_rows
 
@@ -24,7 +25,7 @@ using i64 = std::int64_t;
 constexpr double kEps = std::numeric_limits<double>::epsilon();
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 constexpr double kHalfPi = 1.5707963267948966;
-constexpr int kNP = kMaxOrder + 1;  // moments per series
+using binary_series::kNP;  // moments per series
 constexpr int kCh = 3;              // channels: 1, logq_j0, logq_j1
 // cells of fewer queries are summed directly (a term costs about one exp)
 constexpr i64 kMinMoments = 8;
@@ -39,38 +40,9 @@ void check(bool ok, const std::string& what) {
     if (!ok) throw std::invalid_argument("kdecal.binary_grad_centres: " + what);
 }
 
-struct Inv {  // v[p] = 1 / (p + 1), f[p] = 1 / p!
-    double v[kMaxOrder + 3];
-    double f[kNP];
-    Inv() {
-        for (int q = 0; q < kMaxOrder + 3; ++q) v[q] = 1.0 / (q + 1);
-        f[0] = 1.0;
-        for (int q = 1; q < kNP; ++q) f[q] = f[q - 1] / q;
-    }
-};
-const Inv kInv;
-
-// smallest P with xi^(P+1)/(P+1)! <= tgt (rem receives it), or kMaxOrder + 1
-int order_for(double xi, double tgt, double& rem) {
-    rem = 0.0;
-    if (xi == 0.0) return 0;
-    double term = xi;
-    for (int P = 0; P <= kMaxOrder; ++P) {
-        if (term <= tgt) {
-            rem = term;
-            return P;
-        }
-        term *= xi * kInv.v[P + 1];
-    }
-    rem = term;
-    return kMaxOrder + 1;
-}
-
-inline double series(const double* m, int P, double k) {
-    double s = m[P];
-    for (int q = P - 1; q >= 0; --q) s = s * k + m[q];
-    return s;
-}
+using binary_series::kInv;
+using binary_series::order_for;
+using binary_series::series;
 
 // fine cells per coarse cell of at least kFineMin queries: equal parts of its t range
 // (the Taylor argument kappa d is proportional to the t half-width)
@@ -443,20 +415,9 @@ bool binary_grad_centres(const BinaryGradProblem& pr, const BinaryGradResult& ou
           "scale must be finite and > 0, got " + std::to_string(pr.scale));
     check(std::isfinite(pr.cell_width) && pr.cell_width > 0 && pr.cell_width <= 4,
           "cell_width must be in (0, 4]");
+    binary_series::check_points(pr.p, pr.logq, pr.labels, B * n, n, C,
+                                "kdecal.binary_grad_centres");
     for (i64 i = 0; i < B * n; ++i) {
-        const std::int64_t c = pr.labels[i];
-        if (c < 0 || c >= C)
-            check(false, "label " + std::to_string(c) + " at index " + std::to_string(i % n) +
-                             " is outside [0, " + std::to_string(C) + ")");
-        for (int k = 0; k < 2; ++k) {
-            const double v = pr.p[2 * i + k], l = pr.logq[2 * i + k];
-            if (!(v >= 0.0 && v <= 1.0))
-                check(false, "p must lie in [0, 1]; p[" + std::to_string(i % n) + ", " +
-                                 std::to_string(k) + "] = " + std::to_string(v));
-            if (!(std::isfinite(l) && l <= 0.0))
-                check(false, "logq must be finite and <= 0; logq[" + std::to_string(i % n) +
-                                 ", " + std::to_string(k) + "] = " + std::to_string(l));
-        }
         check(std::isfinite(pr.bias[i]) && std::isfinite(pr.lse[i]), "bias and lse must be finite");
         for (i64 c2 = 0; c2 < C; ++c2)
             check(std::isfinite(pr.coef[i * C + c2]), "coef must be finite");
