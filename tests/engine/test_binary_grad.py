@@ -213,3 +213,43 @@ def test_torch_gradients_of_binary_losses_equal_the_dense_pass(monkeypatch):
         a, b = grads["auto"].numpy(), grads["exact"].numpy()
         assert np.max(np.abs(a - b)) <= 1e-8 * np.max(np.abs(b)), cal
     assert len(calls) == 2  # the fast pass served both notions
+
+
+def test_torch_float32_binary_losses_take_the_fast_engine(monkeypatch):
+    """float32 tensors: the binary problems run on the float64 fast engine (points whose
+    larger coordinate is made 1 minus the smaller, exactly), with the gradients of the
+    dense float32 pass to its own float32 rounding (the loss's |E - f| is evaluated in
+    float32 by both)."""
+    torch = pytest.importorskip("torch")
+    import kdecal.torch as kt
+
+    rng = np.random.default_rng(8)
+    n, K = 2500, 4
+    z = torch.tensor(rng.normal(size=(n, K)) * 3.0, dtype=torch.float32)
+    y = torch.tensor(rng.integers(0, K, n))
+    calls = []
+    real = kb.loo_grad_k2
+    monkeypatch.setattr(kb, "loo_grad_k2", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for cal in ("top_label", "classwise"):
+        grads = {}
+        for method in ("auto", "exact"):
+            monkeypatch.setattr(_backends, "BINARY_METHOD", method)
+            a = z.clone().requires_grad_(True)
+            loss = kt.ece_kde_loss(torch.softmax(a, 1), y, bandwidth=0.01, calibration=cal)
+            assert loss.dtype == torch.float32
+            (grads[method],) = torch.autograd.grad(loss, a)
+        assert grads["auto"].dtype == torch.float32
+        d = (grads["auto"] - grads["exact"]).abs().max() / grads["exact"].abs().max()
+        assert float(d) <= 1e-4, cal
+    assert len(calls) == 2
+
+
+def test_complement_keeps_the_smaller_coordinate():
+    pytest.importorskip("torch")
+    from kdecal.torch import _complement
+
+    p = np.array([[[0.3, 0.70000001], [1e-7, 0.9999999], [0.6, 0.4000001], [0.5, 0.5]]])
+    out = _complement(p)
+    np.testing.assert_array_equal(out[..., 0], [[0.3, 1e-7, 1.0 - 0.4000001, 0.5]])
+    np.testing.assert_array_equal(out[..., 1], [[1.0 - 0.3, 1.0 - 1e-7, 0.4000001, 0.5]])
+    assert np.all(np.abs(out.sum(-1) - 1.0) <= 2.3e-16)
