@@ -253,3 +253,23 @@ def test_complement_keeps_the_smaller_coordinate():
     np.testing.assert_array_equal(out[..., 0], [[0.3, 1e-7, 1.0 - 0.4000001, 0.5]])
     np.testing.assert_array_equal(out[..., 1], [[1.0 - 0.3, 1.0 - 1e-7, 0.4000001, 0.5]])
     assert np.all(np.abs(out.sum(-1) - 1.0) <= 2.3e-16)
+
+
+def test_progress_counts_and_a_failing_callback():
+    """The centre pass runs watched (B n rows of progress); an exception from the
+    callback stops it and propagates."""
+    B, n = 21, 5000  # 1000 B n >= WATCH_MIN_WORK: watched
+    assert 1000.0 * B * n >= core.WATCH_MIN_WORK
+    rng = np.random.default_rng(3)
+    X = rng.beta(5, 1, size=(B, n))
+    Y = (rng.random((B, n)) < X).astype(np.int64)
+    logq, p, y, s, bias, lse, coef = _problem(X, Y, 2, 1e-2)
+    seen: list[int] = []
+    core.binary_grad_centres(logq, p, y, 2, s, bias, lse, coef, 0, seen.append)
+    assert seen and seen[-1] == B * n and seen == sorted(seen)
+
+    def fail(done: int) -> None:
+        raise RuntimeError("stop here")
+
+    with pytest.raises(RuntimeError, match="stop here"):
+        core.binary_grad_centres(logq, p, y, 2, s, bias, lse, coef, 0, fail)

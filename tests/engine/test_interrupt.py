@@ -205,7 +205,8 @@ def test_automatic_bars_show_on_a_terminal_only(monkeypatch, capsys):
     monkeypatch.setenv("KDECAL_PROGRESS", "0")
     assert _runtime.show_progress(big, True) is False
     monkeypatch.delenv("KDECAL_PROGRESS")
-    # pytest's capture is not a terminal: no bar, no callback (the engine runs unwatched)
+    # pytest's capture is not a terminal: no bar and no callback (long calls still run
+    # watched, so that Ctrl-C stops them)
     with _runtime.progress_bar(None, 10, "kdecal test bar") as cb:
         assert cb is None
     with _runtime.progress_bar(True, 10, "kdecal forced bar") as cb:
