@@ -92,3 +92,29 @@ def test_auto_bandwidth_vs_fixed(benchmark, what):
     else:
         val = benchmark(kdecal.ece_kde, s.probs, s.labels)
     assert val == pytest.approx(kdecal.ece_kde(s.probs, s.labels, bandwidth=h), rel=1e-12)
+
+
+@pytest.mark.parametrize("method", ["auto", "exact"])
+def test_binary_loss_backward(benchmark, method, monkeypatch):
+    """A top-label ECE^KDE loss, forward + backward, n = 20,000, K = 10, float64: the
+    fast binary engine (default) against the dense passes (``method="exact"``)."""
+    torch = pytest.importorskip("torch")
+    import kdecal.torch as kt
+    from kdecal._engine import backends
+
+    rng = np.random.default_rng(0)
+    z = torch.tensor(rng.normal(size=(20000, 10)) * 2.5)
+    y = torch.tensor(rng.integers(0, 10, 20000))
+    benchmark.group = "top-label loss forward + backward n=20000 K=10"
+
+    def run():
+        a = z.clone().requires_grad_(True)
+        loss = kt.ece_kde_loss(torch.softmax(a, 1), y, bandwidth=1e-3, calibration="top_label")
+        (g,) = torch.autograd.grad(loss, a)
+        return g
+
+    monkeypatch.setattr(backends, "BINARY_METHOD", "exact")
+    ref = run()
+    monkeypatch.setattr(backends, "BINARY_METHOD", method)
+    g = benchmark(run)
+    assert float((g - ref).abs().max()) <= 1e-8 * float(ref.abs().max())
