@@ -273,3 +273,20 @@ def test_progress_counts_and_a_failing_callback():
 
     with pytest.raises(RuntimeError, match="stop here"):
         core.binary_grad_centres(logq, p, y, 2, s, bias, lse, coef, 0, fail)
+
+
+def test_n_20000_clustered_against_the_dense_pass():
+    """A larger problem (no brute force: each output against the dense pass, relative to
+    the largest entry of its array), the scores clustered near 1 as real ones are."""
+    rng = np.random.default_rng(12)
+    n = 20000
+    x = np.concatenate([1 - rng.random(15000) * 1e-3, rng.beta(2, 2, 5000)])
+    y = (rng.random(n) < x).astype(np.int64)
+    for h in (2e-4, 1e-2):
+        logq, p, y2, s, bias, lse, coef = _problem(x, y, 2, h)
+        stats: dict[str, int] = {}
+        fast = kb.loo_grad_k2(logq, p, y2, 2, s, bias, lse, coef, stats=stats)
+        dense = core.loo_grad(logq, p, y2, 2, s, bias, lse, coef, 0)
+        for a, b in zip(fast, dense):
+            assert np.max(np.abs(a - b)) <= 1e-9 * np.max(np.abs(b))
+        assert stats["fallbacks"] <= 0.01 * n
