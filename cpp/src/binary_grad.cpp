@@ -52,10 +52,12 @@ constexpr i64 kFineMin = 64;
 struct QCell {                // a run of queries in the sorted order
     i64 start, end;
     i64 lo, hi;               // sorted positions of the smallest and largest x
-    double tC, xC, delta;     // reference logit, reference x, max |t_j - tC|
+    double tC, delta;         // reference logit, max |t_j - tC|
+    bool upper;               // the form of the cell's expansion: x_C > 1/2 (see make_cell)
+    double rC;                // the reference's x (lower form) or 1 - x (upper form)
     double A;                 // max over the cell of a_j
-    double mag;               // max |a_j| + |s logq_j0| + |s xC d_j| + |lse_j| (rounding)
-    double lq0max;            // max |logq_j0|
+    double mag;               // max |a_j| + |s logq_j| + |s rC d_j| + |lse_j| (rounding)
+    double lqmax;             // max |logq_j0| (lower form) or |logq_j1| (upper form)
     i64 off;                  // offset of the moments in Queries::mom, -1: summed directly
     i64 goff;                 // offset of the envelope's maxima in Queries::gm
     i64 fb, fe;               // coarse cells: their fine cells [fb, fe) in Queries::fine
@@ -81,16 +83,22 @@ QCell make_cell(Queries& q, i64 C, double s, i64 a, i64 e) {
     c.fb = c.fe = 0;
     double tmin = q.t[a], tmax = tmin;
     c.lo = c.hi = a;
-    c.lq0max = 0.0;
+    c.lqmax = 0.0;
     for (i64 j = a; j < e; ++j) {
         tmin = std::min(tmin, q.t[j]);
         tmax = std::max(tmax, q.t[j]);
         if (q.p1[j] < q.p1[c.lo]) c.lo = j;
         if (q.p1[j] > q.p1[c.hi]) c.hi = j;
-        c.lq0max = std::max(c.lq0max, std::fabs(q.l0[j]));
     }
     c.tC = 0.5 * (tmin + tmax);
-    c.xC = 1.0 / (1.0 + std::exp(-c.tC));
+    // L_ij = bias_i + s (logq_j0 + x_i t_j) = bias_i + s (logq_j1 - (1 - x_i) t_j): the
+    // lower form takes the first, the upper form (cells near x = 1) the second, whose
+    // terms stay small there (logq_j1 ~ 0, 1 - x_i ~ 0), and the coordinate 1 - x_i
+    // keeps its precision; kappa = s (x_i - rC), resp. s (rC - (1 - x_i))
+    c.upper = c.tC > 0.0;
+    c.rC = 1.0 / (1.0 + std::exp(c.upper ? c.tC : -c.tC));
+    for (i64 j = a; j < e; ++j)
+        c.lqmax = std::max(c.lqmax, std::fabs(c.upper ? q.l1[j] : q.l0[j]));
     c.A = kNegInf;
     c.delta = 0.0;
     c.mag = 0.0;
@@ -100,11 +108,12 @@ QCell make_cell(Queries& q, i64 C, double s, i64 a, i64 e) {
     for (i64 j = a; j < e; ++j) {
         const double d = q.t[j] - c.tC;
         c.delta = std::max(c.delta, std::fabs(d));
-        const double aj = s * (q.l0[j] + c.xC * d) - q.lse[j];
+        const double lq = c.upper ? q.l1[j] : q.l0[j];
+        const double aj = s * (c.upper ? lq - c.rC * d : lq + c.rC * d) - q.lse[j];
         av[j - a] = aj;
         c.A = std::max(c.A, aj);
-        c.mag = std::max(c.mag, std::fabs(aj) + s * std::fabs(q.l0[j]) +
-                                    s * std::fabs(c.xC * d) + std::fabs(q.lse[j]));
+        c.mag = std::max(c.mag, std::fabs(aj) + s * std::fabs(lq) + s * std::fabs(c.rC * d) +
+                                    std::fabs(q.lse[j]));
         const double rho[kCh] = {1.0, q.l0[j], q.l1[j]};
         for (i64 cl = 0; cl < C; ++cl)
             for (int ch = 0; ch < kCh; ++ch) {
@@ -290,14 +299,17 @@ void one_centre(const Queries& q, const BinaryGradProblem& pr, i64 self, double 
         }
         const double* M = q.mom.data() + c.off + cl * kCh * kNP;
         const double* W = q.mom.data() + c.off + C * kCh * kNP + cl * kCh;
-        const double kappa = s * (p1 - c.xC);
+        const double coord = c.upper ? p0 : p1;  // the centre's coordinate in the form
+        const double kappa = c.upper ? s * (c.rC - p0) : s * (p1 - c.rC);
         const double xi = std::fabs(kappa) * c.delta;
-        const double logF = bias + s * p1 * c.tC + c.A;
+        const double logF = bias + (c.upper ? -s * p0 * c.tC : s * p1 * c.tC) + c.A;
         // the centre's own query term (its series is taken out below)
         double wself[kCh] = {0, 0, 0}, dself = 0.0;
         if (has_self) {
             dself = q.t[self] - c.tC;
-            const double aself = s * (q.l0[self] + c.xC * dself) - q.lse[self];
+            const double aself = c.upper
+                                     ? s * (q.l1[self] - c.rC * dself) - q.lse[self]
+                                     : s * (q.l0[self] + c.rC * dself) - q.lse[self];
             const double e = std::exp(aself - c.A);
             const double cf = q.coef[self * C + cl];
             const double rho[kCh] = {1.0, q.l0[self], q.l1[self]};
@@ -345,11 +357,12 @@ void one_centre(const Queries& q, const BinaryGradProblem& pr, i64 self, double 
         }
         ++st.cells_taylor;
         st.terms_taylor += P + 1;
-        // rounding: the composite exponent (bias, s x tC, A, a_j) and kappa d (kappa
-        // from p1 - xC, each within eps), and the centre's p0 + p1 - 1 (its logq_j0 term)
+        // rounding: the composite exponent (bias, s coord tC, A, a_j) and kappa d (kappa
+        // from coord - rC, each within eps of its size), and the centre's p0 + p1 - 1
+        // (the form's logq_j term)
         const double dsys =
-            4.0 * kEps * (std::fabs(bias) + s * std::fabs(p1 * c.tC) + std::fabs(c.A) + c.mag) +
-            2.0 * kEps * s * c.delta + s * std::fabs(p0 + p1 - 1.0) * c.lq0max;
+            4.0 * kEps * (std::fabs(bias) + s * std::fabs(coord * c.tC) + std::fabs(c.A) + c.mag) +
+            2.0 * kEps * s * (coord + c.rC) * c.delta + s * std::fabs(p0 + p1 - 1.0) * c.lqmax;
         double hs = 0.0;  // the self's series sum_{p <= P} (kappa d)^p / p!
         if (has_self) {
             const double y = kappa * dself;

@@ -10,7 +10,7 @@ recompute the kernel weights from the per-query maximum and sum saved by the for
 pass (as the backward pass of flash attention does): the n x n matrix of kernel values,
 which autograd through a materialised implementation would store (several GB at
 n = 20,000), is never formed. The binary problems of top-label and class-wise losses
-(float64, n >= 2,048, h >= 1e-4) take the fast binary engine for both passes instead:
+(float64, n >= 2,048, h >= 1e-5) take the fast binary engine for both passes instead:
 O(n log n), each sum within 3e-9 of the sum of its terms' magnitudes
 (``docs/guide/binary_engine.md``; float32 tensors as well: the engine computes in
 float64 and returns the tensor's dtype). Gradients flow through both roles of every prediction,

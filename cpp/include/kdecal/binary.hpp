@@ -140,7 +140,8 @@ constexpr double kTolCheck = 3e-9;
 /// t_C, x_C) the pair term factors into the centre's exp(bias_i + s x_i t_C), the query's
 /// exp(s (logq_j0 + x_C (t_j - t_C)) - lse_j) coef logq, and exp(kappa d_j) with
 /// kappa = s (x_i - x_C) and d_j = t_j - t_C: a Taylor series in kappa over the cell's
-/// moments (docs/guide/binary_engine.md, "The backward pass").  Every accumulator keeps
+/// moments (docs/guide/binary_engine.md, "The backward pass").  Cells with x_C > 1/2
+/// use the same factorisation of L_ij = bias_i + s (logq_j1 - (1 - x_i) t_j).  Every accumulator keeps
 /// an absolute error bound (truncation, rounding, the cells left out by the envelope of
 /// the concave log-kernel), and a centre whose bound exceeds kTolCheck of the sum of its
 /// terms' magnitudes (a lower bound of it) is summed exactly over all queries.

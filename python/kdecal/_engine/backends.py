@@ -344,7 +344,7 @@ def _use_binary_engine(backend: str, p: Any, powers: int) -> bool:
 
 
 def _use_binary_grad(p: Any, scale: float) -> bool:
-    """Whether :func:`loo_grad` runs on the fast binary engine (K = 2, float64, h >= 1e-4)."""
+    """Whether :func:`loo_grad` runs on the fast binary engine (K = 2, float64, h >= 1e-5)."""
     return (
         isinstance(p, np.ndarray)
         and p.shape[-1] == 2
@@ -400,7 +400,7 @@ def loo_grad(
     progress bar (``progress``: bool, or ``None`` for long work only) over its two
     passes, and Ctrl-C stopping it within about a second.  ``backend="cuda"`` runs
     :func:`kdecal._engine.cuda.loo_grad` instead (CUDA arrays in and out).  Binary
-    (K = 2) float64 problems of n >= 2,048 points at h >= 1e-4 run on the fast binary
+    (K = 2) float64 problems of n >= 2,048 points at h >= 1e-5 run on the fast binary
     engine (:func:`kdecal._engine.binary.loo_grad_k2`, each sum within 3e-9 of the sum
     of its terms' magnitudes; ``KDECAL_BINARY_METHOD=exact`` keeps this dense pass).
 

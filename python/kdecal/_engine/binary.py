@@ -638,10 +638,10 @@ def _require_core() -> Any:
     return core
 
 
-#: Smallest bandwidth of the fast backward pass: below it the rounding of the log-kernel
-#: (about eps |L|, |L| ~ 2 lgamma(1 / (2 h))) approaches the pass's 3e-9 bound and most
-#: centres would be summed exactly, so the dense backward pass runs instead.
-GRAD_MIN_H = 1e-4
+#: Smallest bandwidth of the fast backward pass: the forward passes of its query role
+#: take shifted biases from there (:data:`SHIFT_MIN_H`); below it the dense backward
+#: pass runs.
+GRAD_MIN_H = SHIFT_MIN_H
 #: Cell width of the backward pass's cells of queries, in units of sqrt(h)/2 in z.
 GRAD_CELL_WIDTH = 0.5
 
@@ -711,6 +711,10 @@ def loo_grad_k2(
     grad_logq = np.stack([s * np.sum(Coef * S, axis=-1) * factor for S in Sk], axis=-1)
     row_sum = np.sum(Coef * (Sk[0] + Sk[1]), axis=-1) * factor
     B, n = P.shape[:2]
+    # every term is e^(bias_i + s g_ij - lse_j): a constant taken from both (the median
+    # bias of each problem) changes no term and keeps the exponents' parts small at
+    # small h, where |bias| ~ lgamma(1 / h) (the rounding the bound counts)
+    c = np.median(Bias, axis=-1, keepdims=True)
     work = float(B) * n * 1000.0
     with _runtime.progress_bar(
         _runtime.show_progress(work, progress), B * n, "kdecal binary backward"
@@ -721,8 +725,8 @@ def loo_grad_k2(
             Y,
             n_classes,
             s,
-            Bias,
-            Lse,
+            np.ascontiguousarray(Bias - c),
+            np.ascontiguousarray(Lse - c),
             Coef,
             _runtime.get_num_threads() if threads is None else int(threads),
             cb,
