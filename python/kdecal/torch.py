@@ -54,6 +54,7 @@ from torch.autograd.function import once_differentiable
 from . import _formulas as _f
 from . import kde as _kde
 from ._engine import backends as _backends
+from ._engine import binary as _binary
 from ._engine import engines as _engines
 from ._engine import runtime as _runtime
 from ._estimation import problem as _problem
@@ -110,9 +111,14 @@ class _LooExpectation(torch.autograd.Function):
             return _cuda_forward(ctx, points, labels, bandwidth)
         _core()
         kdt = np.float32 if points.dtype == torch.float32 else np.float64
-        if _backends.binary_engine_serves("cpp", points.shape[-2]) and points.shape[-1] == 2:
+        if (
+            points.shape[-1] == 2
+            and _backends.binary_engine_serves("cpp", points.shape[-2])
+            and bandwidth >= _binary.GRAD_MIN_H
+        ):
             # binary problems of float32 tensors too: the fast binary engine (float64,
-            # O(n log n)) is faster than the dense float32 loop and more accurate
+            # O(n log n), both passes) is faster than the dense float32 loop and more
+            # accurate
             kdt = np.float64
         p64 = np.ascontiguousarray(points.detach().to(torch.float64).numpy())
         if p64.shape[-1] == 2:
