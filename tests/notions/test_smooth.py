@@ -173,3 +173,22 @@ def test_relplot_agrees_within_its_discretisation(monkeypatch, one_blas_thread):
     k = smooth.smooth_ece(f, y, calibration="classwise")
     assert width - 2.0**-10 <= k <= width
     assert val == pytest.approx(k, rel=5e-3)  # measured -2.1e-3
+
+
+@pytest.mark.parametrize(
+    ("n", "m0", "m1"), [(1, 1, 5), (7, 1, 31), (300, 1, 33), (300, 32, 97), (20000, 5, 70)]
+)
+def test_cosine_sums_match_the_direct_cosines(n, m0, m1, monkeypatch):
+    # the cosine series' sums by powers of exp(i pi f) against one cos per term summed
+    # exactly: block edges of 32 harmonics, scores at 0 and 1, and (n = 20,000 with a
+    # smaller row block) several row blocks
+    monkeypatch.setattr(smooth, "_BLOCK", 1 << 16)
+    rng = np.random.default_rng(n + m0)
+    f = rng.random(n)
+    f[: min(n, 3)] = [0.0, 1.0, 1.0 - 1e-12][: min(n, 3)]
+    w = rng.standard_normal(n) / n
+    got = smooth._cosine_sums(f, w, m0, m1)
+    ref = [math.fsum(w * np.cos(math.pi * m * f)) for m in range(m0, m1 + 1)]
+    assert got.shape == (m1 - m0 + 1,)
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-14 * np.abs(w).sum())
+    assert smooth._cosine_sums(f, w, m1 + 1, m1).shape == (0,)
