@@ -32,6 +32,78 @@ __all__ = ["evaluate"]
 #: Notions summarised by :func:`evaluate` (estimate, interval, test) by default.
 EVALUATE_NOTIONS = ("canonical", "top_label", "classwise")
 
+#: Notions resampled by :func:`evaluate` with ``resample_notions="auto"`` (the default),
+#: the canonical one within :data:`CANONICAL_RESAMPLING_MAX_WORK`.
+AUTO_RESAMPLE_NOTIONS = ("canonical", "top_label")
+
+#: Largest ``n^2 (K + 3)`` for which ``resample_notions="auto"`` resamples the canonical
+#: notion. Its bootstrap and test are dense products with the kernel weights, about
+#: ``n^2 (K + 3)`` multiply-adds per replicate and bandwidth (two bandwidths), so their
+#: cost grows with n^2: 100 resamples of the bundled example (n = 10,000, K = 10) take
+#: about 10 s on 2 cores, of n = 30,000 about 3 minutes, of n = 100,000 about half an
+#: hour. The limit admits n = 10,000 at K = 100 (CIFAR-100's test set: 96 s) and
+#: n = 29,000 at K = 10 (about 3 minutes); beyond it the report says what it left out,
+#: what it would cost and how to ask for it.
+CANONICAL_RESAMPLING_MAX_WORK = 1.1e10
+
+#: Seconds per resample and unit of ``n^2 (K + 3)`` of the canonical resampling (both
+#: bandwidths, bootstrap and test) on the 2-core machine of bench/README.md, measured at
+#: n = 30,000, K = 10 (18.7 s for 10 resamples; 7.9e-11 at n = 10,000: the products
+#: slow down as the value columns outgrow the caches), for the note's estimate of what
+#: was left out.
+_CANONICAL_RESAMPLING_SECONDS = 1.6e-10
+
+
+def _check_resample_notions(resample_notions: object) -> str | tuple[str, ...]:
+    """Validate ``resample_notions``: "auto", or the notions named (a tuple)."""
+    if isinstance(resample_notions, str):
+        if resample_notions != "auto":
+            raise ValueError(
+                f"resample_notions must be 'auto', None or a sequence of notions of "
+                f"{_problem.CALIBRATIONS}, got {resample_notions!r}"
+            )
+        return "auto"
+    if resample_notions is not None and not isinstance(resample_notions, (list, tuple)):
+        raise TypeError(
+            f"resample_notions must be 'auto', None or a sequence of notions, got "
+            f"{type(resample_notions).__name__}"
+        )
+    names = tuple(resample_notions or ())
+    for name in names:
+        check_choice(name, "resample_notions", _problem.CALIBRATIONS)
+    return names
+
+
+def _resampled_notions(
+    spec: str | tuple[str, ...], calibration: str, n: int, K: int, R: int, backend: str
+) -> tuple[tuple[str, ...], dict[str, str]]:
+    """Return the notions to resample and, per notion left out by "auto", why.
+
+    ``spec`` from :func:`_check_resample_notions`. The notions named are taken as
+    given, with the notion ``calibration`` added (it is always resampled). ``"auto"``:
+    :data:`AUTO_RESAMPLE_NOTIONS` and ``calibration``, the canonical notion only where
+    its resampling's work per replicate ``n^2 (K + 3)`` is within
+    :data:`CANONICAL_RESAMPLING_MAX_WORK` or the backend is not the local CPU
+    (``"cuda"``, ``"dask"``).
+    """
+    if spec != "auto":
+        return tuple(dict.fromkeys((*spec, calibration))), {}
+    wanted = tuple(dict.fromkeys((*AUTO_RESAMPLE_NOTIONS, calibration)))
+    work = float(n) * n * (K + 3)
+    if work <= CANONICAL_RESAMPLING_MAX_WORK or backend in ("cuda", "dask"):
+        return wanted, {}
+    sec = work * R * _CANONICAL_RESAMPLING_SECONDS
+    cost = f"{sec:.0f} s" if sec < 90 else f"{sec / 60:.0f} minutes"
+    why = (
+        f"not made by default at n = {n:,} and K = {K}: its bootstrap and test cost "
+        f"n^2 (K + 3) = {work:.2g} multiply-adds per replicate and bandwidth (the "
+        f"default's limit is {CANONICAL_RESAMPLING_MAX_WORK:.2g}), about {cost} for "
+        f"{R} resamples on 2 cores; ask for them "
+        "with resample_notions=('canonical', 'top_label') (command line: "
+        "--resample-notions canonical,top_label)"
+    )
+    return tuple(q for q in wanted if q != "canonical"), {"canonical": why}
+
 
 def _notion_summary(
     est: CalibrationEstimate, n_resamples: int, seed: int | None
@@ -179,7 +251,7 @@ def evaluate(
     progress: bool | None = None,
     source: str | None = None,
     notions: tuple[str, ...] | list[str] | None = EVALUATE_NOTIONS,
-    resample_notions: tuple[str, ...] | list[str] | None = ("canonical", "top_label"),
+    resample_notions: tuple[str, ...] | list[str] | str | None = "auto",
     n_resamples: int = 100,
     seed: int | None = 0,
     calibration_loss: bool = True,
@@ -223,14 +295,21 @@ def evaluate(
         Description stored in the report (e.g. a file name).
     notions : sequence of str or None, default ("canonical", "top_label", "classwise")
         Notions summarised (estimate and bandwidth); None or () for none.
-    resample_notions : sequence of str or None, default ("canonical", "top_label")
+    resample_notions : "auto", sequence of str or None, default "auto"
         Those of ``notions`` that also get bootstrap intervals and the calibration test
         (not with ``debias="ratio"``, whose third power sums resampling does not keep);
-        the notion ``calibration`` always does. A notion whose resampling is undefined
-        (every row of a replicate lost its neighbours: a bandwidth far too small) gets
-        a note instead.
-        Class-wise resampling costs K one-vs-rest problems per resample (about 45 s
-        for 100 resamples of the bundled K = 10 example on 2 cores), so it is opt-in.
+        the notion ``calibration`` always does. ``"auto"``: canonical and top-label,
+        the canonical notion (also as ``calibration``) only up to ``n^2 (K + 3) =
+        1.1e10`` on the CPU backends (n = 10,000 at K = 100, n = 29,000 at K = 10): its
+        resampling is dense, ``n^2 (K + 3)`` multiply-adds per replicate and
+        bandwidth, about 10 s for the bundled example and half an hour at n = 100,000,
+        K = 10 on 2 cores; beyond, the report notes what it left out and how long it
+        would take (``CANONICAL_RESAMPLING_MAX_WORK`` in ``kdecal._evaluate``). A
+        sequence is taken as given; None or () for the notion ``calibration`` alone.
+        A notion whose resampling is undefined (every row of a replicate lost its
+        neighbours: a bandwidth far too small) gets a note instead.
+        Class-wise resampling costs K one-vs-rest problems per resample (about 18 s for
+        100 resamples of the bundled K = 10 example on 2 cores), so it is opt-in.
     n_resamples : int, default 100
         Bootstrap replicates and resampled label sets per notion (at most 1,000,000);
         0 skips intervals and tests.
@@ -269,9 +348,7 @@ def evaluate(
         wanted = ()  # no notion table: neither its estimates nor its resampling
     for name in wanted:
         check_choice(name, "notions", _problem.CALIBRATIONS)
-    resampled = tuple(resample_notions or ())
-    for name in resampled:
-        check_choice(name, "resample_notions", _problem.CALIBRATIONS)
+    resample_spec = _check_resample_notions(resample_notions)
     main = estimate(
         probs,
         labels,
@@ -285,6 +362,9 @@ def evaluate(
     est = main._est
     P, y = main._probs, main._labels
     K, n = main.n_classes, main.n
+    resampled, left_out = _resampled_notions(
+        resample_spec, str(calibration), n, K, R, str(main.backend)
+    )
     summaries: dict[str, dict[str, object]] = {}
     estimates: dict[str, CalibrationEstimate] = {}
     for name in wanted:
@@ -304,8 +384,10 @@ def evaluate(
         )
         # resampling has no third power sums: debias="ratio" gets estimates only; the
         # notion asked for with `calibration` is always resampled
-        resample = (name in resampled or name == calibration) and str(debias) != "ratio"
+        resample = name in resampled and str(debias) != "ratio"
         summaries[name] = _notion_summary(e, R if resample else 0, seed)
+        if R > 0 and name in left_out and str(debias) != "ratio":
+            summaries[name]["resampling_skipped"] = left_out[name]
         estimates[name] = e
     estimates.setdefault(str(calibration), main)
     cal_loss = None

@@ -45,6 +45,7 @@ from typing import TextIO
 import numpy as np
 
 from ._compare import ROW_METRICS, compare
+from ._estimation.problem import CALIBRATIONS as _NOTIONS
 from ._estimation.quantities import QUANTITIES
 from ._io import bundled_example_path, load_predictions
 from ._validation import check_probs
@@ -104,6 +105,25 @@ def _metric_list(text: str) -> tuple[str, ...]:
             f"expected comma-separated metrics of {', '.join(known)}; {what}"
         )
     return names
+
+
+def _notion_list(text: str) -> tuple[str, ...]:
+    """Parse ``--notions``: comma-separated notions of calibration, or ``none``."""
+    if text.strip() == "none":
+        return ()
+    names = tuple(t.strip() for t in text.split(",") if t.strip())
+    bad = [t for t in names if t not in _NOTIONS]
+    if not names or bad:
+        what = f"unknown {', '.join(map(repr, bad))} in {text!r}" if bad else f"got {text!r}"
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated notions of {', '.join(_NOTIONS)}, or none; {what}"
+        )
+    return tuple(dict.fromkeys(names))
+
+
+def _resample_list(text: str) -> tuple[str, ...] | str:
+    """Parse ``--resample-notions``: ``auto``, ``none`` or comma-separated notions."""
+    return "auto" if text.strip() == "auto" else _notion_list(text)
 
 
 def _version() -> str:
@@ -247,6 +267,25 @@ def _build_parser() -> argparse.ArgumentParser:
         + "), the names of compare --metrics; the notion table (and its resampling) "
         "only with ece_kde_l1 or ce_l2 (default: the full report)",
     )
+    ev.add_argument(
+        "--notions",
+        type=_notion_list,
+        default=None,
+        metavar="N[,N...]",
+        help="notions summarised in the notion table (estimate, bandwidth), comma-separated "
+        "of canonical, top_label, classwise, or none (default: all three)",
+    )
+    ev.add_argument(
+        "--resample-notions",
+        type=_resample_list,
+        default="auto",
+        metavar="N[,N...]",
+        help="notions that also get bootstrap intervals and the calibration test, "
+        "comma-separated, or none (the --calibration notion always does); auto: "
+        "canonical and top_label, canonical only where its dense resampling stays "
+        "small (n^2 (K + 3) <= 1.1e10: n <= 29,000 at K = 10), else a note says what "
+        "it would cost (default: auto)",
+    )
     ev.add_argument("--json", action="store_true", help="print the report as JSON")
     ev.add_argument(
         "--plot",
@@ -365,6 +404,8 @@ def _run_evaluate(args: argparse.Namespace) -> int:
             seed=args.seed,
             estimator=args.estimator,
             metrics=args.metrics,
+            resample_notions=args.resample_notions,
+            **({} if args.notions is None else {"notions": args.notions}),
         )
         if args.plot is not None:
             fig = evaluation_page(probs, labels, report=report, backend=args.backend)

@@ -327,6 +327,48 @@ def test_evaluate_reports_every_notion_with_intervals():
     assert rep.calibration_loss is not None and rep.bandwidth_rule == "brier (KL: log)"
 
 
+def test_evaluate_leaves_the_dense_canonical_resampling_out_beyond_its_limit(monkeypatch):
+    # "auto" resamples canonical while n^2 (K + 3) is within the limit; beyond it the
+    # report says so (and what it would cost), the other notions keep theirs, and an
+    # explicit request, or a device backend, still gets it
+    from kdecal import _evaluate
+
+    P, y = _data(300, 3, seed=21)
+    monkeypatch.setattr(_evaluate, "CANONICAL_RESAMPLING_MAX_WORK", 300.0**2 * 6)
+    rep = kdecal.evaluate(P, y, n_resamples=10, seed=1)
+    assert "ece_kde_l1_ci" in rep.notions["canonical"]  # 300^2 (3 + 3): at the limit
+    monkeypatch.setattr(_evaluate, "CANONICAL_RESAMPLING_MAX_WORK", 300.0**2 * 6 - 1)
+    rep = kdecal.evaluate(P, y, n_resamples=10, seed=1)
+    row = rep.notions["canonical"]
+    assert "ece_kde_l1_ci" not in row and "pvalue" not in row
+    assert "n^2 (K + 3) = 5.4e+05" in row["resampling_skipped"]
+    assert "--resample-notions canonical,top_label" in row["resampling_skipped"]
+    assert any(
+        note.startswith("No intervals or test for canonical: not made") for note in rep.notes
+    )
+    assert "ece_kde_l1_ci" in rep.notions["top_label"]
+    assert "ece_kde_l1_ci" not in rep.notions["classwise"]
+    # the same interval as without the limit when asked for by name
+    asked = kdecal.evaluate(P, y, n_resamples=10, seed=1, resample_notions=("canonical",))
+    monkeypatch.setattr(_evaluate, "CANONICAL_RESAMPLING_MAX_WORK", 1e10)
+    full = kdecal.evaluate(P, y, n_resamples=10, seed=1)
+    assert asked.notions["canonical"]["ce_l2_ci"] == full.notions["canonical"]["ce_l2_ci"]
+    assert "ece_kde_l1_ci" not in asked.notions["top_label"]
+    # the limit is the local CPU's; cuda and dask keep the canonical resampling
+    for backend in ("cuda", "dask"):
+        got, why = _evaluate._resampled_notions("auto", "canonical", 10**6, 10, 100, backend)
+        assert got == ("canonical", "top_label") and why == {}
+    got, why = _evaluate._resampled_notions("auto", "top_label", 10**5, 10, 100, "cpp")
+    assert got == ("top_label",) and "about 35 minutes for 100 resamples" in why["canonical"]
+    assert _evaluate._resampled_notions((), "classwise", 10, 3, 5, "cpp") == (("classwise",), {})
+    with pytest.raises(ValueError, match="resample_notions must be 'auto'"):
+        kdecal.evaluate(P, y, resample_notions="all")
+    with pytest.raises(TypeError, match="resample_notions"):
+        kdecal.evaluate(P, y, resample_notions=3)
+    with pytest.raises(ValueError, match="resample_notions must be one of"):
+        kdecal.evaluate(P, y, resample_notions=["bogus"])
+
+
 def test_evaluate_notes_bias_dominated_estimates():
     P, y = _data(1000, 10, t2=1.0, seed=13)  # calibrated, K = 10
     with warnings.catch_warnings():

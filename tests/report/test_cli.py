@@ -615,3 +615,30 @@ def test_report_has_smooth_and_debiased_binned_ece(tmp_path):
     d = json.loads(json.dumps(report.to_dict()))
     assert d["smooth_ece"] == report.smooth_ece
     assert kdecal.CalibrationReport(**d).ece_binned_debiased == report.ece_binned_debiased
+
+
+def test_notions_and_resample_notions_options(tmp_path, capsys):
+    """--notions picks the notion table's rows, --resample-notions the resampled ones
+    (the --calibration notion always), and a bad value is a usage error naming it."""
+    _, probs, labels = _synthetic(seed=5, n=300, k=3)
+    f = tmp_path / "p.npz"
+    np.savez(f, probs=probs, labels=labels)
+    base = ["evaluate", str(f), "--json", "--quiet", "--bandwidth", BW, "--n-resamples", "5"]
+    assert (
+        main([*base, "--notions", "top_label,classwise", "--resample-notions", "classwise"]) == 0
+    )
+    d = json.loads(capsys.readouterr().out)
+    assert set(d["notions"]) == {"top_label", "classwise"}
+    assert "ce_l2_ci" in d["notions"]["classwise"] and "ce_l2_ci" not in d["notions"]["top_label"]
+    assert main([*base, "--notions", "none", "--calibration", "top_label"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["notions"] == {}  # no notion table: estimates of --calibration only
+    assert main([*base, "--resample-notions", "none"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert [k for k, row in d["notions"].items() if "ce_l2_ci" in row] == ["canonical"]
+    for opt, bad in (("--notions", "canonical,bogus"), ("--resample-notions", "all")):
+        assert main([*base, opt, bad]) == 2
+        out, err = capsys.readouterr()
+        last = err.strip().splitlines()[-1]  # after argparse's usage lines
+        assert out == "" and last.startswith(f"kdecal: error: argument {opt}")
+        assert repr(bad.split(",")[-1]) in last
