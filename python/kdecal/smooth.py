@@ -20,6 +20,7 @@ from typing import Literal
 import numpy as np
 from scipy.optimize import brentq
 
+from ._numerics import exact_sum
 from ._validation import check_choice
 from .binned import _problems, _validated
 
@@ -95,7 +96,7 @@ class _Residuals:
         self._images: tuple[float, np.ndarray, np.ndarray] | None = None
         self._coefs: tuple[float, np.ndarray] | None = None
         self._sums = np.zeros(0)
-        self.mean = math.fsum(self.w)
+        self.mean = exact_sum(self.w)
 
     def images(self, sigma: float) -> tuple[np.ndarray, np.ndarray]:
         """Centres ``+-f + 2k`` within ``_REACH sigma`` of [0, 1], with their weights."""
@@ -246,7 +247,7 @@ def _fixed_point(res: _Residuals) -> float:
     # |mean r| <= smECE_sigma <= mean |r| <= 1 for every sigma (the kernel integrates to
     # 1 in t), so the fixed point is in [|mean r|, mean |r|]
     lo = abs(res.mean)
-    hi = min(math.fsum(np.abs(res.w)), 1.0)
+    hi = min(exact_sum(np.abs(res.w)), 1.0)
     if hi <= SIGMA_MIN:
         return SIGMA_MIN
     if hi - lo <= 1e-15 * hi:

@@ -282,3 +282,33 @@ def test_pair_sums_on_every_simd_path():
         assert out.returncode == 0, out.stderr[-3000:]
         seen.add(out.stdout.strip().splitlines()[-1])
     assert "baseline" in seen
+
+
+@pytest.mark.parametrize("n", [1023, 1024, 4099, 100_003])
+def test_exact_sum_is_fsum_bit_for_bit(n):
+    # the estimates' means sum their rows by error-free extraction: the same float as
+    # math.fsum (the exactly rounded sum), on cancelling terms, exponents from 1e-300 to
+    # 1e300 (more rounds than the extraction makes: the rest goes to fsum), subnormals,
+    # zeros of either sign, non-finite terms and an overflowing sum
+    from kdecal._numerics import exact_sum
+
+    rng = np.random.default_rng(n)
+    y = rng.standard_normal(n)
+    cases = [
+        y,
+        np.concatenate([y, -y[::-1] * (1.0 + 2.0**-52)]),
+        rng.standard_normal(n) * 10.0 ** rng.integers(-30, 30, n),
+        rng.standard_normal(n) * 10.0 ** rng.integers(-300, 300, n),
+        rng.random(n) * 1e-310,
+        np.full(n, -0.0),
+        np.where(rng.random(n) < 0.5, -0.0, 0.0),
+        np.r_[1.0, 1e-300, np.zeros(n - 2)],
+        np.r_[np.inf, y[1:]],
+        np.r_[np.nan, y[1:]],
+    ]
+    for x in cases:
+        got, want = exact_sum(x), math.fsum(x.tolist())
+        assert got == want or (math.isnan(got) and math.isnan(want))
+        assert math.copysign(1.0, got) == math.copysign(1.0, want)
+    with pytest.raises(OverflowError):  # as fsum
+        exact_sum(np.r_[1e308, 1e308, y[2:]])

@@ -23,7 +23,16 @@ ROOT = Path(kdecal.__file__).resolve().parent
 #: The layers of docs/architecture.md, from the bottom: a module may import modules of
 #: its own layer or of the layers below (never above).
 LAYERS: list[set[str]] = [
-    {"warnings", "tolerances", "_validation", "_formulas", "_debias", "_io", "datasets"},
+    {
+        "warnings",
+        "tolerances",
+        "_validation",
+        "_formulas",
+        "_debias",
+        "_numerics",
+        "_io",
+        "datasets",
+    },
     {"_engine", "_engine.runtime"},
     {"_engine.cpp", "_engine.numba", "_engine.numba_binary", "_engine.cuda", "_engine.dask"},
     {"_engine.engines"},

@@ -14,6 +14,7 @@ import numpy as np
 
 from .._debias import debias as np_debias
 from .._engine import runtime as _runtime
+from .._numerics import exact_sum
 from ..warnings import KdecalWarning
 from .problem import _POWERS, Problem, engine
 from .search import (
@@ -100,9 +101,9 @@ class Estimate:
         """Mean of per-row terms ``x`` (B, n) over rows and over the batch's problems.
 
         Rows are weighted by ``row_weights`` (the bootstrap multiplicities) when set.
-        The sums are exactly rounded (``math.fsum``), so the mean does not depend on the
-        order of the rows, also when positive and negative terms (debiased estimates)
-        nearly cancel.
+        The sums are exactly rounded (:func:`exact_sum`, ``math.fsum``'s value), so the
+        mean does not depend on the order of the rows, also when positive and negative
+        terms (debiased estimates) nearly cancel.
         """
         x = np.asarray(x, dtype=np.float64)
         w = None if self.row_weights is None else np.asarray(self.row_weights, np.float64)
@@ -112,10 +113,10 @@ class Estimate:
             return float(np.mean(x) if w is None else np.mean(np.sum(x * w, -1) / np.sum(w)))
         try:
             if w is None:
-                return math.fsum(x.ravel().tolist()) / x.size
+                return exact_sum(x) / x.size
             xw = np.atleast_2d(x * w)
-            total = math.fsum(w.ravel().tolist())
-            rows = [math.fsum(r.tolist()) / total for r in xw.reshape(-1, xw.shape[-1])]
+            total = exact_sum(w)
+            rows = [exact_sum(r) / total for r in xw.reshape(-1, xw.shape[-1])]
             return math.fsum(rows) / len(rows)
         except OverflowError:  # a partial sum beyond the float range
             return float(np.mean(x) if w is None else np.mean(np.sum(x * w, -1) / np.sum(w)))
