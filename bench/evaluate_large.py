@@ -4,7 +4,7 @@
 
 On the seeds' synthetic protocol (K = 10, t1 = t2 = 0.6), per n: the default report
 (``kdecal.evaluate(probs, labels)``: canonical estimate and notion table, the canonical
-resampling only within ``CANONICAL_RESAMPLING_MAX_WORK``) and the report of
+resampling only within ``CANONICAL_RESAMPLING_MAX_WORK`` and ``_MAX_N``) and the report of
 ``--calibration top_label --notions top_label,classwise``, with the wall time of each
 and which notions were resampled. ``--canonical-resamples R`` also times R resamples of
 the canonical notion at each n (``CalibrationEstimate._intervals_and_tests``: the
@@ -20,10 +20,7 @@ import time
 import warnings
 
 import kdecal
-from kdecal._evaluate import (
-    _CANONICAL_RESAMPLING_SECONDS,
-    CANONICAL_RESAMPLING_MAX_WORK,
-)
+from kdecal._evaluate import _CANONICAL_RESAMPLING_SECONDS, _resampled_notions
 from kdecal.datasets import make_seeds_synthetic
 
 NAMES = ["ece_kde_l1", "ce_l2"]
@@ -51,7 +48,9 @@ def main() -> None:
             rep = kdecal.evaluate(P, y, **kw)
             row[f"{name} s"] = round(time.perf_counter() - t, 2)
             row[f"{name} resampled"] = [k for k, v in rep.notions.items() if "pvalue" in v]
-        row["canonical resampled by default"] = work <= CANONICAL_RESAMPLING_MAX_WORK
+        row["canonical resampled by default"] = not _resampled_notions(
+            "auto", "canonical", n, K, 100, "cpp"
+        )[1]
         row["estimated canonical resampling s (100)"] = round(
             work * 100 * _CANONICAL_RESAMPLING_SECONDS, 1
         )

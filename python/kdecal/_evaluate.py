@@ -37,21 +37,22 @@ EVALUATE_NOTIONS = ("canonical", "top_label", "classwise")
 AUTO_RESAMPLE_NOTIONS = ("canonical", "top_label")
 
 #: Largest ``n^2 (K + 3)`` for which ``resample_notions="auto"`` resamples the canonical
-#: notion. Its bootstrap and test are dense products with the kernel weights, about
-#: ``n^2 (K + 3)`` multiply-adds per replicate and bandwidth (two bandwidths), so their
-#: cost grows with n^2: 100 resamples of the bundled example (n = 10,000, K = 10) take
-#: about 10 s on 2 cores, of n = 30,000 about 3 minutes, of n = 100,000 about half an
-#: hour. The limit admits n = 10,000 at K = 100 (CIFAR-100's test set: 96 s) and
-#: n = 29,000 at K = 10 (about 3 minutes); beyond it the report says what it left out,
-#: what it would cost and how to ask for it.
+#: notion, with :data:`CANONICAL_RESAMPLING_MAX_N`. Its bootstrap and test are dense
+#: products with the kernel weights, about ``n^2 (K + 3)`` multiply-adds per replicate
+#: and bandwidth (two bandwidths), so their cost grows with n^2 (and faster, as the
+#: value columns outgrow the caches): 100 resamples take about 10 s on 2 cores for the
+#: bundled example (n = 10,000, K = 10), 96 s for CIFAR-100's test set (n = 10,000,
+#: K = 100), about a minute at n = 20,000 and an hour at n = 100,000 (K = 10). Beyond
+#: the limits the report says what it left out, what it would cost and how to ask for it.
 CANONICAL_RESAMPLING_MAX_WORK = 1.1e10
+#: Largest n for which ``resample_notions="auto"`` resamples the canonical notion.
+CANONICAL_RESAMPLING_MAX_N = 20_000
 
 #: Seconds per resample and unit of ``n^2 (K + 3)`` of the canonical resampling (both
-#: bandwidths, bootstrap and test) on the 2-core machine of bench/README.md, measured at
-#: n = 30,000, K = 10 (18.7 s for 10 resamples; 7.9e-11 at n = 10,000: the products
-#: slow down as the value columns outgrow the caches), for the note's estimate of what
-#: was left out.
-_CANONICAL_RESAMPLING_SECONDS = 1.6e-10
+#: bandwidths, bootstrap and test) on the 2-core machine of bench/README.md beyond the
+#: limits (about 2.0e-10 at n = 30,000 and 2.9e-10 at 100,000, K = 10; 7.9e-11 at
+#: n = 10,000), for the note's estimate of what was left out.
+_CANONICAL_RESAMPLING_SECONDS = 2.5e-10
 
 
 def _check_resample_notions(resample_notions: object) -> str | tuple[str, ...]:
@@ -83,22 +84,25 @@ def _resampled_notions(
     given, with the notion ``calibration`` added (it is always resampled). ``"auto"``:
     :data:`AUTO_RESAMPLE_NOTIONS` and ``calibration``, the canonical notion only where
     its resampling's work per replicate ``n^2 (K + 3)`` is within
-    :data:`CANONICAL_RESAMPLING_MAX_WORK` or the backend is not the local CPU
+    :data:`CANONICAL_RESAMPLING_MAX_WORK` and n within
+    :data:`CANONICAL_RESAMPLING_MAX_N`, or the backend is not the local CPU
     (``"cuda"``, ``"dask"``).
     """
     if spec != "auto":
         return tuple(dict.fromkeys((*spec, calibration))), {}
     wanted = tuple(dict.fromkeys((*AUTO_RESAMPLE_NOTIONS, calibration)))
     work = float(n) * n * (K + 3)
-    if work <= CANONICAL_RESAMPLING_MAX_WORK or backend in ("cuda", "dask"):
+    small = work <= CANONICAL_RESAMPLING_MAX_WORK and n <= CANONICAL_RESAMPLING_MAX_N
+    if small or backend in ("cuda", "dask"):
         return wanted, {}
     sec = work * R * _CANONICAL_RESAMPLING_SECONDS
     cost = f"{sec:.0f} s" if sec < 90 else f"{sec / 60:.0f} minutes"
     why = (
         f"not made by default at n = {n:,} and K = {K}: its bootstrap and test cost "
         f"n^2 (K + 3) = {work:.2g} multiply-adds per replicate and bandwidth (the "
-        f"default's limit is {CANONICAL_RESAMPLING_MAX_WORK:.2g}), about {cost} for "
-        f"{R} resamples on 2 cores; ask for them "
+        f"default's limits: {CANONICAL_RESAMPLING_MAX_WORK:.2g} and n <= "
+        f"{CANONICAL_RESAMPLING_MAX_N:,}), about {cost} for {R} resamples on 2 cores; "
+        "ask for them "
         "with resample_notions=('canonical', 'top_label') (command line: "
         "--resample-notions canonical,top_label)"
     )
@@ -300,12 +304,13 @@ def evaluate(
         (not with ``debias="ratio"``, whose third power sums resampling does not keep);
         the notion ``calibration`` always does. ``"auto"``: canonical and top-label,
         the canonical notion (also as ``calibration``) only up to ``n^2 (K + 3) =
-        1.1e10`` on the CPU backends (n = 10,000 at K = 100, n = 29,000 at K = 10): its
-        resampling is dense, ``n^2 (K + 3)`` multiply-adds per replicate and
-        bandwidth, about 10 s for the bundled example and half an hour at n = 100,000,
-        K = 10 on 2 cores; beyond, the report notes what it left out and how long it
-        would take (``CANONICAL_RESAMPLING_MAX_WORK`` in ``kdecal._evaluate``). A
-        sequence is taken as given; None or () for the notion ``calibration`` alone.
+        1.1e10`` and n = 20,000 on the CPU backends (n = 20,000 at K = 10, n = 10,000
+        at K = 100): its resampling is dense, ``n^2 (K + 3)`` multiply-adds per
+        replicate and bandwidth, about 10 s for the bundled example and an hour at
+        n = 100,000, K = 10 on 2 cores; beyond, the report notes what it left out and how
+        long it would take (``CANONICAL_RESAMPLING_MAX_WORK`` and ``_MAX_N`` in
+        ``kdecal._evaluate``). A sequence is taken as given; None or () for the notion
+        ``calibration`` alone.
         A notion whose resampling is undefined (every row of a replicate lost its
         neighbours: a bandwidth far too small) gets a note instead.
         Class-wise resampling costs K one-vs-rest problems per resample (about 18 s for

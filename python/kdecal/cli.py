@@ -283,8 +283,8 @@ def _build_parser() -> argparse.ArgumentParser:
         help="notions that also get bootstrap intervals and the calibration test, "
         "comma-separated, or none (the --calibration notion always does); auto: "
         "canonical and top_label, canonical only where its dense resampling stays "
-        "small (n^2 (K + 3) <= 1.1e10: n <= 29,000 at K = 10), else a note says what "
-        "it would cost (default: auto)",
+        "small (n <= 20,000 and n^2 (K + 3) <= 1.1e10), else a note says what it "
+        "would cost (default: auto)",
     )
     ev.add_argument("--json", action="store_true", help="print the report as JSON")
     ev.add_argument(

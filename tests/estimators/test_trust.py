@@ -359,7 +359,10 @@ def test_evaluate_leaves_the_dense_canonical_resampling_out_beyond_its_limit(mon
         got, why = _evaluate._resampled_notions("auto", "canonical", 10**6, 10, 100, backend)
         assert got == ("canonical", "top_label") and why == {}
     got, why = _evaluate._resampled_notions("auto", "top_label", 10**5, 10, 100, "cpp")
-    assert got == ("top_label",) and "about 35 minutes for 100 resamples" in why["canonical"]
+    assert got == ("top_label",) and "about 54 minutes for 100 resamples" in why["canonical"]
+    got, why = _evaluate._resampled_notions("auto", "canonical", 20_001, 2, 100, "numba")
+    assert got == ("top_label",) and "n <= 20,000" in why["canonical"]  # work 2e9 alone
+    assert _evaluate._resampled_notions("auto", "canonical", 20_000, 2, 100, "cpp")[1] == {}
     assert _evaluate._resampled_notions((), "classwise", 10, 3, 5, "cpp") == (("classwise",), {})
     with pytest.raises(ValueError, match="resample_notions must be 'auto'"):
         kdecal.evaluate(P, y, resample_notions="all")
