@@ -595,3 +595,43 @@ def test_centre_weights_bad_inputs():
             None,
             np.ones((1, 3)),
         )
+
+
+@pytest.mark.parametrize("h", [1e-5, 1e-3, 0.05, 3.0])
+def test_consistency_sums_against_the_dense_engine_on_the_replicate_labels(h):
+    # a consistency replicate's label sums as one class with the labels as centre
+    # weights: S_1 and U of the dense engine run on the replicate's labels, S_1 within
+    # the bound relative to the row's whole kernel sum (S_1 of a row whose near centres
+    # all drew label 0 is far below the row maximum's term; the estimator divides it by
+    # that sum), every method, with the zero-label plan bit for bit as without, and numba
+    rng = np.random.default_rng(24)
+    cases = dict(adversarial_scores())
+    cases["clustered_3000"] = np.concatenate([1 - rng.random(2400) * 1e-3, rng.beta(3, 1, 600)])
+    numba = kb._engines.load_numba() is not None
+    for name, x in cases.items():
+        n = len(x)
+        ystar = (rng.random(n) < x).astype(np.int64)
+        logq, p, bias = kb.binary_inputs(x, [h])
+        u = (ystar - p[0, :, 1]) ** 2  # the residuals of the clipped points, as the engine's
+        ex = _run(x, ystar, 2, [h], "exact", powers=2, pairs=False, resid=u)
+        S1, U, total = ex[1][0][:, 1], ex[5][0], ex[1][0].sum(axis=-1)
+        scale = np.array([1.0 / h])
+        # the dense engine drops chunks of centres 64 nats below a class maximum: an
+        # absolute floor of n e^-64 (units of the row maximum's term) on U
+        floor = 2.0 * n * np.exp(-64.0)
+        for method in ("window", "binned", "local"):
+            what = f"{name} {method} h={h}"
+            plan = kb.zero_label_plan(logq, p)
+            got = kb.consistency_sums(logq, p, scale, bias, method, True, ystar[None], plan)
+            again = kb.consistency_sums(logq, p, scale, bias, method, True, ystar[None])
+            assert np.array_equal(got[0], again[0]) and np.array_equal(got[1], again[1])
+            fin = total > 0
+            assert np.all(np.abs(got[0][0] - S1)[fin] <= TOL * total[fin]), what
+            assert _max_rel(got[1][0], U, floor) <= TOL, f"{what} U"
+            assert kb.consistency_sums(logq, p, scale, bias, method, False, ystar[None])[1] is None
+            if numba:
+                nb = kb.consistency_sums(
+                    logq, p, scale, bias, method, True, ystar[None], backend="numba"
+                )
+                assert np.all(np.abs(nb[0][0] - S1)[fin] <= TOL * total[fin]), f"{what} numba"
+                assert _max_rel(nb[1][0], U, floor) <= TOL, f"{what} numba U"

@@ -467,6 +467,65 @@ def replicate_sums(
     return S, Q, A, U
 
 
+def consistency_sums(
+    logq: np.ndarray,
+    p: np.ndarray,
+    scale: np.ndarray,
+    bias: np.ndarray,
+    method: str,
+    ustat: bool,
+    labels: np.ndarray,
+    plan: Any = None,
+    threads: int | None = None,
+    backend: str = "cpp",
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Return the label sums of one consistency replicate of B binary problems.
+
+    A consistency replicate changes only the labels, and of a residual estimate's sums
+    only two depend on them: ``S_1 = sum_{i != j} w_ij [y_i = 1]`` and, for the
+    U-statistic (``ustat``), ``U = sum_{i != j} w_ij^2 (y_i - p_i1)^2``. Both are one
+    engine call on the problems as a single class (labels all 0, so one sort of the
+    centres, ``plan``: a ``core.BinaryPlan`` of ``logq``, ``p`` and zero labels with
+    ``n_classes = 1``, serves every replicate) with the labels as centre weights
+    ``v_i = [y_i = 1]`` and ``u_i = (y_i - p_i1)^2``: the sums in the units of the row
+    maximum ``m`` over all centres, those of the estimate's own pass. ``S_0``, ``Q``
+    and ``A`` are the estimate's. Arguments as :func:`replicate_sums`; returns ``S_1``
+    and ``U`` (B, n) (``U`` None without ``ustat``). Half the work of a replicate on its
+    own labels (one class maximum per query instead of two, no sort): 20 → 9 ms at
+    n = 20,000 (bench/README.md).
+    """
+    B, n = p.shape[0], p.shape[1]
+    y = np.asarray(labels).reshape(B, n) == 1
+    v = np.ascontiguousarray(y, dtype=np.float64)
+    u = None
+    if ustat:
+        r = v - p[..., 1]
+        u = np.ascontiguousarray(r * r)
+    out = loo_reduce_k2(
+        logq,
+        p,
+        np.zeros((B, n), dtype=np.int64),
+        1,
+        scale,
+        bias,
+        powers=1,
+        method=method,
+        progress=False,
+        u=u,
+        v=v,
+        plan=plan,
+        threads=threads,
+        backend=backend,
+    )
+    return out[1][:, 0, :, 0], (out[5][:, 0] if u is not None else None)
+
+
+def zero_label_plan(logq: np.ndarray, p: np.ndarray) -> Any:
+    """Return the ``core.BinaryPlan`` of :func:`consistency_sums` (one class of all centres)."""
+    B, n = p.shape[0], p.shape[1]
+    return _require_core().BinaryPlan(logq, p, np.zeros((B, n), dtype=np.int64), 1)
+
+
 def replicate_sums_chunk(
     logq: np.ndarray,
     p: np.ndarray,
@@ -476,19 +535,25 @@ def replicate_sums_chunk(
     powers: int,
     resid: bool,
     items: list[tuple[np.ndarray, np.ndarray | None]],
-) -> list[tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]]:
+) -> list[tuple[np.ndarray | None, ...]]:
     """:func:`replicate_sums` of several ``(labels, v)`` on one thread: a dask task.
 
     The items with weights (bootstrap samples, whose labels are usually the same) share
     one sort of the centres (a ``BinaryPlan`` of the first one's labels; the engine
-    ignores it for other labels).  Results are those of single calls, bit for bit.
+    ignores it for other labels). Items without weights of a residual estimate
+    (``resid``: consistency replicates) are :func:`consistency_sums` instead, on one
+    :func:`zero_label_plan`. Results are those of single calls, bit for bit.
     """
-    plan = None
+    plan = zplan = None
     first = next((lab for lab, v in items if v is not None), None)
     if first is not None:
         plan = _require_core().BinaryPlan(logq, p, np.ascontiguousarray(first, dtype=np.int64), 2)
+    if resid and any(v is None for _, v in items):
+        zplan = zero_label_plan(logq, p)
     return [
-        replicate_sums(logq, p, scale, bias, method, powers, resid, lab, v, plan, threads=1)
+        consistency_sums(logq, p, scale, bias, method, powers == 2, lab, zplan, threads=1)
+        if resid and v is None
+        else replicate_sums(logq, p, scale, bias, method, powers, resid, lab, v, plan, threads=1)
         for lab, v in items
     ]
 

@@ -452,7 +452,11 @@ def _binary_replicates(
     The sums of :func:`_residual_replicates` (and of the multi-label pass of
     :func:`replicates` for a plug-in) in ``O(n log n)`` per replicate instead of
     ``O(n^2)``; the bootstrap replicates share one sort of the centres (a
-    ``BinaryPlan``: their labels are the estimate's).
+    ``BinaryPlan``: their labels are the estimate's). A consistency replicate of a
+    residual estimate needs only its label sums ``S_1`` and ``U``
+    (:func:`kdecal._engine.binary.consistency_sums`: all centres one class, the labels
+    as centre weights, one sort shared by all replicates); its ``S_0 = S - S_1``,
+    ``Q`` and ``A`` are the estimate's.
 
     On ``backend="cpp"`` the replicates run concurrently in this process, one engine
     thread each (:func:`_runtime.get_num_threads` of them, at most ``2 x`` that many
@@ -530,19 +534,31 @@ def _binary_sums(
     # one sort of the centres for the replicates of a job whose labels are its first
     # replicate's (the bootstrap: the estimate's labels); the engine ignores the plan for
     # a replicate whose labels differ (the numba twin has no plans)
+    _, _, scale, bias, method, powers, resid = shared
+    # the consistency replicates of a residual estimate: label sums only, all centres one
+    # class (one plan of zero labels for all of them)
+    cons = [w is None and resid for _, w in jobs]
     plans = [
-        core.BinaryPlan(logq, pk, np.ascontiguousarray(lab[0], dtype=np.int64), 2)
-        if w is not None and not numba and core is not None
+        None
+        if numba or core is None
+        else _binary.zero_label_plan(logq, pk)
+        if c
+        else core.BinaryPlan(logq, pk, np.ascontiguousarray(lab[0], dtype=np.int64), 2)
+        if w is not None
         else None
-        for lab, w in jobs
+        for (lab, w), c in zip(jobs, cons)
     ]
     workers = 1 if numba else max(1, min(_runtime.get_num_threads(), R))
-
-    _, _, scale, bias, method, powers, resid = shared
+    engine = "numba" if numba else "cpp"
 
     def one(k: int) -> list[tuple[Any, ...]]:
+        threads = 1 if workers > 1 else None
         return [
-            _binary.replicate_sums(
+            _binary.consistency_sums(
+                logq, pk, scale, bias, method, powers == 2, lab[k], plan, threads, engine
+            )
+            if c
+            else _binary.replicate_sums(
                 logq,
                 pk,
                 scale,
@@ -553,10 +569,10 @@ def _binary_sums(
                 lab[k],
                 None if w is None else w[k],
                 plan,
-                threads=1 if workers > 1 else None,
-                backend="numba" if numba else "cpp",
+                threads=threads,
+                backend=engine,
             )
-            for (lab, w), plan in zip(jobs, plans)
+            for (lab, w), plan, c in zip(jobs, plans, cons)
         ]
 
     if workers == 1:
@@ -591,8 +607,17 @@ def _binary_estimate(
     :func:`_residual_replicates` and :func:`replicates`.
     """
     assert est.m is not None and est.S is not None
-    S, Q, A, U = sums
     prob = replace(est.problem, labels=np.ascontiguousarray(labels, dtype=np.int64))
+    if len(sums) == 2:  # a consistency replicate's label sums (_binary.consistency_sums)
+        assert est.A is not None and (est.Q is not None or not ustat)
+        S1, U1 = sums
+        s_all = est.S.sum(axis=-1)
+        N = np.stack([s_all - S1, S1], axis=-1) - est.A
+        den1 = s_all**2 - est.Q.sum(axis=-1) if ustat and est.Q is not None else None
+        return _residual_replicate(
+            est, prob, est.debias if ustat else "none", s_all, N, den1, U1, rw
+        )
+    S, Q, A, U = sums
     s0 = S.sum(axis=-1)
     if est.estimator == "residual":
         den = None if Q is None or not ustat else s0**2 - Q.sum(axis=-1)
