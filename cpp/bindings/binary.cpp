@@ -47,7 +47,7 @@ py::tuple binary_reduce_py(const carray<double>& logq, const carray<double>& p,
                            std::int64_t row_start, std::int64_t row_stop, int n_threads,
                            const py::object& progress, bool pairs, const std::string& method,
                            bool residuals, const py::object& u, double cell_width,
-                           const py::object& plan, const py::object& v) {
+                           const py::object& plan, const py::object& v, double ref_floor) {
     const bool batched = p.ndim() == 3;
     if (!(p.ndim() == 2 || batched) || logq.ndim() != p.ndim())
         throw std::invalid_argument("logq and p must both be (n, 2) or both (B, n, 2) arrays");
@@ -121,6 +121,7 @@ py::tuple binary_reduce_py(const carray<double>& logq, const carray<double>& p,
     prob.labels = labels.data();
     prob.u = pu;
     prob.v = pv;
+    prob.ref_floor = ref_floor;
     prob.B = B;
     prob.n = n;
     prob.C = n_classes;
@@ -264,7 +265,8 @@ without a plan.
           py::arg("progress") = py::none(), py::arg("pairs") = false,
           py::arg("method") = "binned", py::arg("residuals") = false,
           py::arg("u") = py::none(), py::arg("cell_width") = 0.8,
-          py::arg("plan") = py::none(), py::arg("v") = py::none(), R"doc(
+          py::arg("plan") = py::none(), py::arg("v") = py::none(),
+          py::arg("ref_floor") = 0.0, R"doc(
 Fast leave-one-out sums of binary (K = 2) problems: the accumulators of loo_reduce.
 
 logq, p: (n, 2) or (B, n, 2) float64 (the same arrays loo_reduce takes); labels (n,) or
@@ -278,7 +280,10 @@ docs/guide/binary_engine.md).  plan: a BinaryPlan of these logq, p, labels, or N
 w_ij p[i, k] and, with u ((n,) or (B, n) float64), U (H, R) = sum_{i != j} w_ij^2 u[i],
 w_ij = exp(L_ij - m_j).  v ((n,) or (B, n) float64 >= 0, powers <= 2, no pairs): centre
 weights (the multiplicities of a bootstrap sample): S_c = sum_{i != j} v_i w_ij [y_i = c],
-Q_c with v_i^2 w_ij^2, A with v_i w_ij; U and m unweighted.  Returns (m, S, Q, T, D, A, U, stats): arrays not requested have
+Q_c with v_i^2 w_ij^2, A with v_i w_ij; U and m unweighted.  ref_floor (>= 0, with v):
+each weighted sum of power q accurate relative to at least ref_floor^q (units of the class
+maximum's unweighted term), not only to itself: 1 for label weights, whose sums are only
+needed next to the row's whole kernel sum.  Returns (m, S, Q, T, D, A, U, stats): arrays not requested have
 shape (0, 0, 0); stats counts the direct terms, Taylor cells and fallbacks.  Releases the
 GIL; progress and Ctrl-C as in loo_reduce (B H (row_stop - row_start) rows in all).
 )doc");

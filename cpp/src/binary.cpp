@@ -45,6 +45,10 @@ void check(bool ok, const std::string& what) {
     if (!ok) throw std::invalid_argument("kdecal.binary_reduce: " + what);
 }
 
+// A check's reference with the centre weights' floor (Sorted::floor): unchanged where
+// there is none, so that calls without it decide exactly as before.
+inline double floored(double ref, double f) { return f > 0.0 ? std::max(ref, f) : ref; }
+
 // digamma for x >= 1 (recurrence to x >= 8, then the asymptotic series; about 1e-15
 // relative, more than the search needs: its result is only a starting point).
 double digamma(double x) {
@@ -121,6 +125,11 @@ struct Sorted {
     // v_i^3), U's by nothing (its u carries them); the class maxima m ignore them
     std::vector<double> v;
     double vmax = 1.0;
+    // with centre weights: the accuracy of each weighted sum of power q is relative to at
+    // least floor^q (units of the class maximum's unweighted term), not only to the sum
+    // itself (BinaryProblem::ref_floor; the label sums of a consistency replicate need
+    // theirs next to the row's whole kernel sum only)
+    double floor = 0.0;
     const double* vp() const { return v.empty() ? nullptr : v.data(); }
     double wt(i64 s) const { return v.empty() ? 1.0 : v[static_cast<std::size_t>(s)]; }
 };
@@ -291,7 +300,7 @@ void window_sums(const Context& cx, double T, const ExactL& Lx, const Flags& fl,
         // term (the centres near it drawn 0 times), and the terms left out (each below
         // vmax e^-T of it) must stay negligible next to S: as deep as that needs.
         const double lv = std::log(so.vmax);
-        const double sv = r.vb + e1;
+        const double sv = floored(r.vb + e1, so.floor);
         if (!(sv > 0 && std::log(sv) > Tn - T + lv)) {
             T = sv > 0 ? std::min(kClamp, Tn + lv - std::log(sv)) : kClamp;
             pass();
@@ -504,9 +513,15 @@ bool binned_sums(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
     err[4] += drop[0] + tr;
     err[5] += (drop[1] + tr * tr) * so.umax;
     // the check: e1 relative to itself when D is wanted (D >= e1), else to S = 1 + e1
-    const double ref1 = fl.pairs ? acc[0] : base[0] + acc[0];
-    const double ref2 = fl.pairs ? acc[1] : base[1] + acc[1];
-    const double refs[6] = {ref1, ref2, base[2] + acc[2], base[3] + acc[3], base[4] + acc[4], uabs};
+    const double f1 = so.floor, f2 = f1 * f1;
+    const double ref1 = fl.pairs ? acc[0] : floored(base[0] + acc[0], f1);
+    const double ref2 = fl.pairs ? acc[1] : floored(base[1] + acc[1], f2);
+    const double refs[6] = {ref1,
+                            ref2,
+                            floored(base[2] + acc[2], f2 * f1),
+                            floored(base[3] + acc[3], f1),
+                            floored(base[4] + acc[4], f1),
+                            floored(uabs, f2 * so.umax)};
     for (int a = 0; a < 6; ++a)
         if (want[a] && !(err[a] <= kTolCheck * refs[a])) return false;
     r.e[0] = acc[0];
@@ -873,27 +888,30 @@ bool local_eval(const Context& cx, const ExactL& Lx, const Flags& fl, const Loca
     err[kM1] += xerr(val[kM1], vq[1] + ws[1]);
     if (fl.powers >= 2) err[kM2] += xerr(val[kM2], vq[2] + ws[2]);
     if (fl.powers >= 3) err[kM3] += xerr(val[kM3], vq[3] + ws[3]);
-    const double ref1 = fl.pairs ? e1 : vq[1] + e1;
+    const double f1 = so.floor, f2 = f1 * f1;
+    const double ref1 = fl.pairs ? e1 : floored(vq[1] + e1, f1);
     if (!(e1 >= 0.0) || !(err[kM1] <= kTolCheck * ref1)) return false;
     if (fl.powers >= 2) {
-        const double ref2 = fl.pairs ? e2 : vq[2] + e2;
+        const double ref2 = fl.pairs ? e2 : floored(vq[2] + e2, f2);
         if (!(e2 >= 0.0) || !(err[kM2] <= kTolCheck * ref2)) return false;
     }
-    if (fl.powers >= 3 && (!(e3 >= 0.0) || !(err[kM3] <= kTolCheck * (vq[3] + e3)))) return false;
+    if (fl.powers >= 3 &&
+        (!(e3 >= 0.0) || !(err[kM3] <= kTolCheck * floored(vq[3] + e3, f2 * f1))))
+        return false;
     double a0 = 0, a1 = 0, uu = 0;
     if (fl.want_a) {
         const double s0 = self_in ? ws[1] * so.p0[self] : 0.0;
         const double s1 = self_in ? ws[1] * so.p1[self] : 0.0;
         a0 = val[kA0] - s0;
         a1 = val[kA1] - s1;
-        if (!(err[kA0] + xerr(val[kA0], s0) <= kTolCheck * a0) ||
-            !(err[kA1] + xerr(val[kA1], s1) <= kTolCheck * a1))
+        if (!(err[kA0] + xerr(val[kA0], s0) <= kTolCheck * floored(a0, f1)) ||
+            !(err[kA1] + xerr(val[kA1], s1) <= kTolCheck * floored(a1, f1)))
             return false;
     }
     if (fl.want_u) {
         const double su = self_in ? (wself * wself) * so.u[self] : 0.0;
         uu = val[kU2] - su;
-        const double uref = std::fabs(so.u[best]) + magv[kU2];
+        const double uref = floored(std::fabs(so.u[best]) + magv[kU2], f2 * so.umax);
         if (!(err[kU2] + xerr(magv[kU2], su) <= kTolCheck * uref)) return false;
     }
     r.e[0] = e1;
@@ -1291,6 +1309,8 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
           "centre weights v support powers <= 2 without the pair sums D");
     check(std::isfinite(prob.cell_width) && prob.cell_width > 0 && prob.cell_width <= 4,
           "cell_width must be in (0, 4]");
+    check(std::isfinite(prob.ref_floor) && prob.ref_floor >= 0.0,
+          "ref_floor must be finite and >= 0");
     for (i64 t = 0; t < H; ++t)
         if (!(std::isfinite(prob.scale[t]) && prob.scale[t] > 0))
             check(false, "scale must be finite and > 0, got " + std::to_string(prob.scale[t]));
@@ -1348,7 +1368,10 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
                                prob.u ? prob.u + b * n : nullptr, n, C);
             sop = &own;
         }
-        if (prob.v) set_centre_weights(own, prob.v + b * n);
+        if (prob.v) {
+            set_centre_weights(own, prob.v + b * n);
+            own.floor = prob.ref_floor;
+        }
         const Sorted& so = *sop;
         // the queries in the centres' sorted order (by label, then x): neighbouring queries
         // share their searches' and cells' cache lines, and each query's own data is

@@ -33,7 +33,7 @@ def binary_grad_centres(logq: numpy.typing.NDArray[numpy.float64], p: numpy.typi
     (grad_p, grad_bias, stats).  Releases the GIL; progress and Ctrl-C as in loo_grad (B n
     rows in all).
     """
-def binary_reduce(logq: numpy.typing.NDArray[numpy.float64], p: numpy.typing.NDArray[numpy.float64], labels: numpy.typing.NDArray[numpy.int64], n_classes: typing.SupportsInt | typing.SupportsIndex, scale: numpy.typing.NDArray[numpy.float64], bias: numpy.typing.NDArray[numpy.float64], powers: typing.SupportsInt | typing.SupportsIndex = 1, row_start: typing.SupportsInt | typing.SupportsIndex = 0, row_stop: typing.SupportsInt | typing.SupportsIndex = 0, n_threads: typing.SupportsInt | typing.SupportsIndex = 0, progress: typing.Callable[[int], object] | None = None, pairs: bool = False, method: str = 'binned', residuals: bool = False, u: numpy.typing.NDArray[numpy.float64] | None = None, cell_width: typing.SupportsFloat | typing.SupportsIndex = 0.8, plan: typing.Any = None, v: typing.Any = None) -> tuple[numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], dict[str, int]]:
+def binary_reduce(logq: numpy.typing.NDArray[numpy.float64], p: numpy.typing.NDArray[numpy.float64], labels: numpy.typing.NDArray[numpy.int64], n_classes: typing.SupportsInt | typing.SupportsIndex, scale: numpy.typing.NDArray[numpy.float64], bias: numpy.typing.NDArray[numpy.float64], powers: typing.SupportsInt | typing.SupportsIndex = 1, row_start: typing.SupportsInt | typing.SupportsIndex = 0, row_stop: typing.SupportsInt | typing.SupportsIndex = 0, n_threads: typing.SupportsInt | typing.SupportsIndex = 0, progress: typing.Callable[[int], object] | None = None, pairs: bool = False, method: str = 'binned', residuals: bool = False, u: numpy.typing.NDArray[numpy.float64] | None = None, cell_width: typing.SupportsFloat | typing.SupportsIndex = 0.8, plan: typing.Any = None, v: typing.Any = None, ref_floor: typing.SupportsFloat | typing.SupportsIndex = 0.0) -> tuple[numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], dict[str, int]]:
     """
     Fast leave-one-out sums of binary (K = 2) problems: the accumulators of loo_reduce.
 
@@ -48,7 +48,10 @@ def binary_reduce(logq: numpy.typing.NDArray[numpy.float64], p: numpy.typing.NDA
     w_ij p[i, k] and, with u ((n,) or (B, n) float64), U (H, R) = sum_{i != j} w_ij^2 u[i],
     w_ij = exp(L_ij - m_j).  v ((n,) or (B, n) float64 >= 0, powers <= 2, no pairs): centre
     weights (the multiplicities of a bootstrap sample): S_c = sum_{i != j} v_i w_ij [y_i = c],
-    Q_c with v_i^2 w_ij^2, A with v_i w_ij; U and m unweighted.  Returns (m, S, Q, T, D, A, U, stats): arrays not requested have
+    Q_c with v_i^2 w_ij^2, A with v_i w_ij; U and m unweighted.  ref_floor (>= 0, with v):
+    each weighted sum of power q accurate relative to at least ref_floor^q (units of the class
+    maximum's unweighted term), not only to itself: 1 for label weights, whose sums are only
+    needed next to the row's whole kernel sum.  Returns (m, S, Q, T, D, A, U, stats): arrays not requested have
     shape (0, 0, 0); stats counts the direct terms, Taylor cells and fallbacks.  Releases the
     GIL; progress and Ctrl-C as in loo_reduce (B H (row_stop - row_start) rows in all).
     """

@@ -84,6 +84,7 @@ def _call(
     residuals=None,
     threads=2,
     progress=None,
+    ref_floor=0.0,
 ):
     """fn (either engine's binary_reduce) with the arguments loo_reduce_k2 passes."""
     r0, r1 = (0, p.shape[-2]) if rows is None else rows
@@ -106,11 +107,24 @@ def _call(
         cell_width=kb.CELL_WIDTH,
         plan=None,
         v=v,
+        ref_floor=ref_floor,
     )
 
 
 def _pair(
-    x, y, C, hs, method, powers=3, pairs=True, u=None, v=None, rows=None, residuals=None, threads=2
+    x,
+    y,
+    C,
+    hs,
+    method,
+    powers=3,
+    pairs=True,
+    u=None,
+    v=None,
+    rows=None,
+    residuals=None,
+    threads=2,
+    ref_floor=0.0,
 ):
     """Return (numba, compiled): both engines' outputs on the inputs of loo_reduce_k2.
 
@@ -127,8 +141,8 @@ def _pair(
     uu = None if u is None else np.ascontiguousarray(np.broadcast_to(u, (B, n)), dtype=np.float64)
     vv = None if v is None else np.ascontiguousarray(np.broadcast_to(v, (B, n)), dtype=np.float64)
     args = (logq, p, lab, C, scale, bias, method, powers, pairs, uu, vv, rows, residuals, threads)
-    a = list(_call(nb.binary_reduce, *args))
-    c = list(_call(core.binary_reduce, *args))
+    a = list(_call(nb.binary_reduce, *args, ref_floor=ref_floor))
+    c = list(_call(core.binary_reduce, *args, ref_floor=ref_floor))
     for r in (a, c):
         r[0] = np.asarray(r[0]) + shift[:, :, None]
     return a, c
@@ -384,6 +398,29 @@ def test_centre_weights_against_compiled_and_the_dense_multi_label_pass(h):
             # powers = 1 without residuals
             a, c = _pair(x, y, 2, [h], method, powers=1, pairs=False, v=v)
             _check_twin(a, c, method, what + " powers=1")
+
+
+@pytest.mark.parametrize("method", ["window", "binned", "local"])
+def test_label_weights_with_the_floor_against_compiled(method):
+    # the consistency replicates' call (kb.consistency_sums): one class, the labels as
+    # centre weights, ref_floor = 1: the same decisions as the compiled engine's (the
+    # same counters) and the same sums within the bound; without the floor a one-vs-rest
+    # problem whose positive labels are rare sends rows to deep exact windows
+    rng = np.random.default_rng(31)
+    x = np.concatenate([rng.beta(0.3, 6.0, 2500), 1 - rng.random(300) * 1e-3])
+    ystar = (rng.random(x.size) < x).astype(np.float64)
+    zeros = np.zeros(x.size, dtype=np.int64)
+    u = (ystar - np.clip(x, 1e-12, 1 - 1e-12)) ** 2
+    for h in (1e-3, 0.02):
+        a, c = _pair(
+            x, zeros, 1, [h], method, 1, False, u=u, v=ystar, residuals=True, ref_floor=1.0
+        )
+        _check_twin(a, c, method, f"label weights {method} h={h}")
+        if method != "window":
+            _, c0 = _pair(x, zeros, 1, [h], method, 1, False, u=u, v=ystar, residuals=True)
+            assert c[7]["pairs_fallback"] <= c0[7]["pairs_fallback"], h
+    with pytest.raises(ValueError, match="ref_floor"):
+        _pair(x, zeros, 1, [1e-3], method, 1, False, v=ystar, ref_floor=-1.0)
 
 
 def test_unit_and_zero_centre_weights():

@@ -64,6 +64,10 @@ struct BinaryProblem {
     std::int64_t row_start = 0;
     std::int64_t row_stop = 0;
     double cell_width = 0.8;               // binned: coarse cell width, units of sqrt(h)/2
+    double ref_floor = 0.0;                // with v: each weighted sum's accuracy relative
+                                           //   to at least ref_floor^q times the class
+                                           //   maximum's unweighted term (q: its power),
+                                           //   not only to the sum itself (>= 0)
 };
 
 /// Outputs (R = row_stop - row_start).  Null pointers for what is not wanted; D needs

@@ -276,6 +276,7 @@ def loo_reduce_k2(
     residuals: bool = False,
     plan: Any = None,
     backend: str = "cpp",
+    ref_floor: float = 0.0,
 ) -> tuple[np.ndarray, ...]:
     """:func:`kdecal._engine.backends.loo_reduce` for ``K = 2`` inputs, on the fast engine.
 
@@ -292,7 +293,9 @@ def loo_reduce_k2(
     these ``logq``, ``p`` (the same arrays) and labels to use instead of the
     :func:`reuse_plans` scope's (the engine ignores a plan of other arrays or labels);
     ``backend``: "cpp" (the compiled core) or "numba" (:mod:`.numba_binary`, where
-    plans are not used).  Returns ``(m, S, Q, T[, D][, A,
+    plans are not used); ``ref_floor`` (with ``v``): each weighted sum of power q
+    accurate relative to at least ``ref_floor^q`` times the class maximum's unweighted
+    term, not only to itself (:func:`consistency_sums`).  Returns ``(m, S, Q, T[, D][, A,
     U])`` with the leading B axis.  Each query row's sums depend on that row alone (the
     plan, the methods and the cells on all centres), so that the rows of a call over a
     range equal, bit for bit, those rows of a call over all of them.
@@ -378,6 +381,7 @@ def loo_reduce_k2(
                 CELL_WIDTH,
                 plan,
                 v,
+                ref_floor,
             )
             done += (r1 - r0) * B * len(ts)
             if shift is not None:  # the class maxima back on the dense engine's scale
@@ -488,8 +492,11 @@ def consistency_sums(
     centres, ``plan``: a ``core.BinaryPlan`` of ``logq``, ``p`` and zero labels with
     ``n_classes = 1``, serves every replicate) with the labels as centre weights
     ``v_i = [y_i = 1]`` and ``u_i = (y_i - p_i1)^2``: the sums in the units of the row
-    maximum ``m`` over all centres, those of the estimate's own pass. ``S_0``, ``Q``
-    and ``A`` are the estimate's. Arguments as :func:`replicate_sums`; returns ``S_1``
+    maximum ``m`` over all centres, those of the estimate's own pass, each within the
+    engine's bound of that row's whole kernel sum (``ref_floor=1``: a row whose near
+    centres all drew label 0 has an ``S_1`` far below its maximum's term, which the
+    estimator divides by that sum; its own relative precision would cost deep exact
+    windows). ``S_0``, ``Q`` and ``A`` are the estimate's. Arguments as :func:`replicate_sums`; returns ``S_1``
     and ``U`` (B, n) (``U`` None without ``ustat``). Half the work of a replicate on its
     own labels (one class maximum per query instead of two, no sort): 20 → 9 ms at
     n = 20,000 (bench/README.md).
@@ -516,6 +523,7 @@ def consistency_sums(
         plan=plan,
         threads=threads,
         backend=backend,
+        ref_floor=1.0,
     )
     return out[1][:, 0, :, 0], (out[5][:, 0] if u is not None else None)
 

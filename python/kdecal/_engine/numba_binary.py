@@ -105,7 +105,7 @@ _CB, _CP0, _CP1, _CLQ0, _CLQ1, _CU, _CUA, _CV = range(8)
 _IPERM, _IRLO, _IRHI, _ICELL = range(4)
 # Scalars of a call ``cfg``: 1 / h, the largest centre weight, the largest |u|, n, the
 # binned method's depth ln n + 36 and the window method's max(64, ln n + 36).
-_FS, _FVMAX, _FUMAX, _FN, _FTB, _FTW = range(6)
+_FS, _FVMAX, _FUMAX, _FN, _FTB, _FTW, _FFLOOR = range(7)
 # Flags of a call ``fl``: powers, pairs, A, U, centre weights, fused L, binned, the
 # highest power of the binned sums, then the accumulators wanted (e1, e2, e3, A0, A1, U).
 # The number of coarse cells closes it (the fine ones follow them in the cell arrays).
@@ -422,6 +422,12 @@ def _window_pass(cen, weighted, fused, lo, hi, me, best, s, q0, q1, mc, T, scr, 
 
 
 @njit(**_JIT)
+def _floored(ref, f):
+    """Return a check's reference with the centre weights' floor (the C++ floored)."""
+    return max(ref, f) if f > 0.0 else ref
+
+
+@njit(**_JIT)
 def _window_sums(cen, cfg, fl, lo, hi, me, best, vb, q0, q1, mc, scr, acc):
     """Run the window method of one (query, class); return the terms visited.
 
@@ -446,7 +452,7 @@ def _window_sums(cen, cfg, fl, lo, hi, me, best, vb, q0, q1, mc, scr, acc):
     elif weighted and T < _KCLAMP:
         vmax = cfg[_FVMAX]
         lv = math.log(vmax) if vmax > 0 else -np.inf
-        sv = vb + e1
+        sv = _floored(vb + e1, cfg[_FFLOOR])
         if not (sv > 0 and math.log(sv) > Tn - T + lv):
             T = min(_KCLAMP, Tn + lv - math.log(sv)) if sv > 0 else _KCLAMP
             cnt += _window_pass(cen, weighted, fused, lo, hi, me, best, s, q0, q1, mc, T, scr, acc)
@@ -903,15 +909,18 @@ def _binned_sums(ci, cf, mom, ix, cen, cfg, fl, lo, hi, me, best, vb, qv, state,
     state[_SE + 5] += (d1 + tr * tr) * cfg[_FUMAX]
     # the check: e1 relative to itself when D is wanted (D >= e1), else to S = vb + e1
     pairs = fl[_GPAIRS] != 0
+    f1 = cfg[_FFLOOR]
     for a in range(6):
         if fl[_GWANT + a] == 0:
             continue
         if a == 5:
-            ref = state[_SU]
+            ref = _floored(state[_SU], f1 * f1 * cfg[_FUMAX])
         elif pairs and a < 2:
             ref = state[_SA + a]
         else:
-            ref = state[_SB + a] + state[_SA + a]
+            # the floor's power: S, A 1; Q 2; T 3 (as the C++ forms them)
+            fq = f1 * f1 if a == 1 else (f1 * f1) * f1 if a == 2 else f1
+            ref = _floored(state[_SB + a] + state[_SA + a], fq)
         if not (state[_SE + a] <= _KTOLCHECK * ref):
             return False
     out[0] = state[_SA + 0]
@@ -1515,14 +1524,18 @@ def _local_eval(ix, cen, cfg, fl, le, lam, lerr, lmag, kl, kr, me, self_in, best
         err[_M2] += 8.0 * _EPS * (abs(val[_M2]) + abs(vq2 + ws2))
     if powers >= 3:
         err[_M3] += 8.0 * _EPS * (abs(val[_M3]) + abs(vq3 + ws3))
-    ref1 = e1 if pairs else vq1 + e1
+    f1 = cfg[_FFLOOR]
+    f2 = f1 * f1
+    ref1 = e1 if pairs else _floored(vq1 + e1, f1)
     if not (e1 >= 0.0) or not (err[_M1] <= _KTOLCHECK * ref1):
         return False
     if powers >= 2:
-        ref2 = e2 if pairs else vq2 + e2
+        ref2 = e2 if pairs else _floored(vq2 + e2, f2)
         if not (e2 >= 0.0) or not (err[_M2] <= _KTOLCHECK * ref2):
             return False
-    if powers >= 3 and (not (e3 >= 0.0) or not (err[_M3] <= _KTOLCHECK * (vq3 + e3))):
+    if powers >= 3 and (
+        not (e3 >= 0.0) or not (err[_M3] <= _KTOLCHECK * _floored(vq3 + e3, f2 * f1))
+    ):
         return False
     a0 = 0.0
     a1 = 0.0
@@ -1532,14 +1545,16 @@ def _local_eval(ix, cen, cfg, fl, le, lam, lerr, lmag, kl, kr, me, self_in, best
         s1 = ws1 * cen[_CP1, me] if self_in else 0.0
         a0 = val[_A0] - s0
         a1 = val[_A1] - s1
-        if not (err[_A0] + 8.0 * _EPS * (abs(val[_A0]) + abs(s0)) <= _KTOLCHECK * a0) or not (
-            err[_A1] + 8.0 * _EPS * (abs(val[_A1]) + abs(s1)) <= _KTOLCHECK * a1
+        if not (
+            err[_A0] + 8.0 * _EPS * (abs(val[_A0]) + abs(s0)) <= _KTOLCHECK * _floored(a0, f1)
+        ) or not (
+            err[_A1] + 8.0 * _EPS * (abs(val[_A1]) + abs(s1)) <= _KTOLCHECK * _floored(a1, f1)
         ):
             return False
     if want_u:
         su = (wself * wself) * cen[_CU, me] if self_in else 0.0
         uu = val[_U2] - su
-        uref = abs(cen[_CU, best]) + magv[_U2]
+        uref = _floored(abs(cen[_CU, best]) + magv[_U2], f2 * cfg[_FUMAX])
         if not (err[_U2] + 8.0 * _EPS * (abs(magv[_U2]) + abs(su)) <= _KTOLCHECK * uref):
             return False
     acc[0] = e1
@@ -1924,6 +1939,7 @@ def binary_reduce(
     cell_width: float = 0.8,
     plan: Any = None,
     v: Any = None,
+    ref_floor: float = 0.0,
 ) -> tuple[Any, ...]:
     """Fast leave-one-out sums of binary (K = 2) problems: the twin of ``core.binary_reduce``.
 
@@ -1960,6 +1976,10 @@ def binary_reduce(
         (A ``core.BinaryPlan`` serves the compiled core only; results never depend on it.)
     v : array_like, shape (n,) or (B, n), or None
         Centre weights (finite, >= 0; ``powers <= 2``, no pairs).
+    ref_floor : float, default 0
+        With ``v``: each weighted sum of power q accurate relative to at least
+        ``ref_floor^q`` (units of the class maximum's unweighted term), not only to
+        itself (the compiled core's ``ref_floor``).
 
     Returns
     -------
@@ -2079,6 +2099,8 @@ def binary_reduce(
             _fail(f"centre weights v must be finite and >= 0; v[{i}] = {va[b, i]}")
     if not np.isfinite(bias).all():
         _fail("bias must be finite")
+    if not (math.isfinite(float(ref_floor)) and float(ref_floor) >= 0.0):
+        _fail(f"ref_floor must be finite and >= 0, got {ref_floor!r}")
 
     R = row_stop - row_start
 
@@ -2104,6 +2126,7 @@ def binary_reduce(
             "want_u": want_u,
             "binned": method in ("binned", "local"),
             "local": method == "local",
+            "ref_floor": float(ref_floor),
         }
         views: list[np.ndarray | None] = [
             m.reshape(B, H, R),
@@ -2189,7 +2212,8 @@ def _run(
         np.empty(0),
     )
     Tb = math.log(float(n)) + 36.0
-    cfg = np.array([0.0, 1.0, 0.0, float(n), Tb, max(_KDROP, Tb)])
+    floor = float(flags["ref_floor"]) if v is not None else 0.0
+    cfg = np.array([0.0, 1.0, 0.0, float(n), Tb, max(_KDROP, Tb), floor])
     done = 0
     with num_threads(n_threads):
         n_tasks = 4 * numba.get_num_threads()
