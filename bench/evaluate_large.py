@@ -20,7 +20,8 @@ import time
 import warnings
 
 import kdecal
-from kdecal._evaluate import _CANONICAL_RESAMPLING_SECONDS, _resampled_notions
+from kdecal._estimation.replicates import dense_resampling_seconds
+from kdecal._evaluate import _resampled_notions
 from kdecal.datasets import make_seeds_synthetic
 
 NAMES = ["ece_kde_l1", "ce_l2"]
@@ -52,7 +53,7 @@ def main() -> None:
             "auto", "canonical", n, K, 100, "cpp"
         )[1]
         row["estimated canonical resampling s (100)"] = round(
-            work * 100 * _CANONICAL_RESAMPLING_SECONDS, 1
+            dense_resampling_seconds(n, K, 100), 1
         )
         if args.canonical_resamples:
             est = kdecal.estimate(P, y)

@@ -30,7 +30,7 @@ from ._report import format_pvalue
 from ._row_metrics import ROW_METRICS, check_metric, row_bootstrap
 from ._validation import check_choice, check_labels, check_probs
 from .kde import _estimate
-from .warnings import KdecalWarning
+from .warnings import KdecalWarning, warn_user
 
 __all__ = ["ROW_METRICS", "Comparison", "compare"]
 
@@ -218,6 +218,14 @@ def compare(
     TypeError, ValueError
         Fewer than one model, models of different shapes, invalid labels, an unknown
         quantity, ``level`` outside (0, 1) or ``n_resamples`` outside 2..1,000,000.
+
+    Warns
+    -----
+    KdecalWarning
+        Before a paired bootstrap of canonical kernel quantities on the CPU backends
+        estimated at more than 5 minutes on 2 cores (its replicates are dense,
+        ``n^2 (K + 3)`` multiply-adds per bandwidth: about 16 minutes for two models at
+        n = 30,000, K = 10, 200 resamples), naming the estimate and the fast notions.
     """
     if isinstance(models, Mapping):
         items = [(str(k), v) for k, v in models.items()]
@@ -246,6 +254,15 @@ def compare(
         raise ValueError(f"every model must have predictions of the same shape, got {shapes}")
     n, K = next(iter(shapes.values()))
     y = check_labels(labels, n, K)
+    _warn_long_bootstrap(
+        len(items),
+        n,
+        K,
+        R,
+        str(calibration),
+        [q for q in qs if q not in ROW_METRICS],
+        _backends.resolve_backend(backend, *(v for _, v in items)),
+    )
 
     def at(h: float | str, criterion: str = "auto") -> dict[str, Any]:
         # a float is a common bandwidth under the estimator's rule (residual: the
@@ -330,6 +347,37 @@ def compare(
     return Comparison(
         names, qs, estimates, diffs, level, R, str(calibration), boot, float(h), rule
     )
+
+
+#: Estimated seconds of the paired bootstrap beyond which :func:`compare` warns.
+LONG_BOOTSTRAP_SECONDS = 300.0
+
+
+def _warn_long_bootstrap(
+    models: int, n: int, K: int, R: int, calibration: str, kernel_qs: list[str], backend: object
+) -> None:
+    """Warn, before it starts, when the canonical paired bootstrap will take long.
+
+    Its replicates are dense products with the kernel weights (``n^2 (K + 3)``
+    multiply-adds per replicate and bandwidth; the bootstrap is about 0.8 of
+    :func:`_replicates.dense_resampling_seconds`, which counts the test too), on the
+    local CPU backends only.
+    """
+    if calibration != "canonical" or not kernel_qs:
+        return
+    if backend not in ("cpp", "numba"):  # resolved: cuda and dask have their own devices
+        return
+    sec = 0.8 * models * _replicates.dense_resampling_seconds(n, K, R)
+    if sec > LONG_BOOTSTRAP_SECONDS:
+        warn_user(
+            f"kdecal.compare: the paired bootstrap of the canonical notion ({models} models, "
+            f"n = {n:,}, K = {K}, {R} resamples) takes about "
+            f"{_replicates.describe_seconds(sec)} on 2 cores: each replicate is dense, "
+            "n^2 (K + 3) multiply-adds per bandwidth. calibration='top_label' or "
+            "'classwise' resamples on the fast binary engine (seconds); n_resamples sets "
+            "the count",
+            KdecalWarning,
+        )
 
 
 def _pooled_bandwidth(

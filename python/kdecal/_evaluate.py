@@ -19,7 +19,7 @@ from ._calibration_estimate import CalibrationEstimate, ResamplingError, centred
 from ._engine.backends import Backend
 from ._estimation import problem as _problem
 from ._estimation.quantities import QUANTITIES
-from ._estimation.replicates import check_resamples
+from ._estimation.replicates import check_resamples, dense_resampling_seconds, describe_seconds
 from ._report import CalibrationReport
 from ._row_metrics import ROW_METRICS, check_metric, row_bootstrap
 from ._validation import check_choice
@@ -47,12 +47,6 @@ AUTO_RESAMPLE_NOTIONS = ("canonical", "top_label")
 CANONICAL_RESAMPLING_MAX_WORK = 1.1e10
 #: Largest n for which ``resample_notions="auto"`` resamples the canonical notion.
 CANONICAL_RESAMPLING_MAX_N = 20_000
-
-#: Seconds per resample and unit of ``n^2 (K + 3)`` of the canonical resampling (both
-#: bandwidths, bootstrap and test) on the 2-core machine of bench/README.md beyond the
-#: limits (about 2.0e-10 at n = 30,000 and 2.9e-10 at 100,000, K = 10; 7.9e-11 at
-#: n = 10,000), for the note's estimate of what was left out.
-_CANONICAL_RESAMPLING_SECONDS = 2.5e-10
 
 
 def _check_resample_notions(resample_notions: object) -> str | tuple[str, ...]:
@@ -95,8 +89,7 @@ def _resampled_notions(
     small = work <= CANONICAL_RESAMPLING_MAX_WORK and n <= CANONICAL_RESAMPLING_MAX_N
     if small or backend in ("cuda", "dask"):
         return wanted, {}
-    sec = work * R * _CANONICAL_RESAMPLING_SECONDS
-    cost = f"{sec:.0f} s" if sec < 90 else f"{sec / 60:.0f} minutes"
+    cost = describe_seconds(dense_resampling_seconds(n, K, R))
     why = (
         f"not made by default at n = {n:,} and K = {K}: its bootstrap and test cost "
         f"n^2 (K + 3) = {work:.2g} multiply-adds per replicate and bandwidth (the "

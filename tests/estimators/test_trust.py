@@ -382,6 +382,31 @@ def test_evaluate_notes_bias_dominated_estimates():
     assert any("dominated by the estimator's bias" in note for note in rep.notes)
 
 
+def test_compare_warns_before_a_long_canonical_bootstrap(monkeypatch):
+    # the estimated cost of the dense paired bootstrap is named before it starts, for
+    # the canonical notion on the CPU backends only; the binary notions never warn
+    from kdecal._estimation import replicates as _replicates
+
+    P, y = _data(200, 3, seed=15)
+    Q = kdecal.datasets.temperature_scale(P, 1.3)
+    monkeypatch.setattr(_replicates, "DENSE_RESAMPLING_SECONDS", 1e-3)
+    with pytest.warns(kdecal.KdecalWarning, match=r"canonical notion \(2 models, n = 200") as rec:
+        kdecal.compare({"a": P, "b": Q}, y, n_resamples=3, bandwidth=0.3)
+    # 0.8 x 2 models x 200^2 (3 + 3) x 3 resamples x 1e-3 s = 1,152 s
+    assert "about 19 minutes on 2 cores" in str(rec[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", kdecal.KdecalWarning)
+        kdecal.compare({"a": P, "b": Q}, y, n_resamples=3, calibration="top_label", bandwidth=0.3)
+        kdecal.compare({"a": P, "b": Q}, y, n_resamples=3, quantities=["smooth_ece"])
+    monkeypatch.setattr(_replicates, "DENSE_RESAMPLING_SECONDS", 1e-10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", kdecal.KdecalWarning)
+        kdecal.compare({"a": P, "b": Q}, y, n_resamples=3, bandwidth=0.3)
+    assert _replicates.describe_seconds(40.0) == "40 s"
+    assert _replicates.describe_seconds(600.0) == "10 minutes"
+    assert _replicates.describe_seconds(9000.0) == "2.5 hours"
+
+
 def test_compare_paired_differences():
     P, y = _data(400, 3, seed=14)
     Q = kdecal.datasets.temperature_scale(P, 1.3)

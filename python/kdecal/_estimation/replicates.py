@@ -45,6 +45,33 @@ _CHUNK_BYTES = 64e6
 #: R x n multiplicities used to be built in full about three times).
 DRAW_CHUNK_BYTES = 32e6
 
+#: Seconds per resample and unit of ``n^2 (K + 3)`` of a canonical estimate's dense
+#: resampling (bootstrap and consistency replicates at the estimate's two bandwidths) on
+#: the 2-core machine of bench/README.md at large n (about 2.0e-10 at n = 30,000 and
+#: 2.9e-10 at 100,000, K = 10; 7.9e-11 at n = 10,000, where the value columns still fit
+#: the caches): the estimate that :func:`dense_resampling_seconds` gives.
+DENSE_RESAMPLING_SECONDS = 2.5e-10
+
+
+def dense_resampling_seconds(n: int, K: int, R: int) -> float:
+    """Estimated seconds, on 2 cores, of ``R`` dense resamples of a canonical estimate.
+
+    ``n^2 (K + 3)`` multiply-adds per replicate and bandwidth (bench/README.md, "`kdecal
+    evaluate` at large n"): a guide for the notes and warnings that name the cost of
+    what is (or is about to be) run, not a promise.
+    """
+    return float(n) * n * (K + 3) * R * DENSE_RESAMPLING_SECONDS
+
+
+def describe_seconds(sec: float) -> str:
+    """``sec`` as a reader wants it: "40 s", "12 minutes", "3.5 hours"."""
+    if sec < 90.0:
+        return f"{sec:.0f} s"
+    if sec < 5400.0:
+        return f"{sec / 60.0:.0f} minutes"
+    return f"{sec / 3600.0:.1f} hours"
+
+
 #: Most resamples accepted by any resampling function.  Each costs at least one kernel
 #: pass over n^2 pairs; a count beyond this is a typo (``10**12``), refused before
 #: anything is allocated.
