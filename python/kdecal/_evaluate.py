@@ -19,7 +19,12 @@ from ._calibration_estimate import CalibrationEstimate, ResamplingError, centred
 from ._engine.backends import Backend
 from ._estimation import problem as _problem
 from ._estimation.quantities import QUANTITIES
-from ._estimation.replicates import check_resamples, dense_resampling_seconds, describe_seconds
+from ._estimation.replicates import (
+    canonical_estimate_seconds,
+    check_resamples,
+    dense_resampling_seconds,
+    describe_seconds,
+)
 from ._report import CalibrationReport
 from ._row_metrics import ROW_METRICS, check_metric, row_bootstrap
 from ._validation import check_choice
@@ -100,6 +105,44 @@ def _resampled_notions(
         "--resample-notions canonical,top_label)"
     )
     return tuple(q for q in wanted if q != "canonical"), {"canonical": why}
+
+
+#: Estimated seconds of the canonical estimate beyond which :func:`evaluate` warns.
+LONG_ESTIMATE_SECONDS = 300.0
+
+
+def _warn_long_canonical(
+    probs: object, calibration: object, wanted: tuple[str, ...], bandwidth: object, backend: object
+) -> None:
+    """Warn, before it starts, when the report's canonical estimate will take long.
+
+    The canonical engine sums all ``n^2`` pairs with a K-dimensional kernel (about 45
+    minutes for n = 10^6, K = 10 on 2 cores); the top-label and class-wise notions run
+    on the fast binary engine. Only with the automatic bandwidth on the CPU backends.
+    """
+    if calibration != "canonical" and "canonical" not in wanted:
+        return
+    if not isinstance(bandwidth, str) or backend not in ("auto", "cpp", "numba"):
+        return
+    shape = getattr(probs, "shape", None)
+    if shape is None or len(shape) != 2 or _is_device_array(probs):
+        return
+    n, K = int(shape[0]), int(shape[1])
+    sec = canonical_estimate_seconds(n, K)
+    if sec > LONG_ESTIMATE_SECONDS:
+        warn_user(
+            f"kdecal.evaluate: the canonical estimate at n = {n:,}, K = {K} takes about "
+            f"{describe_seconds(sec)} on 2 cores (all n^2 pairs, a K-dimensional kernel; "
+            "its bandwidth search and passes). For this many predictions, "
+            "calibration='top_label' with notions=('top_label', 'classwise') (command "
+            "line: --calibration top_label --notions top_label,classwise) runs on the fast "
+            "binary engine",
+            KdecalWarning,
+        )
+
+
+def _is_device_array(x: object) -> bool:
+    return hasattr(x, "__cuda_array_interface__") or type(x).__module__.startswith("dask")
 
 
 def _notion_summary(
@@ -306,7 +349,7 @@ def evaluate(
         ``calibration`` alone.
         A notion whose resampling is undefined (every row of a replicate lost its
         neighbours: a bandwidth far too small) gets a note instead.
-        Class-wise resampling costs K one-vs-rest problems per resample (about 18 s for
+        Class-wise resampling costs K one-vs-rest problems per resample (about 14 s for
         100 resamples of the bundled K = 10 example on 2 cores), so it is opt-in.
     n_resamples : int, default 100
         Bootstrap replicates and resampled label sets per notion (at most 1,000,000);
@@ -337,6 +380,15 @@ def evaluate(
     TypeError, ValueError
         Invalid input (see :func:`conditional_expectation`), an unknown notion, an
         unknown or empty ``metrics``, or ``n_resamples`` outside 0..1,000,000.
+
+    Warns
+    -----
+    KdecalWarning
+        Before a canonical estimate (the notion ``calibration`` or a row of the notion
+        table) with the automatic bandwidth on the CPU backends estimated at more than
+        5 minutes on 2 cores (n above about 330,000 at K = 10, 145,000 at K = 100: all
+        n^2 pairs with a K-dimensional kernel), naming the estimate and the top-label
+        and class-wise notions, which run on the fast binary engine.
     """
     t0 = time.perf_counter()
     R = check_resamples(n_resamples, "n_resamples", 0)
@@ -347,6 +399,7 @@ def evaluate(
     for name in wanted:
         check_choice(name, "notions", _problem.CALIBRATIONS)
     resample_spec = _check_resample_notions(resample_notions)
+    _warn_long_canonical(probs, calibration, wanted, bandwidth, backend)
     main = estimate(
         probs,
         labels,

@@ -382,6 +382,34 @@ def test_evaluate_notes_bias_dominated_estimates():
     assert any("dominated by the estimator's bias" in note for note in rep.notes)
 
 
+def test_evaluate_warns_before_a_long_canonical_estimate(monkeypatch):
+    # the canonical estimate's estimated cost (all n^2 pairs) is named before it starts,
+    # also when only the notion table holds it; not without a canonical notion
+    from kdecal._estimation import replicates as _replicates
+
+    P, y = _data(200, 3, seed=16)
+    monkeypatch.setattr(_replicates, "CANONICAL_PAIR_SECONDS", (1e-3, 0.0))
+    monkeypatch.setattr(_replicates, "CANONICAL_AUTO_PASSES", 10.0)  # 10 x 200^2 x 1e-3 s
+    for kw in ({}, {"calibration": "top_label"}):
+        with pytest.warns(kdecal.KdecalWarning, match="n = 200, K = 3 takes about 7 minutes"):
+            kdecal.evaluate(P, y, n_resamples=0, calibration_loss=False, **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", kdecal.KdecalWarning)
+        kdecal.evaluate(
+            P,
+            y,
+            n_resamples=0,
+            calibration="top_label",
+            notions=("top_label",),
+            calibration_loss=False,
+        )
+        kdecal.evaluate(P, y, n_resamples=0, bandwidth=0.3, calibration_loss=False)
+    monkeypatch.setattr(_replicates, "CANONICAL_AUTO_PASSES", 1.0)  # 40 s: no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", kdecal.KdecalWarning)
+        kdecal.evaluate(P, y, n_resamples=0, calibration_loss=False)
+
+
 def test_compare_warns_before_a_long_canonical_bootstrap(monkeypatch):
     # the estimated cost of the dense paired bootstrap is named before it starts, for
     # the canonical notion on the CPU backends only; the binary notions never warn

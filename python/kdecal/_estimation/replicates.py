@@ -63,6 +63,20 @@ def dense_resampling_seconds(n: int, K: int, R: int) -> float:
     return float(n) * n * (K + 3) * R * DENSE_RESAMPLING_SECONDS
 
 
+#: Seconds per (query, centre) pair of one canonical pass with the default accumulators
+#: on 2 cores, ``a + b K`` (bench/README.md: 0.67 ns at K = 10, 3.5 ns at K = 100), and
+#: the passes of a ``bandwidth="auto"`` estimate (its search and the pass at the two
+#: bandwidths of the residual estimator): :func:`canonical_estimate_seconds`.
+CANONICAL_PAIR_SECONDS = (0.35e-9, 0.032e-9)
+CANONICAL_AUTO_PASSES = 4.0
+
+
+def canonical_estimate_seconds(n: int, K: int) -> float:
+    """Estimated seconds, on 2 cores, of a canonical estimate with the automatic bandwidth."""
+    a, b = CANONICAL_PAIR_SECONDS
+    return CANONICAL_AUTO_PASSES * float(n) * n * (a + b * K)
+
+
 def describe_seconds(sec: float) -> str:
     """``sec`` as a reader wants it: "40 s", "12 minutes", "3.5 hours"."""
     if sec < 90.0:
