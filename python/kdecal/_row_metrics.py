@@ -23,8 +23,19 @@ from ._estimation.quantities import QUANTITIES
 __all__ = ["ROW_METRICS", "check_metric", "row_bootstrap"]
 
 
-def _smooth_top_label(P: np.ndarray, y: np.ndarray) -> float:
-    return smooth._smooth_ece(binned._problems(P, y, "top_label", None), None)
+#: The metrics of :data:`ROW_METRICS` as functions of the top-label binary problem
+#: ``[(confidence, correct)]`` (:func:`kdecal.binned._problems`), which a bootstrap
+#: replicate resamples as two n-vectors instead of the (n, K) probabilities.
+_ON_TOP_LABEL: dict[str, Callable[[list[tuple[np.ndarray, np.ndarray]]], float]] = {
+    "ece_binned": lambda pr: binned._problems_ece(pr, 15),
+    "ece_binned_debiased": lambda pr: binned._problems_ece(pr, 15, q=2.0, debias=True),
+    "mce_binned": lambda pr: binned._problems_ece(pr, 15, q=math.inf),
+    "smooth_ece": lambda pr: smooth._smooth_ece(pr, None),
+}
+
+
+def _top_label(P: np.ndarray, y: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    return binned._problems(P, y, "top_label", None)
 
 
 #: Metrics of the predictions taken beside the kernel quantities (``kdecal.QUANTITIES``)
@@ -36,11 +47,14 @@ def _smooth_top_label(P: np.ndarray, y: np.ndarray) -> float:
 #: maximum calibration error (Naeini et al., AAAI 2015) and the smooth ECE at its
 #: fixed-point bandwidth (Blasiok & Nakkiran, ICLR 2024; the costliest: a bandwidth
 #: search per replicate, about 0.025 s at n = 10,000).
+def _on_probs(
+    f: Callable[[list[tuple[np.ndarray, np.ndarray]]], float],
+) -> Callable[[np.ndarray, np.ndarray], float]:
+    return lambda P, y: f(_top_label(P, y))
+
+
 ROW_METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
-    "ece_binned": lambda P, y: binned._ece(P, y, 15),
-    "ece_binned_debiased": lambda P, y: binned._ece(P, y, 15, q=2.0, debias=True),
-    "mce_binned": lambda P, y: binned._ece(P, y, 15, q=math.inf),
-    "smooth_ece": _smooth_top_label,
+    q: _on_probs(f) for q, f in _ON_TOP_LABEL.items()
 }
 
 
@@ -102,11 +116,15 @@ def row_bootstrap(
     rng = np.random.default_rng(seed)
     step = _replicates.draw_chunk(n, 2, R)
     rows = np.arange(n)
+    # each model's top-label problem once; a replicate takes its rows (the same arrays as
+    # the problem of P[idx], y[idx], bit for bit)
+    problems = {k: _top_label(P, y)[0] for k, P in probs.items()}
     for r0 in range(0, R, step):
         counts = _replicates.draw_bootstrap_counts(n, min(step, R - r0), rng)
         for r, c in enumerate(counts):
             idx = np.repeat(rows, c)
-            for k, P in probs.items():
+            for k, (conf, correct) in problems.items():
+                sample = [(conf[idx], correct[idx])]
                 for q in names:
-                    out[k][q][r0 + r] = ROW_METRICS[q](P[idx], y[idx])
+                    out[k][q][r0 + r] = _ON_TOP_LABEL[q](sample)
     return out

@@ -550,8 +550,20 @@ def _ece(
     ``n_bins`` is the number of bins, or with ``sweep`` the most bins the sweep tries;
     ``q`` the checked order ``p``.
     """
+    return _problems_ece(_problems(P, y, calibration, None), n_bins, sweep, binning, q, debias)
+
+
+def _problems_ece(
+    problems: list[tuple[np.ndarray, np.ndarray]],
+    n_bins: int,
+    sweep: bool = False,
+    binning: str = "uniform",
+    q: float = 1.0,
+    debias: bool = False,
+) -> float:
+    """:func:`_ece` of its binary problems ``(confidence, outcome)`` (:func:`_problems`)."""
     terms = []
-    for conf, out in _problems(P, y, calibration, None):
+    for conf, out in problems:
         b = _sweep_bins(conf, out, binning, n_bins) if sweep else n_bins
         terms.append(_problem_terms(conf, out, b, binning, debias))
     if math.isinf(q):

@@ -168,3 +168,22 @@ def test_cli_evaluate_metrics(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("kdecal: error: argument --metrics")
     assert "unknown 'nope'" in err and "mce_binned" in err and "ece_kde_l1" in err
+
+
+def test_row_bootstrap_equals_the_metrics_of_the_resampled_rows():
+    # a replicate of every row metric is the metric of the rows repeated by their
+    # multiplicities (taken from the top-label problem of all rows, once per model), bit
+    # for bit; two models on the same row samples
+    from kdecal._row_metrics import ROW_METRICS, row_bootstrap
+
+    P, y = _data(400, 4, seed=9)
+    Q = kdecal.datasets.temperature_scale(P, 1.4)
+    R = 5
+    got = row_bootstrap({"a": P, "b": Q}, y, list(ROW_METRICS), R, 7)
+    counts = _replicates.draw_bootstrap_counts(len(y), R, np.random.default_rng(7))
+    for r in range(R):
+        idx = np.repeat(np.arange(len(y)), counts[r])
+        for name, M in (("a", P), ("b", Q)):
+            for q, f in ROW_METRICS.items():
+                assert got[name][q][r] == f(M[idx], y[idx]), (name, q, r)
+    assert ROW_METRICS["ece_binned"](P, y) == binned.ece(P, y, n_bins=15)
