@@ -253,6 +253,7 @@ def test_resampling_memory_is_chunked(monkeypatch):
     null = est.calibration_tests(["ce_l2"], n_resamples=R, seed=1)["ce_l2"]
     monkeypatch.setattr(_replicates, "DRAW_CHUNK_BYTES", 2e5)
     monkeypatch.setattr(_replicates, "_CHUNK_BYTES", 2e5)
+    monkeypatch.setattr(_replicates, "MAX_CHUNK_BYTES", 2e5)
     tracemalloc.start()
     try:
         got = est.confidence_intervals(["ce_l2"], n_resamples=R, seed=1)["ce_l2"]
@@ -270,6 +271,49 @@ def test_resampling_memory_is_chunked(monkeypatch):
     )
     np.testing.assert_allclose(
         got_null.null_distribution, null.null_distribution, rtol=1e-10, atol=1e-16
+    )
+
+
+def test_chunk_size_amortises_the_kernel_weights():
+    """A chunk holds what its budget holds, but at least MIN_CHUNK_REPLICATES (16)
+    replicates where MAX_CHUNK_BYTES (1 GB) holds them, never more than asked."""
+    cs = _replicates.chunk_size
+    assert cs(200, 1e6, 64e6) == 64  # the budget holds more than 16
+    assert cs(200, 72e6, 64e6) == 13  # 16 would exceed 1 GB: as many as fit
+    assert cs(200, 10e6, 64e6) == 16  # the budget's 6, raised to 16
+    assert cs(5, 72e6, 64e6) == 5  # never more than asked
+    assert cs(200, 2e9, 64e6) == 1  # one replicate beyond every budget
+    assert cs(0, 1e6, 64e6) == 1
+
+
+def test_many_problems_share_the_kernel_weights_across_replicates(monkeypatch):
+    """Class-wise at many classes: the dense resampling pass computes each problem's
+    kernel weights once per chunk of replicates. The budgets held one replicate per
+    chunk there, so the weights were computed anew for every replicate (a class-wise
+    test at n = 3,000, K = 1,000: 20 resamples in over 15 minutes). Counted with budgets
+    that hold one replicate, and the numbers are those of chunks of one."""
+    P, y = _calibrated(n=300, K=40, seed=2)
+    est = kdecal.estimate(P, y, bandwidth=0.05, calibration="classwise")
+    R = 20
+    starts = []  # one weight pass per (chunk, problem) starts at query row 0
+    real = _replicates._backends.kernel_weights
+
+    def counted(*args, **kwargs):
+        starts.append(args[5] == 0)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_replicates._backends, "kernel_weights", counted)
+    monkeypatch.setattr(_replicates, "DRAW_CHUNK_BYTES", 1.0)
+    monkeypatch.setattr(_replicates, "_CHUNK_BYTES", 1.0)
+    got = est.calibration_tests(["ce_l2"], n_resamples=R, seed=3)["ce_l2"]
+    # ceil(20 / 16) = 2 chunks of replicates, each computing every problem's weights once
+    assert sum(starts) == 2 * 40, sum(starts)
+    monkeypatch.setattr(_replicates, "MAX_CHUNK_BYTES", 1.0)  # one replicate per chunk
+    starts.clear()
+    one = est.calibration_tests(["ce_l2"], n_resamples=R, seed=3)["ce_l2"]
+    assert sum(starts) == R * 40, sum(starts)
+    np.testing.assert_allclose(
+        got.null_distribution, one.null_distribution, rtol=1e-10, atol=1e-16
     )
 
 

@@ -111,9 +111,35 @@ def check_resamples(value: object, name: str, minimum: int) -> int:
     return r
 
 
+#: Fewest replicates per chunk where the budgets above allow fewer. The dense and
+#: multi-label resampling passes compute the kernel weights once per chunk of replicates
+#: and problem (about as much work as 60 value columns of the products): with many
+#: problems (class-wise at K = 1,000) the budgets above held one replicate per chunk, and
+#: the weights were computed anew for each (a class-wise calibration test at n = 3,000,
+#: K = 1,000: 20 resamples in over 15 minutes; bench/README.md, "Class-wise at many
+#: classes").
+MIN_CHUNK_REPLICATES = 16
+
+#: The most memory (bytes) a chunk may take to reach :data:`MIN_CHUNK_REPLICATES`.
+MAX_CHUNK_BYTES = 1e9
+
+
+def chunk_size(total: int, per: float, budget: float) -> int:
+    """Replicates per chunk: ``per`` bytes each, ``budget`` bytes (at least 1, at most ``total``).
+
+    Where ``budget`` holds fewer than :data:`MIN_CHUNK_REPLICATES`, as many more as
+    :data:`MAX_CHUNK_BYTES` holds, up to that many: memory stays O(n + chunk x n) and
+    bounded, and a chunk amortises the kernel weights of its pass.
+    """
+    c = budget // per
+    if c < MIN_CHUNK_REPLICATES:
+        c = max(c, min(MIN_CHUNK_REPLICATES, MAX_CHUNK_BYTES // per))
+    return int(max(1, min(total, c)))
+
+
 def draw_chunk(n: int, per_row: int, total: int) -> int:
     """How many resamples of n rows to draw at once (``per_row`` int64 values per row)."""
-    return int(max(1, min(total, DRAW_CHUNK_BYTES // (8.0 * n * max(1, per_row)))))
+    return chunk_size(total, 8.0 * n * max(1, per_row), DRAW_CHUNK_BYTES)
 
 
 def draw_consistency_labels(P: np.ndarray, n_sets: int, rng: np.random.Generator) -> np.ndarray:
@@ -247,7 +273,7 @@ def _multi_label_replicates(
     extra = (C if weights is not None else 0) + (1 if powers == 2 else 0) if resid else 0
     h = est.bandwidth
     per = 8.0 * n * B * (C * powers * (2 if twice else 1) + 2 * extra)
-    chunk = int(max(1, min(R, _CHUNK_BYTES // per)))
+    chunk = chunk_size(R, per, _CHUNK_BYTES)
     logq_all, pk_all = _problem.kernel_points(problem)
     logq = [np.ascontiguousarray(logq_all[b]) for b in range(B)]
     pk = [np.ascontiguousarray(pk_all[b]) for b in range(B)]
@@ -731,8 +757,9 @@ def _residual_replicates(
     consistency resampling share the weights) are one
     BLAS GEMM per block: ``n^2 (D + 3)`` multiply-adds per replicate at the machine's
     GEMM rate, where the multi-label pass needs one label set per class and value.
-    Memory: ``O(chunk x n (D + 3))`` within :data:`_CHUNK_BYTES`, plus a block of at
-    least 16 rows of weights.
+    Memory: ``O(chunk x B n (D + 3))`` within :data:`_CHUNK_BYTES` (or
+    :data:`MAX_CHUNK_BYTES`, :func:`chunk_size`), plus a block of at least 16 rows of
+    weights.
     """
     problem = est.problem
     R = jobs[0][0].shape[0]
@@ -758,7 +785,7 @@ def _residual_replicates(
         if ustat and Q0_est is None:  # pragma: no cover - the estimate holds Q with ustat
             raise ValueError("this estimate holds no squared kernel sums to resample")
     per = 8.0 * n * B * (sum(ncol1) + sum(ncol2))  # the chunk's results
-    chunk = int(max(1, min(R, _CHUNK_BYTES // per)))
+    chunk = chunk_size(R, per, _CHUNK_BYTES)
     # query rows per block of weights (squared in place for the second product); at
     # least 16 (O(n) memory), so that the products stay matrix products
     rows = int(min(n, max(16, _CHUNK_BYTES // (2 * 8.0 * n))))
