@@ -337,3 +337,49 @@ def test_fast_binary_replicates_of_isolated_rows_against_brute_force():
         assert np.all(np.abs(sq - num / den) <= bound + 1e-12)
         deep += int(np.sum(live & (top < np.log(1e-20) + L.max(axis=1))))
     assert deep > 0  # some replicate's rows had only far centres (the case above)
+
+
+@pytest.mark.parametrize(
+    "backend, n", [("cpp", 2500), ("cpp", 300), ("numba", 300)], ids=["cpp-fast", "cpp", "numba"]
+)
+def test_classwise_in_chunks_of_problems_equals_one_batch(monkeypatch, backend, n):
+    """Batches of many problems (class-wise at many classes) are searched and fitted a
+    chunk of problems at a time, so that the engine's outputs and inputs are held for
+    one chunk: the numbers are those of one batch, bit for bit (the search's risks, the
+    bandwidth, every field of both estimates), and the fit's peak of numpy's traced
+    memory is lower (here one problem per chunk)."""
+    import tracemalloc
+
+    from kdecal._estimation import problem as _problem
+    from kdecal._estimation import regression as _regression
+
+    if backend not in kdecal.available_backends():
+        pytest.skip(f"backend {backend} not available")
+    s = datasets.make_seeds_synthetic(n, 12, seed=5)
+    P, y = np.asarray(s.probs), np.asarray(s.labels)
+
+    def run():
+        est = kdecal.estimate(P, y, calibration="classwise", backend=backend)
+        problem = est._est.problem
+        hs = {"lp": est.bandwidth, "sq": est.bandwidth_l2}
+        tracemalloc.start()
+        try:
+            _regression.fit_residual(problem, hs, "ustat", backend, False)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        return est, peak
+
+    whole, peak_whole = run()
+    monkeypatch.setattr(_problem, "PROBLEM_CHUNK_MIN_BYTES", 0.0)
+    monkeypatch.setattr(_problem, "PROBLEM_CHUNK_BYTES", 1.0)
+    chunked, peak_chunked = run()
+    assert chunked.search.tried == whole.search.tried
+    assert chunked.bandwidth == whole.bandwidth and chunked.bandwidth_l2 == whole.bandwidth_l2
+    for a, b in ((whole._est, chunked._est), (whole._est_sq, chunked._est_sq)):
+        assert a.n_degenerate == b.n_degenerate
+        for name in ("E", "m", "S", "Q", "A", "sqerr"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+    for q in ("ece_kde_l1", "ce_l2", "ce_kl"):
+        assert chunked.value(q) == whole.value(q)
+    assert peak_chunked < 0.8 * peak_whole, (peak_chunked, peak_whole)

@@ -85,6 +85,38 @@ class Problem:
         return self.one_hot().mean(axis=1, keepdims=True)
 
 
+#: Batches of problems (class-wise: K one-vs-rest problems) whose transient work would
+#: take more than this many bytes at once are processed a chunk of problems at a time
+#: (:func:`problem_chunks`): the class-wise estimate of an ImageNet-sized validation set
+#: (n = 50,000, K = 1,000) held about 310 bytes per (row, class) at its peak, of which
+#: about 120 were the engine's outputs and inputs of the whole batch at once.
+PROBLEM_CHUNK_MIN_BYTES = 1e9
+
+#: The transient bytes of one chunk of problems, where batches are chunked.
+PROBLEM_CHUNK_BYTES = 256e6
+
+
+def problem_chunks(problem: Problem, point_bytes: float) -> list[slice]:
+    """Slices of the batch's problems, each one chunk of transient work.
+
+    ``point_bytes``: the transient bytes per (problem, point) of the work. One slice of
+    all B problems unless ``B n point_bytes`` exceeds :data:`PROBLEM_CHUNK_MIN_BYTES`;
+    then chunks of :data:`PROBLEM_CHUNK_BYTES` (at least one problem each).
+    """
+    B, n = problem.p.shape[0], problem.n
+    if B * n * point_bytes <= PROBLEM_CHUNK_MIN_BYTES:
+        return [slice(0, B)]
+    step = int(max(1, PROBLEM_CHUNK_BYTES // (n * point_bytes)))
+    return [slice(b0, min(B, b0 + step)) for b0 in range(0, B, step)]
+
+
+def subproblem(problem: Problem, problems: slice) -> Problem:
+    """Return the problems ``problems`` of the batch (views of its arrays)."""
+    return Problem(
+        problem.calibration, problem.p[problems], problem.labels[problems], problem.dtype
+    )
+
+
 def make_problem(
     probs: Probs, labels: np.ndarray | None, calibration: str, backend: str = "cpp"
 ) -> Problem:

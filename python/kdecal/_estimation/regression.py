@@ -16,7 +16,7 @@ from .._debias import debias as np_debias
 from .._engine import runtime as _runtime
 from .._numerics import exact_sum
 from ..warnings import KdecalWarning
-from .problem import _POWERS, Problem, engine
+from .problem import _POWERS, Problem, engine, problem_chunks, subproblem
 from .search import (
     DEFAULT_BANDWIDTH_GRID,
     Search,
@@ -335,14 +335,8 @@ def residual_from_sums(
         with np.errstate(divide="ignore", invalid="ignore"):
             sqerr = np.where(ok, num / np.where(ok, den, 1.0), plain)
         n_deg = int(np.count_nonzero(~ok))
-        if n_deg and warn and n_deg > 1e-3 * ok.size:
-            warnings.warn(
-                f"{n_deg} of {ok.size} query rows have a single effective neighbour at "
-                f"bandwidth {bandwidth:g}; their plain squared residual was used. A "
-                "larger bandwidth avoids this.",
-                KdecalWarning,
-                stacklevel=stacklevel,
-            )
+        if warn:
+            _warn_degenerate(n_deg, ok.size, bandwidth, stacklevel)
     elif debias == "ratio":
         raise ValueError("debias='ratio' applies to estimator='plugin' only")
     return Estimate(
@@ -396,6 +390,35 @@ def fit_residual(
     else:
         hs = dict.fromkeys(kinds, float(bandwidth))
     distinct = sorted({hs[k] for k in kinds})
+    chunks = problem_chunks(problem, FIT_POINT_BYTES * len(distinct) + FIT_POINT_BYTES_FIXED)
+    if len(chunks) == 1:
+        made = _residual_fits(problem, distinct, debias, backend, progress)
+    else:
+        made = _residual_fits_chunked(problem, distinct, debias, backend, progress, chunks)
+    if debias == "ustat":
+        for h, est in made.items():
+            _warn_degenerate(est.n_degenerate, est.E.shape[0] * est.E.shape[1], h, 4)
+    return {k: (made[hs[k]], search) for k in kinds}
+
+
+#: Transient bytes per (problem, point) of a residual fit: per bandwidth, the engine's
+#: outputs (``m``, ``S``, ``Q``, ``D``, ``A``, ``U``: 80 for binary problems), and for all
+#: of them its inputs and the formation of the estimates (:func:`problem_chunks`).
+FIT_POINT_BYTES = 80.0
+FIT_POINT_BYTES_FIXED = 112.0
+
+#: The arrays of a residual :class:`Estimate` with one entry per (problem, point).
+_FIELDS = ("E", "m", "S", "Q", "A", "sqerr")
+
+
+def _residual_fits(
+    problem: Problem,
+    distinct: list[float],
+    debias: str,
+    backend: str,
+    progress: bool | None,
+) -> dict[float, Estimate]:
+    """Return the residual estimates of ``problem`` at each bandwidth of ``distinct`` (one pass)."""
     debiased = debias != "none"
     sums = engine(
         problem,
@@ -422,8 +445,78 @@ def fit_residual(
             None if D is None else D[:, t],
             A[:, t],
             U[:, t],
+            warn=False,
         )
-    return {k: (made[hs[k]], search) for k in kinds}
+    return made
+
+
+def _residual_fits_chunked(
+    problem: Problem,
+    distinct: list[float],
+    debias: str,
+    backend: str,
+    progress: bool | None,
+    chunks: list[slice],
+) -> dict[float, Estimate]:
+    """:func:`_residual_fits` a chunk of the batch's problems at a time.
+
+    Each chunk's estimates are written into arrays of the whole batch and dropped, so
+    that the engine's outputs and inputs and the formation's temporaries are held for
+    one chunk at a time (the problems are independent: each problem's numbers are those
+    of a pass over the whole batch, to the fast binary engine's stated bound, whose
+    choice of method samples the problems of its call).
+    """
+    B, n = problem.p.shape[0], problem.n
+    out: dict[float, dict[str, np.ndarray | None]] = {h: {} for h in distinct}
+    n_deg = dict.fromkeys(distinct, 0)
+    work = float(B) * n * len(distinct) * 2000.0  # ~1 us per (query, class) and value
+    with _runtime.progress_bar(
+        _runtime.show_progress(work, progress), B * n, "kdecal LOO kernel"
+    ) as cb:
+        for sl in chunks:
+            part = _residual_fits(subproblem(problem, sl), distinct, debias, backend, False)
+            for h, est in part.items():
+                n_deg[h] += est.n_degenerate
+                for name in _FIELDS:
+                    x = getattr(est, name)
+                    if x is None:
+                        out[h][name] = None
+                        continue
+                    if name not in out[h]:
+                        out[h][name] = np.empty((B, *x.shape[1:]), dtype=x.dtype)
+                    out[h][name][sl] = x  # type: ignore[index]
+            del part
+            if cb is not None:
+                cb(sl.stop * n)
+    return {
+        h: Estimate(
+            problem,
+            h,
+            debias,
+            a["E"],  # type: ignore[arg-type]
+            None,
+            n_deg[h],
+            a["m"],
+            a["S"],
+            a["Q"],
+            estimator="residual",
+            sqerr=a["sqerr"],
+            A=a["A"],
+        )
+        for h, a in out.items()
+    }
+
+
+def _warn_degenerate(n_deg: int, size: int, bandwidth: float, stacklevel: int) -> None:
+    """Warn when more than one query row in a thousand has a single effective neighbour."""
+    if n_deg and n_deg > 1e-3 * size:
+        warnings.warn(
+            f"{n_deg} of {size} query rows have a single effective neighbour at "
+            f"bandwidth {bandwidth:g}; their plain squared residual was used. A "
+            "larger bandwidth avoids this.",
+            KdecalWarning,
+            stacklevel=stacklevel + 1,
+        )
 
 
 def fit_criteria(

@@ -15,7 +15,7 @@ from .. import _formulas as _f
 from .._engine import backends as _backends
 from .._engine import binary as _binary
 from ..warnings import KdecalWarning, warn_user
-from .problem import Problem, engine, kernel_bias, kernel_points
+from .problem import Problem, engine, kernel_bias, kernel_points, problem_chunks, subproblem
 
 #: Default grid of :func:`select_bandwidth`: 50 log-spaced values in [1e-5, 1e-1] and
 #: 0.2, 0.4, 0.6, 0.8, 1.0 (the grid of Popordanoska et al. 2024's code).
@@ -127,6 +127,13 @@ SEARCH_RATE = 0.6
 SEARCH_TOLERANCE_SE: float | None = None
 
 
+#: Transient bytes per (problem, point) of a search pass that keeps no accumulators
+#: (up to three bandwidths: the class sums and maxima, the biases, the risks'
+#: temporaries, and the compiled core's sorted copy of the problems), by which
+#: :func:`kdecal._estimation.problem.problem_chunks` chunks a large batch.
+SEARCH_POINT_BYTES = 208.0
+
+
 def cv_risk_rows(problem: Problem, S: np.ndarray, criterion: str, rows: slice) -> np.ndarray:
     """Per-row leave-one-out risk of the kernel regression, shape (H, R).
 
@@ -207,20 +214,30 @@ class _Evaluations:
         self.have: dict[int, int] = {}
         self.blocks: dict[int, list[tuple[int, int, tuple[np.ndarray, ...]]]] = {}
         self.work = 0.0
-        # the kernel inputs, each bandwidth's bias computed once (n K lgamma calls)
+        # the kernel inputs, each bandwidth's bias computed once (n K lgamma calls) and
+        # dropped once it has been evaluated on all rows (unless accumulators are kept)
         self.logq, self.pk = kernel_points(sub)
         self.bias: dict[int, np.ndarray] = {}
+        # passes that keep no accumulators run a chunk of the batch's problems at a time
+        # (class-wise at many classes), their risks summed over the chunks
+        self.chunks = problem_chunks(sub, SEARCH_POINT_BYTES)
 
-    def _engine(self, idx: list[int], r0: int, r1: int, full: bool) -> tuple[np.ndarray, ...]:
+    def _engine(
+        self, idx: list[int], r0: int, r1: int, full: bool, problems: slice | None = None
+    ) -> tuple[np.ndarray, ...]:
         for i in idx:
             if i not in self.bias:
                 self.bias[i] = kernel_bias(self.sub, float(SEARCH_GRID[i]))
+        sel = slice(None) if problems is None else problems
         if len(idx) == 1:  # a view (B, 1, n): no copy
-            bias = np.ascontiguousarray(self.bias[idx[0]][:, None, :])
+            bias = np.ascontiguousarray(self.bias[idx[0]][sel, None, :])
         else:
-            bias = np.ascontiguousarray(np.stack([self.bias[i] for i in idx], axis=1))
+            bias = np.ascontiguousarray(np.stack([self.bias[i][sel] for i in idx], axis=1))
+        sub = self.sub if problems is None else subproblem(self.sub, problems)
+        logq = self.logq if problems is None else self.logq[problems]
+        pk = self.pk if problems is None else self.pk[problems]
         sums = engine(
-            self.sub,
+            sub,
             SEARCH_GRID[idx],
             labelled=True,
             powers=self.powers if full else 1,
@@ -228,9 +245,10 @@ class _Evaluations:
             progress=self.progress,
             rows=(r0, r1),
             pairs=full and self.powers >= 2,
-            inputs=(self.logq, self.pk, bias),
+            inputs=(logq, pk, bias),
         )
-        self.work += (r1 - r0) / self.sub.n * len(idx)
+        if problems is None or problems.start == 0:
+            self.work += (r1 - r0) / self.sub.n * len(idx)
         return sums
 
     def ensure(self, idx: list[int], upto: int, keep: bool) -> None:
@@ -240,15 +258,27 @@ class _Evaluations:
             if self.have.get(i, 0) < upto:
                 groups.setdefault(self.have.get(i, 0), []).append(i)
         for r0, group in sorted(groups.items()):
-            sums = self._engine(group, r0, upto, keep)
+            rows = slice(r0, upto)
+            if keep or len(self.chunks) == 1:
+                sums = self._engine(group, r0, upto, keep)
+                risks = {c: cv_risk_rows(self.sub, sums[1], c, rows) for c in self.criteria}
+            else:
+                risks = {c: np.zeros((len(group), upto - r0)) for c in self.criteria}
+                for sl in self.chunks:
+                    S = self._engine(group, r0, upto, False, sl)[1]
+                    for c in self.criteria:
+                        risks[c] += cv_risk_rows(subproblem(self.sub, sl), S, c, rows)
+                    del S
             for c in self.criteria:
-                for i, r in zip(group, cv_risk_rows(self.sub, sums[1], c, slice(r0, upto))):
+                for i, r in zip(group, risks[c]):
                     self.risks[c].setdefault(i, []).append(r)
             for t, i in enumerate(group):
                 self.have[i] = upto
                 if keep:
                     one = tuple(np.ascontiguousarray(x[:, t]) if x.size else x for x in sums)
                     self.blocks.setdefault(i, []).append((r0, upto, one))
+                elif upto == self.sub.n:
+                    self.bias.pop(i, None)
 
     def risk(self, c: str, i: int, rows: int) -> np.ndarray:
         """Per-row risks of grid index ``i`` on the rows ``[0, rows)``."""
