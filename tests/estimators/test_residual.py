@@ -380,6 +380,22 @@ def test_classwise_in_chunks_of_problems_equals_one_batch(monkeypatch, backend, 
         assert a.n_degenerate == b.n_degenerate
         for name in ("E", "m", "S", "Q", "A", "sqerr"):
             np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
-    for q in ("ece_kde_l1", "ce_l2", "ce_kl"):
-        assert chunked.value(q) == whole.value(q)
+    for q in kdecal.QUANTITIES:  # per-row terms a chunk of problems at a time
+        assert chunked.value(q) == whole.value(q), q
+    for p in (1.5, 3.0):
+        assert chunked.ece_kde(p) == whole.ece_kde(p)
     assert peak_chunked < 0.8 * peak_whole, (peak_chunked, peak_whole)
+    tracemalloc.start()
+    try:
+        chunked.value("ce_kl")
+        peak_kl = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    monkeypatch.setattr(_problem, "PROBLEM_CHUNK_MIN_BYTES", 1e9)
+    tracemalloc.start()
+    try:
+        assert chunked.value("ce_kl") == whole.value("ce_kl")
+        peak_kl_whole = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak_kl < 0.5 * peak_kl_whole, (peak_kl, peak_kl_whole)

@@ -34,17 +34,19 @@ def ce_p(est: Estimate, p: float) -> float:
     report, its JSON and the bootstrap replicates alike.
     """
     c = est.problem.coords
-    f = est.problem.p[..., c]
-    E = est.E[..., c]
     scale = 1.0
     if p == 2.0 and est.sqerr is not None:
         inner = est.sqerr
     elif p == 2.0 and est.sq is not None:
-        inner = _f.squared_rows(E, f, est.sq[..., c])
+        inner = est.rows(
+            lambda e: _f.squared_rows(e.E[..., c], e.problem.p[..., c], e.sq[..., c])  # type: ignore[index]
+        )
     else:
-        d = np.abs(E - f)
+        d = est.rows(lambda e: np.abs(e.E[..., c] - e.problem.p[..., c]).max(axis=-1))
         scale = power_scale(d, p)
-        inner = np.sum((d / scale) ** p, axis=-1)
+        inner = est.rows(
+            lambda e: np.sum((np.abs(e.E[..., c] - e.problem.p[..., c]) / scale) ** p, axis=-1)
+        )
     value = est.mean(inner)
     if value < 0.0:  # only the debiased squares can be negative
         return -math.sqrt(-value)
@@ -84,19 +86,19 @@ def power_scale(d: np.ndarray, p: float) -> float:
 def calibration_error(est: Estimate, gen: Generator, estimator: str) -> float:
     """Proper calibration error, direct (Eq. 9/26) or via refinement (Eq. 14-15)."""
     if estimator == "direct":
-        return est.mean(gen.divergence(est))
-    return est.mean(gen.F(est)) + est.mean(gen.risk(est.problem))
+        return est.mean(est.rows(gen.divergence))
+    return est.mean(est.rows(gen.F)) + est.mean(est.rows(lambda e: gen.risk(e.problem)))
 
 
 def refinement(est: Estimate, gen: Generator) -> float:
     """``REF_F = -mean F(E_j)`` (Eq. 15), averaged over the problems of the batch."""
-    return -est.mean(gen.F(est))
+    return -est.mean(est.rows(gen.F))
 
 
 def sharpness(est: Estimate, gen: Generator) -> float:
     """``mean F(E_j) - F(class frequencies)`` (Eq. 4-5), averaged over the batch."""
     freq = est.frequencies()
-    return est.mean(gen.F(est)) - float(np.mean(gen.F_points(est.problem, freq)))
+    return est.mean(est.rows(gen.F)) - float(np.mean(gen.F_points(est.problem, freq)))
 
 
 # -------------------------------------------------------------------- the routing table

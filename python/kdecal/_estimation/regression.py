@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -29,6 +30,11 @@ from .search import (
 #: ``y_i - f_i`` and adds them back, ``E_j = f_j + sum_i w_ij (y_i - f_i) / sum_i w_ij``;
 #: "plugin" smooths the labels, ``E_j = sum_i w_ij y_i / sum_i w_ij`` (the papers').
 ESTIMATORS = ("residual", "plugin")
+
+#: Transient bytes per (problem, point) of a quantity's per-row terms (the KL
+#: divergence of residual estimates moved into the simplex: about 130), by which
+#: :meth:`Estimate.rows` chunks a large batch.
+ROW_TERM_BYTES = 160.0
 
 #: Bandwidth of the residual-centred squared-L2 and KL quantities with
 #: ``bandwidth="auto"``, as a multiple of the leave-one-out Brier bandwidth (which the
@@ -120,6 +126,41 @@ class Estimate:
             return math.fsum(rows) / len(rows)
         except OverflowError:  # a partial sum beyond the float range
             return float(np.mean(x) if w is None else np.mean(np.sum(x * w, -1) / np.sum(w)))
+
+    def rows(self, fn: Callable[[Estimate], np.ndarray]) -> np.ndarray:
+        """Per-row terms ``fn(self)``, shape (B, n), a chunk of problems at a time.
+
+        ``fn`` maps an estimate of some of the batch's problems to their (B', n) terms;
+        a large batch (class-wise at many classes) is mapped a chunk of problems at a
+        time (:func:`~kdecal._estimation.problem.problem_chunks`), so that ``fn``'s
+        temporaries are those of one chunk.  The terms of each problem are the same
+        either way.
+        """
+        chunks = problem_chunks(self.problem, ROW_TERM_BYTES)
+        if len(chunks) == 1:
+            return fn(self)
+        out = np.empty(self.E.shape[:2])
+        for sl in chunks:
+            out[sl] = fn(self.part(sl))
+        return out
+
+    def part(self, problems: slice) -> Estimate:
+        """Return the estimate of the problems ``problems`` of the batch (views)."""
+
+        def cut(x: np.ndarray | None) -> np.ndarray | None:
+            return None if x is None else x[problems]
+
+        return replace(
+            self,
+            problem=subproblem(self.problem, problems),
+            E=self.E[problems],
+            sq=cut(self.sq),
+            m=cut(self.m),
+            S=cut(self.S),
+            Q=cut(self.Q),
+            sqerr=cut(self.sqerr),
+            A=cut(self.A),
+        )
 
     def frequencies(self) -> np.ndarray:
         """Label frequencies per problem (weighted like :meth:`mean`), shape (B, 1, D)."""
