@@ -74,6 +74,7 @@ def main() -> None:
     ap.add_argument("--test-k", type=int, default=300)
     ap.add_argument("--resamples", type=int, default=20)
     ap.add_argument("--skip-before-test", action="store_true")
+    ap.add_argument("--skip-test", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     rows = []
@@ -86,7 +87,8 @@ def main() -> None:
             f"({r['bytes_per_row_class']:.0f} B per (row, class)); {r['values']}",
             flush=True,
         )
-    for before in (False, True) if not args.skip_before_test else (False,):
+    tests = () if args.skip_test else (False,) if args.skip_before_test else (False, True)
+    for before in tests:
         r = run("test", args.test_n, args.test_k, args.resamples, before)
         rows.append(r)
         print(
