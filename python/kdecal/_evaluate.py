@@ -28,7 +28,7 @@ from ._estimation.replicates import (
 from ._report import CalibrationReport
 from ._row_metrics import ROW_METRICS, check_metric, row_bootstrap
 from ._validation import check_choice
-from .kde import _doc, _kl_unreliable, estimate
+from .kde import _canonical_unreliable, _doc, _kl_unreliable, estimate
 from .warnings import KdecalWarning, warn_user
 
 __all__ = ["evaluate"]
@@ -258,11 +258,29 @@ def _bias_notes(notions: dict[str, dict[str, object]]) -> list[str]:
     return notes
 
 
+def _canonical_notes(
+    est: CalibrationEstimate, kernel_rows: bool, summaries: dict[str, dict[str, object]]
+) -> list[str]:
+    """Return the note (and give the warning) on canonical figures at many classes.
+
+    Where the report prints a canonical kernel estimate (the metrics of
+    ``calibration="canonical"`` or the notion table's canonical row) at K above
+    :data:`kdecal.kde.CANONICAL_RELIABLE_MAX_K`.
+    """
+    shown = (est.calibration == "canonical" and kernel_rows) or "canonical" in summaries
+    why = _canonical_unreliable("canonical", est.n_classes)
+    if not shown or why is None:
+        return []
+    if est.estimator == "residual":  # the plug-in is for reproductions: no warning
+        warn_user(f"kdecal.evaluate: {why}", KdecalWarning)
+    return [why[0].upper() + why[1:] + "."]
+
+
 def _kl_notes(est: CalibrationEstimate, cal_loss: float | None) -> list[str]:
     """Return the notes on the report's KL figure: its reliability, the calibration loss."""
     notes = []
     why = _kl_unreliable(est.calibration, est.n_classes)
-    if why is not None:
+    if why is not None and _canonical_unreliable(est.calibration, est.n_classes) is None:
         notes.append(why[0].upper() + why[1:] + ".")
         if est.estimator == "residual":  # the plug-in is for reproductions: no warning
             warn_user(f"kdecal.evaluate: {why}", KdecalWarning)
@@ -500,7 +518,8 @@ def evaluate(
         estimator=main.estimator,
         calibration_loss=cal_loss,
         notions=summaries,
-        notes=_bias_notes(summaries)
+        notes=_canonical_notes(main, bool(chosen & set(QUANTITIES)), summaries)
+        + _bias_notes(summaries)
         + (_squared_notes(ce_l2, summaries) if sq_note else [])
         + (_kl_notes(main, cal_loss) if kl_note else [])
         + [

@@ -14,6 +14,8 @@ notion's problem, residuals ``r_i = y_i - f_i`` and ``g_j = sum_i W_ji r_i / sum
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -399,3 +401,38 @@ def test_classwise_in_chunks_of_problems_equals_one_batch(monkeypatch, backend, 
     finally:
         tracemalloc.stop()
     assert peak_kl < 0.5 * peak_kl_whole, (peak_kl, peak_kl_whole)
+
+
+def _seeds(n, K, seed):
+    s = datasets.make_seeds_synthetic(n, K, t1=0.6, t2=1.0, seed=seed)  # calibrated
+    return np.asarray(s.probs), np.asarray(s.labels)
+
+
+def test_evaluate_says_canonical_estimates_at_many_classes_are_not_reliable():
+    """Beyond K = 10 a calibrated model scores a canonical L1 of 0.27-0.37 (truth 0) and
+    a miscalibrated one no more (bench/README.md, "Canonical estimates at many
+    classes"): the report says so, with a warning, wherever it prints a canonical kernel
+    figure, and points to the top-label notion; not at K = 10, nor for a top-label
+    report without a canonical row; the KL note then defers to it."""
+    P, y = _seeds(300, 30, seed=3)
+    kw = {"n_resamples": 0, "calibration_loss": False}
+    match = "canonical kernel estimates at K = 30 cannot tell a calibrated model"
+    for extra in ({}, {"calibration": "top_label"}):  # the metrics; the notion table's row
+        with pytest.warns(kdecal.KdecalWarning, match=match) as rec:
+            rep = kdecal.evaluate(P, y, **extra, **kw)
+        assert not any("least reliable" in str(w.message) for w in rec)
+        notes = [note for note in rep.notes if "cannot tell a calibrated model" in note]
+        assert len(notes) == 1 and "calibration='top_label'" in notes[0]
+        assert not any("least reliable" in note for note in rep.notes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", kdecal.KdecalWarning)
+        rep = kdecal.evaluate(
+            P, y, calibration="top_label", notions=("top_label", "classwise"), **kw
+        )
+    assert not any("cannot tell a calibrated" in note for note in rep.notes)
+    P10, y10 = _seeds(300, 10, seed=3)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always", kdecal.KdecalWarning)
+        rep = kdecal.evaluate(P10, y10, **kw)
+    assert not any("cannot tell a calibrated" in str(w.message) for w in rec)
+    assert any("least reliable" in str(w.message) for w in rec)  # KL at K = 10 only
