@@ -97,7 +97,7 @@ _EXTRA_METRICS: tuple[tuple[str, str], ...] = (
     ),
     (
         "calibration_loss",
-        "log loss minus log loss after cross-validated affine calibration [FR25]",
+        "log loss minus log loss after cross-validated {calibrator} calibration [FR25]",
     ),
 )
 
@@ -256,8 +256,14 @@ class CalibrationReport:
         what the one kernel estimate and the context give anyway.
     calibration_loss : float or None
         Calibration loss of [4]: the log loss minus the log loss after affine
-        calibration trained by 5-fold cross-validation on the same data, in nats
-        (``kdecal.scores.calibration_loss(..., relative=False)``); None when skipped.
+        calibration (``calibration_loss_calibrator``) trained by 5-fold cross-validation
+        on the same data, in nats (``kdecal.scores.calibration_loss(...,
+        relative=False)``); None when skipped.
+    calibration_loss_calibrator : {"affine", "temperature"}
+        The calibrator of ``calibration_loss``: affine (Ferrer & Ramos's DP
+        calibration), or temperature scaling where n / K is below
+        ``kdecal._evaluate.CAL_LOSS_AFFINE_MIN_ROWS_PER_CLASS`` (the affine calibrator's
+        K + 1 parameters overfit there; a note says so).
     notions : dict
         Per notion ("canonical", "top_label", "classwise"): ``bandwidth``,
         ``ece_kde_l1`` and ``ce_l2`` with bootstrap 95 % intervals (``*_ci``, [low,
@@ -327,6 +333,7 @@ class CalibrationReport:
     mce_binned: float | None = None
     intervals: dict[str, list[float]] = field(default_factory=dict)
     metrics: list[str] | None = None
+    calibration_loss_calibrator: str = "affine"
     estimates: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -379,7 +386,9 @@ class CalibrationReport:
                 name,
                 _format_value(getattr(self, name)),
                 _format_interval(self.intervals.get(name)),
-                _DESCRIPTIONS[name].format(calibration=notion),
+                _DESCRIPTIONS[name].format(
+                    calibration=notion, calibrator=self.calibration_loss_calibrator
+                ),
             )
             for name in shown
         ]

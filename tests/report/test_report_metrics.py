@@ -187,3 +187,29 @@ def test_row_bootstrap_equals_the_metrics_of_the_resampled_rows():
             for q, f in ROW_METRICS.items():
                 assert got[name][q][r] == f(M[idx], y[idx]), (name, q, r)
     assert ROW_METRICS["ece_binned"](P, y) == binned.ece(P, y, n_bins=15)
+
+
+def test_calibration_loss_uses_temperature_scaling_with_few_rows_per_class():
+    """Below 20 rows per class the affine calibrator's K + 1 parameters overfit the
+    cross-validation folds (n = 5,000, K = 1,000: -0.125 nats for a calibrated model,
+    temperature scaling -0.0001): the report's calibration loss is then that of
+    temperature scaling, says so in its description, its note and its JSON; above, the
+    affine one, as before."""
+    from kdecal import scores
+
+    for n, k, calibrator in ((300, 30, "temperature"), (300, 3, "affine")):
+        P, y = _data(n, k, seed=7)
+        report = _evaluate(P, y, n_resamples=0)
+        assert report.calibration_loss_calibrator == calibrator
+        want = scores.calibration_loss(
+            P, y, input="probs", relative=False, seed=0, calibrator=calibrator
+        )
+        assert report.calibration_loss == pytest.approx(want, rel=1e-6)  # clipped input
+        text = str(report)
+        assert f"after cross-validated {calibrator} calibration" in text
+        noted = [note for note in report.notes if "uses temperature scaling" in note]
+        assert len(noted) == (calibrator == "temperature")
+        if noted:
+            assert "10.0 rows per class (n = 300, K = 30)" in noted[0]
+        back = kdecal.CalibrationReport(**json.loads(json.dumps(report.to_dict())))
+        assert back.calibration_loss_calibrator == calibrator
