@@ -97,9 +97,12 @@ _EXTRA_METRICS: tuple[tuple[str, str], ...] = (
     ),
     (
         "calibration_loss",
-        "log loss minus log loss after cross-validated {calibrator} calibration [FR25]",
+        "log loss minus log loss after cross-validated {calibrator} [FR25]",
     ),
 )
+
+# How the calibration loss's description names its calibrator.
+_CALIBRATOR_NAMES = {"affine": "affine calibration", "temperature": "temperature scaling"}
 
 # Descriptions of every name a selection (``metrics``) can print.
 _DESCRIPTIONS: dict[str, str] = {
@@ -387,7 +390,10 @@ class CalibrationReport:
                 _format_value(getattr(self, name)),
                 _format_interval(self.intervals.get(name)),
                 _DESCRIPTIONS[name].format(
-                    calibration=notion, calibrator=self.calibration_loss_calibrator
+                    calibration=notion,
+                    calibrator=_CALIBRATOR_NAMES.get(
+                        self.calibration_loss_calibrator, self.calibration_loss_calibrator
+                    ),
                 ),
             )
             for name in shown

@@ -206,7 +206,8 @@ def test_calibration_loss_uses_temperature_scaling_with_few_rows_per_class():
         )
         assert report.calibration_loss == pytest.approx(want, rel=1e-6)  # clipped input
         text = str(report)
-        assert f"after cross-validated {calibrator} calibration" in text
+        words = {"affine": "affine calibration", "temperature": "temperature scaling"}
+        assert f"after cross-validated {words[calibrator]} [FR25]" in text
         noted = [note for note in report.notes if "uses temperature scaling" in note]
         assert len(noted) == (calibrator == "temperature")
         if noted:
