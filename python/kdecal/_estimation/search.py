@@ -134,16 +134,24 @@ SEARCH_TOLERANCE_SE: float | None = None
 SEARCH_POINT_BYTES = 208.0
 
 
-def cv_risk_rows(problem: Problem, S: np.ndarray, criterion: str, rows: slice) -> np.ndarray:
+def cv_risk_rows(
+    problem: Problem,
+    S: np.ndarray,
+    criterion: str,
+    rows: slice,
+    into: np.ndarray | None = None,
+) -> np.ndarray:
     """Per-row leave-one-out risk of the kernel regression, shape (H, R).
 
     ``S`` (B, H, R, C) holds the class sums of the query rows ``rows`` of ``problem``.
     "brier": ``||y_j - E_-j(f_j)||^2`` over the coordinates that enter L2 quantities (the
     positive one of binary problems); "log": ``-log E_-j(f_j)[y_j]`` (floored at 1e-300).
-    Summed over the problems of a batch.
+    Summed over the problems of a batch. ``into`` (H, R): the problems' risks are added
+    to it one problem after the other (as ``np.sum`` over the batch adds them), so that a
+    batch summed a chunk of problems at a time gives the same bits; it is returned.
     """
     lab = problem.labels[:, rows]  # (B, R)
-    out = np.zeros(S.shape[1:3])
+    out = np.zeros(S.shape[1:3]) if into is None else into
     for t in range(S.shape[1]):
         St = S[:, t]
         E = St / St.sum(axis=-1, keepdims=True)
@@ -152,7 +160,11 @@ def cv_risk_rows(problem: Problem, S: np.ndarray, criterion: str, rows: slice) -
             err = _f.squared_rows(E[..., c], _f.one_hot(lab, St.shape[-1])[..., c])
         else:
             err = _f.log_risk_rows(np.maximum(E, 1e-300), lab)
-        out[t] = np.sum(err, axis=0)
+        if into is None:
+            out[t] = np.sum(err, axis=0)
+        else:
+            for e in err:
+                out[t] += e
     return out
 
 
@@ -267,7 +279,7 @@ class _Evaluations:
                 for sl in self.chunks:
                     S = self._engine(group, r0, upto, False, sl)[1]
                     for c in self.criteria:
-                        risks[c] += cv_risk_rows(subproblem(self.sub, sl), S, c, rows)
+                        cv_risk_rows(subproblem(self.sub, sl), S, c, rows, into=risks[c])
                     del S
             for c in self.criteria:
                 for i, r in zip(group, risks[c]):
