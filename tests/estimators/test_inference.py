@@ -290,7 +290,7 @@ def test_many_problems_share_the_kernel_weights_across_replicates(monkeypatch):
     """Class-wise at many classes: the dense resampling pass computes each problem's
     kernel weights once per chunk of replicates. The budgets held one replicate per
     chunk there, so the weights were computed anew for every replicate (a class-wise
-    test at n = 3,000, K = 1,000: 20 resamples in over 15 minutes). Counted with budgets
+    test at n = 3,000, K = 1,000: 20 resamples in over 14 minutes). Counted with budgets
     that hold one replicate, and the numbers are those of chunks of one."""
     P, y = _calibrated(n=300, K=40, seed=2)
     est = kdecal.estimate(P, y, bandwidth=0.05, calibration="classwise")

@@ -116,7 +116,7 @@ def check_resamples(value: object, name: str, minimum: int) -> int:
 #: and problem (about as much work as 60 value columns of the products): with many
 #: problems (class-wise at K = 1,000) the budgets above held one replicate per chunk, and
 #: the weights were computed anew for each (a class-wise calibration test at n = 3,000,
-#: K = 1,000: 20 resamples in over 15 minutes; bench/README.md, "Class-wise at many
+#: K = 1,000: 20 resamples in over 14 minutes; bench/README.md, "Class-wise at many
 #: classes").
 MIN_CHUNK_REPLICATES = 16
 
