@@ -46,7 +46,12 @@ from .kde import (
 )
 from .skce import skce_test
 from .smooth import smooth_ece
-from .warnings import BackendFallbackWarning, KdecalWarning, RenormalizationWarning
+from .warnings import (
+    BackendFallbackWarning,
+    KdecalWarning,
+    RenormalizationWarning,
+    UnreliableEstimateWarning,
+)
 
 __version__ = "0.1.0"
 
@@ -62,6 +67,7 @@ __all__ = [
     "ConfidenceInterval",
     "KdecalWarning",
     "RenormalizationWarning",
+    "UnreliableEstimateWarning",
     "__version__",
     "available_backends",
     "binned",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Sequence
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from ._report import CalibrationReport
 from ._row_metrics import ROW_METRICS, check_metric, row_bootstrap
 from ._validation import check_choice
 from .kde import _canonical_unreliable, _doc, _kl_unreliable, estimate
-from .warnings import KdecalWarning, warn_user
+from .warnings import KdecalWarning, UnreliableEstimateWarning, warn_user
 
 __all__ = ["evaluate"]
 
@@ -267,6 +267,16 @@ def _bias_notes(notions: dict[str, dict[str, object]]) -> list[str]:
     return notes
 
 
+def _estimate_quietly(probs: object, labels: object, **options: Any) -> CalibrationEstimate:
+    """:func:`kdecal.estimate` without its warning on canonical estimates at many classes.
+
+    The report gives its own (:func:`_canonical_notes`), where it prints such a figure.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnreliableEstimateWarning)
+        return estimate(probs, labels, **options)
+
+
 def _canonical_notes(
     est: CalibrationEstimate, kernel_rows: bool, summaries: dict[str, dict[str, object]]
 ) -> list[str]:
@@ -281,7 +291,7 @@ def _canonical_notes(
     if not shown or why is None:
         return []
     if est.estimator == "residual":  # the plug-in is for reproductions: no warning
-        warn_user(f"kdecal.evaluate: {why}", KdecalWarning)
+        warn_user(f"kdecal.evaluate: {why}", UnreliableEstimateWarning)
     return [why[0].upper() + why[1:] + "."]
 
 
@@ -292,7 +302,7 @@ def _kl_notes(est: CalibrationEstimate, cal_loss: float | None) -> list[str]:
     if why is not None and _canonical_unreliable(est.calibration, est.n_classes) is None:
         notes.append(why[0].upper() + why[1:] + ".")
         if est.estimator == "residual":  # the plug-in is for reproductions: no warning
-            warn_user(f"kdecal.evaluate: {why}", KdecalWarning)
+            warn_user(f"kdecal.evaluate: {why}", UnreliableEstimateWarning)
     ce_kl = float(est.value("ce_kl"))
     if cal_loss is not None and est.calibration == "canonical" and ce_kl < cal_loss:
         notes.append(
@@ -418,6 +428,10 @@ def evaluate(
         5 minutes on 2 cores (n above about 330,000 at K = 10, 145,000 at K = 100: all
         n^2 pairs with a K-dimensional kernel), naming the estimate and the top-label
         and class-wise notions, which run on the fast binary engine.
+    UnreliableEstimateWarning
+        Where the report prints a canonical kernel figure of the residual-centred
+        estimator beyond K = 10 classes (:data:`kdecal.kde.CANONICAL_RELIABLE_MAX_K`),
+        or the canonical KL error at 4 < K <= 10; the report's notes say the same.
     """
     t0 = time.perf_counter()
     R = check_resamples(n_resamples, "n_resamples", 0)
@@ -429,7 +443,7 @@ def evaluate(
         check_choice(name, "notions", _problem.CALIBRATIONS)
     resample_spec = _check_resample_notions(resample_notions)
     _warn_long_canonical(probs, calibration, wanted, bandwidth, backend)
-    main = estimate(
+    main = _estimate_quietly(
         probs,
         labels,
         bandwidth=bandwidth,
@@ -451,7 +465,7 @@ def evaluate(
         e = (
             main
             if name == calibration
-            else estimate(
+            else _estimate_quietly(
                 main._validated if main._validated is not None else P,
                 y,
                 bandwidth=bandwidth,

@@ -48,7 +48,7 @@ from ._validation import (
     check_p,
     check_probs,
 )
-from .warnings import KdecalWarning, warn_user
+from .warnings import UnreliableEstimateWarning, warn_user
 
 __all__ = [
     "calibration_error",
@@ -111,6 +111,15 @@ _ESTIMATOR_DOC = """estimator : {"residual", "plugin"}, default "residual"
         bandwidth; kept for reproductions."""
 
 
+_UNRELIABLE_WARNS = """UnreliableEstimateWarning
+        With ``estimator="residual"`` and ``calibration="canonical"`` beyond K = 10
+        classes (:data:`CANONICAL_RELIABLE_MAX_K`): there the canonical kernel estimates
+        cannot tell a calibrated model from a miscalibrated one (a calibrated model
+        scores a canonical L1 ECE^KDE of 0.27-0.37 from K = 30 to 1,000; bench/README.md,
+        "Canonical estimates at many classes"). The top-label notion is reliable
+        there."""
+
+
 _F = TypeVar("_F", bound=Callable[..., object])
 
 
@@ -120,6 +129,7 @@ def _doc(func: _F) -> _F:
         .replace("{notion_params}", _NOTION_PARAMS)
         .replace("{bandwidth_doc}", _BANDWIDTH_DOC)
         .replace("{estimator_doc}", _ESTIMATOR_DOC)
+        .replace("{unreliable_warns}", _UNRELIABLE_WARNS)
     )
     return func
 
@@ -226,6 +236,9 @@ def _run_criteria(
     be = _backends.resolve_backend(backend, probs)
     h = bandwidth if isinstance(bandwidth, dict) else _check_bandwidth_spec(bandwidth)
     problem = _problem.make_problem(P, y, str(calibration), be)
+    why = _canonical_unreliable(calibration, P.n_classes) if residual else None
+    if why is not None:  # the plug-in is for reproductions: no warning
+        warn_user(f"kdecal: {why}", UnreliableEstimateWarning)
     if residual:
         fits = _regression.fit_residual(problem, h, str(debias), be, progress, criteria, residual)
     else:
@@ -290,6 +303,10 @@ def estimate(
     Returns
     -------
     CalibrationEstimate
+
+    Warns
+    -----
+    {unreliable_warns}
 
     Raises
     ------
@@ -433,6 +450,10 @@ def calibration_test(
     CalibrationTestResult
         ``.statistic``, ``.pvalue``, ``.null_distribution`` (n_resamples,), ``.null_mean``.
 
+    Warns
+    -----
+    {unreliable_warns}
+
     Raises
     ------
     TypeError, ValueError
@@ -543,6 +564,10 @@ def ece_kde(
         CE_2^2, negative when that is (the error is then indistinguishable from 0 at
         this n): ``sign(e) e^2`` equals ``calibration_error(divergence="l2")``.
 
+    Warns
+    -----
+    {unreliable_warns}
+
     Raises
     ------
     TypeError, ValueError
@@ -611,6 +636,14 @@ def calibration_error(
         estimate is unbiased and unclipped: it can be negative when the error is close
         to 0 (indistinguishable from 0 at this n).
 
+    Warns
+    -----
+    {unreliable_warns}
+    UnreliableEstimateWarning
+        For the canonical KL error (``divergence="kl"``) of the residual-centred
+        estimator at 4 < K <= 10 (:data:`KL_RELIABLE_MAX_K`), the least reliable
+        kernel estimate there.
+
     Raises
     ------
     TypeError, ValueError
@@ -622,8 +655,14 @@ def calibration_error(
         probs, labels, div, bandwidth, calibration, debias, backend, str(estimator)
     )
     why = _kl_unreliable(calibration, est.problem.dim)
-    if why is not None and estimator == "residual" and div is _quantities.DIVERGENCES["kl"]:
-        warn_user(f"kdecal.calibration_error: {why}", KdecalWarning)
+    # beyond K = 10 the fit has warned of every canonical estimate (_run_criteria)
+    if (
+        why is not None
+        and _canonical_unreliable(calibration, est.problem.dim) is None
+        and estimator == "residual"
+        and div is _quantities.DIVERGENCES["kl"]
+    ):
+        warn_user(f"kdecal.calibration_error: {why}", UnreliableEstimateWarning)
     return _quantities.calibration_error(
         est, div.generator, "refinement" if estimator == "refinement" else "direct"
     )
@@ -656,6 +695,7 @@ def _fit_divergence(
     return _run(probs, labels, bandwidth, calibration, debias, backend, None, div.criterion)[0]
 
 
+@_doc
 def refinement(
     probs: object,
     labels: object,
@@ -678,6 +718,10 @@ def refinement(
         For "kl" the mean entropy of the estimated conditional expectation (nats);
         for "l2" minus its mean squared norm.
 
+    Warns
+    -----
+    {unreliable_warns}
+
     Raises
     ------
     TypeError, ValueError
@@ -691,6 +735,7 @@ def refinement(
     return _quantities.refinement(est, div.generator)
 
 
+@_doc
 def sharpness(
     probs: object,
     labels: object,
@@ -711,6 +756,10 @@ def sharpness(
     -------
     float
         Non-negative up to estimation error (F is convex).
+
+    Warns
+    -----
+    {unreliable_warns}
 
     Raises
     ------

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-__all__ = ["BackendFallbackWarning", "KdecalWarning", "RenormalizationWarning"]
+__all__ = [
+    "BackendFallbackWarning",
+    "KdecalWarning",
+    "RenormalizationWarning",
+    "UnreliableEstimateWarning",
+]
 
 
 class KdecalWarning(UserWarning):
@@ -18,6 +23,18 @@ class RenormalizationWarning(KdecalWarning):
 
     Raised when a row is off by more than :data:`kdecal.tolerances.ROW_SUM_ATOL` (rounded or
     truncated probabilities); the message gives how many rows and the largest deviation.
+    """
+
+
+class UnreliableEstimateWarning(KdecalWarning):
+    """An estimate that the accuracy study of ``bench/README.md`` found not to be trusted.
+
+    Given by the residual-centred (default) estimators of the canonical notion beyond
+    ``K = 10`` classes (:data:`kdecal.kde.CANONICAL_RELIABLE_MAX_K`), where a calibrated
+    model scores a canonical L1 ECE^KDE of 0.27-0.37, and by the canonical KL calibration
+    error beyond ``K = 4`` (:data:`kdecal.kde.KL_RELIABLE_MAX_K`). The message gives the
+    measured figures and the notion that is reliable there. The papers' plug-in
+    (``estimator="plugin"``), kept for reproductions, gives no such warning.
     """
 
 

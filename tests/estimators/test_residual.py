@@ -439,3 +439,44 @@ def test_evaluate_says_canonical_estimates_at_many_classes_are_not_reliable():
         rep = kdecal.evaluate(P10, y10, **kw)
     assert not any("cannot tell a calibrated" in str(w.message) for w in rec)
     assert any("least reliable" in str(w.message) for w in rec)  # KL at K = 10 only
+
+
+def test_canonical_estimates_at_many_classes_warn_in_the_core_api():
+    """Every public function that fits a residual-centred canonical estimate beyond
+    K = 10 gives an UnreliableEstimateWarning naming the top-label notion; not at
+    K = 10, not for the top-label or class-wise notions, not for the papers' plug-in
+    (kept for reproductions); calibration_error's KL warning then defers to it."""
+    P, y = _seeds(300, 11, seed=4)
+    match = "canonical kernel estimates at K = 11 cannot tell a calibrated model"
+    calls = {
+        "estimate": lambda **kw: kdecal.estimate(P, y, **kw),
+        "ece_kde": lambda **kw: kdecal.ece_kde(P, y, **kw),
+        "ece_kde p=2": lambda **kw: kdecal.ece_kde(P, y, p=2, **kw),
+        "calibration_error kl": lambda **kw: kdecal.calibration_error(P, y, **kw),
+        "calibration_error l2": lambda **kw: kdecal.calibration_error(P, y, divergence="l2", **kw),
+        "refinement": lambda **kw: kdecal.refinement(P, y, **kw),
+        "sharpness": lambda **kw: kdecal.sharpness(P, y, **kw),
+        "calibration_test": lambda **kw: kdecal.calibration_test(P, y, n_resamples=2, **kw),
+    }
+    for name, call in calls.items():
+        with warnings.catch_warnings(record=True) as rec:
+            warnings.simplefilter("always")
+            call(bandwidth=0.1)
+        msgs = [str(w.message) for w in rec]
+        assert len(msgs) == 1, (name, msgs)
+        assert rec[0].category is kdecal.UnreliableEstimateWarning, name
+        assert match in msgs[0] and "calibration='top_label'" in msgs[0], name
+        assert rec[0].filename == __file__, (name, rec[0].filename)  # the caller's line
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            call(bandwidth=0.1, calibration="top_label")
+            call(bandwidth=0.1, calibration="classwise")
+            call(bandwidth=0.1, estimator="plugin")
+    # K = 10: no canonical warning; calibration_error's KL warning alone
+    P10, y10 = _seeds(300, 10, seed=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kdecal.ece_kde(P10, y10, bandwidth=0.1)
+    with pytest.warns(kdecal.UnreliableEstimateWarning, match="least reliable") as rec:
+        kdecal.calibration_error(P10, y10, bandwidth=0.1)
+    assert len(rec) == 1
