@@ -29,7 +29,7 @@ from ._estimation.quantities import QUANTITIES
 from ._report import format_pvalue
 from ._row_metrics import ROW_METRICS, check_metric, row_bootstrap
 from ._validation import check_choice, check_labels, check_probs
-from .kde import _estimate
+from .kde import CANONICAL_RELIABLE_MAX_K, _estimate
 from .warnings import KdecalWarning, warn_user
 
 __all__ = ["ROW_METRICS", "Comparison", "compare"]
@@ -148,7 +148,7 @@ def compare(
     labels: object,
     *,
     quantities: Sequence[str] = ("ece_kde_l1", "ce_l2"),
-    calibration: str = "canonical",
+    calibration: str = "auto",
     bandwidth: float | str = "auto",
     debias: str = "ustat",
     n_resamples: int = 200,
@@ -196,7 +196,12 @@ def compare(
         "ece_binned", "ece_binned_debiased", "mce_binned", "smooth_ece"), bootstrapped on
         row samples paired across the models (with an integer ``seed``, the kernel
         quantities' samples); their values do not depend on the bandwidth.
-    calibration : {"canonical", "classwise", "top_label"}, default "canonical"
+    calibration : {"auto", "canonical", "classwise", "top_label"}, default "auto"
+        The notion of the kernel quantities: "auto" is "canonical" up to K = 10
+        classes (:data:`kdecal.kde.CANONICAL_RELIABLE_MAX_K`) and "top_label" beyond,
+        where the canonical kernel estimates cannot tell a calibrated model from a
+        miscalibrated one and so cannot rank models (bench/README.md, "Canonical
+        estimates at many classes"); the result's ``calibration`` says which.
     bandwidth : float, "auto" or "loo-mle", default "auto"
         The common bandwidth, or the rule of the candidates (see above).
     debias : {"none", "ustat"}, default "ustat"
@@ -241,7 +246,7 @@ def compare(
     names = [k for k, _ in items]
     if len(set(names)) != len(names):
         raise ValueError(f"models has duplicate names: {names}")
-    check_choice(calibration, "calibration", ("canonical", "classwise", "top_label"))
+    check_choice(calibration, "calibration", ("auto", "canonical", "classwise", "top_label"))
     check_choice(estimator, "estimator", _regression.ESTIMATORS)
     qs = [check_metric(q, "quantities") for q in quantities]
     if not qs:
@@ -254,6 +259,8 @@ def compare(
         raise ValueError(f"every model must have predictions of the same shape, got {shapes}")
     n, K = next(iter(shapes.values()))
     y = check_labels(labels, n, K)
+    if calibration == "auto":
+        calibration = "canonical" if K <= CANONICAL_RELIABLE_MAX_K else "top_label"
     _warn_long_bootstrap(
         len(items),
         n,

@@ -28,7 +28,13 @@ from ._estimation.replicates import (
 from ._report import CalibrationReport
 from ._row_metrics import ROW_METRICS, check_metric, row_bootstrap
 from ._validation import check_choice
-from .kde import _canonical_unreliable, _doc, _kl_unreliable, estimate
+from .kde import (
+    CANONICAL_RELIABLE_MAX_K,
+    _canonical_unreliable,
+    _doc,
+    _kl_unreliable,
+    estimate,
+)
 from .warnings import KdecalWarning, UnreliableEstimateWarning, warn_user
 
 __all__ = ["evaluate"]
@@ -36,6 +42,9 @@ __all__ = ["evaluate"]
 
 #: Notions summarised by :func:`evaluate` (estimate, interval, test) by default.
 EVALUATE_NOTIONS = ("canonical", "top_label", "classwise")
+#: The notions of ``notions="auto"`` beyond :data:`kdecal.kde.CANONICAL_RELIABLE_MAX_K`
+#: classes, where no canonical kernel estimate is reliable.
+EVALUATE_NOTIONS_MANY_CLASSES = ("top_label", "classwise")
 
 #: Notions resampled by :func:`evaluate` with ``resample_notions="auto"`` (the default),
 #: the canonical one within :data:`CANONICAL_RESAMPLING_MAX_WORK`.
@@ -267,6 +276,37 @@ def _bias_notes(notions: dict[str, dict[str, object]]) -> list[str]:
     return notes
 
 
+def _n_classes(probs: object) -> int | None:
+    """K of the predictions from their shape (2 for a binary ``(n,)`` input), or None.
+
+    Read before validation, which the estimate does once; input of another shape is
+    refused there.
+    """
+    shape = getattr(probs, "shape", None)
+    if shape is None:
+        try:
+            shape = np.shape(cast(Any, probs))
+        except (TypeError, ValueError):  # ragged input: refused by the validation
+            return None
+    if len(shape) == 1:
+        return 2
+    if len(shape) == 2 and shape[1] is not None:
+        return int(shape[1])
+    return None
+
+
+def _canonical_left_out(K: int) -> str:
+    """Return the note of a report that left the canonical notion out at K classes."""
+    return (
+        f"No canonical figures at K = {K} (calibration='auto', notions='auto'): beyond "
+        f"K = {CANONICAL_RELIABLE_MAX_K} classes the canonical kernel estimates cannot "
+        'tell a calibrated model from a miscalibrated one (bench/README.md, "Canonical '
+        'estimates at many classes"), so the kernel figures are top-label. Ask for them '
+        "with calibration='canonical' or notions=('canonical', 'top_label', 'classwise') "
+        "(command line: --calibration canonical, --notions canonical,top_label,classwise)."
+    )
+
+
 def _estimate_quietly(probs: object, labels: object, **options: Any) -> CalibrationEstimate:
     """:func:`kdecal.estimate` without its warning on canonical estimates at many classes.
 
@@ -322,12 +362,12 @@ def evaluate(
     labels: object,
     *,
     bandwidth: float | str = "auto",
-    calibration: str = "canonical",
+    calibration: str = "auto",
     debias: str = "ustat",
     backend: Backend = "auto",
     progress: bool | None = None,
     source: str | None = None,
-    notions: tuple[str, ...] | list[str] | None = EVALUATE_NOTIONS,
+    notions: tuple[str, ...] | list[str] | str | None = "auto",
     resample_notions: tuple[str, ...] | list[str] | str | None = "auto",
     n_resamples: int = 100,
     seed: int | None = 0,
@@ -365,15 +405,23 @@ def evaluate(
         True classes in ``0..K-1``.
     bandwidth : float, "auto" or "loo-mle", default "auto"
         {bandwidth_doc}
-    {notion_params}
+    calibration : {"auto", "canonical", "classwise", "top_label"}, default "auto"
+        The notion of the report's kernel figures. "auto": "canonical" up to K = 10
+        classes (:data:`kdecal.kde.CANONICAL_RELIABLE_MAX_K`), "top_label" beyond, where
+        no canonical kernel estimate can tell a calibrated model from a miscalibrated
+        one (bench/README.md, "Canonical estimates at many classes"; a note says so).
+        {calibration_notions}
+    {debias_param}
     backend : {"auto", "cpp", "numba", "cuda", "dask"}, default "auto"
     progress : bool or None, default None
         Progress bar with ETA; None shows one for long work where the output is a
         terminal or a notebook (none in logs and pipes).
     source : str, optional
         Description stored in the report (e.g. a file name).
-    notions : sequence of str or None, default ("canonical", "top_label", "classwise")
-        Notions summarised (estimate and bandwidth); None or () for none.
+    notions : "auto", sequence of str or None, default "auto"
+        Notions summarised (estimate and bandwidth); None or () for none. "auto":
+        ("canonical", "top_label", "classwise") up to K = 10, ("top_label",
+        "classwise") beyond (a note says what was left out and how to ask for it).
     resample_notions : "auto", sequence of str or None, default "auto"
         Those of ``notions`` that also get bootstrap intervals and the calibration test
         (not with ``debias="ratio"``, whose third power sums resampling does not keep);
@@ -436,6 +484,19 @@ def evaluate(
     t0 = time.perf_counter()
     R = check_resamples(n_resamples, "n_resamples", 0)
     selected = _check_metrics(metrics)
+    K_in = _n_classes(probs)
+    many = K_in is not None and K_in > CANONICAL_RELIABLE_MAX_K
+    check_choice(calibration, "calibration", ("auto", *_problem.CALIBRATIONS))
+    auto_notes = []
+    auto = calibration == "auto" or (isinstance(notions, str) and notions == "auto")
+    if calibration == "auto":
+        calibration = "top_label" if many else "canonical"
+    if isinstance(notions, str):
+        check_choice(notions, "notions", ("auto",))
+        notions = EVALUATE_NOTIONS_MANY_CLASSES if many else EVALUATE_NOTIONS
+    shown = calibration == "canonical" or "canonical" in (notions or ())
+    if auto and K_in is not None and many and not shown:
+        auto_notes.append(_canonical_left_out(K_in))
     wanted = tuple(notions or ())
     if selected is not None and not set(_NOTION_QUANTITIES) & set(selected):
         wanted = ()  # no notion table: neither its estimates nor its resampling
@@ -565,7 +626,8 @@ def evaluate(
             for name, row in summaries.items()
             if "resampling_skipped" in row
         ]
-        + notes,
+        + notes
+        + auto_notes,
         estimates=estimates,
     )
     return report

@@ -189,9 +189,11 @@ def _add_input_and_kernel_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--calibration",
-        choices=("canonical", "classwise", "top_label"),
-        default="canonical",
-        help="notion of calibration of the kernel estimators (default: canonical)",
+        choices=("auto", "canonical", "classwise", "top_label"),
+        default="auto",
+        help="notion of calibration of the kernel estimators; auto: canonical up to 10 "
+        "classes, top_label beyond, where no canonical kernel estimate can tell a "
+        "calibrated model from a miscalibrated one (default: auto)",
     )
     p.add_argument(
         "--estimator",
@@ -273,7 +275,8 @@ def _build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N[,N...]",
         help="notions summarised in the notion table (estimate, bandwidth), comma-separated "
-        "of canonical, top_label, classwise, or none (default: all three)",
+        "of canonical, top_label, classwise, or none; auto: all three up to 10 classes, "
+        "top_label and classwise beyond (default: auto)",
     )
     ev.add_argument(
         "--resample-notions",

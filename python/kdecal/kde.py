@@ -64,7 +64,8 @@ __all__ = [
 
 
 # Parameters shared by every estimator that takes a notion of calibration and a
-# debiasing mode; substituted into their docstrings by ``_doc``.
+# debiasing mode; substituted into their docstrings by ``_doc`` ("{notion_params}"; the
+# notions alone, below a caller's own first line, "{calibration_notions}").
 _NOTION_PARAMS = """calibration : {"canonical", "classwise", "top_label"}, default "canonical"
         Notion of calibration (Popordanoska et al. 2024, Eq. 24-25, App. D):
         "canonical" uses the whole vector (Dirichlet kernel); "top_label" the binary
@@ -73,8 +74,9 @@ _NOTION_PARAMS = """calibration : {"canonical", "classwise", "top_label"}, defau
         engine call. For binary problems the L_p errors and "l2" use the positive
         coordinate only (so the class-wise "l2" error is the square of the class-wise
         ECE^KDE at p = 2); a binary ``(n,)`` input is the canonical K = 2 problem, whose
-        L_p^p error is twice the class-wise one.
-    debias : {"none", "ustat", "ratio"}, default "ustat"
+        L_p^p error is twice the class-wise one."""
+
+_DEBIAS_PARAM = """debias : {"none", "ustat", "ratio"}, default "ustat"
         "ustat": squared conditional expectations from the ratio of U-statistics of
         Popordanoska et al. 2022, Eq. 7 (affects only the L2 / p = 2 quantities, which
         the plain plug-in overstates by the variance of the kernel ratio; the L1 and KL
@@ -126,7 +128,9 @@ _F = TypeVar("_F", bound=Callable[..., object])
 def _doc(func: _F) -> _F:
     func.__doc__ = (
         (func.__doc__ or "")
-        .replace("{notion_params}", _NOTION_PARAMS)
+        .replace("{notion_params}", _NOTION_PARAMS + "\n    " + _DEBIAS_PARAM)
+        .replace("{calibration_notions}", _NOTION_PARAMS.split("\n", 1)[1].lstrip())
+        .replace("{debias_param}", _DEBIAS_PARAM)
         .replace("{bandwidth_doc}", _BANDWIDTH_DOC)
         .replace("{estimator_doc}", _ESTIMATOR_DOC)
         .replace("{unreliable_warns}", _UNRELIABLE_WARNS)

@@ -48,6 +48,7 @@ from . import curves as _curves
 from ._engine.backends import Backend
 from ._evaluate import evaluate
 from ._validation import check_int
+from .kde import CANONICAL_RELIABLE_MAX_K
 
 __all__ = [
     "bayes_risk_curve",
@@ -1032,7 +1033,9 @@ def evaluation_page(
     100 dpi): top row, the top-label reliability diagram with 15 bins, the top-label
     leave-one-out Beta-kernel curve (bandwidth 0.02, the value of Popordanoska et al.
     2024, Table 5), and the canonical Dirichlet-KDE view at the report's bandwidth (see
-    :func:`reliability_diagram`); bottom row, the Brier calibration-sharpness diagram
+    :func:`reliability_diagram`; beyond K = 10 classes, where the report leaves the
+    canonical notion out, the top-label kernel diagram at the report's top-label
+    bandwidth instead); bottom row, the Brier calibration-sharpness diagram
     (Chidambaram & Ge 2024, Gaussian sigma = 0.05) and the table of
     :class:`kdecal.CalibrationReport`.
 
@@ -1079,8 +1082,20 @@ def evaluation_page(
         probs, labels, kind="kernel", n_bins=15, bandwidth=_PAGE_TOP_LABEL_H, backend=backend
     )
     # the report's canonical estimate holds the sums of this bandwidth: no new pass
-    canon = getattr(report, "estimates", {}).get("canonical")
-    if canon is not None and canon.bandwidth == canon_h:
+    ests = getattr(report, "estimates", {}) or {}
+    canon = ests.get("canonical")
+    # beyond K = 10 a report without canonical figures (evaluate's "auto"): no canonical
+    # view either (unreliable there, and an O(n^2 K) search); the top-label diagram at
+    # the table's bandwidth instead, from the report's sums
+    top_only = (
+        canon is None
+        and report.calibration != "canonical"
+        and report.n_classes > CANONICAL_RELIABLE_MAX_K
+        and "top_label" in ests
+    )
+    if top_only:
+        rc = Rel.from_estimate(ests["top_label"], n_bins=15)
+    elif canon is not None and canon.bandwidth == canon_h:
         rc = Rel.from_estimate(canon, n_bins=15)
     else:
         rc = Rel.from_predictions(
@@ -1113,7 +1128,12 @@ def evaluation_page(
                     else f" at this h (table: h = {float(table_top_h):.3g})"
                 )
             ),
-            None,
+            (
+                f"top-label, LOO Beta kernel at the table's h = {rc.bandwidth:.3g}\n"
+                f"no canonical view at K = {report.n_classes} (see the note)"
+                if top_only
+                else None
+            ),
         ),
     ):
         _draw_reliability_one(a, _with_hist_axis(a), rd, None, t, legend=True)

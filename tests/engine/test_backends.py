@@ -141,7 +141,14 @@ def test_backends_agree_real_data(kd, both_backends, real_dataset):
             "ll": kd.loo_log_likelihood(P, grid, backend=b),
             "bw": kd.select_bandwidth(P, backend=b),
             "rep": kd.evaluate(
-                P, y, bandwidth="loo-mle", debias="none", backend=b, n_resamples=0, notions=()
+                P,
+                y,
+                bandwidth="loo-mle",
+                calibration="canonical",
+                debias="none",
+                backend=b,
+                n_resamples=0,
+                notions=(),
             ),
         }
     a, c = (res[b] for b in both_backends)

@@ -502,6 +502,31 @@ def test_evaluation_page_panels_use_the_table_bandwidths():
     assert 1.2 * n_lines * text.get_fontsize() <= box.height * 12 * 72 + 1e-9
 
 
+def test_evaluation_page_beyond_ten_classes_draws_no_canonical_view():
+    """A report that left the canonical notion out (K = 11, the defaults) gets the
+    top-label kernel diagram at its table's bandwidth in the third panel, from the
+    report's own sums (no canonical search, no canonical figure on the page)."""
+    pytest.importorskip("matplotlib")
+    from kdecal import curves
+    from kdecal.plot import evaluation_page
+
+    s = make_seeds_synthetic(400, 11, seed=1)
+    rep = _quiet(kdecal.evaluate, s.probs, s.labels, n_resamples=0)
+    assert rep.calibration == "top_label" and "canonical" not in rep.notions
+    fig = evaluation_page(s.probs, s.labels, report=rep)
+    title = fig.axes[2].get_title()
+    h_top = rep.notions["top_label"]["bandwidth"]
+    assert f"at the table's h = {h_top:.3g}" in title and "no canonical view at K = 11" in title
+    assert not any(
+        "canonical" in a.get_title() and "no canonical" not in a.get_title() for a in fig.axes
+    )
+    want = curves.ReliabilityDiagram.from_predictions(
+        s.probs, s.labels, kind="kernel", bandwidth=h_top
+    )
+    (line,) = [ln for ln in fig.axes[2].lines if ln.get_label().startswith("LOO kernel")]
+    np.testing.assert_allclose(line.get_ydata(), want.y, rtol=1e-9)
+
+
 def test_calibrators_and_scores_refuse_careless_probabilities():
     """input="auto" of the calibrators and the scoring rules goes through the same rule:
     a stray 1.0000001 or an extra fold column is refused, naming the row or column."""

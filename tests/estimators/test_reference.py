@@ -395,6 +395,7 @@ def test_evaluate(kd, dataset, bandwidth, backend):
         dataset.probs,
         dataset.labels,
         bandwidth=bandwidth,
+        calibration="canonical",  # the reference's notion at every K
         debias="none",
         backend=backend,
         n_resamples=0,

@@ -420,7 +420,9 @@ def test_evaluate_says_canonical_estimates_at_many_classes_are_not_reliable():
     P, y = _seeds(300, 30, seed=3)
     kw = {"n_resamples": 0, "calibration_loss": False}
     match = "canonical kernel estimates at K = 30 cannot tell a calibrated model"
-    for extra in ({}, {"calibration": "top_label"}):  # the metrics; the notion table's row
+    three = ("canonical", "top_label", "classwise")
+    # the metrics; the notion table's row (asked for: "auto" leaves them out, below)
+    for extra in ({"calibration": "canonical"}, {"calibration": "top_label", "notions": three}):
         with pytest.warns(kdecal.KdecalWarning, match=match) as rec:
             rep = kdecal.evaluate(P, y, **extra, **kw)
         assert not any("least reliable" in str(w.message) for w in rec)
@@ -480,3 +482,45 @@ def test_canonical_estimates_at_many_classes_warn_in_the_core_api():
     with pytest.warns(kdecal.UnreliableEstimateWarning, match="least reliable") as rec:
         kdecal.calibration_error(P10, y10, bandwidth=0.1)
     assert len(rec) == 1
+
+
+def test_evaluate_and_compare_leave_canonical_out_beyond_ten_classes():
+    """calibration="auto" and notions="auto" (the defaults): canonical up to K = 10,
+    top-label figures and no canonical row beyond, with a note that says how to ask
+    for them; explicit choices are kept, and then the note is not given."""
+    P, y = _seeds(300, 11, seed=5)
+    kw = {"n_resamples": 0, "calibration_loss": False, "bandwidth": 0.05}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rep = kdecal.evaluate(P, y, **kw)
+    assert rep.calibration == "top_label" and list(rep.notions) == ["top_label", "classwise"]
+    assert rep.to_dict()["calibration"] == "top_label"
+    top = kdecal.evaluate(P, y, calibration="top_label", notions=("top_label",), **kw)
+    assert rep.ece_kde_l1 == top.ece_kde_l1  # the same top-label estimate
+    left = [note for note in rep.notes if note.startswith("No canonical figures at K = 11")]
+    assert len(left) == 1 and "--calibration canonical" in left[0]
+    assert not any(note.startswith("No canonical figures") for note in top.notes)
+    with pytest.warns(kdecal.UnreliableEstimateWarning):
+        rep = kdecal.evaluate(P, y, calibration="canonical", **kw)
+    assert rep.calibration == "canonical" and list(rep.notions) == ["top_label", "classwise"]
+    assert not any(note.startswith("No canonical figures") for note in rep.notes)
+    P10, y10 = _seeds(300, 10, seed=5)
+    rep10 = kdecal.evaluate(P10, y10, metrics=["ece_kde_l1", "ce_l2"], **kw)
+    assert rep10.calibration == "canonical"
+    assert list(rep10.notions) == ["canonical", "top_label", "classwise"]
+    assert not any(note.startswith("No canonical figures") for note in rep10.notes)
+    # binary (n,) input: K = 2, canonical
+    assert (
+        kdecal.evaluate(P10[:, 0] / P10[:, :2].sum(1), (y10 == 0).astype(int), **kw).calibration
+        == "canonical"
+    )
+    with pytest.raises(ValueError, match="notions"):
+        kdecal.evaluate(P, y, notions="all", **kw)
+    # compare: the same rule
+    Q = np.roll(P, 1, axis=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cmp = kdecal.compare({"a": P, "b": Q}, y, n_resamples=2, bandwidth=0.2)
+    assert cmp.calibration == "top_label"
+    cmp10 = kdecal.compare({"a": P10}, y10, n_resamples=2, bandwidth=0.2)
+    assert cmp10.calibration == "canonical"
