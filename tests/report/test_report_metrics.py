@@ -189,6 +189,36 @@ def test_row_bootstrap_equals_the_metrics_of_the_resampled_rows():
     assert ROW_METRICS["ece_binned"](P, y) == binned.ece(P, y, n_bins=15)
 
 
+def test_calibration_loss_notes_the_affine_floor_at_many_classes():
+    """Beyond K = 10 the stratified cross-validated affine calibrator gives a calibrated
+    model a loss of about (K - 1) / (2n) nats (the sampling noise of the class
+    frequencies): the report notes it where its loss is within three times that floor,
+    not for a model whose loss is far above it, nor at K <= 10."""
+    from kdecal import scores
+
+    rng = np.random.default_rng(11)
+    n, k = 2000, 40  # 50 rows per class: affine
+    z = 2.0 * rng.normal(size=(n, k))
+    P = np.exp(z - z.max(1, keepdims=True))
+    P /= P.sum(1, keepdims=True)
+    y = np.array([rng.choice(k, p=p) for p in P])  # calibrated
+    floor = (k - 1) / (2 * n)
+    report = _evaluate(P, y, n_resamples=0, notions=())
+    assert report.calibration_loss_calibrator == "affine"
+    assert 0 < report.calibration_loss < 3 * floor  # the floor, not miscalibration
+    noted = [note for note in report.notes if "floor of the affine calibrator" in note]
+    assert len(noted) == 1 and f"(K - 1) / (2n) = {floor:.4g} nats" in noted[0]
+    ts = scores.calibration_loss(P, y, input="probs", relative=False, calibrator="temperature")
+    assert abs(ts) < 0.2 * floor  # temperature scaling has no such floor
+    hot = kdecal.datasets.temperature_scale(P, 0.5)  # under-confident: a loss far above it
+    report = _evaluate(hot, y, n_resamples=0, notions=())
+    assert report.calibration_loss > 3 * floor
+    assert not any("floor of the affine" in note for note in report.notes)
+    P10, y10 = _data(600, 10, seed=2)
+    report = _evaluate(P10, y10, n_resamples=0, notions=())
+    assert not any("floor of the affine" in note for note in report.notes)
+
+
 def test_calibration_loss_uses_temperature_scaling_with_few_rows_per_class():
     """Below 20 rows per class the affine calibrator's K + 1 parameters overfit the
     cross-validation folds (n = 5,000, K = 1,000: -0.125 nats for a calibrated model,
