@@ -306,10 +306,10 @@ def _n_classes(probs: object) -> int | None:
     return None
 
 
-def _canonical_left_out(K: int) -> str:
-    """Return the note of a report that left the canonical notion out at K classes."""
+def _canonical_left_out(K: int, autos: str) -> str:
+    """Return the note of a report whose ``autos`` left the canonical notion out at K."""
     return (
-        f"No canonical figures at K = {K} (calibration='auto', notions='auto'): beyond "
+        f"No canonical figures at K = {K} ({autos}): beyond "
         f"K = {CANONICAL_RELIABLE_MAX_K} classes the canonical kernel estimates cannot "
         'tell a calibrated model from a miscalibrated one (bench/README.md, "Canonical '
         'estimates at many classes"), so the kernel figures are top-label. Ask for them '
@@ -499,15 +499,19 @@ def evaluate(
     many = K_in is not None and K_in > CANONICAL_RELIABLE_MAX_K
     check_choice(calibration, "calibration", ("auto", *_problem.CALIBRATIONS))
     auto_notes = []
-    auto = calibration == "auto" or (isinstance(notions, str) and notions == "auto")
+    autos = [
+        f"{name}='auto'"
+        for name, value in (("calibration", calibration), ("notions", notions))
+        if isinstance(value, str) and value == "auto"
+    ]
     if calibration == "auto":
         calibration = "top_label" if many else "canonical"
     if isinstance(notions, str):
         check_choice(notions, "notions", ("auto",))
         notions = EVALUATE_NOTIONS_MANY_CLASSES if many else EVALUATE_NOTIONS
     shown = calibration == "canonical" or "canonical" in (notions or ())
-    if auto and K_in is not None and many and not shown:
-        auto_notes.append(_canonical_left_out(K_in))
+    if autos and K_in is not None and many and not shown:
+        auto_notes.append(_canonical_left_out(K_in, ", ".join(autos)))
     wanted = tuple(notions or ())
     if selected is not None and not set(_NOTION_QUANTITIES) & set(selected):
         wanted = ()  # no notion table: neither its estimates nor its resampling
