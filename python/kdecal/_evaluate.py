@@ -507,7 +507,11 @@ def evaluate(
     if calibration == "auto":
         calibration = "top_label" if many else "canonical"
     if isinstance(notions, str):
-        check_choice(notions, "notions", ("auto",))
+        if notions != "auto":
+            raise ValueError(
+                f"notions must be 'auto', a sequence of {list(_problem.CALIBRATIONS)} or "
+                f"None, got the string {notions!r} (one notion: ({notions!r},))"
+            )
         notions = EVALUATE_NOTIONS_MANY_CLASSES if many else EVALUATE_NOTIONS
     shown = calibration == "canonical" or "canonical" in (notions or ())
     if autos and K_in is not None and many and not shown:
