@@ -67,8 +67,11 @@ RETURNS = {
     "loo_reduce": f"tuple[{F64}, ...]",
     "loo_grad": f"tuple[{F64}, {F64}, {F64}, {F64}]",
     "loo_reduce_multi": f"tuple[{F64}, ...]",
-    # (W, order)
-    "kernel_weights": f"tuple[{F64}, numpy.typing.NDArray[numpy.int64]]",
+    # (W, order): W float32 with single=True
+    "kernel_weights": (
+        "tuple[numpy.typing.NDArray[numpy.float64] | numpy.typing.NDArray[numpy.float32], "
+        "numpy.typing.NDArray[numpy.int64]]"
+    ),
     # (m, S, Q, T, D, A, U, stats): arrays not requested have shape (0, 0, 0)
     "binary_reduce": f"tuple[{F64}, {F64}, {F64}, {F64}, {F64}, {F64}, {F64}, dict[str, int]]",
     # (grad_p, grad_bias, stats)

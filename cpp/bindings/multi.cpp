@@ -123,7 +123,7 @@ template <class Real>
 py::tuple kernel_weights_py(const carray<Real>& logq, const carray<Real>& p,
                             const carray<double>& m, double scale, const carray<double>& bias,
                             std::int64_t row_start, std::int64_t row_stop, int n_threads,
-                            const py::object& progress) {
+                            const py::object& progress, bool single) {
     const auto nk = check_points(logq, p, m, bias);
     const std::int64_t n = nk.first, K = nk.second;
     if (row_stop == 0) row_stop = n;
@@ -134,7 +134,6 @@ py::tuple kernel_weights_py(const carray<Real>& logq, const carray<Real>& p,
                                     ", n = " + std::to_string(n));
     const auto Rs = static_cast<py::ssize_t>(row_stop - row_start),
                Ns = static_cast<py::ssize_t>(n);
-    py::array_t<double> W({Rs, Ns});
     py::array_t<std::int64_t> order(Ns);
     kdecal::MultiProblem<Real> prob;
     prob.logq = logq.data();
@@ -147,14 +146,24 @@ py::tuple kernel_weights_py(const carray<Real>& logq, const carray<Real>& p,
     prob.B = 0;
     prob.row_start = row_start;
     prob.row_stop = row_stop;
-    double* pW = W.mutable_data();
     std::int64_t* po = order.mutable_data();
+    const double size = static_cast<double>(row_stop - row_start) * static_cast<double>(n) *
+                        (static_cast<double>(K) + 2.0);
+    if (single) {
+        py::array_t<float> W({Rs, Ns});
+        float* pW = W.mutable_data();
+        auto work = [&](kdecal::Control* control) {
+            kdecal::kernel_weights(prob, pW, po, n_threads, control);
+        };
+        kdecal_bind::run_watched(work, progress, size);
+        return py::make_tuple(W, order);
+    }
+    py::array_t<double> W({Rs, Ns});
+    double* pW = W.mutable_data();
     auto work = [&](kdecal::Control* control) {
         kdecal::kernel_weights(prob, pW, po, n_threads, control);
     };
-    kdecal_bind::run_watched(work, progress,
-                             static_cast<double>(row_stop - row_start) * static_cast<double>(n) *
-                                 (static_cast<double>(K) + 2.0));
+    kdecal_bind::run_watched(work, progress, size);
     return py::make_tuple(W, order);
 }
 
@@ -198,15 +207,19 @@ Returns (W, order): W of shape (R, n) float64, R = row_stop - row_start (row_sto
 n), with W[r, s] = w_{j, order[s]} = exp(L_{j,order[s]} - m[j]) for query j =
 row_start + r, exactly the weights loo_reduce_multi sums (0 on the diagonal and for
 terms with L_ij - m[j] < -64), and order (n,) int64, the engine's order of the centres
-(a permutation of 0..n-1). Arrays as loo_reduce_multi (no hidden copies). Releases the
-GIL; progress and Ctrl-C as loo_reduce_multi.
+(a permutation of 0..n-1). single=True returns W as float32, the same weights rounded
+(terms below float32's range become 0 or subnormal), for products in single precision.
+Arrays as loo_reduce_multi (no hidden copies). Releases the GIL; progress and Ctrl-C as
+loo_reduce_multi.
 )doc";
     m.def("kernel_weights", &kernel_weights_py<double>, py::arg("logq").noconvert(),
           py::arg("p").noconvert(), py::arg("m").noconvert(), py::arg("scale"),
           py::arg("bias").noconvert(), py::arg("row_start") = 0, py::arg("row_stop") = 0,
-          py::arg("n_threads") = 0, py::arg("progress") = py::none(), wdoc);
+          py::arg("n_threads") = 0, py::arg("progress") = py::none(), py::arg("single") = false,
+          wdoc);
     m.def("kernel_weights", &kernel_weights_py<float>, py::arg("logq").noconvert(),
           py::arg("p").noconvert(), py::arg("m").noconvert(), py::arg("scale"),
           py::arg("bias").noconvert(), py::arg("row_start") = 0, py::arg("row_stop") = 0,
-          py::arg("n_threads") = 0, py::arg("progress") = py::none(), wdoc);
+          py::arg("n_threads") = 0, py::arg("progress") = py::none(), py::arg("single") = false,
+          wdoc);
 }

@@ -71,7 +71,7 @@ void dispatch(const detail::MultiPrepared<Real>& mp, double* scratch, i64 per_th
 template <class Real>
 bool multi_impl(const MultiProblem<Real>& prob, double* S, double* Q, int n_threads,
                 Control* control, double* U, double* Wout = nullptr,
-                std::int64_t* order_out = nullptr) {
+                std::int64_t* order_out = nullptr, float* W32out = nullptr) {
     const i64 n = prob.n, K = prob.K, B = prob.B, C = prob.C;
     check(n >= 1, "n must be >= 1, got " + std::to_string(n));
     check(K >= 1, "K must be >= 1, got " + std::to_string(K));
@@ -87,7 +87,8 @@ bool multi_impl(const MultiProblem<Real>& prob, double* S, double* Q, int n_thre
               ", n = " + std::to_string(n));
     check(prob.logq && prob.p && prob.bias && prob.m && (prob.labels || B == 0),
           "null input pointer");
-    check(Wout ? (order_out != nullptr) : (S && (prob.powers < 2 || Q)),
+    const bool weights_out = Wout != nullptr || W32out != nullptr;
+    check(weights_out ? (order_out != nullptr) : (S && (prob.powers < 2 || Q)),
           "null output pointer (S, or Q with powers == 2; W and order)");
     check((prob.u == nullptr) == (U == nullptr),
           "the residual sums need both u (resid) and the output U, or neither");
@@ -126,7 +127,7 @@ bool multi_impl(const MultiProblem<Real>& prob, double* S, double* Q, int n_thre
                                      "] = " + num(v) + " must be finite");
             }
     const i64 R = prob.row_stop - prob.row_start;
-    if (R == 0 || (B == 0 && !Wout)) {
+    if (R == 0 || (B == 0 && !weights_out)) {
         detail::add_rows(control, R);  // nothing to compute
         return !detail::cancelled(control);
     }
@@ -253,7 +254,7 @@ bool multi_impl(const MultiProblem<Real>& prob, double* S, double* Q, int n_thre
                                          u ? uval.data() : nullptr,
                                          n, n_pad, K, B, C, T, prob.scale, prob.powers,
                                          prob.row_start, R, S, prob.powers >= 2 ? Q : nullptr,
-                                         control, u ? U : nullptr, Wout};
+                                         control, u ? U : nullptr, Wout, W32out};
     if (detail::cancelled(control)) return false;  // (laying out the labels takes a while)
     dispatch(mp, scratch, per_thread, nt);
     return !detail::cancelled(control);
@@ -272,8 +273,8 @@ bool loo_reduce_multi(const MultiProblem<float>& prob, double* S, double* Q, int
 }
 
 namespace {
-template <class Real>
-bool weights_impl(const MultiProblem<Real>& prob, double* W, std::int64_t* order, int n_threads,
+template <class Real, class Out>
+bool weights_impl(const MultiProblem<Real>& prob, Out* W, std::int64_t* order, int n_threads,
                   Control* control) {
     MultiProblem<Real> bare = prob;  // no label sets: the weights only
     bare.labels = nullptr;
@@ -287,7 +288,11 @@ bool weights_impl(const MultiProblem<Real>& prob, double* W, std::int64_t* order
     const double pairs = static_cast<double>(prob.row_stop - prob.row_start) *
                          static_cast<double>(prob.n);
     if (pairs < 1048576.0) n_threads = 1;
-    return multi_impl(bare, nullptr, nullptr, n_threads, control, nullptr, W, order);
+    if constexpr (std::is_same_v<Out, float>)
+        return multi_impl(bare, nullptr, nullptr, n_threads, control, nullptr, nullptr, order,
+                          W);
+    else
+        return multi_impl(bare, nullptr, nullptr, n_threads, control, nullptr, W, order);
 }
 }  // namespace
 
@@ -297,6 +302,16 @@ bool kernel_weights(const MultiProblem<double>& prob, double* W, std::int64_t* o
 }
 
 bool kernel_weights(const MultiProblem<float>& prob, double* W, std::int64_t* order,
+                    int n_threads, Control* control) {
+    return weights_impl(prob, W, order, n_threads, control);
+}
+
+bool kernel_weights(const MultiProblem<double>& prob, float* W, std::int64_t* order,
+                    int n_threads, Control* control) {
+    return weights_impl(prob, W, order, n_threads, control);
+}
+
+bool kernel_weights(const MultiProblem<float>& prob, float* W, std::int64_t* order,
                     int n_threads, Control* control) {
     return weights_impl(prob, W, order, n_threads, control);
 }

@@ -201,7 +201,8 @@ void run_group(const MultiPrepared<Real>& mp, i64 q0, double* scratch) noexcept 
                 const double* bias = mp.bias + cb;
                 const double off = mr[r];
                 double mx = kNegInf;
-                const double lo = opaque(mp.W != nullptr ? -kClamp : -kDrop), hi = opaque(kClamp);
+                const bool out_w = mp.W != nullptr || mp.W32 != nullptr;
+                const double lo = opaque(out_w ? -kClamp : -kDrop), hi = opaque(kClamp);
 #pragma omp simd reduction(max : mx)
                 for (i64 i = 0; i < bc; ++i) {
                     double x = bias[i] + s * static_cast<double>(grow[i]) - off;
@@ -220,6 +221,16 @@ void run_group(const MultiPrepared<Real>& mp, i64 q0, double* scratch) noexcept 
                 for (i64 r = 0; r < nr; ++r)
                     std::memcpy(mp.W + (mp.rows[q0 + r] - mp.row_start) * n + cb,
                                 wr + r * kColBlock, static_cast<std::size_t>(ncol) * sizeof(double));
+                continue;
+            }
+            if (mp.W32 != nullptr) {  // the same, rounded to float
+                const i64 ncol = (n - cb) < kColBlock ? (n - cb) : kColBlock;
+                for (i64 r = 0; r < nr; ++r) {
+                    float* dst = mp.W32 + (mp.rows[q0 + r] - mp.row_start) * n + cb;
+                    const double* src = wr + r * kColBlock;
+#pragma omp simd
+                    for (i64 i = 0; i < ncol; ++i) dst[i] = static_cast<float>(src[i]);
+                }
                 continue;
             }
             if (!any_row) {  // every term of the tile is dropped for the whole group

@@ -54,6 +54,8 @@ struct MultiPrepared {
     double* U;                    // (B, R) or null (with uval)
     double* W;                    // (R, n) kernel weights of the rows, centres in sorted
                                   // order (kernel_weights), or null: the sums above
+    float* W32;                   // the same weights rounded to float (kernel_weights
+                                  // with float output), or null
 };
 
 /// Doubles of scratch one thread needs (without the 64-byte alignment slack).

@@ -83,7 +83,7 @@ def kernel_bias(p: numpy.typing.NDArray[numpy.float64], scale: typing.SupportsFl
     outside [0, 1] (naming the first one).
     """
 @typing.overload
-def kernel_weights(logq: numpy.typing.NDArray[numpy.float64], p: numpy.typing.NDArray[numpy.float64], m: numpy.typing.NDArray[numpy.float64], scale: typing.SupportsFloat | typing.SupportsIndex, bias: numpy.typing.NDArray[numpy.float64], row_start: typing.SupportsInt | typing.SupportsIndex = 0, row_stop: typing.SupportsInt | typing.SupportsIndex = 0, n_threads: typing.SupportsInt | typing.SupportsIndex = 0, progress: typing.Callable[[int], object] | None = None) -> tuple[numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.int64]]:
+def kernel_weights(logq: numpy.typing.NDArray[numpy.float64], p: numpy.typing.NDArray[numpy.float64], m: numpy.typing.NDArray[numpy.float64], scale: typing.SupportsFloat | typing.SupportsIndex, bias: numpy.typing.NDArray[numpy.float64], row_start: typing.SupportsInt | typing.SupportsIndex = 0, row_stop: typing.SupportsInt | typing.SupportsIndex = 0, n_threads: typing.SupportsInt | typing.SupportsIndex = 0, progress: typing.Callable[[int], object] | None = None, single: bool = False) -> tuple[numpy.typing.NDArray[numpy.float64] | numpy.typing.NDArray[numpy.float32], numpy.typing.NDArray[numpy.int64]]:
     """
     The leave-one-out kernel weights of loo_reduce_multi, for dense products.
 
@@ -91,11 +91,13 @@ def kernel_weights(logq: numpy.typing.NDArray[numpy.float64], p: numpy.typing.ND
     n), with W[r, s] = w_{j, order[s]} = exp(L_{j,order[s]} - m[j]) for query j =
     row_start + r, exactly the weights loo_reduce_multi sums (0 on the diagonal and for
     terms with L_ij - m[j] < -64), and order (n,) int64, the engine's order of the centres
-    (a permutation of 0..n-1). Arrays as loo_reduce_multi (no hidden copies). Releases the
-    GIL; progress and Ctrl-C as loo_reduce_multi.
+    (a permutation of 0..n-1). single=True returns W as float32, the same weights rounded
+    (terms below float32's range become 0 or subnormal), for products in single precision.
+    Arrays as loo_reduce_multi (no hidden copies). Releases the GIL; progress and Ctrl-C as
+    loo_reduce_multi.
     """
 @typing.overload
-def kernel_weights(logq: numpy.typing.NDArray[numpy.float32], p: numpy.typing.NDArray[numpy.float32], m: numpy.typing.NDArray[numpy.float64], scale: typing.SupportsFloat | typing.SupportsIndex, bias: numpy.typing.NDArray[numpy.float64], row_start: typing.SupportsInt | typing.SupportsIndex = 0, row_stop: typing.SupportsInt | typing.SupportsIndex = 0, n_threads: typing.SupportsInt | typing.SupportsIndex = 0, progress: typing.Callable[[int], object] | None = None) -> tuple[numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.int64]]:
+def kernel_weights(logq: numpy.typing.NDArray[numpy.float32], p: numpy.typing.NDArray[numpy.float32], m: numpy.typing.NDArray[numpy.float64], scale: typing.SupportsFloat | typing.SupportsIndex, bias: numpy.typing.NDArray[numpy.float64], row_start: typing.SupportsInt | typing.SupportsIndex = 0, row_stop: typing.SupportsInt | typing.SupportsIndex = 0, n_threads: typing.SupportsInt | typing.SupportsIndex = 0, progress: typing.Callable[[int], object] | None = None, single: bool = False) -> tuple[numpy.typing.NDArray[numpy.float64] | numpy.typing.NDArray[numpy.float32], numpy.typing.NDArray[numpy.int64]]:
     """
     The leave-one-out kernel weights of loo_reduce_multi, for dense products.
 
@@ -103,8 +105,10 @@ def kernel_weights(logq: numpy.typing.NDArray[numpy.float32], p: numpy.typing.ND
     n), with W[r, s] = w_{j, order[s]} = exp(L_{j,order[s]} - m[j]) for query j =
     row_start + r, exactly the weights loo_reduce_multi sums (0 on the diagonal and for
     terms with L_ij - m[j] < -64), and order (n,) int64, the engine's order of the centres
-    (a permutation of 0..n-1). Arrays as loo_reduce_multi (no hidden copies). Releases the
-    GIL; progress and Ctrl-C as loo_reduce_multi.
+    (a permutation of 0..n-1). single=True returns W as float32, the same weights rounded
+    (terms below float32's range become 0 or subnormal), for products in single precision.
+    Arrays as loo_reduce_multi (no hidden copies). Releases the GIL; progress and Ctrl-C as
+    loo_reduce_multi.
     """
 @typing.overload
 def loo_grad(logq: numpy.typing.NDArray[numpy.float64], p: numpy.typing.NDArray[numpy.float64], labels: numpy.typing.NDArray[numpy.int64], n_classes: typing.SupportsInt | typing.SupportsIndex, scale: typing.SupportsFloat | typing.SupportsIndex, bias: numpy.typing.NDArray[numpy.float64], lse: numpy.typing.NDArray[numpy.float64], coef: numpy.typing.NDArray[numpy.float64], n_threads: typing.SupportsInt | typing.SupportsIndex = 0, progress: typing.Callable[[int], object] | None = None) -> tuple[numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64]]:

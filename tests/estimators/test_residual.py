@@ -229,6 +229,71 @@ def test_dense_replicates_equal_the_multi_label_pass(calibration, backend, monke
         )
 
 
+def test_float32_problems_resample_with_float32_products(monkeypatch):
+    """A float32 problem's dense replicates form their products in float32 (the weights
+    rounded, blocks of PRODUCT_BLOCK centres summed in float64): every replicate within
+    1e-6 relative of the float64 products and of the multi-label pass (float64 sums).
+    A block of query rows where some row has fewer than SINGLE_MIN_CENTRES centres
+    with weights >= SINGLE_MIN_WEIGHT (a bootstrap replicate could then hang on weights
+    float32 cannot hold) is formed in float64, bit for bit as the float64 products."""
+    from kdecal._engine import runtime as _runtime
+    from kdecal._estimation import replicates as _replicates
+
+    if _runtime._core is None:
+        pytest.skip("compiled core not available")
+    s = datasets.make_seeds_synthetic(600, 4, t1=0.6, t2=1.0, seed=5)
+    P = s.probs.astype(np.float32)
+    monkeypatch.setattr(_replicates, "PRODUCT_BLOCK", 128)  # several blocks at this n
+    monkeypatch.setattr(_replicates, "CONSISTENCY_MULTI_MIN_DIM", 10**9)
+    names = ["ce_l2", "ece_kde_l1", "ce_kl"]
+    dtypes: list[np.dtype] = []
+    products = _replicates._products
+    monkeypatch.setattr(
+        _replicates, "_products", lambda W, M: dtypes.append(W.dtype) or products(W, M)
+    )
+
+    def distributions(est):
+        ci = est.confidence_intervals(names, n_resamples=10, seed=2)
+        ct = est.calibration_tests(names, n_resamples=10, seed=2)
+        return {q: (ci[q].bootstrap_distribution, ct[q].null_distribution) for q in names}
+
+    est = kdecal.estimate(P, s.labels, bandwidth=1.0)
+    assert est._est.problem.dtype == np.float32
+    # some rows' kernel sums are below the floor of the shortcut: the blocks are counted
+    low, check = _replicates._single_products(est._est, [True])
+    assert low and check.all()
+    got = distributions(est)
+    assert dtypes and set(dtypes) == {np.dtype(np.float32)}
+    single = _replicates._single_products
+    monkeypatch.setattr(_replicates, "_single_products", lambda e, b: (False, single(e, b)[1]))
+    f64 = distributions(est)
+    monkeypatch.setattr(_replicates, "_dense_backend", lambda backend: None)
+    multi = distributions(est)
+    for q in names:
+        for k in range(2):
+            assert not np.array_equal(got[q][k], f64[q][k])  # the float32 path ran
+            np.testing.assert_allclose(got[q][k], f64[q][k], rtol=1e-6, atol=1e-12)
+            np.testing.assert_allclose(got[q][k], multi[q][k], rtol=1e-6, atol=1e-12)
+    # a narrow bandwidth: rows with few centres within 2^-50 of their largest weight
+    monkeypatch.undo()
+    monkeypatch.setattr(_replicates, "CONSISTENCY_MULTI_MIN_DIM", 10**9)
+    with warnings.catch_warnings():  # a few rows with a single effective neighbour
+        warnings.simplefilter("ignore", kdecal.KdecalWarning)
+        narrow = kdecal.estimate(P, s.labels, bandwidth=0.003)
+    dtypes.clear()
+    monkeypatch.setattr(
+        _replicates, "_products", lambda W, M: dtypes.append(W.dtype) or products(W, M)
+    )
+    a = narrow.confidence_intervals(names, n_resamples=6, seed=3)
+    assert set(dtypes) == {np.dtype(np.float64)}
+    monkeypatch.setattr(_replicates, "_single_products", lambda e, b: (False, single(e, b)[1]))
+    b = narrow.confidence_intervals(names, n_resamples=6, seed=3)
+    for q in names:
+        np.testing.assert_array_equal(a[q].bootstrap_distribution, b[q].bootstrap_distribution)
+    # consistency replicates alone use every centre: float32 without counting
+    assert single(narrow._est, [False])[0] and not single(narrow._est, [False])[1].any()
+
+
 @pytest.mark.parametrize("estimator", ["residual", "plugin"])
 @pytest.mark.parametrize("calibration", ["top_label", "classwise"])
 def test_fast_binary_replicates_equal_the_dense_products(calibration, estimator, monkeypatch):

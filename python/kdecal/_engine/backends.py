@@ -289,10 +289,12 @@ def kernel_weights(
     row_start: int,
     row_stop: int,
     backend: str = "cpp",
+    single: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Return the leave-one-out kernel weights of query rows ``[row_start, row_stop)``.
 
-    Returns ``W`` of shape ``(row_stop - row_start, n)`` float64 and ``order`` (n,)
+    Returns ``W`` of shape ``(row_stop - row_start, n)`` float64 (float32 with ``single``:
+    the same weights rounded, terms below float32's range 0 or subnormal) and ``order`` (n,)
     int64 with ``W[r, s] = w_{j, order[s]}`` for ``j = row_start + r``: the weights
     that :func:`loo_reduce_multi` sums (0 on the diagonal), kept down to ``exp(-230)``
     of the row's maximum where that pass drops those below ``exp(-64)`` (a bootstrap
@@ -313,10 +315,11 @@ def kernel_weights(
         As :func:`loo_reduce_multi` ("cpp").
     """
     if backend == "numba":
-        return _engines.require_numba().kernel_weights(
+        W, order = _engines.require_numba().kernel_weights(
             logq, p, m, scale, bias, row_start, row_stop
         )
-    return _cpp.kernel_weights(logq, p, m, scale, bias, row_start, row_stop)
+        return (W.astype(np.float32) if single else W), order
+    return _cpp.kernel_weights(logq, p, m, scale, bias, row_start, row_stop, single)
 
 
 def binary_engine_serves(backend: str, n: int) -> bool:

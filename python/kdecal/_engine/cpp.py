@@ -124,14 +124,28 @@ def kernel_weights(
     bias: np.ndarray,
     row_start: int,
     row_stop: int,
+    single: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Return ``kdecal._core.kernel_weights`` of query rows ``[row_start, row_stop)``."""
+    """Return ``kdecal._core.kernel_weights`` of query rows ``[row_start, row_stop)``.
+
+    ``single``: W in float32 (the same weights rounded), else float64.
+    """
     core = _core("kernel_weights")
     if not hasattr(core, "kernel_weights"):
         raise RuntimeError("kernel_weights needs kdecal's compiled core")
     if row_stop <= row_start:  # (the core reads row_stop = 0 as n)
-        return np.zeros((0, p.shape[0])), np.arange(p.shape[0], dtype=np.int64)
+        dt = np.float32 if single else np.float64
+        return np.zeros((0, p.shape[0]), dtype=dt), np.arange(p.shape[0], dtype=np.int64)
     W, order = core.kernel_weights(
-        logq, p, m, float(scale), bias, int(row_start), int(row_stop), _runtime._num_threads, None
+        logq,
+        p,
+        m,
+        float(scale),
+        bias,
+        int(row_start),
+        int(row_stop),
+        _runtime._num_threads,
+        None,
+        bool(single),
     )
     return W, order

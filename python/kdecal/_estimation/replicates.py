@@ -793,6 +793,7 @@ def _residual_replicates(
     show = _runtime.show_progress(work, progress)
     total = -(-R // chunk) * B * n
     scale = 1.0 / h
+    low, check = _single_products(est, boots)
     with _runtime.progress_bar(show, total, "kdecal LOO resampling") as cb:
         done = 0
         for r0 in range(0, R, chunk):
@@ -809,11 +810,16 @@ def _residual_replicates(
                 m = np.ascontiguousarray(m_all[b], dtype=np.float64)
                 bias = np.ascontiguousarray(bias_all[b])
                 M1 = M2 = None
+                single: tuple[np.ndarray, np.ndarray | None] | None = None
                 for j0 in range(0, n, rows):
                     j1 = min(n, j0 + rows)
                     W, order = _backends.kernel_weights(
-                        logq, pk, m, scale, bias, j0, j1, backend=engine
+                        logq, pk, m, scale, bias, j0, j1, backend=engine, single=low
                     )
+                    if low and check[b] and not _single_rows_hold(W):
+                        W, order = _backends.kernel_weights(
+                            logq, pk, m, scale, bias, j0, j1, backend=engine
+                        )
                     if M1 is None:  # the chunk's value columns, in the weights' order
                         cols = [
                             _value_columns(problem.p[b], lab[r0:r1, b], vk, coords, order, ustat)
@@ -824,12 +830,18 @@ def _residual_replicates(
                             M2 = (
                                 cols[0][1] if len(jobs) == 1 else np.hstack([x[1] for x in cols])  # type: ignore[misc]
                             )
-                    out_all = W @ M1
+                        if low:
+                            single = (
+                                M1.astype(np.float32),
+                                None if M2 is None else M2.astype(np.float32),
+                            )
+                    V1, V2 = (M1, M2) if single is None or W.dtype == np.float64 else single
+                    out_all = _products(W, V1)
                     out2_all = None
                     if ustat:
-                        assert M2 is not None
+                        assert V2 is not None
                         np.multiply(W, W, out=W)
-                        out2_all = W @ M2
+                        out2_all = _products(W, V2)
                     del W
                     o1 = o2 = 0
                     for t in range(len(jobs)):
@@ -868,6 +880,72 @@ def _residual_replicates(
                     prob = replace(problem, labels=np.ascontiguousarray(lab[r0 + k]))
                     reps.append(_residual_replicate(est, prob, debias, s0, nk, den, uk, rw))
                 yield tuple(reps)
+
+
+#: Centres per float32 product of :func:`_products`, summed in float64 across blocks.
+PRODUCT_BLOCK = 2048
+
+#: Float32 products of a bootstrap: every query row needs at least
+#: :data:`SINGLE_MIN_CENTRES` centres with kernel weights of at least
+#: :data:`SINGLE_MIN_WEIGHT` of the row's largest (:func:`_single_products`).
+SINGLE_MIN_CENTRES = 40
+SINGLE_MIN_WEIGHT = 2.0**-50
+
+
+def _single_products(est: _regression.Estimate, boots: list[bool]) -> tuple[bool, np.ndarray]:
+    """Whether the dense replicates of ``est`` form their products in float32.
+
+    Returns ``(low, check)``: ``low`` for a float32 problem (its kernel already runs in
+    float32): the weights rounded to float32, the products summed in float64 across
+    blocks of :data:`PRODUCT_BLOCK` centres (:func:`_products`), so that each sum errs by
+    at most ``PRODUCT_BLOCK`` float32 roundings (``1.2e-4``) of the sum of its terms'
+    magnitudes, and in practice by about 1e-7 of the sum (bench/README.md).
+
+    float32 holds weights down to ``1.4e-45`` of the row's largest (subnormal below
+    ``1.2e-38``), their squares down to ``1.1e-19``, and a bootstrap replicate whose
+    drawn centres are all that far from a query row must not depend on them. So with a
+    bootstrap job each query row needs :data:`SINGLE_MIN_CENTRES` centres with weights
+    of at least ``t =`` :data:`SINGLE_MIN_WEIGHT`: a replicate draws none of them with
+    probability ``e^-40`` (4e-18); otherwise its kernel sum is at least ``t`` and its
+    sum of squared weights ``t^2``, and what float32 rounds away is below ``1.4e-45``
+    per centre, ``n 1.8e-15`` of the latter. ``check`` (B,) marks the problems where
+    :func:`_single_rows_hold` must count those centres in every block of weights: where
+    every row's kernel sum ``sum_i w_ij`` (each weight at most 1) is at least
+    ``SINGLE_MIN_CENTRES + n t``, it holds without counting. Blocks that fail the count
+    are formed in float64.
+    """
+    B = est.problem.labels.shape[0]
+    if est.problem.dtype != np.float32:
+        return False, np.zeros(B, dtype=bool)
+    if not any(boots):  # consistency replicates: every centre, the estimate's sums
+        return True, np.zeros(B, dtype=bool)
+    assert est.S is not None
+    n = est.problem.labels.shape[-1]
+    S0 = est.S.sum(axis=-1).reshape(B, -1)
+    floor = SINGLE_MIN_CENTRES + n * SINGLE_MIN_WEIGHT
+    return True, ~(S0.min(axis=-1, initial=np.inf) >= floor)
+
+
+def _single_rows_hold(W: np.ndarray) -> bool:
+    """Whether every row of float32 weights has the centres :func:`_single_products` needs."""
+    if W.shape[0] == 0:
+        return True
+    big = np.count_nonzero(W >= np.float32(SINGLE_MIN_WEIGHT), axis=1)
+    return bool(big.min() >= SINGLE_MIN_CENTRES)
+
+
+def _products(W: np.ndarray, M: np.ndarray) -> np.ndarray:
+    """Return ``W @ M`` in float64.
+
+    float64 operands: one GEMM. float32 operands (:func:`_single_products`): a float32
+    GEMM per block of :data:`PRODUCT_BLOCK` centres, the blocks summed in float64.
+    """
+    if W.dtype == np.float64:
+        return W @ M
+    out = np.zeros((W.shape[0], M.shape[1]))
+    for k in range(0, W.shape[1], PRODUCT_BLOCK):
+        out += W[:, k : k + PRODUCT_BLOCK] @ M[k : k + PRODUCT_BLOCK]
+    return out
 
 
 def _residual_replicate(
