@@ -589,3 +589,40 @@ def test_evaluate_and_compare_leave_canonical_out_beyond_ten_classes():
     assert cmp.calibration == "top_label"
     cmp10 = kdecal.compare({"a": P10}, y10, n_resamples=2, bandwidth=0.2)
     assert cmp10.calibration == "canonical"
+
+
+def test_dense_products_follow_set_num_threads(monkeypatch):
+    """The resampling's BLAS products run on the engine's thread count where
+    set_num_threads set it, and on the BLAS library's own default otherwise."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from kdecal._engine import runtime as _runtime
+    from kdecal._estimation import replicates as _replicates
+
+    if _runtime._core is None:
+        pytest.skip("compiled core not available")
+
+    def blas_threads():
+        return [
+            i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"
+        ]
+
+    default = blas_threads()
+    if not default:
+        pytest.skip("no BLAS library that threadpoolctl can see")
+    seen: list[list[int]] = []
+    products = _replicates._products
+    monkeypatch.setattr(
+        _replicates, "_products", lambda W, M: seen.append(blas_threads()) or products(W, M)
+    )
+    s = datasets.make_seeds_synthetic(300, 3, t1=0.6, t2=1.0, seed=1)
+    est = kdecal.estimate(s.probs, s.labels, bandwidth=0.5)
+    est.confidence_intervals(["ce_l2"], n_resamples=4, seed=0)
+    assert seen and all(t == default for t in seen)
+    seen.clear()
+    kdecal.set_num_threads(1)
+    try:
+        est.confidence_intervals(["ce_l2"], n_resamples=4, seed=0)
+    finally:
+        kdecal.set_num_threads(None)
+    assert seen and all(t == [1] * len(default) for t in seen)
+    assert blas_threads() == default

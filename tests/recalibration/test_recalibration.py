@@ -5,6 +5,8 @@ binary paths, bad input, and real CIFAR-10 logits (tests/data).
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 from scipy import optimize
@@ -878,3 +880,39 @@ def test_not_fitted_error_without_sklearn_and_no_eager_import():
         "print('sklearn' in sys.modules)\n"
     )
     assert out == "False"
+
+
+@pytest.mark.parametrize("cls", [rc.AffineCalibration, rc.VectorScaling])
+def test_lbfgs_fits_run_on_one_blas_thread(monkeypatch, cls):
+    """The L-BFGS fits limit the BLAS library to one thread while they run (their dot
+    products are memory-bound; bench/README.md), restore it after, and fit the same
+    parameters as without the limit to rounding."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+
+    def blas_threads():
+        return [
+            i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"
+        ]
+
+    before = blas_threads()
+    if not before:
+        pytest.skip("no BLAS library that threadpoolctl can see")
+    seen = []
+    minimize = optimize.minimize
+
+    def spy(*args, **kwargs):
+        seen.append(blas_threads())
+        return minimize(*args, **kwargs)
+
+    rng = np.random.default_rng(4)
+    L = rng.normal(size=(2000, 5)) * 2.0
+    y = rng.integers(0, 5, 2000)
+    monkeypatch.setattr(rc.optimize, "minimize", spy)
+    limited = cls(input="logits").fit(L, y)
+    assert seen and all(t == [1] * len(before) for t in seen)
+    assert blas_threads() == before
+    monkeypatch.setattr(rc._runtime, "blas_threads", lambda n: contextlib.nullcontext())
+    free = cls(input="logits").fit(L, y)
+    np.testing.assert_allclose(
+        limited.predict_proba(L), free.predict_proba(L), rtol=1e-6, atol=1e-9
+    )

@@ -85,6 +85,22 @@ def get_num_threads() -> int:
     return os.cpu_count() or 1
 
 
+@contextmanager
+def blas_threads(n: int | None) -> Iterator[None]:
+    """Limit the BLAS library's threads to ``n`` while the block runs (threadpoolctl).
+
+    For loops of many small or memory-bound BLAS calls (the dot products of the
+    recalibration objectives): OpenBLAS wakes its threads for each call, and on few
+    cores they cost more than they save (bench/README.md, "The calibration loss on
+    one BLAS thread"); and for the engine's own GEMMs, at the thread count of
+    :func:`set_num_threads`. ``None``: no limit.
+    """
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=n, user_api="blas"):
+        yield
+
+
 #: Elements below which :func:`map_row_blocks` runs on the calling thread alone.
 ROW_BLOCKS_MIN_ELEMENTS = 1 << 15
 

@@ -794,7 +794,10 @@ def _residual_replicates(
     total = -(-R // chunk) * B * n
     scale = 1.0 / h
     low, check = _single_products(est, boots)
-    with _runtime.progress_bar(show, total, "kdecal LOO resampling") as cb:
+    # the products on the engine's threads where set_num_threads set them (the BLAS
+    # library's own default otherwise)
+    bar = _runtime.progress_bar(show, total, "kdecal LOO resampling")
+    with _runtime.blas_threads(_runtime._num_threads or None), bar as cb:
         done = 0
         for r0 in range(0, R, chunk):
             r1 = min(R, r0 + chunk)
