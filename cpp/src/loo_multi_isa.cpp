@@ -223,13 +223,16 @@ void run_group(const MultiPrepared<Real>& mp, i64 q0, double* scratch) noexcept 
                                 wr + r * kColBlock, static_cast<std::size_t>(ncol) * sizeof(double));
                 continue;
             }
-            if (mp.W32 != nullptr) {  // the same, rounded to float
+            if (mp.W32 != nullptr) {  // the same, rounded to float; 0 below float's
+                // smallest normal (subnormal operands would slow the products down)
                 const i64 ncol = (n - cb) < kColBlock ? (n - cb) : kColBlock;
+                const double tiny = 1.1754943508222875e-38;  // FLT_MIN
                 for (i64 r = 0; r < nr; ++r) {
                     float* dst = mp.W32 + (mp.rows[q0 + r] - mp.row_start) * n + cb;
                     const double* src = wr + r * kColBlock;
 #pragma omp simd
-                    for (i64 i = 0; i < ncol; ++i) dst[i] = static_cast<float>(src[i]);
+                    for (i64 i = 0; i < ncol; ++i)
+                        dst[i] = src[i] >= tiny ? static_cast<float>(src[i]) : 0.0f;
                 }
                 continue;
             }

@@ -244,6 +244,7 @@ def test_float32_problems_resample_with_float32_products(monkeypatch):
     s = datasets.make_seeds_synthetic(600, 4, t1=0.6, t2=1.0, seed=5)
     P = s.probs.astype(np.float32)
     monkeypatch.setattr(_replicates, "PRODUCT_BLOCK", 128)  # several blocks at this n
+    monkeypatch.setattr(_replicates, "_CHUNK_BYTES", 16 * 600 * 16)  # 16 rows per block
     monkeypatch.setattr(_replicates, "CONSISTENCY_MULTI_MIN_DIM", 10**9)
     names = ["ce_l2", "ece_kde_l1", "ce_kl"]
     dtypes: list[np.dtype] = []
@@ -262,11 +263,36 @@ def test_float32_problems_resample_with_float32_products(monkeypatch):
     # some rows' kernel sums are below the floor of the shortcut: the blocks are counted
     low, check = _replicates._single_products(est._est, [True])
     assert low and check.all()
+    held: list[bool] = []
+    hold = _replicates._single_rows_hold
+    monkeypatch.setattr(
+        _replicates, "_single_rows_hold", lambda W: held.append(hold(W)) or held[-1]
+    )
     got = distributions(est)
+    # the three rows below 40 are counted in their blocks; 40 centres above 2^-40 hold
+    assert held and all(held)
     assert dtypes and set(dtypes) == {np.dtype(np.float32)}
     single = _replicates._single_products
-    monkeypatch.setattr(_replicates, "_single_products", lambda e, b: (False, single(e, b)[1]))
+    monkeypatch.setattr(
+        _replicates,
+        "_single_products",
+        lambda e, b: (False, single(e, b)[1]),
+    )
     f64 = distributions(est)
+    # the first block failing the count (the second here) and the later ones of the
+    # pass are formed in float64, without counting
+    counts: list[int] = []
+    monkeypatch.setattr(_replicates, "_single_products", single)
+    monkeypatch.setattr(
+        _replicates, "_single_rows_hold", lambda W: counts.append(len(counts)) or not counts[1:]
+    )
+    dtypes.clear()
+    mixed = distributions(est)
+    assert len(counts) == 2  # one bootstrap pass, one chunk; consistency: no count
+    n_blocks = -(-600 // 16)
+    boot = dtypes[: 2 * n_blocks]  # its products and their squares' per block
+    assert boot[:2] == [np.dtype(np.float32)] * 2
+    assert set(boot[2:]) == {np.dtype(np.float64)}
     monkeypatch.setattr(_replicates, "_dense_backend", lambda backend: None)
     multi = distributions(est)
     for q in names:
@@ -274,7 +300,8 @@ def test_float32_problems_resample_with_float32_products(monkeypatch):
             assert not np.array_equal(got[q][k], f64[q][k])  # the float32 path ran
             np.testing.assert_allclose(got[q][k], f64[q][k], rtol=1e-6, atol=1e-12)
             np.testing.assert_allclose(got[q][k], multi[q][k], rtol=1e-6, atol=1e-12)
-    # a narrow bandwidth: rows with few centres within 2^-50 of their largest weight
+            np.testing.assert_allclose(mixed[q][k], f64[q][k], rtol=1e-6, atol=1e-12)
+    # a narrow bandwidth: rows with few centres within 2^-40 of their largest weight
     monkeypatch.undo()
     monkeypatch.setattr(_replicates, "CONSISTENCY_MULTI_MIN_DIM", 10**9)
     with warnings.catch_warnings():  # a few rows with a single effective neighbour
@@ -286,12 +313,17 @@ def test_float32_problems_resample_with_float32_products(monkeypatch):
     )
     a = narrow.confidence_intervals(names, n_resamples=6, seed=3)
     assert set(dtypes) == {np.dtype(np.float64)}
-    monkeypatch.setattr(_replicates, "_single_products", lambda e, b: (False, single(e, b)[1]))
+    monkeypatch.setattr(
+        _replicates,
+        "_single_products",
+        lambda e, b: (False, single(e, b)[1]),
+    )
     b = narrow.confidence_intervals(names, n_resamples=6, seed=3)
     for q in names:
         np.testing.assert_array_equal(a[q].bootstrap_distribution, b[q].bootstrap_distribution)
     # consistency replicates alone use every centre: float32 without counting
-    assert single(narrow._est, [False])[0] and not single(narrow._est, [False])[1].any()
+    low, check = single(narrow._est, [False])
+    assert low and not check.any()
 
 
 @pytest.mark.parametrize("estimator", ["residual", "plugin"])

@@ -85,7 +85,7 @@ bool kernel_weights(const MultiProblem<double>& prob, double* W, std::int64_t* o
 bool kernel_weights(const MultiProblem<float>& prob, double* W, std::int64_t* order,
                     int n_threads, Control* control = nullptr);
 /// The same weights rounded to float (W (R, n) float): for products in single precision
-/// (the resampling of a float32 problem). Terms below float's range become 0 or subnormal.
+/// (the resampling of a float32 problem); 0 below float's smallest normal number.
 bool kernel_weights(const MultiProblem<double>& prob, float* W, std::int64_t* order,
                     int n_threads, Control* control = nullptr);
 bool kernel_weights(const MultiProblem<float>& prob, float* W, std::int64_t* order,

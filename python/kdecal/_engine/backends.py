@@ -294,7 +294,8 @@ def kernel_weights(
     """Return the leave-one-out kernel weights of query rows ``[row_start, row_stop)``.
 
     Returns ``W`` of shape ``(row_stop - row_start, n)`` float64 (float32 with ``single``:
-    the same weights rounded, terms below float32's range 0 or subnormal) and ``order`` (n,)
+    the same weights rounded, and 0 below float32's smallest normal number, whose
+    subnormal operands would slow the products down) and ``order`` (n,)
     int64 with ``W[r, s] = w_{j, order[s]}`` for ``j = row_start + r``: the weights
     that :func:`loo_reduce_multi` sums (0 on the diagonal), kept down to ``exp(-230)``
     of the row's maximum where that pass drops those below ``exp(-64)`` (a bootstrap
@@ -318,7 +319,11 @@ def kernel_weights(
         W, order = _engines.require_numba().kernel_weights(
             logq, p, m, scale, bias, row_start, row_stop
         )
-        return (W.astype(np.float32) if single else W), order
+        if single:
+            W32 = W.astype(np.float32)
+            W32[W < np.finfo(np.float32).tiny] = 0.0
+            return W32, order
+        return W, order
     return _cpp.kernel_weights(logq, p, m, scale, bias, row_start, row_stop, single)
 
 

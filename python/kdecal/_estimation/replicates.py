@@ -814,12 +814,14 @@ def _residual_replicates(
                 bias = np.ascontiguousarray(bias_all[b])
                 M1 = M2 = None
                 single: tuple[np.ndarray, np.ndarray | None] | None = None
+                low_b = low  # float32 until a block's rows fail the count
                 for j0 in range(0, n, rows):
                     j1 = min(n, j0 + rows)
                     W, order = _backends.kernel_weights(
-                        logq, pk, m, scale, bias, j0, j1, backend=engine, single=low
+                        logq, pk, m, scale, bias, j0, j1, backend=engine, single=low_b
                     )
-                    if low and check[b] and not _single_rows_hold(W):
+                    if low_b and check[b] and not _single_rows_hold(W):
+                        low_b = False  # this block and the problem's next ones in float64
                         W, order = _backends.kernel_weights(
                             logq, pk, m, scale, bias, j0, j1, backend=engine
                         )
@@ -834,15 +836,14 @@ def _residual_replicates(
                                 cols[0][1] if len(jobs) == 1 else np.hstack([x[1] for x in cols])  # type: ignore[misc]
                             )
                         if low:
-                            single = (
-                                M1.astype(np.float32),
-                                None if M2 is None else M2.astype(np.float32),
-                            )
+                            single = (_rounded(M1), None if M2 is None else _rounded(M2))
                     V1, V2 = (M1, M2) if single is None or W.dtype == np.float64 else single
                     out_all = _products(W, V1)
                     out2_all = None
                     if ustat:
                         assert V2 is not None
+                        if W.dtype == np.float32:  # squares below float32's normal range: 0
+                            np.copyto(W, 0.0, where=W < _SQUARE_FLOOR)
                         np.multiply(W, W, out=W)
                         out2_all = _products(W, V2)
                     del W
@@ -892,36 +893,56 @@ PRODUCT_BLOCK = 2048
 #: :data:`SINGLE_MIN_CENTRES` centres with kernel weights of at least
 #: :data:`SINGLE_MIN_WEIGHT` of the row's largest (:func:`_single_products`).
 SINGLE_MIN_CENTRES = 40
-SINGLE_MIN_WEIGHT = 2.0**-50
+SINGLE_MIN_WEIGHT = 2.0**-40
+
+_FLOAT32_TINY = float(np.finfo(np.float32).tiny)  # 2^-126, the smallest normal float32
+_SQUARE_FLOOR = np.float32(2.0**-63)  # weights whose squares stay normal float32
+
+
+def _rounded(M: np.ndarray) -> np.ndarray:
+    """Return ``M`` in float32, 0 below float32's normal range.
+
+    Subnormal operands would slow the products down; such entries move a sum by at most
+    ``1.2e-38`` each.
+    """
+    out = M.astype(np.float32)
+    np.copyto(out, 0.0, where=np.abs(M) < _FLOAT32_TINY)
+    return out
 
 
 def _single_products(est: _regression.Estimate, boots: list[bool]) -> tuple[bool, np.ndarray]:
     """Whether the dense replicates of ``est`` form their products in float32.
 
     Returns ``(low, check)``: ``low`` for a float32 problem (its kernel already runs in
-    float32): the weights rounded to float32, the products summed in float64 across
-    blocks of :data:`PRODUCT_BLOCK` centres (:func:`_products`), so that each sum errs by
-    at most ``PRODUCT_BLOCK`` float32 roundings (``1.2e-4``) of the sum of its terms'
-    magnitudes, and in practice by about 1e-7 of the sum (bench/README.md).
+    float32): the weights and value columns rounded to float32 (0 below float32's
+    smallest normal number, ``2^-126``: subnormal operands would slow the products
+    down), the products summed in float64 across blocks of :data:`PRODUCT_BLOCK`
+    centres (:func:`_products`), so that each sum errs by at most ``PRODUCT_BLOCK``
+    float32 roundings (``1.2e-4``) of the sum of its terms' magnitudes, and in practice
+    by about 1e-7 of the sum (bench/README.md). The squared weights are formed from the
+    weights of at least ``2^-63`` (0 below, so that every square is a normal float32).
 
-    float32 holds weights down to ``1.4e-45`` of the row's largest (subnormal below
-    ``1.2e-38``), their squares down to ``1.1e-19``, and a bootstrap replicate whose
-    drawn centres are all that far from a query row must not depend on them. So with a
-    bootstrap job each query row needs :data:`SINGLE_MIN_CENTRES` centres with weights
-    of at least ``t =`` :data:`SINGLE_MIN_WEIGHT`: a replicate draws none of them with
-    probability ``e^-40`` (4e-18); otherwise its kernel sum is at least ``t`` and its
-    sum of squared weights ``t^2``, and what float32 rounds away is below ``1.4e-45``
-    per centre, ``n 1.8e-15`` of the latter. ``check`` (B,) marks the problems where
-    :func:`_single_rows_hold` must count those centres in every block of weights: where
-    every row's kernel sum ``sum_i w_ij`` (each weight at most 1) is at least
-    ``SINGLE_MIN_CENTRES + n t``, it holds without counting. Blocks that fail the count
-    are formed in float64.
+    A bootstrap replicate whose drawn centres are all that far from a query row must not
+    depend on what float32 drops. So with a bootstrap job each query row needs
+    :data:`SINGLE_MIN_CENTRES` centres with weights of at least ``t =``
+    :data:`SINGLE_MIN_WEIGHT` ``= 2^-40`` of its largest: a replicate draws none of them
+    with probability ``e^-40`` (4e-18); otherwise its kernel sum is at least ``t`` and
+    its sum of squared weights ``t^2``, and what float32 drops is below ``n 2^-86`` of
+    the former and ``n 2^-46`` (``n 1.4e-14``) of the latter. ``check`` (B,) marks the
+    problems where :func:`_single_rows_hold` must count those centres in every block of
+    weights: where every row's kernel sum ``sum_i w_ij`` (each weight at most 1) is at
+    least ``SINGLE_MIN_CENTRES + n t``, it holds without counting. The first block of a
+    problem that fails the count is formed anew in float64, and so are the problem's
+    later blocks in that chunk of replicates, without counting (narrow bandwidths, where
+    most blocks would fail): a block's precision depends only on the counts of its own
+    and earlier blocks, the same in every chunk.
     """
     B = est.problem.labels.shape[0]
+    none = np.zeros(B, dtype=bool)
     if est.problem.dtype != np.float32:
-        return False, np.zeros(B, dtype=bool)
+        return False, none
     if not any(boots):  # consistency replicates: every centre, the estimate's sums
-        return True, np.zeros(B, dtype=bool)
+        return True, none
     assert est.S is not None
     n = est.problem.labels.shape[-1]
     S0 = est.S.sum(axis=-1).reshape(B, -1)
