@@ -91,8 +91,9 @@ def kernel_weights(logq: numpy.typing.NDArray[numpy.float64], p: numpy.typing.ND
     n), with W[r, s] = w_{j, order[s]} = exp(L_{j,order[s]} - m[j]) for query j =
     row_start + r, exactly the weights loo_reduce_multi sums (0 on the diagonal and for
     terms with L_ij - m[j] < -64), and order (n,) int64, the engine's order of the centres
-    (a permutation of 0..n-1). single=True returns W as float32, the same weights rounded
-    (terms below float32's range become 0 or subnormal), for products in single precision.
+    (a permutation of 0..n-1). single=True returns W as float32, the same weights rounded,
+    and 0 below float32's smallest normal number (1.2e-38), for products in single
+    precision.
     Arrays as loo_reduce_multi (no hidden copies). Releases the GIL; progress and Ctrl-C as
     loo_reduce_multi.
     """
@@ -105,8 +106,9 @@ def kernel_weights(logq: numpy.typing.NDArray[numpy.float32], p: numpy.typing.ND
     n), with W[r, s] = w_{j, order[s]} = exp(L_{j,order[s]} - m[j]) for query j =
     row_start + r, exactly the weights loo_reduce_multi sums (0 on the diagonal and for
     terms with L_ij - m[j] < -64), and order (n,) int64, the engine's order of the centres
-    (a permutation of 0..n-1). single=True returns W as float32, the same weights rounded
-    (terms below float32's range become 0 or subnormal), for products in single precision.
+    (a permutation of 0..n-1). single=True returns W as float32, the same weights rounded,
+    and 0 below float32's smallest normal number (1.2e-38), for products in single
+    precision.
     Arrays as loo_reduce_multi (no hidden copies). Releases the GIL; progress and Ctrl-C as
     loo_reduce_multi.
     """
