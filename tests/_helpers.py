@@ -150,3 +150,11 @@ def auto_bandwidth(kd, probs, labels, **kwargs):
         assert sorted(rest) == sorted(others), f"unexpected warnings {rest}, expected {others}"
 
     return h, expect_warning
+
+
+def blas_threads():
+    """The thread counts of the BLAS libraries threadpoolctl sees (skips without it)."""
+    import pytest
+
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    return [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]

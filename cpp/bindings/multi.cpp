@@ -149,22 +149,16 @@ py::tuple kernel_weights_py(const carray<Real>& logq, const carray<Real>& p,
     std::int64_t* po = order.mutable_data();
     const double size = static_cast<double>(row_stop - row_start) * static_cast<double>(n) *
                         (static_cast<double>(K) + 2.0);
-    if (single) {
-        py::array_t<float> W({Rs, Ns});
-        float* pW = W.mutable_data();
+    auto weights = [&](auto zero) -> py::tuple {  // W of zero's type (float or double)
+        py::array_t<decltype(zero)> W({Rs, Ns});
+        auto* pW = W.mutable_data();
         auto work = [&](kdecal::Control* control) {
             kdecal::kernel_weights(prob, pW, po, n_threads, control);
         };
         kdecal_bind::run_watched(work, progress, size);
         return py::make_tuple(W, order);
-    }
-    py::array_t<double> W({Rs, Ns});
-    double* pW = W.mutable_data();
-    auto work = [&](kdecal::Control* control) {
-        kdecal::kernel_weights(prob, pW, po, n_threads, control);
     };
-    kdecal_bind::run_watched(work, progress, size);
-    return py::make_tuple(W, order);
+    return single ? weights(0.0f) : weights(0.0);
 }
 
 }  // namespace

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import kdecal
+from _helpers import blas_threads
 from _reference import ref_loo_weights, ref_notion_problems, ref_one_hot
 from kdecal import datasets
 
@@ -626,17 +627,11 @@ def test_evaluate_and_compare_leave_canonical_out_beyond_ten_classes():
 def test_dense_products_follow_set_num_threads(monkeypatch):
     """The resampling's BLAS products run on the engine's thread count where
     set_num_threads set it, and on the BLAS library's own default otherwise."""
-    threadpoolctl = pytest.importorskip("threadpoolctl")
     from kdecal._engine import runtime as _runtime
     from kdecal._estimation import replicates as _replicates
 
     if _runtime._core is None:
         pytest.skip("compiled core not available")
-
-    def blas_threads():
-        return [
-            i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"
-        ]
 
     default = blas_threads()
     if not default:

@@ -13,6 +13,7 @@ from scipy import optimize
 from scipy.special import log_softmax, logsumexp, softmax
 
 import kdecal
+from _helpers import blas_threads
 from conftest import real_file
 from kdecal import recalibration as rc
 
@@ -887,12 +888,6 @@ def test_lbfgs_fits_run_on_one_blas_thread(monkeypatch, cls):
     """The L-BFGS fits limit the BLAS library to one thread while they run (their dot
     products are memory-bound; bench/README.md), restore it after, and fit the same
     parameters as without the limit to rounding."""
-    threadpoolctl = pytest.importorskip("threadpoolctl")
-
-    def blas_threads():
-        return [
-            i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"
-        ]
 
     before = blas_threads()
     if not before:
