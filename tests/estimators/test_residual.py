@@ -230,7 +230,8 @@ def test_dense_replicates_equal_the_multi_label_pass(calibration, backend, monke
         )
 
 
-def test_float32_problems_resample_with_float32_products(monkeypatch):
+@pytest.mark.parametrize("backend", ["cpp", "numba"])
+def test_float32_problems_resample_with_float32_products(monkeypatch, backend):
     """A float32 problem's dense replicates form their products in float32 (the weights
     rounded, blocks of PRODUCT_BLOCK centres summed in float64): every replicate within
     1e-6 relative of the float64 products and of the multi-label pass (float64 sums).
@@ -240,8 +241,10 @@ def test_float32_problems_resample_with_float32_products(monkeypatch):
     from kdecal._engine import runtime as _runtime
     from kdecal._estimation import replicates as _replicates
 
-    if _runtime._core is None:
+    if backend == "cpp" and _runtime._core is None:
         pytest.skip("compiled core not available")
+    if backend == "numba":
+        pytest.importorskip("numba")
     s = datasets.make_seeds_synthetic(600, 4, t1=0.6, t2=1.0, seed=5)
     P = s.probs.astype(np.float32)
     monkeypatch.setattr(_replicates, "PRODUCT_BLOCK", 128)  # several blocks at this n
@@ -259,7 +262,7 @@ def test_float32_problems_resample_with_float32_products(monkeypatch):
         ct = est.calibration_tests(names, n_resamples=10, seed=2)
         return {q: (ci[q].bootstrap_distribution, ct[q].null_distribution) for q in names}
 
-    est = kdecal.estimate(P, s.labels, bandwidth=1.0)
+    est = kdecal.estimate(P, s.labels, bandwidth=1.0, backend=backend)
     assert est._est.problem.dtype == np.float32
     # some rows' kernel sums are below the floor of the shortcut: the blocks are counted
     low, check = _replicates._single_products(est._est, [True])
@@ -307,7 +310,7 @@ def test_float32_problems_resample_with_float32_products(monkeypatch):
     monkeypatch.setattr(_replicates, "CONSISTENCY_MULTI_MIN_DIM", 10**9)
     with warnings.catch_warnings():  # a few rows with a single effective neighbour
         warnings.simplefilter("ignore", kdecal.KdecalWarning)
-        narrow = kdecal.estimate(P, s.labels, bandwidth=0.003)
+        narrow = kdecal.estimate(P, s.labels, bandwidth=0.003, backend=backend)
     dtypes.clear()
     monkeypatch.setattr(
         _replicates, "_products", lambda W, M: dtypes.append(W.dtype) or products(W, M)
