@@ -640,10 +640,15 @@ def test_dense_products_follow_set_num_threads(monkeypatch):
     if not default:
         pytest.skip("no BLAS library that threadpoolctl can see")
     seen: list[list[int]] = []
+    matmul = np.matmul
+
+    class Spy(np.ndarray):  # the weights, recording the BLAS threads at each product
+        def __matmul__(self, other):
+            seen.append(blas_threads())
+            return matmul(np.asarray(self), other)
+
     products = _replicates._products
-    monkeypatch.setattr(
-        _replicates, "_products", lambda W, M: seen.append(blas_threads()) or products(W, M)
-    )
+    monkeypatch.setattr(_replicates, "_products", lambda W, M: products(W.view(Spy), M))
     s = datasets.make_seeds_synthetic(300, 3, t1=0.6, t2=1.0, seed=1)
     est = kdecal.estimate(s.probs, s.labels, bandwidth=0.5)
     est.confidence_intervals(["ce_l2"], n_resamples=4, seed=0)

@@ -794,10 +794,7 @@ def _residual_replicates(
     total = -(-R // chunk) * B * n
     scale = 1.0 / h
     low, check = _single_products(est, boots)
-    # the products on the engine's threads where set_num_threads set them (the BLAS
-    # library's own default otherwise)
-    bar = _runtime.progress_bar(show, total, "kdecal LOO resampling")
-    with _runtime.blas_threads(_runtime._num_threads or None), bar as cb:
+    with _runtime.progress_bar(show, total, "kdecal LOO resampling") as cb:
         done = 0
         for r0 in range(0, R, chunk):
             r1 = min(R, r0 + chunk)
@@ -962,14 +959,17 @@ def _products(W: np.ndarray, M: np.ndarray) -> np.ndarray:
     """Return ``W @ M`` in float64.
 
     float64 operands: one GEMM. float32 operands (:func:`_single_products`): a float32
-    GEMM per block of :data:`PRODUCT_BLOCK` centres, the blocks summed in float64.
+    GEMM per block of :data:`PRODUCT_BLOCK` centres, the blocks summed in float64. On
+    the engine's threads where :func:`kdecal.set_num_threads` set them (the BLAS
+    library's own default otherwise).
     """
-    if W.dtype == np.float64:
-        return W @ M
-    out = np.zeros((W.shape[0], M.shape[1]))
-    for k in range(0, W.shape[1], PRODUCT_BLOCK):
-        out += W[:, k : k + PRODUCT_BLOCK] @ M[k : k + PRODUCT_BLOCK]
-    return out
+    with _runtime.blas_threads(_runtime._num_threads or None):
+        if W.dtype == np.float64:
+            return W @ M
+        out = np.zeros((W.shape[0], M.shape[1]))
+        for k in range(0, W.shape[1], PRODUCT_BLOCK):
+            out += W[:, k : k + PRODUCT_BLOCK] @ M[k : k + PRODUCT_BLOCK]
+        return out
 
 
 def _residual_replicate(
