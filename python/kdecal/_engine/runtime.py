@@ -93,8 +93,12 @@ def blas_threads(n: int | None) -> Iterator[None]:
     recalibration objectives): OpenBLAS wakes its threads for each call, and on few
     cores they cost more than they save (bench/README.md, "The calibration loss on
     one BLAS thread"); and for the engine's own GEMMs, at the thread count of
-    :func:`set_num_threads`. ``None``: no limit.
+    :func:`set_num_threads`. ``None``: no limit (and no cost: threadpoolctl inspects the
+    process's libraries on each entry, about 1 ms).
     """
+    if n is None:
+        yield
+        return
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=n, user_api="blas"):

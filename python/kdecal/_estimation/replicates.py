@@ -804,67 +804,74 @@ def _residual_replicates(
             Q0 = [np.empty((c, B, n)) if boot and ustat else None for boot in boots]
             U = [np.empty((c, B, n)) if ustat else None for _ in jobs]
             v = [None if w is None else np.asarray(w[r0:r1], dtype=np.float64) for _, w in jobs]
-            for b in range(B):
-                logq = np.ascontiguousarray(logq_all[b])
-                pk = np.ascontiguousarray(pk_all[b])
-                m = np.ascontiguousarray(m_all[b], dtype=np.float64)
-                bias = np.ascontiguousarray(bias_all[b])
-                M1 = M2 = None
-                single: tuple[np.ndarray, np.ndarray | None] | None = None
-                low_b = low  # float32 until a block's rows fail the count
-                for j0 in range(0, n, rows):
-                    j1 = min(n, j0 + rows)
-                    W, order = _backends.kernel_weights(
-                        logq, pk, m, scale, bias, j0, j1, backend=engine, single=low_b
-                    )
-                    if low_b and check[b] and not _single_rows_hold(W):
-                        low_b = False  # this block and the problem's next ones in float64
+            # the products on the engine's threads where set_num_threads set them (no
+            # yield inside: the limit is not held while the caller runs)
+            with _runtime.blas_threads(_runtime._num_threads or None):
+                for b in range(B):
+                    logq = np.ascontiguousarray(logq_all[b])
+                    pk = np.ascontiguousarray(pk_all[b])
+                    m = np.ascontiguousarray(m_all[b], dtype=np.float64)
+                    bias = np.ascontiguousarray(bias_all[b])
+                    M1 = M2 = None
+                    single: tuple[np.ndarray, np.ndarray | None] | None = None
+                    low_b = low  # float32 until a block's rows fail the count
+                    for j0 in range(0, n, rows):
+                        j1 = min(n, j0 + rows)
                         W, order = _backends.kernel_weights(
-                            logq, pk, m, scale, bias, j0, j1, backend=engine
+                            logq, pk, m, scale, bias, j0, j1, backend=engine, single=low_b
                         )
-                    if M1 is None:  # the chunk's value columns, in the weights' order
-                        cols = [
-                            _value_columns(problem.p[b], lab[r0:r1, b], vk, coords, order, ustat)
-                            for (lab, _), vk in zip(jobs, v)
-                        ]
-                        M1 = cols[0][0] if len(jobs) == 1 else np.hstack([x[0] for x in cols])
+                        if low_b and check[b] and not _single_rows_hold(W):
+                            low_b = False  # this block and the problem's next ones in float64
+                            W, order = _backends.kernel_weights(
+                                logq, pk, m, scale, bias, j0, j1, backend=engine
+                            )
+                        if M1 is None:  # the chunk's value columns, in the weights' order
+                            cols = [
+                                _value_columns(
+                                    problem.p[b], lab[r0:r1, b], vk, coords, order, ustat
+                                )
+                                for (lab, _), vk in zip(jobs, v)
+                            ]
+                            M1 = cols[0][0] if len(jobs) == 1 else np.hstack([x[0] for x in cols])
+                            if ustat:
+                                M2 = (
+                                    cols[0][1]
+                                    if len(jobs) == 1
+                                    else np.hstack([x[1] for x in cols])  # type: ignore[misc]
+                                )
+                            if low:
+                                single = (_rounded(M1), None if M2 is None else _rounded(M2))
+                        V1, V2 = (M1, M2) if single is None or W.dtype == np.float64 else single
+                        out_all = _products(W, V1)
+                        out2_all = None
                         if ustat:
-                            M2 = (
-                                cols[0][1] if len(jobs) == 1 else np.hstack([x[1] for x in cols])  # type: ignore[misc]
-                            )
-                        if low:
-                            single = (_rounded(M1), None if M2 is None else _rounded(M2))
-                    V1, V2 = (M1, M2) if single is None or W.dtype == np.float64 else single
-                    out_all = _products(W, V1)
-                    out2_all = None
-                    if ustat:
-                        assert V2 is not None
-                        if W.dtype == np.float32:  # squares below float32's normal range: 0
-                            np.copyto(W, 0.0, where=W < _SQUARE_FLOOR)
-                        np.multiply(W, W, out=W)
-                        out2_all = _products(W, V2)
-                    del W
-                    o1 = o2 = 0
-                    for t in range(len(jobs)):
-                        out = out_all[:, o1 : o1 + c * ncol1[t]].reshape(j1 - j0, c, ncol1[t])
-                        o1 += c * ncol1[t]
-                        S0t = S0[t]
-                        if S0t is not None:
-                            S0t[:, b, j0:j1] = out[:, :, 0].T
-                        N[t][:, b, j0:j1] = out[:, :, ncol1[t] - D :].transpose(1, 0, 2)
-                        Ut = U[t]
-                        if out2_all is not None and Ut is not None:
-                            out2 = out2_all[:, o2 : o2 + c * ncol2[t]].reshape(
-                                j1 - j0, c, ncol2[t]
-                            )
-                            o2 += c * ncol2[t]
-                            Q0t = Q0[t]
-                            if Q0t is not None:
-                                Q0t[:, b, j0:j1] = out2[:, :, 0].T
-                            Ut[:, b, j0:j1] = out2[:, :, ncol2[t] - 1].T
-                    done += j1 - j0
-                    if cb is not None:
-                        cb(done)
+                            assert V2 is not None
+                            if W.dtype == np.float32:  # squares below float32's normal range: 0
+                                np.copyto(W, 0.0, where=W < _SQUARE_FLOOR)
+                            np.multiply(W, W, out=W)
+                            out2_all = _products(W, V2)
+                        del W
+                        o1 = o2 = 0
+                        for t in range(len(jobs)):
+                            out = out_all[:, o1 : o1 + c * ncol1[t]].reshape(j1 - j0, c, ncol1[t])
+                            o1 += c * ncol1[t]
+                            S0t = S0[t]
+                            if S0t is not None:
+                                S0t[:, b, j0:j1] = out[:, :, 0].T
+                            N[t][:, b, j0:j1] = out[:, :, ncol1[t] - D :].transpose(1, 0, 2)
+                            Ut = U[t]
+                            if out2_all is not None and Ut is not None:
+                                out2 = out2_all[:, o2 : o2 + c * ncol2[t]].reshape(
+                                    j1 - j0, c, ncol2[t]
+                                )
+                                o2 += c * ncol2[t]
+                                Q0t = Q0[t]
+                                if Q0t is not None:
+                                    Q0t[:, b, j0:j1] = out2[:, :, 0].T
+                                Ut[:, b, j0:j1] = out2[:, :, ncol2[t] - 1].T
+                        done += j1 - j0
+                        if cb is not None:
+                            cb(done)
             for k in range(c):
                 reps = []
                 for t, (lab, weights) in enumerate(jobs):
@@ -959,17 +966,14 @@ def _products(W: np.ndarray, M: np.ndarray) -> np.ndarray:
     """Return ``W @ M`` in float64.
 
     float64 operands: one GEMM. float32 operands (:func:`_single_products`): a float32
-    GEMM per block of :data:`PRODUCT_BLOCK` centres, the blocks summed in float64. On
-    the engine's threads where :func:`kdecal.set_num_threads` set them (the BLAS
-    library's own default otherwise).
+    GEMM per block of :data:`PRODUCT_BLOCK` centres, the blocks summed in float64.
     """
-    with _runtime.blas_threads(_runtime._num_threads or None):
-        if W.dtype == np.float64:
-            return W @ M
-        out = np.zeros((W.shape[0], M.shape[1]))
-        for k in range(0, W.shape[1], PRODUCT_BLOCK):
-            out += W[:, k : k + PRODUCT_BLOCK] @ M[k : k + PRODUCT_BLOCK]
-        return out
+    if W.dtype == np.float64:
+        return W @ M
+    out = np.zeros((W.shape[0], M.shape[1]))
+    for k in range(0, W.shape[1], PRODUCT_BLOCK):
+        out += W[:, k : k + PRODUCT_BLOCK] @ M[k : k + PRODUCT_BLOCK]
+    return out
 
 
 def _residual_replicate(
