@@ -91,8 +91,8 @@ def blas_threads(n: int | None) -> Iterator[None]:
 
     For loops of many small or memory-bound BLAS calls (the dot products of the
     recalibration objectives): OpenBLAS wakes its threads for each call, and on few
-    cores they cost more than they save (bench/README.md, "The calibration loss on
-    one BLAS thread"); and for the engine's own GEMMs, at the thread count of
+    cores they cost more than they save (bench/README.md, "Float32 products in the
+    resampling; the calibration loss on one BLAS thread"); and for the engine's own GEMMs, at the thread count of
     :func:`set_num_threads`. ``None``: no limit (and no cost: threadpoolctl inspects the
     process's libraries on each entry, about 1 ms).
     """

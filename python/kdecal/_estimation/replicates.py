@@ -840,7 +840,10 @@ def _residual_replicates(
                                     else np.hstack([x[1] for x in cols])  # type: ignore[misc]
                                 )
                             if low:
-                                single = (_rounded(M1), None if M2 is None else _rounded(M2))
+                                single = (
+                                    _backends.single_precision(M1),
+                                    None if M2 is None else _backends.single_precision(M2),
+                                )
                         V1, V2 = (M1, M2) if single is None or W.dtype == np.float64 else single
                         out_all = _products(W, V1)
                         out2_all = None
@@ -899,19 +902,7 @@ PRODUCT_BLOCK = 2048
 SINGLE_MIN_CENTRES = 40
 SINGLE_MIN_WEIGHT = 2.0**-40
 
-_FLOAT32_TINY = float(np.finfo(np.float32).tiny)  # 2^-126, the smallest normal float32
 _SQUARE_FLOOR = np.float32(2.0**-63)  # weights whose squares stay normal float32
-
-
-def _rounded(M: np.ndarray) -> np.ndarray:
-    """Return ``M`` in float32, 0 below float32's normal range.
-
-    Subnormal operands would slow the products down; such entries move a sum by at most
-    ``1.2e-38`` each.
-    """
-    out = M.astype(np.float32)
-    np.copyto(out, 0.0, where=np.abs(M) < _FLOAT32_TINY)
-    return out
 
 
 def _single_products(est: _regression.Estimate, boots: list[bool]) -> tuple[bool, np.ndarray]:
