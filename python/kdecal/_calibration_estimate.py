@@ -14,7 +14,7 @@ from ._estimation import regression as _regression
 from ._estimation import replicates as _replicates
 from ._estimation import search as _search
 from ._estimation.quantities import QUANTITIES
-from ._validation import Probs, check_choice, check_p
+from ._validation import Probs, check_choice, check_p, check_seed
 from .warnings import KdecalWarning
 
 __all__ = [
@@ -326,11 +326,19 @@ class CalibrationEstimate:
 
     @property
     def conditional_expectation(self) -> np.ndarray:
-        """Leave-one-out estimate of ``E[y | f_j]``.
+        """Leave-one-out estimate of ``E[y | f_j]``, the one the quantities are computed from.
 
-        Shape (n, K) for "canonical" (rows on the simplex); (n,) for "top_label"
-        (``P(correct | confidence)``); (n, K) for "classwise" (column c is
-        ``P(y = c | f_c)``). float64.
+        Shape (n, K) for "canonical"; (n,) for "top_label" (``P(correct | confidence)``);
+        (n, K) for "classwise" (column c is ``P(y = c | f_c)``). float64.
+
+        With ``estimator="residual"`` (the default) it is the residual regression
+        ``f_j + g_j``, ``g_j = sum_i w_ij (y_i - f_i) / sum_i w_ij``: canonical rows sum to 1,
+        but entries may leave [0, 1] by the regression's noise (a row of small
+        probabilities whose neighbours hold larger ones), most at small bandwidths. The
+        L_p and squared L2 quantities read it as it is; the KL and custom Bregman ones
+        move it into the simplex first (``bench/README.md``, "KL: keeping E in the
+        simplex"). With ``estimator="plugin"`` it is the kernel ratio ``sum_i w_ij y_i /
+        sum_i w_ij``, on the simplex (:func:`kdecal.conditional_expectation`).
         """
         E = self._est.E
         if self.calibration == "canonical":
@@ -494,9 +502,7 @@ class CalibrationEstimate:
         variability = check_choice(
             bandwidth_variability, "bandwidth_variability", BANDWIDTH_VARIABILITY
         )
-        dist, _ = self._resampled(
-            names, [], R, np.random.default_rng(seed), None, variability=variability
-        )
+        dist, _ = self._resampled(names, [], R, check_seed(seed), None, variability=variability)
         return self._intervals(dist, level)
 
     def _intervals(
@@ -529,8 +535,8 @@ class CalibrationEstimate:
             [_check_quantity(q) for q in quantities],
             [_check_quantity(s, "statistic") for s in statistics],
             R,
-            np.random.default_rng(seed),
-            np.random.default_rng(seed),
+            check_seed(seed),
+            check_seed(seed),
         )
         return self._intervals(boot, _check_level(level)), self._tests(test, R)
 
@@ -813,7 +819,7 @@ class CalibrationEstimate:
         """Run the test for several statistics on the same resampled label sets."""
         names = [_check_quantity(s, "statistic") for s in statistics]
         R = _replicates.check_resamples(n_resamples, "n_resamples", 1)
-        _, dist = self._resampled([], names, R, None, np.random.default_rng(seed))
+        _, dist = self._resampled([], names, R, None, check_seed(seed))
         return self._tests(dist, R)
 
     def _tests(self, dist: dict[str, np.ndarray], R: int) -> dict[str, CalibrationTestResult]:

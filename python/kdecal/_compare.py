@@ -28,7 +28,7 @@ from ._estimation import search as _search
 from ._estimation.quantities import QUANTITIES
 from ._report import format_pvalue
 from ._row_metrics import ROW_METRICS, check_metric, row_bootstrap
-from ._validation import check_choice, check_labels, check_probs
+from ._validation import check_choice, check_labels, check_probs, check_seed
 from .kde import CANONICAL_RELIABLE_MAX_K, _estimate
 from .warnings import KdecalWarning, warn_user
 
@@ -253,6 +253,7 @@ def compare(
         raise ValueError("quantities is empty")
     level = _check_level(level)
     R = _replicates.check_resamples(n_resamples, "n_resamples", 2)
+    check_seed(seed)  # before the estimates, not after them
     checked = {k: check_probs(v, f"models[{k!r}]") for k, v in items}
     shapes = {k: P.p.shape for k, P in checked.items()}
     if len(set(shapes.values())) != 1:
@@ -301,7 +302,7 @@ def compare(
         return rows[k][q] if q in rows[k] else _quiet_value(e, q)
 
     boot_list = (
-        bootstrap_distributions(list(ests.values()), kernel_qs, R, np.random.default_rng(seed))
+        bootstrap_distributions(list(ests.values()), kernel_qs, R, check_seed(seed))
         if kernel_qs
         else [{} for _ in ests]
     )

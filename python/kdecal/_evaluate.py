@@ -27,7 +27,7 @@ from ._estimation.replicates import (
 )
 from ._report import CalibrationReport
 from ._row_metrics import ROW_METRICS, check_metric, row_bootstrap
-from ._validation import check_choice
+from ._validation import check_choice, check_seed
 from .kde import (
     CANONICAL_RELIABLE_MAX_K,
     _canonical_unreliable,
@@ -494,6 +494,7 @@ def evaluate(
     """
     t0 = time.perf_counter()
     R = check_resamples(n_resamples, "n_resamples", 0)
+    check_seed(seed)  # before the estimates, not after them
     selected = _check_metrics(metrics)
     K_in = _n_classes(probs)
     many = K_in is not None and K_in > CANONICAL_RELIABLE_MAX_K

@@ -19,6 +19,7 @@ import numpy as np
 from . import binned, smooth
 from ._estimation import replicates as _replicates
 from ._estimation.quantities import QUANTITIES
+from ._validation import check_seed
 
 __all__ = ["ROW_METRICS", "check_metric", "row_bootstrap"]
 
@@ -113,7 +114,7 @@ def row_bootstrap(
     n = y.shape[0]
     R = n_resamples
     out = {k: {q: np.empty(R) for q in names} for k in probs}
-    rng = np.random.default_rng(seed)
+    rng = check_seed(seed)
     step = _replicates.draw_chunk(n, 2, R)
     rows = np.arange(n)
     # each model's top-label problem once; a replicate takes its rows (the same arrays as

@@ -555,6 +555,27 @@ def check_int(value: object, name: str, minimum: int) -> int:
     return int(value)
 
 
+def check_seed(seed: object, name: str = "seed") -> np.random.Generator:
+    """Return ``numpy.random.default_rng(seed)``, or raise naming ``name`` and the value.
+
+    ``seed``: None, a non-negative integer (or a sequence of them), a
+    ``numpy.random.SeedSequence``, ``BitGenerator`` or ``Generator`` (returned as it is).
+
+    Raises
+    ------
+    TypeError, ValueError
+        Anything ``numpy.random.default_rng`` refuses (a string, a float, a negative
+        integer), with the argument's name.
+    """
+    try:
+        return np.random.default_rng(seed)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(
+            f"{name} must be None, a non-negative integer or a numpy.random.Generator, "
+            f"got {seed!r}"
+        ) from None
+
+
 def check_p(p: object, name: str = "p") -> float:
     """Check the order of an L_p error: a finite real ``>= 1``; returned as float.
 

@@ -77,6 +77,7 @@ from ._validation import (
     check_labels,
     check_n_bins,
     check_probs,
+    check_seed,
 )
 from .kde import _resolve_bandwidth as resolve
 from .kde import estimate
@@ -922,7 +923,7 @@ def _sharpness_arrays(
     elif P.n <= n_pts:  # as the reference code: every point, no spread
         cal, std = float(np.mean(d_at)), 0.0
     else:
-        rng = np.random.default_rng(seed)  # type: ignore[arg-type]
+        rng = check_seed(seed)
         vals = np.array([np.mean(d_at[rng.choice(P.n, n_pts)]) for _ in range(n_sub)])
         cal = float(np.mean(vals))
         std = float(np.std(vals, ddof=1)) if n_sub > 1 else 0.0

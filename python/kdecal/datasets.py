@@ -70,7 +70,7 @@ from types import MappingProxyType
 import numpy as np
 from scipy.special import logsumexp
 
-from ._validation import check_int, check_p
+from ._validation import check_int, check_p, check_seed
 
 __all__ = [
     "GaussianPosteriors",
@@ -298,7 +298,7 @@ def make_seeds_synthetic(
     K = check_int(n_classes, "n_classes", 2)
     t1 = _check_temperature(t1, "t1")
     t2 = _check_temperature(t2, "t2")
-    rng = np.random.default_rng(seed)
+    rng = check_seed(seed)
     logc = _temper_log(_uniform_simplex_log(rng, n, K), t1)
     c = np.exp(logc)
     labels = _categorical(rng, c)
@@ -547,7 +547,7 @@ def true_calibration_error(
     calibration = _check_calibration(calibration)
     n_mc = check_int(n_mc, "n_mc", 1)
     n_bins = _check_n_bins(n_bins)
-    rng = np.random.default_rng(seed)
+    rng = check_seed(seed)
 
     def chunks() -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
         left = n_mc
@@ -867,7 +867,7 @@ def make_gaussian_posteriors(
             for i in range(K)
         ]
     else:
-        gen = np.random.default_rng(seed)
+        gen = check_seed(seed)
         blocks = [
             means[i] + np.sqrt(var) * gen.standard_normal((int(counts[i]), K)) for i in range(K)
         ]

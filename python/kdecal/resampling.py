@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ._estimation.replicates import check_resamples
-from ._validation import _numeric_array, check_int
+from ._validation import _numeric_array, check_int, check_seed
 
 __all__ = ["BootstrapCI", "bootstrap_ci", "cv_folds"]
 
@@ -279,7 +279,7 @@ def bootstrap_ci(
     if g is not None and (g.ndim != 1 or g.shape[0] != n):
         raise ValueError(f"groups must have shape ({n},), got shape {g.shape}")
     auto_groups = g is None and _accepts_groups(metric)
-    rng = np.random.default_rng(seed)
+    rng = check_seed(seed)
     estimate = float(metric(X, y, **metric_kwargs))
     values = np.empty(n_boot)
     kw = dict(metric_kwargs)

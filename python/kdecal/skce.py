@@ -29,7 +29,7 @@ from typing import Literal, Union
 import numpy as np
 from scipy.special import ndtr
 
-from ._validation import check_choice, check_int
+from ._validation import check_choice, check_int, check_seed
 from .binned import _raw_probs, _validated
 
 __all__ = ["SKCETestResult", "median_distance", "skce", "skce_test"]
@@ -373,7 +373,7 @@ def skce_test(
         else:
             pval = float(ndtr(-math.sqrt(h.shape[0]) * stat / sd))
         return SKCETestResult("linear", stat, pval, nu)
-    rng = np.random.default_rng(seed)
+    rng = check_seed(seed)
     counts = np.stack([np.bincount(rng.integers(0, n, n), minlength=n) for _ in range(B)])
     C = counts.T.astype(np.float64)  # (n, B) multiplicities
     rows = np.empty(n)

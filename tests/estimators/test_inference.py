@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 import tracemalloc
 import warnings
 from collections import Counter
@@ -22,7 +23,8 @@ import pytest
 
 import _reference as ref
 import kdecal
-from kdecal import binned, scores
+import kdecal._evaluate
+from kdecal import binned, datasets, scores
 from kdecal._calibration_estimate import ResamplingError, bootstrap_counts
 from kdecal._engine import backends as _backends
 from kdecal._estimation import replicates as _replicates
@@ -204,7 +206,8 @@ def test_small_n_bootstrap_enumerated_exactly():
 def test_intervals_stay_in_the_range_of_their_quantity():
     """The L1 ECE^KDE and the KL error are >= 0: their intervals are cut at 0 (the moved
     quantiles fall below it at n = 10), exactly where the uncut interval goes below; the
-    squared L2 U-statistic may be negative and is not cut; the same in compare."""
+    squared L2 U-statistic and its signed root, the L2 ECE^KDE, may be negative and are
+    not cut; the same in compare."""
     from kdecal._calibration_estimate import centred_interval
 
     rng = np.random.default_rng(0)
@@ -225,6 +228,14 @@ def test_intervals_stay_in_the_range_of_their_quantity():
             assert c.low == max(lo, 0.0) and c.high == max(hi, 0.0)
             cut += lo < 0.0
     assert cut >= 1  # the case is one where the uncut interval reaches below 0
+    # the L2 ECE^KDE is the squared error's signed root: a negative estimate's interval
+    # holds it (it was cut at 0, above the estimate)
+    s = kdecal.datasets.make_seeds_synthetic(300, 3, t1=1.0, t2=1.0, seed=3)
+    est = _quiet(kdecal.estimate, s.probs, s.labels, bandwidth=0.05)
+    c = _quiet(est.confidence_interval, "ece_kde_l2", n_resamples=20, seed=0)
+    assert c.estimate < 0.0
+    assert (c.low, c.high) == centred_interval(c.bootstrap_distribution, c.estimate, 0.95)
+    assert c.low < c.estimate < c.high
     cmp = _quiet(
         kdecal.compare,
         {"a": P, "b": np.roll(P, 1, axis=0)},
@@ -334,6 +345,30 @@ def test_absurd_resample_counts_are_refused_before_allocating():
             call()
     with pytest.raises(ValueError, match=r"n_boot = 1000000000000 is more than"):
         scores.bootstrap_ci(scores.log_loss, P, y, n_boot=big)
+
+
+def test_bad_seeds_are_refused_naming_the_argument(monkeypatch):
+    """A seed numpy refuses raised numpy's message ("SeedSequence expects int ..."),
+    naming no argument, and evaluate and compare raised it after their estimates."""
+    P, y = _calibrated(n=50)
+    est = kdecal.estimate(P, y, bandwidth=0.2)
+    ran = []
+    monkeypatch.setattr(kdecal._evaluate, "_estimate_quietly", lambda *a, **k: ran.append(1))
+    for bad, exc in (("x", TypeError), (-1, ValueError), (1.5, TypeError)):
+        want = rf"seed must be None, a non-negative integer .*got {re.escape(repr(bad))}"
+        for call in (
+            lambda b: est.confidence_interval(n_resamples=5, seed=b),
+            lambda b: est.calibration_test(n_resamples=5, seed=b),
+            lambda b: kdecal.calibration_test(P, y, bandwidth=0.2, n_resamples=5, seed=b),
+            lambda b: kdecal.evaluate(P, y, bandwidth=0.2, n_resamples=5, seed=b),
+            lambda b: kdecal.compare([P, P], y, bandwidth=0.2, n_resamples=5, seed=b),
+            lambda b: datasets.make_seeds_synthetic(10, 3, seed=b),
+        ):
+            with pytest.raises(exc, match=want):
+                call(bad)
+    assert not ran  # evaluate refused the seed before estimating
+    ci = est.confidence_interval(n_resamples=5, seed=np.random.default_rng(1))
+    assert ci.low <= ci.estimate <= ci.high
 
 
 # --------------------------------------------------------------- compare: one bandwidth

@@ -220,5 +220,20 @@ def residual_weights(problem: Problem) -> np.ndarray:
     diagonal of the residual U-statistic); binary problems use the positive coordinate.
     """
     c = problem.coords
-    r = (problem.one_hot() - problem.p)[..., c]
+    r = (problem.one_hot() - centre_values(problem))[..., c]
     return np.ascontiguousarray(np.sum(r * r, axis=-1), dtype=np.float64)
+
+
+def centre_values(problem: Problem) -> np.ndarray:
+    """Return the centres' ``p`` as the engine's residual sums ``A = sum_i w_ij f_i`` read it.
+
+    (B, n, D) float64: ``problem.p`` rounded to the kernel dtype. The sums that meet ``A``
+    in a residual estimate (``U`` of the U-statistic, the bootstrap's ``A`` columns) take
+    these values: the float64 ``p`` of a float32 problem lies between float32 numbers
+    (clipped and renormalised in float64), and a 6e-8 mismatch between ``A`` and ``U``
+    decides the sign of the rows whose U-statistic cancels (squared L2 errors of float32
+    input were off by up to 11 %). The kernel's own logs keep the float64 ``p``.
+    """
+    if problem.dtype == np.float64:
+        return problem.p
+    return problem.p.astype(problem.dtype).astype(np.float64)

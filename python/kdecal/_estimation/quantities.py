@@ -206,10 +206,13 @@ class Quantity:
         """The least value of every estimate, where an interval may be cut.
 
         0 where every estimate is >= 0 by construction (a norm or a divergence of E from
-        f: the ECE^KDE and the KL error); None where an unbiased estimate may be negative
-        (the squared L2 U-statistic) or the quantity has no sign (refinement, sharpness).
+        f: the L1 ECE^KDE and the KL error); None where an unbiased estimate may be
+        negative (the squared L2 U-statistic and the L2 ECE^KDE, its signed root) or the
+        quantity has no sign (refinement, sharpness).
         """
-        if self.kind == "ece" or (self.kind == "ce" and self.divergence == "kl"):
+        if (self.kind == "ece" and not self.squares) or (
+            self.kind == "ce" and self.divergence == "kl"
+        ):
             return 0.0
         return None
 

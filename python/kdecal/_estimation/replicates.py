@@ -435,10 +435,11 @@ def _residual_sums(
     U = np.empty((c, B, n)) if with_u else None
     for b in range(B):
         sets: list[np.ndarray] = []
+        f = _problem.centre_values(problem)[b]
         for k in range(c):
             v = np.ones(n) if weights is None else weights[k]
             if with_a:
-                sets.extend(v * problem.p[b, :, d] for d in range(D))
+                sets.extend(v * f[:, d] for d in range(D))
             if with_u:
                 rep = replace(problem, p=problem.p[b : b + 1], labels=labels[k, b : b + 1])
                 sets.append(v * v * _problem.residual_weights(rep)[0])
