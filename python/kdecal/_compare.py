@@ -25,9 +25,8 @@ from ._estimation import problem as _problem
 from ._estimation import regression as _regression
 from ._estimation import replicates as _replicates
 from ._estimation import search as _search
-from ._estimation.quantities import QUANTITIES
 from ._report import format_pvalue
-from ._row_metrics import ROW_METRICS, check_metric, row_bootstrap
+from ._row_metrics import ROW_METRICS, check_metric, lower_bound, row_bootstrap
 from ._validation import check_choice, check_labels, check_probs, check_seed
 from .kde import CANONICAL_RELIABLE_MAX_K, _estimate
 from .warnings import KdecalWarning, warn_user
@@ -136,11 +135,6 @@ class Comparison:
                         "the verdict holds at this bandwidth only"
                     )
         return "\n".join(lines)
-
-
-def _lower(q: str) -> float | None:
-    """Return the least value of a compared quantity (0 for an ECE^KDE or a KL error)."""
-    return QUANTITIES[q].lower_bound if q in QUANTITIES else None
 
 
 def compare(
@@ -317,7 +311,7 @@ def compare(
         row: dict[str, Any] = {"bandwidth": e.bandwidth, "own_bandwidth": own_h[k]}
         for q in qs:
             value = value_of(k, e, q)
-            lo, hi = centred_interval(boot[k][q], value, level, _lower(q))
+            lo, hi = centred_interval(boot[k][q], value, level, lower_bound(q))
             row[q] = {"value": value, "low": lo, "high": hi}
         estimates[k] = row
     # the same differences at the other bandwidths a user might have used

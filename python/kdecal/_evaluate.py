@@ -27,6 +27,7 @@ from ._estimation.replicates import (
 )
 from ._report import CalibrationReport
 from ._row_metrics import ROW_METRICS, check_metric, row_bootstrap
+from ._row_metrics import lower_bound as metric_lower_bound
 from ._validation import check_choice, check_seed
 from .kde import (
     CANONICAL_RELIABLE_MAX_K,
@@ -262,7 +263,10 @@ def _row_intervals(
     if n_resamples == 0 or not values:
         return {}
     dist = row_bootstrap({"": P}, y, list(values), n_resamples, seed)[""]
-    return {q: list(centred_interval(dist[q], v, 0.95)) for q, v in values.items()}
+    return {
+        q: list(centred_interval(dist[q], v, 0.95, metric_lower_bound(q)))
+        for q, v in values.items()
+    }
 
 
 def _rule(bandwidth: object, estimator: object = "plugin") -> str:

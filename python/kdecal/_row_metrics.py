@@ -21,7 +21,7 @@ from ._estimation import replicates as _replicates
 from ._estimation.quantities import QUANTITIES
 from ._validation import check_seed
 
-__all__ = ["ROW_METRICS", "check_metric", "row_bootstrap"]
+__all__ = ["ROW_METRICS", "check_metric", "lower_bound", "row_bootstrap"]
 
 
 #: The metrics of :data:`ROW_METRICS` as functions of the top-label binary problem
@@ -57,6 +57,28 @@ def _on_probs(
 ROW_METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
     q: _on_probs(f) for q, f in _ON_TOP_LABEL.items()
 }
+
+#: The least value of each metric, where its interval is cut (None: no cut). The binned
+#: ECE and MCE and the smooth ECE are means or maxima of absolute gaps, >= 0; the
+#: debiased L2 form is a signed root and may be negative.
+_ROW_LOWER_BOUNDS: dict[str, float | None] = {
+    "ece_binned": 0.0,
+    "ece_binned_debiased": None,
+    "mce_binned": 0.0,
+    "smooth_ece": 0.0,
+}
+
+
+def lower_bound(name: str) -> float | None:
+    """Return the least value of a metric (a kernel quantity or a key of ROW_METRICS).
+
+    0 where every estimate is >= 0 (:attr:`kdecal._estimation.quantities.Quantity.lower_bound`
+    for the kernel quantities), None where an estimate may be negative; the intervals
+    of :func:`kdecal.evaluate` and :func:`kdecal.compare` are cut there.
+    """
+    if name in _ROW_LOWER_BOUNDS:
+        return _ROW_LOWER_BOUNDS[name]
+    return QUANTITIES[name].lower_bound if name in QUANTITIES else None
 
 
 def check_metric(name: object, what: str = "quantities") -> str:

@@ -248,6 +248,40 @@ def test_intervals_stay_in_the_range_of_their_quantity():
         assert cmp.estimates[k]["ece_kde_l1"]["low"] >= 0.0
 
 
+def test_row_metric_intervals_stay_in_their_range():
+    """The binned ECE and the smooth ECE are >= 0, and their intervals in evaluate and
+    compare are cut at 0 (evaluate printed smooth_ece 0.055 [-0.002, 0.160] at n = 20);
+    the debiased binned L2 ECE, a signed root, is not cut."""
+    from kdecal._calibration_estimate import centred_interval
+    from kdecal._evaluate import _row_intervals
+    from kdecal._row_metrics import ROW_METRICS, row_bootstrap
+
+    s = make_seeds_synthetic(12, 10, t1=1.0, t2=1.0, seed=17)
+    qs = ["smooth_ece", "ece_binned", "ece_binned_debiased"]
+    values = {q: ROW_METRICS[q](s.probs, s.labels) for q in qs}
+    dist = row_bootstrap({"": s.probs}, s.labels, qs, 40, 0)[""]
+    got = _row_intervals(s.probs, s.labels, values, 40, 0)
+    cut = 0
+    for q in qs:
+        lo, hi = centred_interval(dist[q], values[q], 0.95)
+        if q == "ece_binned_debiased":
+            assert got[q] == [lo, hi]
+        else:
+            assert got[q] == [max(lo, 0.0), max(hi, 0.0)] and values[q] >= 0.0
+            cut += lo < 0.0
+    assert cut == 2  # both uncut intervals reached below 0 here
+    cmp = _quiet(
+        kdecal.compare,
+        {"a": s.probs, "b": s.probs},
+        s.labels,
+        quantities=["smooth_ece", "ece_binned"],
+        n_resamples=40,
+        seed=0,
+    )
+    for q in ("smooth_ece", "ece_binned"):
+        assert cmp.estimates["a"][q]["low"] == got[q][0] == 0.0
+
+
 # ------------------------------------------------------------------- resampling limits
 
 
@@ -531,6 +565,14 @@ def test_evaluation_page_panels_use_the_table_bandwidths():
     h_top = rep.notions["top_label"]["bandwidth"]
     assert f"canonical Dirichlet KDE, h = {h_can:.3g}" in titles[2]
     assert h_top != 0.02 and f"(table: h = {h_top:.3g})" in titles[1]
+    # the kernel panels draw the plug-in curve and say so; the canonical one shows the
+    # table's residual figure beside the curve's (an unlabelled 0.1344 stood beside a
+    # table's 0.0586)
+    plug = kdecal.curves.ReliabilityDiagram.from_estimate(rep.estimates["canonical"])
+    assert f"plug-in curve: ECE$^{{KDE}}$ (L1) = {float(plug.ece):.4f}" in titles[2]
+    table = rep.notions["canonical"]["ece_kde_l1"]
+    assert f"table (residual): {table:.4f}" in titles[2] and abs(plug.ece - table) > 1e-4
+    assert "plug-in ECE" in titles[1]
     (text,) = fig.axes[-1].texts
     n_lines = len(text.get_text().splitlines())
     box = fig.axes[-1].get_position()
