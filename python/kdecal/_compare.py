@@ -52,7 +52,8 @@ class Comparison:
     differences : list of dict
         One per pair (A, B) and quantity: ``{"a", "b", "quantity", "difference"
         (A - B), "low", "high" (paired bootstrap interval), "pvalue" (two-sided paired
-        bootstrap), "significant" (the interval excludes 0), "by_bandwidth" ({h:
+        bootstrap), "significant" (the interval excludes 0 and the p-value is at most
+        ``1 - level``, which needs ``n_resamples >= 1 / (1 - level) - 1``), "by_bandwidth" ({h:
         difference at h} for the bandwidths checked), "sensitive" (the difference
         changes sign at one of them)}``.
     level : float
@@ -120,6 +121,8 @@ class Comparison:
             lines.append(f"paired differences (A - B) at h = {self.bandwidth:.4g}:")
             for d in self.differences:
                 mark = "significant" if d["significant"] else "not significant"
+                if not d["significant"] and 1.0 / (self.n_resamples + 1) > 1.0 - self.level:
+                    mark += f"; {self.n_resamples} resamples cannot show p <= {1 - self.level:.2g}"
                 p = format_pvalue(d["pvalue"], self.n_resamples)
                 lines.append(
                     f"  {d['quantity']:<11} {d['a']} - {d['b']}: {d['difference']:+.5f} "
@@ -341,7 +344,13 @@ def compare(
                         "low": lo,
                         "high": hi,
                         "pvalue": float(max(p, 1.0 / (R + 1))),
-                        "significant": bool(lo > 0.0 or hi < 0.0),
+                        # the interval excludes 0 and the p-value can show it: with
+                        # R + 1 < 1 / (1 - level) resamples (a 95 % interval from 2 or
+                        # 10) the interval's ends are the replicates' extremes, and
+                        # "significant" beside "p < 0.33" said more than they show
+                        "significant": bool(
+                            (lo > 0.0 or hi < 0.0) and max(p, 1.0 / (R + 1)) <= 1.0 - level
+                        ),
                         "by_bandwidth": by_h,
                         "sensitive": bool(1.0 in signs and -1.0 in signs),
                     }

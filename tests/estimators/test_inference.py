@@ -914,3 +914,26 @@ def test_reselection_never_picks_an_undefined_bandwidth():
     ci = _quiet(est.confidence_interval, "ece_kde_l1", n_resamples=R, seed=seed)
     assert np.all(np.isfinite(ci.bootstrap_distribution))
     assert ci.low <= ci.estimate <= ci.high
+
+
+def test_compare_calls_nothing_significant_that_its_resamples_cannot_show():
+    """With 2 or 10 resamples a paired interval's ends are the replicates' extremes, and
+    compare printed "p < 0.33 (significant)"; now "significant" needs the p-value at most
+    1 - level too, and the text says why it is not."""
+    s = make_seeds_synthetic(400, 3, t1=1.0, t2=1.0, seed=0)
+    over = temperature_scale(s.probs, 0.4)  # over-confident: far worse calibrated
+    models = {"cal": s.probs, "over": over}
+    for R, can in ((2, False), (10, False), (19, True), (40, True)):
+        cmp = _quiet(
+            kdecal.compare,
+            models,
+            s.labels,
+            quantities=["ece_kde_l1"],
+            bandwidth=0.1,
+            n_resamples=R,
+            seed=0,
+        )
+        (d,) = cmp.differences
+        assert d["high"] < 0.0  # the interval excludes 0 at every R
+        assert d["significant"] is can
+        assert ("cannot show p <= 0.05" in str(cmp)) is (not can)
