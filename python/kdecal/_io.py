@@ -256,9 +256,15 @@ def _check_arrays(
         )
     if scores.shape[0] == 0:
         raise _fail(path, "holds no samples")
-    if np.isnan(scores).any():
-        row = int(np.argwhere(np.isnan(scores))[0][0])
-        raise _fail(path, f"scores contain NaN (first at row {row})")
+    finite = np.isfinite(scores)
+    if not finite.all():
+        # NaN and +-inf alike, probabilities or logits (a one-column logit of +inf read
+        # as P = 1, several columns refused by the softmax without the file's name)
+        at = tuple(int(i) for i in np.argwhere(~finite)[0])
+        where = f"row {at[0]}" + (f", column {at[1]}" if len(at) == 2 else "")
+        raise _fail(
+            path, f"scores contain {float(scores[at])} (first at {where}); every score must be finite"
+        )
     labels = _as_int_labels(labels, path)
     return np.ascontiguousarray(scores), labels
 
@@ -272,10 +278,12 @@ def _as_int_labels(labels: np.ndarray, path: str | os.PathLike[str]) -> np.ndarr
             raise _fail(path, f"labels must be class indices 0..K-1, found {int(bad)}")
         return labels.astype(np.int64, copy=False)
     if np.issubdtype(labels.dtype, np.floating):
-        ok = np.isfinite(labels) & (labels == np.round(labels))
+        # beyond 2**53 a float is an integer that int64 may not hold (1e300 became
+        # -9223372036854775808 with numpy's cast warning)
+        ok = np.isfinite(labels) & (labels == np.round(labels)) & (np.abs(labels) <= 2.0**53)
         if not ok.all():
             bad = labels[~ok][0]
-            raise _fail(path, f"labels must be integer class indices, found {bad!r}")
+            raise _fail(path, f"labels must be integer class indices, found {float(bad):g}")
         return labels.astype(np.int64)
     raise _fail(path, f"labels must be integer class indices, got dtype {labels.dtype}")
 

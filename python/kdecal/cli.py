@@ -141,8 +141,9 @@ def _add_input_and_kernel_args(p: argparse.ArgumentParser) -> None:
     """Add the options of ``evaluate`` and ``compare``: reading a file, the kernel."""
     p.add_argument(
         "--split",
-        choices=("val", "test"),
-        help="split to read from a .npz file with val_/test_ keys (default: test)",
+        metavar="NAME",
+        help="split to read from a .npz file with NAME_probs / NAME_logits and NAME_labels "
+        "keys, e.g. val or test (default: test, or the file's only split)",
     )
     kind = p.add_mutually_exclusive_group()
     kind.add_argument(

@@ -522,6 +522,27 @@ def test_cli_file_messages_name_the_file(tmp_path, capsys):
     code, out, err = _cli(capsys, "evaluate", str(small), "--quiet", "--json")
     assert code == 0 and "Traceback" not in err
     assert json.loads(out)["n"] == 3
+    # non-finite scores: named with the file and the cell, logits of one column or of
+    # several alike (one +inf logit column was read as P = 1, exit 0; several columns
+    # were refused by the softmax without the file's name)
+    logits = np.log(P)
+    for name, bad_scores, where in (
+        ("inf2.npz", np.where(np.arange(20)[:, None] == 4, np.inf, logits), "row 4, column 0"),
+        ("inf1.npz", np.where(np.arange(20) == 2, np.inf, logits[:, 1]), "row 2)"),
+        ("nan.npz", np.where(np.arange(20)[:, None] == 5, np.nan, P), "row 5, column 0"),
+    ):
+        f = tmp_path / name
+        np.savez(f, logits=bad_scores, labels=y % 2 if bad_scores.ndim == 1 else y)
+        code, out, err = _cli(capsys, "evaluate", str(f), "--n-resamples", "0")
+        assert code == 2 and out == "" and f"{name}: scores contain " in err and where in err
+    # float labels beyond int64 (1e300 was cast to -9223372036854775808, with numpy's
+    # warning), and a fraction shown as a number, not np.float64(2.5)
+    for bad, shown in ((1e300, "found 1e+300"), (2.5, "found 2.5")):
+        f = tmp_path / "flab.npz"
+        np.savez(f, probs=P, labels=np.where(np.arange(20) == 7, bad, y.astype(float)))
+        code, out, err = _cli(capsys, "evaluate", str(f), "--n-resamples", "0")
+        assert code == 2 and "flab.npz: labels must be integer class indices" in err
+        assert shown in err and "warning" not in err
 
 
 def test_array_containers_read_as_their_values():
@@ -937,3 +958,31 @@ def test_compare_calls_nothing_significant_that_its_resamples_cannot_show():
         assert d["high"] < 0.0  # the interval excludes 0 at every R
         assert d["significant"] is can
         assert ("cannot show p <= 0.05" in str(cmp)) is (not can)
+
+
+def test_cli_reads_any_split_the_file_holds(tmp_path, capsys):
+    """The loader takes any NAME_probs / NAME_labels split, and its error said "choose
+    one with --split", but the option only took val or test."""
+    P, y = _calibrated(n=30, K=3)
+    f = tmp_path / "tr_cal.npz"
+    np.savez(f, train_probs=P[::-1], train_labels=y[::-1], calib_probs=P, calib_labels=y)
+    code, _, err = _cli(capsys, "evaluate", str(f), "--n-resamples", "0")
+    assert code == 2 and "choose one with split (--split on the command line)" in err
+    code, out, _ = _cli(
+        capsys,
+        "evaluate",
+        str(f),
+        "--split",
+        "calib",
+        "--n-resamples",
+        "0",
+        "--json",
+        "--bandwidth",
+        "0.1",
+        "--quiet",
+    )
+    assert code == 0
+    want = kdecal.ece_kde(P, y, bandwidth=0.1)
+    assert json.loads(out)["ece_kde_l1"] == pytest.approx(want, rel=1e-12)
+    code, _, err = _cli(capsys, "evaluate", str(f), "--split", "xx")
+    assert code == 2 and "has no split 'xx'; splits present: calib, train" in err
