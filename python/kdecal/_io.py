@@ -263,7 +263,8 @@ def _check_arrays(
         at = tuple(int(i) for i in np.argwhere(~finite)[0])
         where = f"row {at[0]}" + (f", column {at[1]}" if len(at) == 2 else "")
         raise _fail(
-            path, f"scores contain {float(scores[at])} (first at {where}); every score must be finite"
+            path,
+            f"scores contain {float(scores[at])} (first at {where}); every score must be finite",
         )
     labels = _as_int_labels(labels, path)
     return np.ascontiguousarray(scores), labels

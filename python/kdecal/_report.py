@@ -140,7 +140,7 @@ def _format_value(value: Any) -> str:
         return str(value)
     if not math.isfinite(value):
         return str(value)
-    if value != 0.0 and abs(value) < 1e-4:
+    if value != 0.0 and not 1e-4 <= abs(value) < 1e6:  # (1e300 printed 300 digits)
         return f"{value:.3e}"
     return f"{value:.6f}"
 

@@ -352,7 +352,7 @@ def _to_probs(scores: np.ndarray, is_logits: bool, path: object) -> np.ndarray:
 
         return kdecal.softmax(scores, axis=-1)
     try:  # raises, or warns when clipping or renormalising
-        check_probs(scores, "the scores", min_n=1)
+        check_probs(scores, "probs", min_n=1)
     except ValueError as exc:
         raise ValueError(f"{path}: {_one_line(exc)}") from None
     if np.any((scores < 0) | (scores > 1)):

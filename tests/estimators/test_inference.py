@@ -986,3 +986,26 @@ def test_cli_reads_any_split_the_file_holds(tmp_path, capsys):
     assert json.loads(out)["ece_kde_l1"] == pytest.approx(want, rel=1e-12)
     code, _, err = _cli(capsys, "evaluate", str(f), "--split", "xx")
     assert code == 2 and "has no split 'xx'; splits present: calib, train" in err
+
+
+def test_probabilities_above_one_are_refused_before_any_renormalisation_warning(recwarn):
+    """A file times 1.05 warned that its rows "were renormalised", then refused an entry
+    (1.034) that renormalising would have brought to 0.98: the range is checked first."""
+    P, _ = _calibrated(n=50, K=3)
+    P[7] = [0.985, 0.01, 0.005]
+    P = P * 1.05
+    with pytest.raises(ValueError, match=r"probs contains a probability above 1, 1\.0"):
+        check_probs(P)
+    assert not [w for w in recwarn if issubclass(w.category, kdecal.RenormalizationWarning)]
+    # rows off by less than the tolerance, every entry within [0, 1]: renormalised
+    with pytest.warns(kdecal.RenormalizationWarning, match="were renormalised"):
+        check_probs(np.minimum(P / 1.05 * 1.02, 1.0))
+
+
+def test_report_values_of_any_size_print_in_a_column():
+    """--bandwidth 1e300 filled the notion table's bandwidth column with 300 digits."""
+    assert _format_value(1e300) == "1.000e+300"
+    assert _format_value(-2.5e7) == "-2.500e+07"
+    assert _format_value(123456.5) == "123456.500000"
+    assert _format_value(0.5) == "0.500000" and _format_value(5e-5) == "5.000e-05"
+    assert _format_value(0.0) == "0.000000" and _format_value(None) == "n/a"
