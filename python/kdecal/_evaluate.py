@@ -365,8 +365,8 @@ def _kl_notes(est: CalibrationEstimate, cal_loss: float | None) -> list[str]:
             "which it should bound from above: the KL calibration error is the log loss "
             "that the true recalibration E[y | f] removes, the calibration loss the part "
             "that a cross-validated affine recalibration removes. The kernel estimate is "
-            "too low here (too wide a kernel for these predictions); the calibration "
-            "loss is the safer figure."
+            f"too low here (at h = {est.bandwidth_kl:.3g} its regression does not resolve "
+            "these predictions' miscalibration); the calibration loss is the safer figure."
         )
     return notes
 
@@ -440,7 +440,9 @@ def evaluate(
     resample_notions : "auto", sequence of str or None, default "auto"
         Those of ``notions`` that also get bootstrap intervals and the calibration test
         (not with ``debias="ratio"``, whose third power sums resampling does not keep);
-        the notion ``calibration`` always does. ``"auto"``: canonical and top-label,
+        the notion ``calibration`` always does when it is among ``notions``. A notion
+        named here but not in ``notions`` raises ``ValueError`` (it has no row to hold
+        the intervals). ``"auto"``: canonical and top-label,
         the canonical notion (also as ``calibration``) only up to ``n^2 (K + 3) =
         1.1e10`` and n = 20,000 on the CPU backends (n = 20,000 at K = 10, n = 10,000
         at K = 100): its resampling is dense, ``n^2 (K + 3)`` multiply-adds per
@@ -498,6 +500,11 @@ def evaluate(
     """
     t0 = time.perf_counter()
     R = check_resamples(n_resamples, "n_resamples", 0)
+    if R == 1:  # (refused by the resampling, after the estimates)
+        raise ValueError(
+            "n_resamples must be 0 (no intervals or test) or at least 2, got 1; a few "
+            "hundred give stable 95 % intervals and p-values"
+        )
     check_seed(seed)  # before the estimates, not after them
     selected = _check_metrics(metrics)
     K_in = _n_classes(probs)
@@ -527,6 +534,13 @@ def evaluate(
     for name in wanted:
         check_choice(name, "notions", _problem.CALIBRATIONS)
     resample_spec = _check_resample_notions(resample_notions)
+    missing = [q for q in resample_spec if q not in wanted] if resample_spec != "auto" else []
+    if missing:
+        raise ValueError(
+            f"resample_notions names {', '.join(map(repr, missing))}, which the notion table "
+            f"does not hold (notions: {', '.join(wanted) or 'none'}); add "
+            f"{'it' if len(missing) == 1 else 'them'} to notions (command line: --notions)"
+        )
     _warn_long_canonical(probs, calibration, wanted, bandwidth, backend)
     main = _estimate_quietly(
         probs,
@@ -572,6 +586,11 @@ def evaluate(
     cal_loss = None
     cal_calibrator = "affine"
     notes: list[str] = []
+    if calibration_loss and selected is None and K >= 2 and np.unique(y).size < 2:
+        notes.append(
+            f"calibration_loss skipped: every label is class {int(y[0])}, and its "
+            "cross-validated recalibration needs rows of two classes at least."
+        )
     if calibration_loss and selected is None and K >= 2 and np.unique(y).size >= 2:
         if np.bincount(y).max() < _CAL_LOSS_FOLDS:
             notes.append(

@@ -253,7 +253,7 @@ def _build_parser() -> argparse.ArgumentParser:
         default=100,
         metavar="N",
         help="bootstrap replicates and resampled label sets for the intervals and the "
-        "calibration test of each notion; 0 skips them (default: 100)",
+        "calibration test of each notion; 0 skips them, else at least 2 (default: 100)",
     )
     ev.add_argument(
         "--seed", type=_nonneg_int, default=0, help="seed of the resampling (default: 0)"
@@ -285,7 +285,8 @@ def _build_parser() -> argparse.ArgumentParser:
         default="auto",
         metavar="N[,N...]",
         help="notions that also get bootstrap intervals and the calibration test, "
-        "comma-separated, or none (the --calibration notion always does); auto: "
+        "comma-separated, or none, each one of --notions (the --calibration notion "
+        "always does when it is one of them); auto: "
         "canonical and top_label, canonical only where its dense resampling stays "
         "small (n <= 20,000 and n^2 (K + 3) <= 1.1e10), else a note says what it "
         "would cost (default: auto)",
@@ -316,7 +317,7 @@ def _build_parser() -> argparse.ArgumentParser:
         type=_nonneg_int,
         default=200,
         metavar="N",
-        help="paired bootstrap samples (default: 200)",
+        help="paired bootstrap samples, at least 2 (default: 200)",
     )
     cp.add_argument(
         "--seed", type=_nonneg_int, default=0, help="seed of the bootstrap (default: 0)"

@@ -233,7 +233,8 @@ def _run_criteria(
     if residual and debias == "ratio":
         raise ValueError(
             "debias='ratio' (App. C/D of Popordanoska et al. 2022) debiases the plug-in "
-            "ratio; pass estimator='plugin' with it, or debias='ustat' or 'none'"
+            "ratio; pass estimator='plugin' with it, or debias='ustat' or 'none' (command line: "
+            "--estimator plugin, or --debias ustat or none)"
         )
     P = check_probs(probs)
     y = check_labels(labels, P.n, P.n_classes)

@@ -1009,3 +1009,27 @@ def test_report_values_of_any_size_print_in_a_column():
     assert _format_value(123456.5) == "123456.500000"
     assert _format_value(0.5) == "0.500000" and _format_value(5e-5) == "5.000e-05"
     assert _format_value(0.0) == "0.000000" and _format_value(None) == "n/a"
+
+
+def test_resample_notions_outside_the_notion_table_are_refused(monkeypatch):
+    """--notions top_label --resample-notions classwise resampled nothing it was asked
+    for and said nothing: a notion to resample must be one of the table's."""
+    P, y = _calibrated(n=60, K=3)
+    monkeypatch.setattr(kdecal._evaluate, "_estimate_quietly", lambda *a, **k: 1 / 0)
+    with pytest.raises(ValueError, match=r"names 'classwise', which the notion table does not"):
+        kdecal.evaluate(P, y, notions=("top_label",), resample_notions=("classwise",))
+    with pytest.raises(ValueError, match=r"\(notions: none\); add them to notions"):
+        kdecal.evaluate(P, y, notions=None, resample_notions=("classwise", "top_label"))
+
+
+def test_evaluate_refuses_one_resample_and_says_why_calibration_loss_is_missing(monkeypatch):
+    """n_resamples = 1 passed evaluate's check and failed after the estimates; a file of
+    one class dropped the calibration loss from the report without a word."""
+    P, y = _calibrated(n=40, K=3)
+    with monkeypatch.context() as m:
+        m.setattr(kdecal._evaluate, "_estimate_quietly", lambda *a, **k: 1 / 0)
+        with pytest.raises(ValueError, match=r"n_resamples must be 0 .* or at least 2, got 1"):
+            kdecal.evaluate(P, y, n_resamples=1)
+    rep = _quiet(kdecal.evaluate, P, np.zeros(40, dtype=int), bandwidth=0.2, n_resamples=0)
+    assert rep.calibration_loss is None
+    assert any("calibration_loss skipped: every label is class 0" in t for t in rep.notes)
