@@ -48,7 +48,7 @@ from ._compare import ROW_METRICS, compare
 from ._estimation.problem import CALIBRATIONS as _NOTIONS
 from ._estimation.quantities import QUANTITIES
 from ._io import bundled_example_path, load_predictions
-from ._validation import check_probs
+from ._validation import check_labels, check_probs
 from .plot import evaluation_page, require_matplotlib
 from .tolerances import ROW_SUM_ATOL
 
@@ -365,6 +365,19 @@ def _to_probs(scores: np.ndarray, is_logits: bool, path: object) -> np.ndarray:
     return scores
 
 
+def _check_rows(probs: np.ndarray, labels: np.ndarray, path: object) -> None:
+    """Check the file's labels against its classes and its row count, naming the file.
+
+    (The same checks in :func:`kdecal.evaluate` and :func:`kdecal.compare` named no file.)
+    """
+    try:
+        check_labels(labels, probs.shape[0], probs.shape[1] if probs.ndim == 2 else 2)
+        if probs.shape[0] < 3:
+            raise ValueError(f"probs needs at least 3 samples, got n = {probs.shape[0]}")
+    except ValueError as exc:
+        raise ValueError(f"{path}: {_one_line(exc)}") from None
+
+
 def _show_warning(
     message: Warning | str,
     category: type[Warning],
@@ -394,6 +407,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
             path, split=args.split, logits=args.logits
         )
         probs = _to_probs(scores, is_logits, path)
+        _check_rows(probs, labels, path)
         import kdecal
 
         report = kdecal.evaluate(
@@ -428,6 +442,7 @@ def _run_compare(args: argparse.Namespace) -> int:
             warnings.showwarning = _show_warning
             scores, y, is_logits, _ = load_predictions(path, split=args.split, logits=args.logits)
             probs = _to_probs(scores, is_logits, path)
+            _check_rows(probs, y, path)
         if labels is None:
             labels = y
         elif y.shape != labels.shape or not np.array_equal(y, labels):

@@ -1033,3 +1033,17 @@ def test_evaluate_refuses_one_resample_and_says_why_calibration_loss_is_missing(
     rep = _quiet(kdecal.evaluate, P, np.zeros(40, dtype=int), bandwidth=0.2, n_resamples=0)
     assert rep.calibration_loss is None
     assert any("calibration_loss skipped: every label is class 0" in t for t in rep.notes)
+
+
+def test_cli_row_and_label_errors_name_the_file(tmp_path, capsys):
+    """Labels beyond the file's classes and files of fewer than 3 rows were refused by
+    evaluate and compare without the file's name."""
+    P, y = _calibrated(n=40, K=3)
+    oor = tmp_path / "oor.npz"
+    np.savez(oor, probs=P, labels=np.where(np.arange(40) == 6, 3, y))
+    two = tmp_path / "two.npz"
+    np.savez(two, probs=P[:2], labels=y[:2])
+    for f, msg in ((oor, "labels must lie in 0..2"), (two, "needs at least 3 samples")):
+        for cmd in (("evaluate", str(f)), ("compare", str(f), str(f))):
+            code, out, err = _cli(capsys, *cmd, "--n-resamples", "2")
+            assert code == 2 and out == "" and f"{f.name}: " in err and msg in err
