@@ -209,6 +209,8 @@ def load_predictions(
         how = "from key name"
     is_logits = kind == "logits"
     desc = f"{desc}, {'logits' if is_logits else 'probabilities'} ({how})"
+    if scores.ndim == 1:  # (one score column, or an (n, 1) array, read as binary)
+        desc += f", one column: {'the logit of ' if is_logits else ''}P(y = 1) of a binary problem"
     return scores, labels, is_logits, desc
 
 

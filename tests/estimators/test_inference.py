@@ -1047,3 +1047,9 @@ def test_cli_row_and_label_errors_name_the_file(tmp_path, capsys):
         for cmd in (("evaluate", str(f)), ("compare", str(f), str(f))):
             code, out, err = _cli(capsys, *cmd, "--n-resamples", "2")
             assert code == 2 and out == "" and f"{f.name}: " in err and msg in err
+    # one column (here an (n, 1) array) is read as P(y = 1), and the source line says so
+    one = tmp_path / "one.npz"
+    np.savez(one, probs=P[:, :1], labels=(y == 0).astype(int))
+    code, out, _ = _cli(capsys, "evaluate", str(one), "--n-resamples", "0", "--json", "--quiet")
+    assert code == 0 and json.loads(out)["n_classes"] == 2
+    assert json.loads(out)["source"].endswith("one column: P(y = 1) of a binary problem")
