@@ -162,10 +162,13 @@ def _row_sum_deviation(a: np.ndarray) -> np.ndarray:
     return np.abs(a.sum(axis=1, dtype=np.float64) - 1.0)
 
 
-def _check_row_sums(a: np.ndarray, name: str, atol: float) -> None:
-    """Refuse rows further than ``atol`` from summing to 1; warn above ``ROW_SUM_ATOL``.
+def _check_row_sums(a: np.ndarray, name: str, atol: float, high: float) -> None:
+    """Refuse rows far from summing to 1, then entries above ``high``; then warn.
 
-    The caller renormalises every row afterwards.
+    Rows further than ``atol`` from 1 are refused, then entries above ``high``; rows off
+    by more than ``ROW_SUM_ATOL`` get a warning only after both checks. The caller renormalises every row afterwards. The order: a file times 1.05 warned
+    that its rows "were renormalised", then refused an entry of 1.034 (issue 26's
+    probes); rows far from summing to 1 keep their own message.
     """
     dev = _row_sum_deviation(a)
     worst = int(np.argmax(dev))
@@ -173,6 +176,11 @@ def _check_row_sums(a: np.ndarray, name: str, atol: float) -> None:
         raise ValueError(
             f"rows of {name} must sum to 1 (tolerance {atol}); row {worst} sums to "
             f"{float(a[worst].sum())!r}. Pass logits through kdecal.softmax first."
+        )
+    if np.any(a > high):
+        idx = _first_bad(a > high)
+        raise ValueError(
+            f"{name} contains a probability above 1, {float(a[idx])!r} at index {idx}"
         )
     off = dev > ROW_SUM_ATOL
     if off.any():
@@ -407,14 +415,7 @@ def check_probs(probs: object, name: str = "probs", min_n: int = 3) -> Probs:
         idx = _first_bad(a > high)
         raise ValueError(f"binary {name} must lie in [0, 1], got {float(a[idx])!r} at index {idx}")
     if not binary:
-        # the range before the row sums: their check warns that rows "were renormalised",
-        # which an entry above 1 then refused (issue 26's probe of a file times 1.05)
-        if np.any(a > high):
-            idx = _first_bad(a > high)
-            raise ValueError(
-                f"{name} contains a probability above 1, {float(a[idx])!r} at index {idx}"
-            )
-        _check_row_sums(a, name, PROBS_ROW_SUM_ATOL)
+        _check_row_sums(a, name, PROBS_ROW_SUM_ATOL, high)
     stray = (a < 0) | (a > 1)
     if np.any(stray):
         idx = _first_bad(stray)
