@@ -436,7 +436,9 @@ def evaluate(
     notions : "auto", sequence of str or None, default "auto"
         Notions summarised (estimate and bandwidth); None or () for none. "auto":
         ("canonical", "top_label", "classwise") up to K = 10, ("top_label",
-        "classwise") beyond (a note says what was left out and how to ask for it).
+        "classwise") beyond (a note says what was left out and how to ask for it), and
+        the notion ``calibration`` names first where it is not among them
+        (``calibration="canonical"`` beyond K = 10).
     resample_notions : "auto", sequence of str or None, default "auto"
         Those of ``notions`` that also get bootstrap intervals and the calibration test
         (not with ``debias="ratio"``, whose third power sums resampling does not keep);
@@ -516,6 +518,7 @@ def evaluate(
         for name, value in (("calibration", calibration), ("notions", notions))
         if isinstance(value, str) and value == "auto"
     ]
+    asked = calibration != "auto"
     if calibration == "auto":
         calibration = "top_label" if many else "canonical"
     if isinstance(notions, str):
@@ -525,6 +528,10 @@ def evaluate(
                 f"None, got the string {notions!r} (one notion: ({notions!r},))"
             )
         notions = EVALUATE_NOTIONS_MANY_CLASSES if many else EVALUATE_NOTIONS
+        if asked and calibration not in notions:
+            # a notion asked for by name gets its row (and so its intervals and test)
+            # where "auto" would leave it out (canonical beyond K = 10)
+            notions = (calibration, *notions)
     shown = calibration == "canonical" or "canonical" in (notions or ())
     if autos and K_in is not None and many and not shown:
         auto_notes.append(_canonical_left_out(K_in, ", ".join(autos)))
@@ -586,6 +593,12 @@ def evaluate(
     cal_loss = None
     cal_calibrator = "affine"
     notes: list[str] = []
+    if R > 0 and wanted and str(debias) == "ratio":
+        notes.append(
+            "No intervals or test with debias='ratio': its corrections need the third "
+            "power sums, which the resampling does not keep; debias='ustat' (the default) "
+            "has both."
+        )
     if calibration_loss and selected is None and K >= 2 and np.unique(y).size < 2:
         notes.append(
             f"calibration_loss skipped: every label is class {int(y[0])}, and its "

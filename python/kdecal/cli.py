@@ -277,7 +277,8 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="N[,N...]",
         help="notions summarised in the notion table (estimate, bandwidth), comma-separated "
         "of canonical, top_label, classwise, or none; auto: all three up to 10 classes, "
-        "top_label and classwise beyond (default: auto)",
+        "top_label and classwise beyond, and the --calibration notion if it is not "
+        "among them (default: auto)",
     )
     ev.add_argument(
         "--resample-notions",

@@ -1053,3 +1053,16 @@ def test_cli_row_and_label_errors_name_the_file(tmp_path, capsys):
     code, out, _ = _cli(capsys, "evaluate", str(one), "--n-resamples", "0", "--json", "--quiet")
     assert code == 0 and json.loads(out)["n_classes"] == 2
     assert json.loads(out)["source"].endswith("one column: P(y = 1) of a binary problem")
+
+
+def test_ratio_debias_says_why_it_has_no_intervals():
+    """With debias="ratio" every notion row showed n/a for its intervals and test, and
+    no note said why."""
+    P, y = _calibrated(n=60, K=3)
+    rep = _quiet(
+        kdecal.evaluate, P, y, estimator="plugin", debias="ratio", bandwidth=0.2, n_resamples=4
+    )
+    assert all("ece_kde_l1_ci" not in row for row in rep.notions.values())
+    assert any(t.startswith("No intervals or test with debias='ratio'") for t in rep.notes)
+    rep = _quiet(kdecal.evaluate, P, y, bandwidth=0.2, n_resamples=4)
+    assert not any("debias='ratio'" in t for t in rep.notes)
