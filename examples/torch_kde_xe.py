@@ -106,7 +106,11 @@ def main() -> None:
     ap.add_argument("--lambdas", default="0,0.1,0.2,0.5,1")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=100)
-    ap.add_argument("--bandwidth", default="0.1", help="a float, or 'auto' (the leave-one-out Brier rule per batch)")
+    ap.add_argument(
+        "--bandwidth",
+        default="0.1",
+        help="a float, or 'auto' (the leave-one-out Brier rule per batch)",
+    )
     ap.add_argument("--dataset", choices=("digits", "synthetic"), default="digits")
     ap.add_argument("--train-fraction", type=float, default=0.5)
     args = ap.parse_args()
