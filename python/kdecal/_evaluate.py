@@ -599,12 +599,13 @@ def evaluate(
             "power sums, which the resampling does not keep; debias='ustat' (the default) "
             "has both."
         )
-    if calibration_loss and selected is None and K >= 2 and np.unique(y).size < 2:
+    one_class = np.unique(y).size < 2
+    if calibration_loss and selected is None and K >= 2 and one_class:
         notes.append(
             f"calibration_loss skipped: every label is class {int(y[0])}, and its "
             "cross-validated recalibration needs rows of two classes at least."
         )
-    if calibration_loss and selected is None and K >= 2 and np.unique(y).size >= 2:
+    elif calibration_loss and selected is None and K >= 2:
         if np.bincount(y).max() < _CAL_LOSS_FOLDS:
             notes.append(
                 f"calibration_loss skipped: its {_CAL_LOSS_FOLDS}-fold stratified "

@@ -433,13 +433,13 @@ def _residual_sums(
     with_u = extra > (D if with_a else 0)
     A = np.empty((c, B, n, D)) if with_a else None
     U = np.empty((c, B, n)) if with_u else None
+    centres = _problem.centre_values(problem) if with_a else None
     for b in range(B):
         sets: list[np.ndarray] = []
-        f = _problem.centre_values(problem)[b]
         for k in range(c):
             v = np.ones(n) if weights is None else weights[k]
             if with_a:
-                sets.extend(v * f[:, d] for d in range(D))
+                sets.extend(v * centres[b, :, d] for d in range(D))  # type: ignore[index]
             if with_u:
                 rep = replace(problem, p=problem.p[b : b + 1], labels=labels[k, b : b + 1])
                 sets.append(v * v * _problem.residual_weights(rep)[0])
