@@ -23,10 +23,12 @@ Each diagram is a frozen dataclass of read-only arrays, built with its class met
 The ``ax`` fields stay None: :func:`kdecal.plot.draw` draws any of them (and the
 drawing functions of :mod:`kdecal.plot`, which compute and draw in one call, fill them).
 The kernel estimates at the data points come from one engine pass of
-:func:`kdecal.estimate` (the papers' plug-in ratio, ``estimator="plugin"``, without
-debiasing; ``bandwidth="auto"`` is the leave-one-out Brier bandwidth), read from its
-``conditional_expectation``, or, with ``from_estimate``, from the plug-in ratio of the
-given estimate's kernel sums at its bandwidth; the curves at grid points, which are not
+:func:`kdecal.estimate` without debiasing (``bandwidth="auto"`` is the leave-one-out
+Brier bandwidth), read from its ``conditional_expectation``: by default the
+residual-centred regression ``f + g`` (``estimator="residual"``, whose L1 error is the
+ECE^KDE that :func:`kdecal.evaluate` reports), or the papers' plug-in ratio
+(``estimator="plugin"``); with ``from_estimate``, the given estimate's own regression
+from the kernel sums it holds; the curves at grid points, which are not
 data points and leave nothing out, are direct kernel sums over the data, O(n x grid
 size), in blocks. The right-closed bins are those of :func:`kdecal.binned.bin_index`.
 
@@ -67,6 +69,7 @@ from . import binned as _binned
 from ._calibration_estimate import CalibrationEstimate
 from ._engine.backends import Backend, resolve_backend
 from ._estimation import regression as _regression
+from ._estimation.regression import ESTIMATORS
 from ._validation import (
     Probs,
     as_array,
@@ -126,12 +129,19 @@ def _resolve_bandwidth(*args: Any) -> float:
 
 
 def _kernel_estimate(
-    probs: object, labels: object, calibration: str, bandwidth: object, backend: Backend
+    probs: object,
+    labels: object,
+    calibration: str,
+    bandwidth: object,
+    backend: Backend,
+    estimator: str = "residual",
 ) -> Any:
     """:func:`kdecal.estimate` without debiasing, the bandwidth of the Brier risk.
 
-    The plug-in regression: the curves draw the kernel ratio ``sum w y / sum w`` on a
-    grid, which lies in [0, 1] and is the same formula at the data and between them.
+    ``estimator="residual"`` (the default of :func:`kdecal.estimate`): ``E = f + g``
+    with ``g`` the kernel regression of the residuals ``y - f``, whose L1 error is the
+    table's ECE^KDE; ``"plugin"``: the papers' kernel ratio ``sum w y / sum w``, which
+    lies in [0, 1] and carries the kernel's smoothing bias.
     """
     return estimate(
         probs,
@@ -140,22 +150,22 @@ def _kernel_estimate(
         calibration=calibration,
         debias="none",
         criterion="brier",
-        estimator="plugin",
+        estimator=estimator,
         backend=backend,
         progress=False,
     )
 
 
-def _plugin_view(est: CalibrationEstimate) -> CalibrationEstimate:
-    """Return the curves' estimate (plug-in ratio, no debiasing) from the sums of ``est``.
+def _diagram_view(est: CalibrationEstimate) -> CalibrationEstimate:
+    """Return the estimate whose ``conditional_expectation`` a diagram draws.
 
-    A residual or debiased estimate keeps the engine's class sums ``S`` of its main
-    bandwidth; the plug-in ratio ``S_c / sum S`` of :func:`_kernel_estimate` at that
-    bandwidth is formed from them without a new kernel pass (the report's canonical
-    estimate gives the canonical panel of :func:`kdecal.plot.evaluation_page`).
+    A residual-centred estimate is drawn as it is: its ``E = f + g`` does not depend on
+    the debiasing, and its L1 error is ``est.ece_kde(1)``. A plug-in estimate is drawn
+    as the plug-in ratio ``S_c / sum S`` without debiasing, formed from the class sums
+    ``S`` it keeps of its main bandwidth without a new kernel pass.
     """
     e = est._est
-    if e.estimator == "plugin" and e.debias == "none":
+    if e.estimator == "residual" or e.debias == "none":
         return est
     if e.S is None or e.m is None:
         raise ValueError("estimate holds no kernel sums to draw the curves from")
@@ -407,10 +417,15 @@ class ReliabilityDiagram:
     y : ndarray, same shape as ``x``
         Binned: fraction of positives in the bin (accuracy for top-label). Kernel: the
         leave-one-out kernel estimate at each data point, in the order of ``x``:
-        top-label / class-wise ``E[1{y = c} | f_c]`` with the Beta kernel (the positive
-        column of :func:`kdecal.conditional_expectation` applied to the binary problem);
-        canonical: the component of the predicted class of the Dirichlet-kernel
-        ``E[y | f]`` (Popordanoska et al. 2022, Eq. 3, 10).
+        top-label / class-wise ``E[1{y = c} | f_c]`` with the Beta kernel; canonical:
+        the component of the predicted class of the Dirichlet-kernel ``E[y | f]``
+        (Popordanoska et al. 2022, Eq. 3, 10). With ``estimator="residual"`` it is
+        ``f_j + g_j``, ``g_j`` the leave-one-out kernel regression of the residuals
+        ``y_i - f_i`` (the ``conditional_expectation`` of the residual-centred
+        :func:`kdecal.estimate`), which may leave [0, 1] by the regression's noise;
+        with ``"plugin"`` the kernel ratio ``sum_i w_ij y_i / sum_i w_ij`` (the positive
+        column of :func:`kdecal.conditional_expectation` applied to the binary problem),
+        in [0, 1] and shrunk towards the data's mean by the kernel's smoothing.
     edges : ndarray or None, shape (B + 1,) / (K, B + 1)
         Binned: bin edges (:func:`kdecal.binned.binned_statistics`). Kernel: None.
     counts : ndarray, int64, shape (B,) / (K, B)
@@ -420,9 +435,11 @@ class ReliabilityDiagram:
     grid : ndarray or None, shape (G,)
         Kernel, top-label / class-wise: grid of ``n_grid`` points in [0, 1]. Else None.
     grid_curve : ndarray or None, shape (G,) / (K, G)
-        Beta-kernel Nadaraya-Watson estimate at the grid points. These are **not**
-        leave-one-out estimates (a grid point is not a sample); the curve drawn is
-        ``(x, y)``. None for binned and canonical diagrams.
+        Beta-kernel estimate at the grid points t: ``t + sum_i k_i(t) (y_i - f_i) /
+        sum_i k_i(t)`` (``estimator="residual"``) or the Nadaraya-Watson ratio ``sum_i
+        k_i(t) y_i / sum_i k_i(t)`` (``"plugin"``). These are **not** leave-one-out
+        estimates (a grid point is not a sample); the curve drawn is ``(x, y)``. None
+        for binned and canonical diagrams.
     density : ndarray or None, shape (G,) / (K, G)
         Beta-kernel density estimate of the confidences at the grid (same bandwidth),
         drawn beneath a top-label / class-wise kernel diagram. None otherwise.
@@ -431,8 +448,10 @@ class ReliabilityDiagram:
     ece : float or ndarray, shape () / (K,)
         Binned: L1 binned ECE ``sum_b n_b / n |freq_b - conf_b|``. Kernel: the L1 kernel
         error ``mean_j |E_j - f_j|`` of the problem (top-label / class-wise: equal to
-        :func:`kdecal.ece_kde` with ``p=1`` on that problem); canonical:
-        ``mean_j sum_c |E_jc - f_jc|`` (canonical ECE^KDE, p = 1).
+        :func:`kdecal.ece_kde` with ``p=1`` and the same ``estimator`` on that
+        problem); canonical: ``mean_j sum_c |E_jc - f_jc|`` (canonical ECE^KDE, p = 1).
+    estimator : str or None
+        Kernel: ``"residual"`` or ``"plugin"``, the regression drawn. None for binned.
     ax : matplotlib Axes, ndarray of Axes, or None
         The main Axes (an array of K Axes for all class-wise diagrams); None until
         drawn.
@@ -452,6 +471,7 @@ class ReliabilityDiagram:
     density: np.ndarray | None
     bandwidth: float | None
     ece: Any
+    estimator: str | None = None
     ax: Any = None
     hist_ax: Any = None
 
@@ -467,6 +487,7 @@ class ReliabilityDiagram:
         n_bins: int = 15,
         bandwidth: float | str = "auto",
         n_grid: int = 200,
+        estimator: str = "residual",
         backend: Backend = "auto",
     ) -> ReliabilityDiagram:
         """Compute a reliability diagram, ``E[y | f]`` against the confidence.
@@ -476,7 +497,9 @@ class ReliabilityDiagram:
         2017) or the leave-one-out kernel estimate at the data points (Beta kernel on
         the binary problem for top-label / class-wise, Popordanoska et al. 2024, Eq.
         24-25; Dirichlet kernel for canonical, Popordanoska et al. 2022, Eq. 3, 10), from
-        one engine pass of :func:`kdecal.estimate` (plug-in ratio, no debiasing).
+        one engine pass of :func:`kdecal.estimate` (no debiasing): by default its
+        residual-centred regression ``f + g``, whose L1 error is the ECE^KDE that
+        :func:`kdecal.ece_kde` and :func:`kdecal.evaluate` report at this bandwidth.
 
         Parameters
         ----------
@@ -500,6 +523,14 @@ class ReliabilityDiagram:
         n_grid : int, default 200
             Grid points of the Beta-kernel curve and density (top-label / class-wise
             kernel).
+        estimator : {"residual", "plugin"}, default "residual"
+            Kernel: the regression drawn, as :func:`kdecal.estimate`'s ``estimator``.
+            ``"residual"`` draws ``f + g`` (``g`` the kernel regression of ``y - f``):
+            a calibrated model's curve lies on the diagonal up to noise, and its gap is
+            the reported ECE^KDE. ``"plugin"`` draws the papers' ratio ``sum w y / sum
+            w``, which the kernel shrinks towards the data's mean (at a canonical
+            bandwidth of 1.78 on the bundled CIFAR-10 example its L1 error is 0.150
+            against the residual 0.058).
         backend : {"auto", "cpp", "numba", "cuda"}, default "auto"
 
         Returns
@@ -510,8 +541,8 @@ class ReliabilityDiagram:
         Raises
         ------
         ValueError
-            Invalid ``probs``/``labels`` (the messages of the metrics), unknown ``kind``
-            or ``calibration``, canonical with ``kind="binned"``, a bad ``class_index``,
+            Invalid ``probs``/``labels`` (the messages of the metrics), unknown ``kind``,
+            ``calibration`` or ``estimator``, canonical with ``kind="binned"``, a bad ``class_index``,
             ``n_bins < 1``, ``n_grid < 2``, a bad bandwidth or backend.
         TypeError
             Non-numeric input or bandwidth, ``n_bins`` or ``n_grid`` not an integer.
@@ -529,6 +560,7 @@ class ReliabilityDiagram:
         """
         check_choice(kind, "kind", _KINDS)
         check_choice(calibration, "calibration", _REL_CALIBRATIONS)
+        check_choice(estimator, "estimator", ESTIMATORS)
         n_bins = check_n_bins(n_bins, len(as_array(probs, "probs")))
         if calibration == "canonical" and kind != "kernel":
             raise ValueError(
@@ -566,7 +598,7 @@ class ReliabilityDiagram:
         # the validated arrays go on (no second validation); "auto" sees the input as given
         be = resolve_backend(backend, probs)
         # class-wise: one bandwidth for the K problems (their risks summed)
-        est = _kernel_estimate(P, y, calibration, bandwidth, be)
+        est = _kernel_estimate(P, y, calibration, bandwidth, be, estimator)
         return _kernel_reliability(est, P.p, y, class_index, n_bins, n_grid)
 
     @classmethod
@@ -580,15 +612,17 @@ class ReliabilityDiagram:
     ) -> ReliabilityDiagram:
         """Build the kernel reliability diagram of an estimate from its kernel sums.
 
-        ``kind="kernel"`` at the estimate's notion (``estimate.calibration``) and main
-        bandwidth (``estimate.bandwidth``): the plug-in ratio ``S_c / sum S`` of the
-        leave-one-out class sums the estimate holds (of a residual-centred or debiased
-        estimate as of a plug-in one), so no kernel pass runs. The arrays equal those of
-        :meth:`from_predictions` with ``kind="kernel"``, the same ``calibration`` and
-        ``bandwidth=estimate.bandwidth`` (to about 1e-12 relative for a residual or
-        debiased estimate, whose plug-in ratio is formed from its sums). The Beta-kernel
-        grid curve and density of a top-label / class-wise diagram are direct sums on
-        the grid, as in :meth:`from_predictions`.
+        ``kind="kernel"`` at the estimate's notion (``estimate.calibration``), main
+        bandwidth (``estimate.bandwidth``) and estimator (``estimate.estimator``), from
+        the leave-one-out sums the estimate holds, so no kernel pass runs: a
+        residual-centred estimate draws its ``conditional_expectation`` ``f + g``, and
+        the diagram's ``ece`` is its ``ece_kde(1)``; a plug-in estimate draws the ratio
+        ``S_c / sum S`` without debiasing (formed from its class sums when it is
+        debiased). The arrays equal those of :meth:`from_predictions` with
+        ``kind="kernel"``, the same ``calibration`` and ``estimator`` and
+        ``bandwidth=estimate.bandwidth`` (to about 1e-12 relative). The Beta-kernel grid
+        curve and density of a top-label / class-wise diagram are direct sums on the
+        grid, as in :meth:`from_predictions`.
 
         Parameters
         ----------
@@ -640,7 +674,7 @@ class ReliabilityDiagram:
         n_grid = _check_n_grid(n_grid)
         if class_index is not None:
             class_index = check_class_index(class_index, est.n_classes)
-        view = _plugin_view(est)
+        view = _diagram_view(est)
         return _kernel_reliability(view, est._probs, est._labels, class_index, n_bins, n_grid)
 
 
@@ -652,13 +686,14 @@ def _kernel_reliability(
     n_bins: int,
     n_grid: int,
 ) -> ReliabilityDiagram:
-    """Build the kernel :class:`ReliabilityDiagram` of a plug-in estimate (no engine call).
+    """Build the kernel :class:`ReliabilityDiagram` of an estimate (no engine call).
 
-    ``est``: a plug-in, not debiased estimate (:func:`_kernel_estimate` or
-    :func:`_plugin_view`) of the validated rows ``p`` (n, K) and labels ``y`` (n,);
-    the options are checked already.
+    ``est``: a residual-centred estimate, or a plug-in one without debiasing
+    (:func:`_kernel_estimate` or :func:`_diagram_view`), of the validated rows ``p``
+    (n, K) and labels ``y`` (n,); the options are checked already.
     """
     calibration = est.calibration
+    residual = est.estimator == "residual"
     h = est.bandwidth
     E_all = est.conditional_expectation  # (n, K), (n,) top-label, (n, K) class-wise
     n = p.shape[0]
@@ -682,6 +717,7 @@ def _kernel_reliability(
             density=None,
             bandwidth=h,
             ece=est.ece_kde(1),
+            estimator=est.estimator,
         )
     points, lab = _formulas.problem_arrays(p, y, calibration)
     E_cols = E_all[:, None] if calibration == "top_label" else E_all
@@ -695,8 +731,8 @@ def _kernel_reliability(
         order = np.argsort(q, kind="stable")
         xs.append(q[order])
         ys.append(E[order])
-        gc, de = _beta_nw_grid(q, target, h, grid)
-        gcs.append(gc)
+        gc, de = _beta_nw_grid(q, target - q if residual else target, h, grid)
+        gcs.append(grid + gc if residual else gc)
         dens.append(de)
         cnts.append(
             np.bincount(_binned._uniform_bins(q, n_bins)[1], minlength=n_bins).astype(np.int64)
@@ -720,6 +756,7 @@ def _kernel_reliability(
         density=pick(dens),
         bandwidth=h,
         ece=eces[0] if single else _readonly(np.array(eces)),
+        estimator=est.estimator,
     )
 
 
@@ -992,13 +1029,15 @@ class SimplexDensity:
     simplex_ece : float or None
         With labels: :func:`kdecal.binned.simplex_ece` at the same m (p = 1).
     ece_kde : float or None
-        With labels: canonical ECE^KDE (p = 1) of the plug-in regression at the same
-        bandwidth.
+        With labels: canonical ECE^KDE (p = 1) at the same bandwidth, of the
+        residual-centred regression or the plug-in ratio (``estimator``).
     points : ndarray or None, shape (n, 3), float64
         The predictions as the kernel sees them (clipped to ``PROB_EPS``, rows
         renormalised), scattered over the cells when drawn.
     labels : ndarray or None, shape (n,), int64
         Their true classes (the colours of the points); None without labels.
+    estimator : str or None
+        With labels: ``"residual"`` or ``"plugin"``, the regression of ``ece_kde``.
     ax : ndarray of 2 Axes or None
         Left: the cells and the points; right: the Dirichlet KDE.
     """
@@ -1016,6 +1055,7 @@ class SimplexDensity:
     ece_kde: float | None
     points: np.ndarray | None = None
     labels: np.ndarray | None = None
+    estimator: str | None = None
     ax: Any = None
 
     @classmethod
@@ -1027,6 +1067,7 @@ class SimplexDensity:
         bandwidth: float | str = "auto",
         n_bins_per_side: int | None = None,
         resolution: int = 150,
+        estimator: str = "residual",
         backend: Backend = "auto",
     ) -> SimplexDensity:
         """Compute the simplex-binned histogram and the Dirichlet KDE, for K = 3.
@@ -1036,7 +1077,7 @@ class SimplexDensity:
         Dirichlet KDE ``1/n sum_i Dir(u; f_i / h + 1)`` on a barycentric grid
         (Popordanoska et al. 2022, Sec. 4, Fig. 1, Fig. 7). With labels, the bandwidth
         and ``ece_kde`` come from one engine pass of :func:`kdecal.estimate` (canonical,
-        plug-in, no debiasing).
+        ``estimator``, no debiasing).
 
         Parameters
         ----------
@@ -1052,6 +1093,8 @@ class SimplexDensity:
             m; default: Doane's rule, as :func:`kdecal.binned.simplex_ece`.
         resolution : int, default 150
             Grid divisions per side (``(r + 1)(r + 2) / 2`` points).
+        estimator : {"residual", "plugin"}, default "residual"
+            With labels: the regression of ``ece_kde``, as :func:`kdecal.estimate`'s.
         backend : {"auto", "cpp", "numba", "cuda"}, default "auto"
 
         Returns
@@ -1062,11 +1105,12 @@ class SimplexDensity:
         Raises
         ------
         ValueError
-            Invalid ``probs``/``labels``, K != 3, bad ``bandwidth``,
-            ``n_bins_per_side < 1`` or ``resolution < 2``.
+            Invalid ``probs``/``labels``, K != 3, bad ``bandwidth``, unknown
+            ``estimator``, ``n_bins_per_side < 1`` or ``resolution < 2``.
         TypeError
             Non-numeric input or bandwidth, or an integer option that is not an integer.
         """
+        check_choice(estimator, "estimator", ESTIMATORS)
         P = check_probs(probs)
         if P.n_classes != 3:
             raise ValueError(
@@ -1078,7 +1122,7 @@ class SimplexDensity:
         be = resolve_backend(backend, probs)
         est = None
         if y is not None:  # the bandwidth and estimate of the canonical regression
-            est = _kernel_estimate(P, y, "canonical", bandwidth, be)
+            est = _kernel_estimate(P, y, "canonical", bandwidth, be, estimator)
             h = est.bandwidth
         else:  # no labels: the leave-one-out likelihood of the density
             h = _resolve_bandwidth(P, None, "canonical", bandwidth, be, False)
@@ -1098,10 +1142,11 @@ class SimplexDensity:
 
         The Dirichlet KDE on the grid at ``estimate.bandwidth`` (direct sums on the
         grid), the cells of :func:`kdecal.binned.simplex_ece` with the estimate's rows
-        and labels, and ``ece_kde``, the L1 error of the plug-in ratio of the kernel
-        sums the estimate holds (of a residual-centred or debiased estimate as of a
-        plug-in one). The arrays equal those of :meth:`from_predictions` with the labels
-        and ``bandwidth=estimate.bandwidth`` (``ece_kde`` to about 1e-12 relative),
+        and labels, and ``ece_kde``, the L1 error of the estimate's regression
+        (``estimate.ece_kde(1)`` for a residual-centred one; the plug-in ratio of the
+        kernel sums without debiasing for a plug-in one). The arrays equal those of
+        :meth:`from_predictions` with the labels, the estimate's ``estimator`` and
+        ``bandwidth=estimate.bandwidth`` (``ece_kde`` to about 1e-12 relative),
         except that the cells are those of the estimate's validated rows (clipped to
         ``PROB_EPS`` and renormalised) instead of the raw input, which can move a
         prediction lying exactly on a cell edge to the neighbouring cell.
@@ -1144,7 +1189,7 @@ class SimplexDensity:
                 f"estimate must be of K = 3 classes for a simplex density, got K = {est.n_classes}"
             )
         r = check_int(resolution, "resolution", 2)
-        view = _plugin_view(est)
+        view = _diagram_view(est)
         p = est._probs
         m = _bins_per_side(n_bins_per_side, p)
         return _simplex(p, p, est._labels, view.bandwidth, view, m, r)
@@ -1188,7 +1233,7 @@ def _simplex(
     """Build the :class:`SimplexDensity` of validated rows (no engine call).
 
     ``p``: the clipped rows (n, 3) of the KDE; ``raw``: the rows binned into cells;
-    ``y``: labels or None; ``est``: the canonical plug-in estimate at ``h`` (with
+    ``y``: labels or None; ``est``: the canonical estimate drawn at ``h`` (with
     labels); ``m``, ``r``: checked options.
     """
     n = p.shape[0]
@@ -1225,6 +1270,7 @@ def _simplex(
         ece_kde=ekde,
         points=_readonly(np.array(p, dtype=np.float64)),
         labels=None if y is None else _readonly(np.array(y, dtype=np.int64)),
+        estimator=None if ekde is None or est is None else est.estimator,
     )
 
 

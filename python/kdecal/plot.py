@@ -150,6 +150,11 @@ def _with_hist_axis(ax: Any) -> Any:
     return hax
 
 
+def _kernel_ece_name(rd: _curves.ReliabilityDiagram) -> str:
+    """Name a kernel diagram's L1 error: ECE^KDE, "plug-in" for the papers' ratio."""
+    return ("plug-in " if rd.estimator == "plugin" else "") + "ECE$^{KDE}$"
+
+
 def _draw_reliability_one(
     ax: Any,
     hax: Any,
@@ -225,7 +230,7 @@ def _draw_reliability_one(
         _fraction_bars(hax, edges, counts)
         default_title = (
             f"canonical Dirichlet KDE, h = {rd.bandwidth:.3g}\n"
-            f"plug-in ECE$^{{KDE}}$ (L1, canonical) = {float(rd.ece):.4f}"
+            f"{_kernel_ece_name(rd)} (L1, canonical) = {float(rd.ece):.4f}"
         )
     else:
         grid, dens = rd.grid, sel(rd.density)
@@ -237,7 +242,7 @@ def _draw_reliability_one(
         hax.set_ylabel("density", fontsize="small")
         hax.set_ylim(bottom=0)
         ece = float(np.asarray(rd.ece)[() if row is None else row])
-        default_title = f"Beta kernel, h = {rd.bandwidth:.3g}, plug-in ECE$^{{KDE}}$ = {ece:.4f}"
+        default_title = f"Beta kernel, h = {rd.bandwidth:.3g}, {_kernel_ece_name(rd)} = {ece:.4f}"
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.set_aspect("auto")
@@ -270,6 +275,7 @@ def reliability_diagram(
     n_bins: int = 15,
     bandwidth: float | str = "auto",
     n_grid: int = 200,
+    estimator: str = "residual",
     backend: Backend = "auto",
     title: str | None = None,
     ax: Any = None,
@@ -287,11 +293,15 @@ def reliability_diagram(
       :func:`kdecal.binned.binned_statistics` (equal-width, right-closed bins; Guo et
       al. 2017, Sec. 2 and Fig. 1), with the gap to each bin's mean confidence shaded
       in red (Popordanoska et al. 2024, Fig. 8).
-    - ``kind="kernel"``: the leave-one-out Nadaraya-Watson estimate of kdecal at the
-      data points, sorted by confidence: for top-label / class-wise the Beta kernel on
-      the binary problem ``(f_c, 1{y = c})`` (Popordanoska et al. 2024, Eq. 24-25), which
-      is exactly the positive column of :func:`kdecal.conditional_expectation` on that
-      problem; the gap between it and the diagonal is shaded.
+    - ``kind="kernel"``: the leave-one-out kernel estimate of kdecal at the data points,
+      sorted by confidence: for top-label / class-wise the Beta kernel on the binary
+      problem ``(f_c, 1{y = c})`` (Popordanoska et al. 2024, Eq. 24-25); the gap
+      between it and the diagonal is shaded. By default (``estimator="residual"``) the
+      residual-centred regression ``f + g``, ``g`` the kernel regression of ``y - f``,
+      whose mean gap is the ECE^KDE of :func:`kdecal.ece_kde` and
+      :func:`kdecal.evaluate`; ``estimator="plugin"`` draws the papers' ratio
+      ``sum w y / sum w`` (the positive column of :func:`kdecal.conditional_expectation`
+      on that problem), which the kernel shrinks towards the data's mean.
     - ``kind="kernel", calibration="canonical"``: the canonical view: for every sample
       the component of the predicted class of the Dirichlet-kernel LOO estimate of
       ``E[y | f]`` (Popordanoska et al. 2022, Eq. 3, 10), as points against the
@@ -317,14 +327,18 @@ def reliability_diagram(
     n_bins : int, default 15
         Number of equal-width bins (binned diagrams, and the histogram beneath a
         canonical diagram).
-    bandwidth : float or "auto", default "auto"
-        Kernel bandwidth h > 0 (kernel diagrams); "auto" maximises the leave-one-out
-        likelihood over :data:`kdecal.DEFAULT_BANDWIDTH_GRID` for the problem drawn
-        (class-wise: summed over the K problems, as
-        ``kdecal.ece_kde(calibration="classwise")``).
+    bandwidth : float, "auto" or "loo-mle", default "auto"
+        Kernel bandwidth h > 0 (kernel diagrams); "auto" minimises the leave-one-out
+        Brier risk of the regression over :data:`kdecal.DEFAULT_BANDWIDTH_GRID` for the
+        problem drawn (class-wise: summed over the K problems, as
+        ``kdecal.ece_kde(calibration="classwise")``), "loo-mle" maximises the
+        leave-one-out likelihood (:func:`kdecal.select_bandwidth`).
     n_grid : int, default 200
         Grid points for the Beta-kernel density beneath a kernel diagram (and
         ``grid_curve``).
+    estimator : {"residual", "plugin"}, default "residual"
+        Kernel diagrams: the regression drawn (see above and
+        :meth:`kdecal.curves.ReliabilityDiagram.from_predictions`).
     backend : {"auto", "cpp", "numba", "cuda"}, default "auto"
         Engine of the leave-one-out estimates.
     title : str, optional
@@ -346,10 +360,10 @@ def reliability_diagram(
     ValueError
         Invalid ``probs``/``labels`` (the messages of the metrics: NaN/inf, negative
         values, rows not summing to 1, labels out of range, shape mismatch, n < 3 for
-        kernel diagrams), unknown ``kind`` or ``calibration``, ``calibration="canonical"``
-        with ``kind="binned"``, ``class_index`` out of range or without
-        ``calibration="classwise"``, ``n_bins < 1`` or ``n_grid < 2``, a bad bandwidth
-        or backend, or an ``ax`` sequence of the wrong length.
+        kernel diagrams), unknown ``kind``, ``calibration`` or ``estimator``,
+        ``calibration="canonical"`` with ``kind="binned"``, ``class_index`` out of range
+        or without ``calibration="classwise"``, ``n_bins < 1`` or ``n_grid < 2``, a bad
+        bandwidth or backend, or an ``ax`` sequence of the wrong length.
     TypeError
         Non-numeric input or bandwidth, ``n_bins`` or ``n_grid`` not an integer.
     ImportError
@@ -376,6 +390,7 @@ def reliability_diagram(
         n_bins=n_bins,
         bandwidth=bandwidth,
         n_grid=n_grid,
+        estimator=estimator,
         backend=backend,
     )
     return _draw_reliability(rd, ax, title) if drawn else rd
@@ -416,7 +431,7 @@ def _draw_reliability(
         t = f"class {c}: " + (
             f"ECE = {float(rd.ece[c]):.4f}"
             if rd.kind == "binned"
-            else f"plug-in ECE$^{{KDE}}$ = {float(rd.ece[c]):.4f}"
+            else f"{_kernel_ece_name(rd)} = {float(rd.ece[c]):.4f}"
         )
         _draw_reliability_one(
             a, hax, rd, c, t if title is None else f"{title} (class {c})", legend=c == 0
@@ -612,6 +627,7 @@ def simplex_density(
     n_bins_per_side: int | None = None,
     resolution: int = 150,
     class_names: Sequence[str] | None = None,
+    estimator: str = "residual",
     backend: Backend = "auto",
     max_points: int = 3000,
     ax: Any = None,
@@ -633,14 +649,19 @@ def simplex_density(
         Predicted probabilities of a three-class problem.
     labels : array-like, shape (n,), int, optional
         True classes in 0..2 (colours and the two calibration errors).
-    bandwidth : float or "auto", default "auto"
-        Dirichlet bandwidth h > 0; "auto": :func:`kdecal.select_bandwidth`.
+    bandwidth : float, "auto" or "loo-mle", default "auto"
+        Dirichlet bandwidth h > 0; "auto": with labels the leave-one-out Brier
+        bandwidth of the canonical regression, without them the leave-one-out
+        likelihood of the density (:func:`kdecal.select_bandwidth`).
     n_bins_per_side : int, optional
         m; default: Doane's rule, as :func:`kdecal.binned.simplex_ece`.
     resolution : int, default 150
         Grid divisions per side for the KDE (``(r + 1)(r + 2) / 2`` points).
     class_names : sequence of 3 str, optional
         Vertex labels; default "class 0", "class 1", "class 2".
+    estimator : {"residual", "plugin"}, default "residual"
+        With labels: the regression of the canonical ECE^KDE in the title, as
+        :func:`kdecal.estimate`'s.
     backend : {"auto", "cpp", "numba", "cuda"}, default "auto"
     max_points : int, default 3000
         At most this many predictions are scattered (a fixed subsample; all are used for
@@ -661,7 +682,7 @@ def simplex_density(
     ------
     ValueError
         Invalid ``probs``/``labels`` (the messages of the metrics), K != 3, bad
-        ``bandwidth``, ``n_bins_per_side < 1``, ``resolution < 2``, ``max_points < 0``,
+        ``bandwidth``, unknown ``estimator``, ``n_bins_per_side < 1``, ``resolution < 2``, ``max_points < 0``,
         ``class_names`` not of length 3, or ``ax`` not two Axes.
     TypeError
         Non-numeric input or bandwidth, or an integer option that is not an integer.
@@ -682,6 +703,7 @@ def simplex_density(
         bandwidth=bandwidth,
         n_bins_per_side=n_bins_per_side,
         resolution=resolution,
+        estimator=estimator,
         backend=backend,
     )
     return _draw_simplex(sd, ax, class_names, max_points) if drawn else sd
@@ -764,7 +786,8 @@ def _draw_simplex(
     tp = a1.tripcolor(tri, z, shading="gouraud", cmap=cmap, norm=norm)
     t1 = f"Dirichlet KDE, h = {sd.bandwidth:.3g}"
     if sd.ece_kde is not None:
-        t1 += f"\nECE$^{{KDE}}$ (L1, canonical) = {sd.ece_kde:.4f}"
+        plug = "plug-in " if sd.estimator == "plugin" else ""
+        t1 += f"\n{plug}ECE$^{{KDE}}$ (L1, canonical) = {sd.ece_kde:.4f}"
     a1.set_title(t1, fontsize="medium")
     for a in (a0, a1):
         a.plot(*np.vstack([_curves._TRI, _curves._TRI[:1]]).T, color="k", lw=1)
@@ -1019,16 +1042,17 @@ def draw(data: _Diagram, ax: Any = None, **style: Any) -> _Diagram:
 
 # ----------------------------------------------------------------------- evaluation page
 def _canonical_panel_title(rd: _curves.ReliabilityDiagram, report: Any) -> str:
-    """Return the canonical panel's title: the curve's plug-in ECE^KDE and the table's.
+    """Return the canonical panel's title: the curve's ECE^KDE, and the table's if it differs.
 
-    The kernel diagram draws the plug-in regression ``S_c / sum S`` (of the papers); a
-    residual-centred table figure at the same bandwidth differs from it (0.134 against
-    0.059 on a CIFAR-10 ResNet at h = 1.78: the plug-in's smoothing bias), so the title
-    names both rather than one unlabelled ECE^KDE beside a different one in the table.
+    The panel draws the report's own regression at the table's bandwidth, so the two
+    figures agree; a plug-in curve beside a residual-centred table (or another
+    bandwidth) differs from it (0.134 against 0.059 on a CIFAR-10 ResNet at h = 1.78:
+    the plug-in's smoothing bias), and the title then names both rather than one
+    unlabelled ECE^KDE beside a different one in the table.
     """
     head = (
         f"canonical Dirichlet KDE, h = {rd.bandwidth:.3g}\n"
-        f"plug-in curve: ECE$^{{KDE}}$ (L1) = {float(rd.ece):.4f}"
+        f"{_kernel_ece_name(rd)} (L1) = {float(rd.ece):.4f}"
     )
     notions = getattr(report, "notions", {}) or {}
     row = notions.get("canonical")
@@ -1038,7 +1062,7 @@ def _canonical_panel_title(rd: _curves.ReliabilityDiagram, report: Any) -> str:
     elif report.calibration == "canonical" and report.bandwidth == rd.bandwidth:
         table = report.ece_kde_l1
     estimator = getattr(report, "estimator", "plugin")
-    if table is None or estimator == "plugin":
+    if table is None or f"{float(table):.4f}" == f"{float(rd.ece):.4f}":
         return head
     return f"{head}; table ({estimator}): {float(table):.4f}"
 
@@ -1103,8 +1127,16 @@ def evaluation_page(
     table_top_h = notions.get("top_label", {}).get("bandwidth")
     Rel = _curves.ReliabilityDiagram
     rb = Rel.from_predictions(probs, labels, n_bins=15)
+    # the kernel panels draw the report's regression (residual-centred by default)
+    estimator = getattr(report, "estimator", "residual")
     rk = Rel.from_predictions(
-        probs, labels, kind="kernel", n_bins=15, bandwidth=_PAGE_TOP_LABEL_H, backend=backend
+        probs,
+        labels,
+        kind="kernel",
+        n_bins=15,
+        bandwidth=_PAGE_TOP_LABEL_H,
+        estimator=estimator,
+        backend=backend,
     )
     # the report's canonical estimate holds the sums of this bandwidth: no new pass
     ests = getattr(report, "estimates", {}) or {}
@@ -1130,6 +1162,7 @@ def evaluation_page(
             calibration="canonical",
             n_bins=15,
             bandwidth=canon_h,
+            estimator=estimator,
             backend=backend,
         )
     cs = _curves.CalibrationSharpnessDiagram.from_predictions(probs, labels, divergence="l2")
@@ -1146,7 +1179,7 @@ def evaluation_page(
             f"top-label, 15 bins: ECE = {float(rb.ece):.4f}",
             (
                 f"top-label, LOO Beta kernel (h = {rk.bandwidth:.3g})\n"
-                f"plug-in ECE$^{{KDE}}$ (L1, top-label) = {float(rk.ece):.4f}"
+                f"{_kernel_ece_name(rk)} (L1, top-label) = {float(rk.ece):.4f}"
                 + (
                     ""
                     if table_top_h is None or float(table_top_h) == rk.bandwidth

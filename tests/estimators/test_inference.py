@@ -586,14 +586,23 @@ def test_evaluation_page_panels_use_the_table_bandwidths():
     h_top = rep.notions["top_label"]["bandwidth"]
     assert f"canonical Dirichlet KDE, h = {h_can:.3g}" in titles[2]
     assert h_top != 0.02 and f"(table: h = {h_top:.3g})" in titles[1]
-    # the kernel panels draw the plug-in curve and say so; the canonical one shows the
-    # table's residual figure beside the curve's (an unlabelled 0.1344 stood beside a
-    # table's 0.0586)
-    plug = kdecal.curves.ReliabilityDiagram.from_estimate(rep.estimates["canonical"])
-    assert f"plug-in curve: ECE$^{{KDE}}$ (L1) = {float(plug.ece):.4f}" in titles[2]
+    # the kernel panels draw the report's residual-centred curve, so the canonical one
+    # shows the table's figure (its plug-in curve had shown 0.1344 beside the table's
+    # 0.0586); a plug-in curve beside a residual table names both
     table = rep.notions["canonical"]["ece_kde_l1"]
-    assert f"table (residual): {table:.4f}" in titles[2] and abs(plug.ece - table) > 1e-4
-    assert "plug-in ECE" in titles[1]
+    assert f"ECE$^{{KDE}}$ (L1) = {table:.4f}" in titles[2]
+    assert "plug-in" not in titles[1] + titles[2] and "table" not in titles[2]
+    plug = kdecal.curves.ReliabilityDiagram.from_predictions(
+        s.probs,
+        s.labels,
+        kind="kernel",
+        calibration="canonical",
+        bandwidth=h_can,
+        estimator="plugin",
+    )
+    both = kdecal.plot._canonical_panel_title(plug, rep)
+    assert f"plug-in ECE$^{{KDE}}$ (L1) = {float(plug.ece):.4f}" in both
+    assert f"table (residual): {table:.4f}" in both and abs(plug.ece - table) > 1e-4
     (text,) = fig.axes[-1].texts
     n_lines = len(text.get_text().splitlines())
     box = fig.axes[-1].get_position()

@@ -55,12 +55,10 @@ def test_bin_means_against_loop():
 @pytest.mark.usefixtures("plugin_estimator")
 def test_curves_equal_plot_arrays_and_kernel_estimates():
     P, y = _data()
-    rd = curves.ReliabilityDiagram.from_predictions(
-        P, y, kind="kernel", calibration="classwise", bandwidth=H
-    )
-    same = kdecal.plot.reliability_diagram(
-        P, y, kind="kernel", calibration="classwise", bandwidth=H, draw=False
-    )
+    kw = {"kind": "kernel", "calibration": "classwise", "bandwidth": H, "estimator": "plugin"}
+    rd = curves.ReliabilityDiagram.from_predictions(P, y, **kw)
+    same = kdecal.plot.reliability_diagram(P, y, draw=False, **kw)
+    assert rd.estimator == same.estimator == "plugin"
     np.testing.assert_array_equal(rd.y, same.y)
     np.testing.assert_array_equal(rd.grid_curve, same.grid_curve)
     assert rd.ax is None
@@ -261,7 +259,13 @@ def test_reliability_from_estimate_reuses_its_kernel_sums(calibration, estimator
         P, y, bandwidth=H, calibration=calibration, estimator=estimator, progress=False
     )
     fresh = curves.ReliabilityDiagram.from_predictions(
-        P, y, kind="kernel", calibration=calibration, bandwidth=est.bandwidth, n_grid=21
+        P,
+        y,
+        kind="kernel",
+        calibration=calibration,
+        bandwidth=est.bandwidth,
+        n_grid=21,
+        estimator=estimator,
     )
     assert kernel_passes, "the counter is not on the estimate's path"
     kernel_passes.clear()
@@ -273,6 +277,9 @@ def test_reliability_from_estimate_reuses_its_kernel_sums(calibration, estimator
     np.testing.assert_array_equal(reused.counts, fresh.counts)
     np.testing.assert_allclose(reused.y, fresh.y, rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(reused.ece, fresh.ece, rtol=1e-12)
+    assert reused.estimator == fresh.estimator == estimator
+    if calibration != "classwise":  # the diagram's gap is the estimate's L1 error
+        assert reused.ece == pytest.approx(est.ece_kde(1), rel=1e-12)
     if calibration != "canonical":
         np.testing.assert_array_equal(reused.grid_curve, fresh.grid_curve)
         np.testing.assert_array_equal(reused.density, fresh.density)
@@ -280,6 +287,63 @@ def test_reliability_from_estimate_reuses_its_kernel_sums(calibration, estimator
         one = curves.ReliabilityDiagram.from_estimate(est, class_index=2, n_grid=21)
         np.testing.assert_array_equal(one.y, reused.y[2])
     assert kernel_passes == []
+
+
+def _beta_kernel(t, q, h):
+    """Beta kernel k_i(t): the Beta(q_i / h + 1, (1 - q_i) / h + 1) density at t, (T, n)."""
+    return stats.beta.pdf(t[:, None], q[None, :] / h + 1.0, (1.0 - q[None, :]) / h + 1.0)
+
+
+@pytest.mark.parametrize("h", [0.02, 0.3])
+def test_residual_reliability_diagram_against_brute_force(h):
+    """The default kernel diagram draws f + g, g the leave-one-out Beta-kernel regression of
+    the residuals y - f (a materialised n x n kernel with scipy's Beta density), its gap is
+    kdecal.ece_kde's residual L1 error, and its grid curve is t + the regression at t."""
+    P, y = _data(n=120, K=3, seed=7)
+    conf = P.max(axis=1)
+    hit = (P.argmax(axis=1) == y).astype(float)
+    k = _beta_kernel(conf, conf, h)  # k[j, i] = k_i(f_j)
+    np.fill_diagonal(k, 0.0)
+    E = conf + k @ (hit - conf) / k.sum(axis=1)
+    rd = curves.ReliabilityDiagram.from_predictions(P, y, kind="kernel", bandwidth=h, n_grid=9)
+    assert rd.estimator == "residual"
+    order = np.argsort(conf, kind="stable")
+    np.testing.assert_allclose(rd.x, conf[order], rtol=1e-15)
+    np.testing.assert_allclose(rd.y, E[order], rtol=1e-10, atol=1e-13)
+    assert rd.ece == pytest.approx(np.mean(np.abs(E - conf)), rel=1e-10)
+    assert rd.ece == pytest.approx(
+        kdecal.ece_kde(P, y, calibration="top_label", bandwidth=h), rel=1e-10
+    )
+    t = np.clip(rd.grid, 1e-12, 1 - 1e-12)
+    kg = _beta_kernel(t, conf, h)
+    np.testing.assert_allclose(
+        rd.grid_curve, rd.grid + kg @ (hit - conf) / kg.sum(axis=1), rtol=1e-9, atol=1e-12
+    )
+    # the plug-in diagram draws the ratio sum k y / sum k instead, a different curve
+    plug = curves.ReliabilityDiagram.from_predictions(
+        P, y, kind="kernel", bandwidth=h, n_grid=9, estimator="plugin"
+    )
+    np.testing.assert_allclose(plug.y, (k @ hit / k.sum(axis=1))[order], rtol=1e-10)
+    np.testing.assert_allclose(plug.grid_curve, kg @ hit / kg.sum(axis=1), rtol=1e-9, atol=1e-12)
+    assert abs(plug.ece - rd.ece) > 1e-3
+    with pytest.raises(ValueError, match="estimator"):
+        curves.ReliabilityDiagram.from_predictions(P, y, kind="kernel", estimator="ratio")
+
+
+def test_canonical_diagram_of_a_report_shows_the_table_figure():
+    """The canonical kernel panel of a residual report shows the table's ECE^KDE (it had
+    shown the plug-in ratio's, 2x the table's on the bundled example)."""
+    rng = np.random.default_rng(11)
+    P = rng.dirichlet(np.ones(4) * 0.7, size=300)
+    y = np.array([rng.choice(4, p=p) for p in P])
+    report = kdecal.evaluate(P, y, n_resamples=0, calibration_loss=False, bandwidth=0.5)
+    rd = curves.ReliabilityDiagram.from_estimate(report.estimates["canonical"])
+    assert rd.estimator == "residual"
+    assert rd.ece == pytest.approx(report.notions["canonical"]["ece_kde_l1"], rel=1e-12)
+    plug = curves.ReliabilityDiagram.from_predictions(
+        P, y, kind="kernel", calibration="canonical", bandwidth=0.5, estimator="plugin"
+    )
+    assert plug.ece > 1.2 * rd.ece  # the plug-in's smoothing bias at a wide kernel
 
 
 def test_simplex_density_from_canonical_estimate(kernel_passes):

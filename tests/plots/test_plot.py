@@ -65,7 +65,7 @@ def test_reliability_binned_matches_binned_statistics():
 def test_reliability_kernel_top_label_is_conditional_expectation():
     """The curve is the LOO E of the binary top-label problem, sorted by confidence."""
     P, y = _data()
-    rd = kp.reliability_diagram(P, y, kind="kernel", bandwidth=H, draw=False)
+    rd = kp.reliability_diagram(P, y, kind="kernel", bandwidth=H, draw=False, estimator="plugin")
     conf, correct = _top_label(P, y)
     E = kdecal.conditional_expectation(conf, correct, bandwidth=H)[:, 1]
     order = np.argsort(conf, kind="stable")
@@ -75,7 +75,7 @@ def test_reliability_kernel_top_label_is_conditional_expectation():
     assert rd.ece == pytest.approx(
         kdecal.ece_kde(P, y, p=1, bandwidth=H, calibration="top_label"), rel=1e-10
     )
-    auto = kp.reliability_diagram(P, y, kind="kernel", draw=False)  # "auto"
+    auto = kp.reliability_diagram(P, y, kind="kernel", draw=False, estimator="plugin")  # "auto"
     assert auto.ece == pytest.approx(kdecal.ece_kde(P, y, p=1, calibration="top_label"))
 
 
@@ -83,13 +83,20 @@ def test_reliability_kernel_top_label_is_conditional_expectation():
 def test_reliability_kernel_classwise_and_canonical():
     P, y = _data()
     one = kp.reliability_diagram(
-        P, y, kind="kernel", calibration="classwise", class_index=2, bandwidth=H, draw=False
+        P,
+        y,
+        kind="kernel",
+        calibration="classwise",
+        class_index=2,
+        bandwidth=H,
+        draw=False,
+        estimator="plugin",
     )
     E2 = kdecal.conditional_expectation(P[:, 2], (y == 2).astype(int), bandwidth=H)[:, 1]
     order = np.argsort(P[:, 2], kind="stable")
     np.testing.assert_allclose(one.y, E2[order], rtol=1e-10, atol=1e-14)
     allk = kp.reliability_diagram(
-        P, y, kind="kernel", calibration="classwise", bandwidth=H, draw=False
+        P, y, kind="kernel", calibration="classwise", bandwidth=H, draw=False, estimator="plugin"
     )
     assert allk.x.shape == (4, 300) and allk.density.shape == (4, 200)
     np.testing.assert_allclose(allk.y[2], one.y, rtol=1e-12)
@@ -97,7 +104,7 @@ def test_reliability_kernel_classwise_and_canonical():
         kdecal.ece_kde(P, y, p=1, bandwidth=H, calibration="classwise"), rel=1e-10
     )
     can = kp.reliability_diagram(
-        P, y, kind="kernel", calibration="canonical", bandwidth=H, draw=False
+        P, y, kind="kernel", calibration="canonical", bandwidth=H, draw=False, estimator="plugin"
     )
     E = kdecal.conditional_expectation(P, y, bandwidth=H)
     conf = P.max(axis=1)
@@ -109,15 +116,23 @@ def test_reliability_kernel_classwise_and_canonical():
 
 
 def test_reliability_grid_curve_and_density_are_beta_kernel_nw():
-    """Grid curve = plain (not LOO) Nadaraya-Watson with the Beta kernel; density = KDE."""
+    """Grid curve = plain (not LOO) Beta-kernel regression: t + that of the residuals by
+    default, the Nadaraya-Watson ratio for the plug-in; density = KDE."""
     P, y = _data(n=120)
     rd = kp.reliability_diagram(P, y, kind="kernel", bandwidth=H, n_grid=11, draw=False)
+    plug = kp.reliability_diagram(
+        P, y, kind="kernel", bandwidth=H, n_grid=11, draw=False, estimator="plugin"
+    )
     conf, correct = _top_label(P, y)
     q = np.clip(conf, 1e-12, 1 - 1e-12)
-    for t, curve, dens in zip(rd.grid[1:-1], rd.grid_curve[1:-1], rd.density[1:-1]):
+    for i in range(1, 10):
+        t = rd.grid[i]
         k = stats.beta.pdf(t, q / H + 1, (1 - q) / H + 1)
-        assert curve == pytest.approx(np.sum(k * correct) / np.sum(k), rel=1e-9)
-        assert dens == pytest.approx(np.mean(k), rel=1e-9)
+        assert rd.grid_curve[i] == pytest.approx(
+            t + np.sum(k * (correct - q)) / np.sum(k), rel=1e-9, abs=1e-12
+        )
+        assert plug.grid_curve[i] == pytest.approx(np.sum(k * correct) / np.sum(k), rel=1e-9)
+        assert rd.density[i] == plug.density[i] == pytest.approx(np.mean(k), rel=1e-9)
     # the density integrates to ~1 over [0, 1]
     fine = kp.reliability_diagram(P, y, kind="kernel", bandwidth=H, n_grid=2001, draw=False)
     assert _trapz(fine.density, fine.grid) == pytest.approx(1.0, abs=2e-3)
@@ -207,7 +222,10 @@ def test_sharpness_binary_and_subsampling():
 @pytest.mark.usefixtures("plugin_estimator")
 def test_simplex_density_cells_and_kde():
     s = kdecal.datasets.make_seeds_synthetic(400, 3, seed=1)
-    sd = kp.simplex_density(s.probs, s.labels, bandwidth=0.05, resolution=40, draw=False)
+    sd = kp.simplex_density(
+        s.probs, s.labels, bandwidth=0.05, resolution=40, draw=False, estimator="plugin"
+    )
+    assert sd.estimator == "plugin"
     m = sd.n_bins_per_side
     assert sd.cell_vertices.shape == (m * m, 3, 3) and sd.cell_counts.sum() == 400
     # equal-area cells tiling the simplex (chart area 1/2)
