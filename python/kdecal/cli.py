@@ -40,7 +40,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -51,6 +51,7 @@ from ._io import bundled_example_path, load_predictions
 from ._validation import check_labels, check_probs
 from .plot import evaluation_page, require_matplotlib
 from .tolerances import ROW_SUM_ATOL
+from .warnings import UnreliableEstimateWarning
 
 __all__ = ["main"]
 
@@ -400,10 +401,20 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         prefix = ""
     if args.plot is not None:  # fail before the long computation, not after it
         _check_plot_target(args.plot)
+    # the unreliable-estimate warnings are notes of the report too: held back, and shown
+    # on stderr only if the report does not print them (not twice)
+    held: list[str] = []
+
+    def show(message: Warning | str, category: type[Warning], *rest: Any, **kw: Any) -> None:
+        if issubclass(category, UnreliableEstimateWarning):
+            held.append(" ".join(str(message).split()))
+        else:
+            _show_warning(message, category, *rest, **kw)
+
     with warnings.catch_warnings():
         # Show each warning once, as one line, as soon as it is raised.
         warnings.simplefilter("default")
-        warnings.showwarning = _show_warning
+        warnings.showwarning = show
         scores, labels, is_logits, description = load_predictions(
             path, split=args.split, logits=args.logits
         )
@@ -430,6 +441,11 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         if args.plot is not None:
             fig = evaluation_page(probs, labels, report=report, backend=args.backend)
             fig.savefig(args.plot)
+    notes = " ".join(" ".join(report.notes).split()).lower()
+    for text in held:
+        why = text.split(": ", 1)[1] if text.startswith("kdecal.") else text
+        if why.rstrip(".").lower() not in notes:
+            print(f"{_PROG}: warning: {text}", file=sys.stderr)
     _emit(json.dumps(report.to_dict(), indent=2, allow_nan=False) if args.json else str(report))
     return 0
 

@@ -642,3 +642,27 @@ def test_notions_and_resample_notions_options(tmp_path, capsys):
         last = err.strip().splitlines()[-1]  # after argparse's usage lines
         assert out == "" and last.startswith(f"kdecal: error: argument {opt}")
         assert repr(bad.split(",")[-1]) in last
+
+
+def test_cli_prints_the_unreliable_kl_note_once(tmp_path, capsys):
+    """The canonical KL warning at K = 5 is a note of the report: the command line printed
+    it twice, on stderr and in the report; now once, in the report (and its JSON)."""
+    _, probs, labels = _synthetic(seed=3, n=150, k=5)
+    path = tmp_path / "k5.npz"
+    np.savez(path, probs=probs, labels=labels)
+    for extra in ((), ("--json",)):
+        code = main(["evaluate", str(path), "--quiet", "--bandwidth", BW, *NO_RESAMPLING, *extra])
+        out, err = capsys.readouterr()
+        assert code == 0
+        assert out.count("the least reliable kernel estimate") == 1, out
+        assert "least reliable" not in err, err
+    # without the report's KL rows there is no note, and no warning either
+    code = main(
+        ["evaluate", str(path), "--quiet", "--bandwidth", BW, *NO_RESAMPLING]
+        + ["--metrics", "ece_kde_l1"]
+    )
+    out, err = capsys.readouterr()
+    assert code == 0 and "least reliable" not in out + err
+    # the API still warns: a program reading no notes is told
+    with pytest.warns(kdecal.UnreliableEstimateWarning, match="least reliable"):
+        kdecal.evaluate(probs, labels, bandwidth=0.05, n_resamples=0, calibration_loss=False)
