@@ -14,6 +14,7 @@ from ._estimation import regression as _regression
 from ._estimation import replicates as _replicates
 from ._estimation import search as _search
 from ._estimation.quantities import QUANTITIES
+from ._estimation.regression import ESTIMATORS
 from ._validation import Probs, check_choice, check_p, check_seed
 from .warnings import KdecalWarning
 
@@ -225,6 +226,11 @@ def centred_interval(
     return lo, hi
 
 
+def _names(names: object) -> list[object]:
+    """Return a single name as a list of one (a string is not iterated by character)."""
+    return [names] if isinstance(names, str) else list(names)  # type: ignore[call-overload]
+
+
 class CalibrationEstimate:
     """The leave-one-out kernel estimate of ``E[y | f]`` for one notion and bandwidth.
 
@@ -382,27 +388,101 @@ class CalibrationEstimate:
         return self.ece_kde(p)
 
     def calibration_error(self, divergence: object = "kl", estimator: str = "direct") -> float:
-        """Proper calibration error for a Bregman generator.
+        """Proper calibration error for a Bregman generator, from this estimate's regression.
 
-        Popordanoska et al. 2024, Eq. 9-10, 14; see :func:`kdecal.calibration_error`
-        for the arguments.
+        Popordanoska et al., AISTATS 2024, Eq. 9-10 (direct) and Eq. 14-15 (risk minus
+        refinement). The regression ``E`` is the one this estimate was made with
+        (:attr:`estimator`: residual-centred or the plug-in ratio), at the bandwidth of
+        the divergence's rule (:attr:`bandwidth_kl` for KL, :attr:`bandwidth_l2` for L2,
+        :attr:`bandwidth` for a custom generator).
+
+        Parameters
+        ----------
+        divergence : {"kl", "l2"} or Bregman, default "kl"
+            As :func:`kdecal.calibration_error`.
+        estimator : {"direct", "refinement"}, default "direct"
+            ``"direct"``: ``mean_j D_F(E_j, f_j)``; ``"refinement"``: ``mean_j F(E_j) +
+            mean_i [D_F(y_i, f_i) - F(y_i)]``, the risk minus the refinement. The name
+            of this estimate's own regression (``"residual"`` or ``"plugin"``) is
+            accepted for ``"direct"``. :func:`kdecal.calibration_error` with
+            ``estimator="refinement"`` uses the plug-in ratio: it equals this method on
+            an estimate made with ``estimator="plugin"``.
+
+        Returns
+        -------
+        float
+            In nats for KL, squared probability units for L2; an L2 error with
+            ``debias="ustat"`` is an unbiased estimate and may be negative.
+
+        Raises
+        ------
+        ValueError
+            Unknown divergence (neither "kl", "l2" nor a :class:`kdecal.Bregman`) or
+            estimator, or the other regression's name (the regression is fixed when the
+            estimate is made: :func:`kdecal.estimate` with ``estimator=``).
         """
+        if estimator in ESTIMATORS:
+            if estimator != self.estimator:
+                raise ValueError(
+                    f"estimator={estimator!r}: this estimate's regression is "
+                    f"{self.estimator!r}; make the estimate with "
+                    f"kdecal.estimate(..., estimator={estimator!r}) for the other one"
+                )
+            estimator = "direct"
         check_choice(estimator, "estimator", ("direct", "refinement"))
         d = _quantities.divergence_of(divergence)
         return _quantities.calibration_error(self._fit(d.fit), d.generator, estimator)
 
     def refinement(self, divergence: object = "kl") -> float:
-        """Refinement ``-mean_j F(E_j)`` (Popordanoska et al. 2024, Eq. 15)."""
+        """Refinement ``-mean_j F(E_j)`` (Popordanoska et al., AISTATS 2024, Eq. 15).
+
+        Parameters
+        ----------
+        divergence : {"kl", "l2"} or Bregman, default "kl"
+            The generator F, as :meth:`calibration_error` (at its bandwidth).
+
+        Returns
+        -------
+        float
+            In nats for KL (the mean entropy of ``E``), squared probability units for L2.
+        """
         d = _quantities.divergence_of(divergence)
         return _quantities.refinement(self._fit(d.fit), d.generator)
 
     def sharpness(self, divergence: object = "kl") -> float:
-        """Sharpness ``mean_j F(E_j) - F(class frequencies)`` (2024, Eq. 4-5)."""
+        """Sharpness ``mean_j F(E_j) - F(class frequencies)`` (AISTATS 2024, Eq. 4-5).
+
+        Parameters
+        ----------
+        divergence : {"kl", "l2"} or Bregman, default "kl"
+            The generator F, as :meth:`calibration_error` (at its bandwidth).
+
+        Returns
+        -------
+        float
+            In nats for KL, squared probability units for L2.
+        """
         d = _quantities.divergence_of(divergence)
         return _quantities.sharpness(self._fit(d.fit), d.generator)
 
     def value(self, quantity: str) -> float:
-        """Return a quantity by name: one of ``kdecal.QUANTITIES`` (the report's fields)."""
+        """Return a quantity by name.
+
+        Parameters
+        ----------
+        quantity : str
+            One of ``kdecal.QUANTITIES`` (the report's fields, e.g. "ece_kde_l1",
+            "ce_l2", "ce_kl").
+
+        Returns
+        -------
+        float
+
+        Raises
+        ------
+        ValueError
+            An unknown name.
+        """
         q = _check_quantity(quantity)
         return QUANTITIES[q](self._for(q))
 
@@ -485,7 +565,7 @@ class CalibrationEstimate:
 
     def confidence_intervals(
         self,
-        quantities: list[str] | tuple[str, ...] = tuple(QUANTITIES),
+        quantities: list[str] | tuple[str, ...] | str = tuple(QUANTITIES),
         *,
         level: float = 0.95,
         n_resamples: int = 200,
@@ -494,9 +574,11 @@ class CalibrationEstimate:
     ) -> dict[str, ConfidenceInterval]:
         """Bootstrap intervals of several quantities from the same replicates.
 
-        The arguments are those of :meth:`confidence_interval`.
+        ``quantities``: names of ``kdecal.QUANTITIES`` (a single name is one of them);
+        the other arguments are those of :meth:`confidence_interval`. Returns a dict
+        name -> :class:`ConfidenceInterval`.
         """
-        names = [_check_quantity(q) for q in quantities]
+        names = [_check_quantity(q) for q in _names(quantities)]
         level = _check_level(level)
         R = _replicates.check_resamples(n_resamples, "n_resamples", 2)
         variability = check_choice(
@@ -811,13 +893,18 @@ class CalibrationEstimate:
 
     def calibration_tests(
         self,
-        statistics: list[str] | tuple[str, ...] = ("ce_l2",),
+        statistics: list[str] | tuple[str, ...] | str = ("ce_l2",),
         *,
         n_resamples: int = 200,
         seed: int | np.random.Generator | None = None,
     ) -> dict[str, CalibrationTestResult]:
-        """Run the test for several statistics on the same resampled label sets."""
-        names = [_check_quantity(s, "statistic") for s in statistics]
+        """Run the test for several statistics on the same resampled label sets.
+
+        ``statistics``: names of ``kdecal.QUANTITIES`` (a single name is one of them);
+        the other arguments are those of :meth:`calibration_test`. Returns a dict name
+        -> :class:`CalibrationTestResult`.
+        """
+        names = [_check_quantity(s, "statistic") for s in _names(statistics)]
         R = _replicates.check_resamples(n_resamples, "n_resamples", 1)
         _, dist = self._resampled([], names, R, None, check_seed(seed))
         return self._tests(dist, R)

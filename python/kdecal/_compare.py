@@ -54,11 +54,20 @@ class Comparison:
         (A - B), "low", "high" (paired bootstrap interval), "pvalue" (two-sided paired
         bootstrap), "significant" (the interval excludes 0 and the p-value is at most
         ``1 - level``, which needs ``n_resamples >= 1 / (1 - level) - 1``), "by_bandwidth" ({h:
-        difference at h} for the bandwidths checked), "sensitive" (the difference
-        changes sign at one of them)}``.
+        difference at h} for the bandwidths checked; a list of ``[h, difference]``
+        pairs in :meth:`to_dict`), "sensitive" (the difference changes sign at one of
+        them)}``.
     level : float
+        Confidence level of the intervals.
     n_resamples : int
+        Paired bootstrap samples.
     calibration : str
+        The notion of the kernel quantities.
+    bootstrap : dict
+        ``bootstrap[model][quantity]``: the replicates, ndarray of shape
+        (n_resamples,), float64, on the same row samples for every model (the
+        difference of two models' arrays is the paired bootstrap of their difference).
+        Not part of :meth:`to_dict`.
     bandwidth : float
         The one bandwidth every model is evaluated at.
     bandwidth_rule : str
@@ -77,7 +86,14 @@ class Comparison:
     bandwidth_rule: str = "fixed"
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (no arrays)."""
+        """Return a JSON-ready dict (no arrays; what ``kdecal compare --json`` prints).
+
+        Returns
+        -------
+        dict
+            The attributes but :attr:`bootstrap`, as plain Python values, with each
+            difference's ``by_bandwidth`` as a list of ``[h, difference]`` pairs.
+        """
         diffs = [
             {**d, "by_bandwidth": [[h, v] for h, v in d["by_bandwidth"].items()]}
             for d in self.differences
@@ -144,7 +160,7 @@ def compare(
     models: Mapping[str, object] | Sequence[object],
     labels: object,
     *,
-    quantities: Sequence[str] = ("ece_kde_l1", "ce_l2"),
+    quantities: Sequence[str] | str = ("ece_kde_l1", "ce_l2"),
     calibration: str = "auto",
     bandwidth: float | str = "auto",
     debias: str = "ustat",
@@ -187,8 +203,8 @@ def compare(
         a sequence is named "model 0", "model 1", ...
     labels : array-like, shape (n,), int
         The true classes, shared by every model.
-    quantities : sequence of str, default ("ece_kde_l1", "ce_l2")
-        Keys of ``kdecal.QUANTITIES`` (the kernel estimates, in the notion
+    quantities : sequence of str or str, default ("ece_kde_l1", "ce_l2")
+        Keys (or one key) of ``kdecal.QUANTITIES`` (the kernel estimates, in the notion
         ``calibration``), or of :data:`ROW_METRICS` (top-label metrics without a kernel:
         "ece_binned", "ece_binned_debiased", "mce_binned", "smooth_ece"), bootstrapped on
         row samples paired across the models (with an integer ``seed``, the kernel
@@ -206,7 +222,7 @@ def compare(
         Paired bootstrap samples (2 to 1,000,000).
     level : float, default 0.95
     seed : int or None, default 0
-    backend : {"auto", "cpp", "numba", "cuda"}, default "auto"
+    backend : {"auto", "cpp", "numba", "cuda", "dask"}, default "auto"
     estimator : {"residual", "plugin"}, default "residual"
         The regression of :func:`kdecal.estimate`.
 
@@ -245,7 +261,10 @@ def compare(
         raise ValueError(f"models has duplicate names: {names}")
     check_choice(calibration, "calibration", ("auto", "canonical", "classwise", "top_label"))
     check_choice(estimator, "estimator", _regression.ESTIMATORS)
-    qs = [check_metric(q, "quantities") for q in quantities]
+    qs = [
+        check_metric(q, "quantities")
+        for q in ([quantities] if isinstance(quantities, str) else quantities)
+    ]
     if not qs:
         raise ValueError("quantities is empty")
     level = _check_level(level)

@@ -458,8 +458,8 @@ def evaluate(
         Class-wise resampling costs K one-vs-rest problems per resample (about 14 s for
         100 resamples of the bundled K = 10 example on 2 cores), so it is opt-in.
     n_resamples : int, default 100
-        Bootstrap replicates and resampled label sets per notion (at most 1,000,000);
-        0 skips intervals and tests.
+        Bootstrap replicates and resampled label sets per notion: 0 skips intervals
+        and tests, else 2 to 1,000,000.
     seed : int or None, default 0
         Seed of the resampling (the default makes reports reproducible).
     calibration_loss : bool, default True
@@ -485,7 +485,7 @@ def evaluate(
     ------
     TypeError, ValueError
         Invalid input (see :func:`conditional_expectation`), an unknown notion, an
-        unknown or empty ``metrics``, or ``n_resamples`` outside 0..1,000,000.
+        unknown or empty ``metrics``, or ``n_resamples`` of 1 or outside 0..1,000,000.
 
     Warns
     -----

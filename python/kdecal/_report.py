@@ -161,8 +161,12 @@ class CalibrationReport:
     are in nats. All metrics are computed on the clipped and renormalised
     probabilities ``P~ = max(P, 1e-12) / rowsum(max(P, 1e-12))``. The KDE-based
     metrics use ``E[y|f]``, the leave-one-out Dirichlet-kernel estimate of the
-    conditional class distribution given the prediction ``f`` (Popordanoska et
-    al. 2022, Eq. 3), at bandwidth :attr:`bandwidth`.
+    conditional class distribution given the prediction ``f`` in the notion
+    :attr:`calibration`: by default (:attr:`estimator` ``"residual"``) the
+    residual-centred regression ``f + g``, ``g`` the kernel regression of ``y - f``,
+    with the L1 quantities at :attr:`bandwidth` and the squared L2, L2 and KL ones at
+    :attr:`bandwidth_l2` and :attr:`bandwidth_kl` (half of it with ``bandwidth="auto"``);
+    with ``"plugin"`` the papers' kernel ratio (Popordanoska et al. 2022, Eq. 3).
 
     Attributes
     ----------
@@ -171,13 +175,14 @@ class CalibrationReport:
     n_classes : int
         Number of classes ``K`` (2 for binary input given as ``P(y=1)``).
     bandwidth : float
-        Dirichlet-kernel bandwidth ``h`` used by every KDE-based metric (the
-        selected value when ``bandwidth="auto"`` was requested).
+        Kernel bandwidth ``h`` of the L1 quantities (the selected value when
+        ``bandwidth="auto"`` was requested); see :attr:`bandwidth_l2` and
+        :attr:`bandwidth_kl` for the others.
     ece_kde_l1 : float
-        KDE estimate of the canonical L1 calibration error,
+        KDE estimate of the L1 calibration error in the notion :attr:`calibration`,
         ``mean_j sum_c |E[y|f_j]_c - f_jc|`` (Popordanoska et al. 2022), a fraction.
     ece_kde_l2 : float
-        KDE estimate of the canonical L2 calibration error,
+        KDE estimate of the L2 calibration error in the notion :attr:`calibration`,
         ``(mean_j sum_c (E[y|f_j]_c - f_jc)^2)^(1/2)`` (Popordanoska et al. 2022),
         a fraction: the signed square root of ``ce_l2`` (negative when ``ce_l2`` is).
     ce_kl : float
@@ -222,15 +227,19 @@ class CalibrationReport:
         ``"classwise"`` (mean over the K one-vs-rest problems) or ``"top_label"``
         (Popordanoska et al. 2024, Eq. 24-25, App. D).
     debias : str
-        Debiasing of the kernel ratios: ``"none"``, ``"ustat"`` (Eq. 7 of [1]) or
-        ``"ratio"`` (App. C-D of [1]).
+        Debiasing of the squared errors: ``"none"``, ``"ustat"`` (residual: the
+        normalised U-statistic of the residuals; plug-in: Eq. 7 of [1]) or ``"ratio"``
+        (plug-in only, App. C-D of [1]).
     bandwidth_rule : str
-        How the bandwidth was chosen: ``"brier (KL: log)"`` (leave-one-out Brier risk of
-        the kernel regression, and its log risk for the KL quantities), ``"loo-mle"``
-        (the papers' density likelihood) or ``"fixed"``.
+        How the bandwidth was chosen: ``"brier (L2, KL: brier / 2)"`` (residual
+        estimator: the leave-one-out Brier risk of the kernel regression for the L1
+        quantities, half its bandwidth for the squared L2, L2 and KL ones), ``"brier
+        (KL: log)"`` (plug-in: the Brier risk, and the log risk for the KL quantities),
+        ``"loo-mle"`` (the papers' density likelihood) or ``"fixed"``.
     bandwidth_kl : float or None
-        Bandwidth of the KL quantities (``ce_kl``, ``refinement_kl``, ``sharpness_kl``);
-        equal to ``bandwidth`` unless the log risk chose another one.
+        Bandwidth of the KL quantities (``ce_kl``, ``refinement_kl``, ``sharpness_kl``):
+        half of ``bandwidth`` by the residual rule, the log risk's for the plug-in
+        (equal to ``bandwidth`` where it chose the same), ``bandwidth`` when fixed.
     smooth_ece : float or None
         Top-label smooth ECE (``kdecal.smooth_ece``; Blasiok & Nakkiran, ICLR 2024) at
         its fixed-point bandwidth, a fraction; beside the kernel estimates so that a

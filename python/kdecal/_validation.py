@@ -494,7 +494,8 @@ def check_bandwidth(bandwidth: object, name: str = "bandwidth") -> float:
         If it is not finite or below :data:`MIN_BANDWIDTH`.
     """
     if isinstance(bandwidth, (bool, np.bool_)) or not isinstance(bandwidth, numbers.Real):
-        raise TypeError(f"{name} must be a positive float or 'auto', got {bandwidth!r}")
+        specs = ", 'auto' or 'loo-mle'" if name == "bandwidth" else ""
+        raise TypeError(f"{name} must be a positive float{specs}, got {bandwidth!r}")
     h = float(bandwidth)
     if not np.isfinite(h) or h <= 0:
         raise ValueError(f"{name} must be a finite float > 0, got {bandwidth!r}")
@@ -525,7 +526,7 @@ def check_bandwidths(bandwidths: object, name: str = "bandwidths") -> np.ndarray
         raise ValueError(f"{name} must be a non-empty 1-D array, got shape {arr.shape}")
     bad = ~np.isfinite(arr) | (arr <= 0)
     if np.any(bad):
-        raise ValueError(f"{name} must be finite and > 0, got {arr[np.argmax(bad)]!r}")
+        raise ValueError(f"{name} must be finite and > 0, got {float(arr[np.argmax(bad)])!r}")
     if np.any(arr < MIN_BANDWIDTH):
         raise ValueError(
             f"{name} holds {arr[np.argmax(arr < MIN_BANDWIDTH)]!r}, below the smallest "

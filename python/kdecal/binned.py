@@ -143,13 +143,20 @@ def bin_index(x: object, edges: object) -> np.ndarray:
     Raises
     ------
     ValueError
-        ``edges`` not 1-D with at least two entries.
+        ``edges`` not 1-D with at least two entries, not finite or decreasing; a NaN
+        in ``x`` (it has no bin).
     """
     e = np.asarray(edges, dtype=np.float64)
     if e.ndim != 1 or e.shape[0] < 2:
         raise ValueError(f"edges must be 1-D with at least 2 entries, got shape {e.shape}")
+    if not np.all(np.isfinite(e)) or np.any(np.diff(e) < 0.0):
+        raise ValueError(f"edges must be finite and increasing, got {e.tolist()}")
+    v = np.asarray(x)
+    if v.dtype.kind in "fc" and np.isnan(v).any():
+        at = tuple(int(i) for i in np.argwhere(np.isnan(v))[0])
+        raise ValueError(f"x contains NaN at index {at}: it has no bin")
     # number of edges strictly below x, minus one: the right-closed bin (a, b]
-    idx = np.searchsorted(e, np.asarray(x), side="left") - 1
+    idx = np.searchsorted(e, v, side="left") - 1
     return np.clip(idx, 0, e.shape[0] - 2).astype(np.int64, copy=False)
 
 

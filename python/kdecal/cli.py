@@ -245,8 +245,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "--debias",
         choices=("none", "ustat", "ratio"),
         default="ustat",
-        help="debiasing of the squared kernel ratios: Eq. 7 U-statistics, none, or the "
-        "O(n^-2) geometric-series correction (default: ustat)",
+        help="debiasing of the squared errors: U-statistics (of the residuals; Eq. 7 "
+        "with --estimator plugin), none, or the O(n^-2) geometric-series correction "
+        "(ratio: with --estimator plugin only) (default: ustat)",
     )
     ev.add_argument(
         "--n-resamples",

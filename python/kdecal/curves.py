@@ -531,7 +531,7 @@ class ReliabilityDiagram:
             w``, which the kernel shrinks towards the data's mean (at a canonical
             bandwidth of 1.78 on the bundled CIFAR-10 example its L1 error is 0.150
             against the residual 0.058).
-        backend : {"auto", "cpp", "numba", "cuda"}, default "auto"
+        backend : {"auto", "cpp", "numba", "cuda", "dask"}, default "auto"
 
         Returns
         -------
@@ -1095,7 +1095,7 @@ class SimplexDensity:
             Grid divisions per side (``(r + 1)(r + 2) / 2`` points).
         estimator : {"residual", "plugin"}, default "residual"
             With labels: the regression of ``ece_kde``, as :func:`kdecal.estimate`'s.
-        backend : {"auto", "cpp", "numba", "cuda"}, default "auto"
+        backend : {"auto", "cpp", "numba", "cuda", "dask"}, default "auto"
 
         Returns
         -------

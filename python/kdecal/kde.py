@@ -77,14 +77,18 @@ _NOTION_PARAMS = """calibration : {"canonical", "classwise", "top_label"}, defau
         L_p^p error is twice the class-wise one."""
 
 _DEBIAS_PARAM = """debias : {"none", "ustat", "ratio"}, default "ustat"
-        "ustat": squared conditional expectations from the ratio of U-statistics of
-        Popordanoska et al. 2022, Eq. 7 (affects only the L2 / p = 2 quantities, which
-        the plain plug-in overstates by the variance of the kernel ratio; the L1 and KL
-        quantities are the same as with "none"); "none": the plain plug-in; "ratio":
-        the geometric-series debiasing of App. C (conditional expectation) and App. D
-        (its square), bias O(n^-2). Debiasing needs 2 (ustat) or 3 (ratio) power sums
-        from the engine; rows with a single effective neighbour keep the plain ratio
-        and are reported with a KdecalWarning."""
+        Debiasing of the squared errors (the L2 / p = 2 quantities, which the plain
+        squares overstate by the variance of the kernel regression; the L1 and KL
+        quantities are the same as with "none"). "ustat": with the residual-centred
+        estimator, each row's squared error as the normalised U-statistic of the
+        residuals over pairs of distinct neighbours (unbiased under calibration); with
+        ``estimator="plugin"``, the squared conditional expectations from the ratio of
+        U-statistics of Popordanoska et al. 2022, Eq. 7. "none": the plain squares.
+        "ratio" (``estimator="plugin"`` only; a ValueError otherwise): the
+        geometric-series debiasing of App. C (conditional expectation) and App. D (its
+        square), bias O(n^-2). Debiasing needs 2 (ustat) or 3 (ratio) power sums from
+        the engine; rows with a single effective neighbour keep the plain value and are
+        reported with a KdecalWarning where the quantity reads them."""
 
 
 _BANDWIDTH_DOC = """Kernel bandwidth h > 0 (dimensionless, on the simplex); "auto" minimises the
@@ -316,8 +320,9 @@ def estimate(
     Raises
     ------
     TypeError, ValueError
-        Invalid input (see :func:`conditional_expectation`), or an unknown
-        ``calibration``, ``debias`` or ``criterion``.
+        Invalid input (see :func:`conditional_expectation`), an unknown
+        ``calibration``, ``debias`` or ``criterion``, or ``debias="ratio"`` with
+        ``estimator="residual"``.
 
     Examples
     --------
@@ -576,15 +581,36 @@ def ece_kde(
     Raises
     ------
     TypeError, ValueError
-        Invalid input (see :func:`conditional_expectation`), ``p < 1``, or an unknown
-        ``calibration`` or ``debias``.
+        Invalid input (see :func:`conditional_expectation`), ``p < 1``, an unknown
+        ``calibration`` or ``debias``, or ``debias="ratio"`` with
+        ``estimator="residual"``.
     """
     p = check_p(p)
     kind = "sq" if p == 2.0 else "lp"
     est = _run(
-        probs, labels, bandwidth, calibration, debias, backend, None, "brier", estimator, kind
+        probs,
+        labels,
+        bandwidth,
+        calibration,
+        _debias_read(debias, p == 2.0),
+        backend,
+        None,
+        "brier",
+        estimator,
+        kind,
     )[0]
     return _quantities.ce_p(est, p)
+
+
+def _debias_read(debias: object, squares: bool) -> object:
+    """``debias`` as the quantity reads it: "ustat" forms nothing but debiased squares.
+
+    A quantity that reads no squares (L_p with p != 2, KL, a custom Bregman) is the same
+    number with "ustat" and "none"; its estimate is formed without them (no power sums
+    it does not read, and no warning about rows whose debiased squares it does not use).
+    Any other value goes on as given, to be checked.
+    """
+    return "none" if debias == "ustat" and not squares else debias
 
 
 @_doc
@@ -652,12 +678,21 @@ def calibration_error(
     Raises
     ------
     TypeError, ValueError
-        Invalid input, divergence, estimator, calibration or debias.
+        Invalid input, divergence, estimator, calibration or debias, or
+        ``debias="ratio"`` with ``estimator="residual"``.
     """
     div = _quantities.divergence_of(divergence)
     check_choice(estimator, "estimator", ("residual", "plugin", "direct", "refinement"))
+    squares = div is _quantities.DIVERGENCES["l2"]
     est = _fit_divergence(
-        probs, labels, div, bandwidth, calibration, debias, backend, str(estimator)
+        probs,
+        labels,
+        div,
+        bandwidth,
+        calibration,
+        _debias_read(debias, squares),
+        backend,
+        str(estimator),
     )
     why = _kl_unreliable(calibration, est.problem.dim)
     # beyond K = 10 the fit has warned of every canonical estimate (_run_criteria)
@@ -734,8 +769,16 @@ def refinement(
     """
     div = _quantities.divergence_of(divergence)
     check_choice(estimator, "estimator", _regression.ESTIMATORS)
+    squares = div is _quantities.DIVERGENCES["l2"]
     est = _fit_divergence(
-        probs, labels, div, bandwidth, calibration, debias, backend, str(estimator)
+        probs,
+        labels,
+        div,
+        bandwidth,
+        calibration,
+        _debias_read(debias, squares),
+        backend,
+        str(estimator),
     )
     return _quantities.refinement(est, div.generator)
 
@@ -773,8 +816,16 @@ def sharpness(
     """
     div = _quantities.divergence_of(divergence)
     check_choice(estimator, "estimator", _regression.ESTIMATORS)
+    squares = div is _quantities.DIVERGENCES["l2"]
     est = _fit_divergence(
-        probs, labels, div, bandwidth, calibration, debias, backend, str(estimator)
+        probs,
+        labels,
+        div,
+        bandwidth,
+        calibration,
+        _debias_read(debias, squares),
+        backend,
+        str(estimator),
     )
     return _quantities.sharpness(est, div.generator)
 

@@ -329,17 +329,17 @@ def reliability_diagram(
         canonical diagram).
     bandwidth : float, "auto" or "loo-mle", default "auto"
         Kernel bandwidth h > 0 (kernel diagrams); "auto" minimises the leave-one-out
-        Brier risk of the regression over :data:`kdecal.DEFAULT_BANDWIDTH_GRID` for the
-        problem drawn (class-wise: summed over the K problems, as
-        ``kdecal.ece_kde(calibration="classwise")``), "loo-mle" maximises the
-        leave-one-out likelihood (:func:`kdecal.select_bandwidth`).
+        Brier risk of the regression for the problem drawn (class-wise: summed over the
+        K problems, as ``kdecal.ece_kde(calibration="classwise")``), "loo-mle"
+        maximises the leave-one-out likelihood (both searches of
+        :func:`kdecal.select_bandwidth`).
     n_grid : int, default 200
         Grid points for the Beta-kernel density beneath a kernel diagram (and
         ``grid_curve``).
     estimator : {"residual", "plugin"}, default "residual"
         Kernel diagrams: the regression drawn (see above and
         :meth:`kdecal.curves.ReliabilityDiagram.from_predictions`).
-    backend : {"auto", "cpp", "numba", "cuda"}, default "auto"
+    backend : {"auto", "cpp", "numba", "cuda", "dask"}, default "auto"
         Engine of the leave-one-out estimates.
     title : str, optional
         Axes title; default: the estimator, bandwidth and its L1 error.
@@ -662,7 +662,7 @@ def simplex_density(
     estimator : {"residual", "plugin"}, default "residual"
         With labels: the regression of the canonical ECE^KDE in the title, as
         :func:`kdecal.estimate`'s.
-    backend : {"auto", "cpp", "numba", "cuda"}, default "auto"
+    backend : {"auto", "cpp", "numba", "cuda", "dask"}, default "auto"
     max_points : int, default 3000
         At most this many predictions are scattered (a fixed subsample; all are used for
         the estimates).
@@ -1099,7 +1099,7 @@ def evaluation_page(
         None). Its bandwidth is reused for the canonical view when it is canonical.
     bandwidth : float or "auto", default "auto"
         Bandwidth of :func:`kdecal.evaluate` when ``report`` is None.
-    backend : {"auto", "cpp", "numba", "cuda"}, default "auto"
+    backend : {"auto", "cpp", "numba", "cuda", "dask"}, default "auto"
     title : str, optional
         Page title; default: the report's source, n and K.
 

@@ -180,7 +180,15 @@ def _cv_folds(
 
 
 class BootstrapCI(NamedTuple):
-    """Full-sample estimate and percentile bootstrap interval."""
+    """Full-sample estimate and percentile bootstrap interval of :func:`bootstrap_ci`.
+
+    Attributes
+    ----------
+    estimate : float
+        The statistic on the full sample.
+    lower, upper : float
+        The interval's endpoints, in the statistic's units.
+    """
 
     estimate: float
     lower: float

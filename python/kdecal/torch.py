@@ -323,7 +323,7 @@ def conditional_expectation(
     ------
     TypeError, ValueError
         Invalid input, as :func:`kdecal.conditional_expectation`, a tensor that is not
-        not floating point, or on a device other than the CPU
+        floating point, or on a device other than the CPU
         or a usable CUDA device.
     RuntimeError
         If the compiled core is not available.
@@ -385,7 +385,7 @@ def ece_kde_loss(
     ------
     TypeError, ValueError
         Invalid input (as :func:`kdecal.ece_kde`), ``p < 1``, a tensor that is not
-        not floating point, or on a device other than the CPU
+        floating point, or on a device other than the CPU
         or a usable CUDA device.
     RuntimeError
         If the compiled core ``kdecal._core`` is not available.
@@ -443,7 +443,7 @@ def calibration_error_loss(
     ------
     TypeError, ValueError
         Invalid input, divergence, estimator or calibration; a tensor that is not
-        not floating point, or on a device other than the CPU
+        floating point, or on a device other than the CPU
         or a usable CUDA device.
     RuntimeError
         If the compiled core ``kdecal._core`` is not available.

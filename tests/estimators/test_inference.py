@@ -1075,3 +1075,77 @@ def test_ratio_debias_says_why_it_has_no_intervals():
     assert any(t.startswith("No intervals or test with debias='ratio'") for t in rep.notes)
     rep = _quiet(kdecal.evaluate, P, y, bandwidth=0.2, n_resamples=4)
     assert not any("debias='ratio'" in t for t in rep.notes)
+
+
+# ------------------------------------------------- what the docstring review found
+def test_estimate_calibration_error_method_names_its_own_regression():
+    """CalibrationEstimate.calibration_error refused the names of kdecal.calibration_error's
+    estimators; its own regression's name is now "direct", the other one a clear error,
+    and "refinement" on a plug-in estimate is the function's "refinement"."""
+    s = make_seeds_synthetic(300, 3, seed=4)
+    res = kdecal.estimate(s.probs, s.labels, bandwidth=0.1, progress=False)
+    assert res.calibration_error("kl", estimator="residual") == res.calibration_error("kl")
+    with pytest.raises(ValueError, match=r"estimator='plugin': this estimate's regression is"):
+        res.calibration_error("kl", estimator="plugin")
+    plug = kdecal.estimate(
+        s.probs, s.labels, bandwidth=0.1, estimator="plugin", criterion="brier", progress=False
+    )
+    want = kdecal.calibration_error(
+        s.probs, s.labels, bandwidth=0.1, estimator="refinement", divergence="l2"
+    )
+    assert plug.calibration_error("l2", estimator="refinement") == pytest.approx(want, rel=1e-12)
+    with pytest.raises(TypeError, match="Bregman F must be a callable"):
+        kdecal.Bregman(1, 2)
+    with pytest.raises(TypeError, match="Bregman grad_F must be a callable"):
+        kdecal.Bregman(np.sum, "grad")
+
+
+def test_single_names_are_not_iterated_by_character():
+    s = make_seeds_synthetic(200, 3, seed=5)
+    est = kdecal.estimate(s.probs, s.labels, bandwidth=0.2, progress=False)
+    one = est.calibration_tests("ce_l2", n_resamples=9, seed=1)
+    assert one.keys() == {"ce_l2"}
+    assert (
+        one["ce_l2"].pvalue
+        == est.calibration_tests(("ce_l2",), n_resamples=9, seed=1)["ce_l2"].pvalue
+    )
+    ci = est.confidence_intervals("ece_kde_l1", n_resamples=9, seed=1)
+    assert ci.keys() == {"ece_kde_l1"}
+    P2 = temperature_scale(s.probs, 1.5)
+    cmp = kdecal.compare({"a": s.probs, "b": P2}, s.labels, quantities="ece_kde_l1", **_FAST)
+    assert cmp.quantities == ["ece_kde_l1"]
+
+
+_FAST = {"bandwidth": 0.2, "n_resamples": 9, "seed": 0}
+
+
+def test_debiasing_warnings_only_where_the_number_reads_the_debiased_squares():
+    """A row with one effective neighbour keeps its plain square; ece_kde(p=1) and the KL
+    error read no square, returned the same number with and without debiasing, and still
+    warned about those rows."""
+    s = make_seeds_synthetic(60, 3, seed=2)
+    P, y = s.probs, s.labels
+    for estimator in ("residual", "plugin"):
+        kw = {"bandwidth": 0.002, "estimator": estimator}
+        with pytest.warns(kdecal.KdecalWarning, match="single effective neighbour"):
+            kdecal.ece_kde(P, y, p=2, **kw)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", kdecal.KdecalWarning)
+            warnings.simplefilter("ignore", kdecal.UnreliableEstimateWarning)
+            l1 = kdecal.ece_kde(P, y, **kw)
+            kl = kdecal.calibration_error(P, y, **kw)
+        assert l1 == kdecal.ece_kde(P, y, debias="none", **kw)
+        assert kl == kdecal.calibration_error(P, y, debias="none", **kw)
+    with pytest.raises(ValueError, match="debias='ratio'"):
+        kdecal.ece_kde(P, y, bandwidth=0.1, debias="ratio")  # p = 1 too: still refused
+    with pytest.raises(TypeError, match="bandwidth must be a positive float, 'auto' or 'loo-mle'"):
+        kdecal.ece_kde(P, y, bandwidth=[0.1])
+
+
+def test_bin_index_refuses_what_has_no_bin():
+    assert binned.bin_index([0.0, 0.3, 1.0], [0.0, 0.5, 1.0]).tolist() == [0, 0, 1]
+    with pytest.raises(ValueError, match=r"x contains NaN at index \(1,\)"):
+        binned.bin_index([0.2, np.nan], [0.0, 0.5, 1.0])
+    for edges in ([1.0, 0.0], [0.0, np.nan, 1.0], [0.0, np.inf]):
+        with pytest.raises(ValueError, match="edges must be finite and increasing"):
+            binned.bin_index([0.2], edges)

@@ -137,11 +137,27 @@ class Bregman:
         ``grad_F(P) -> ndarray (n, K)``: its gradient, vectorised over rows.
     name : str, optional
         Label used in reports.
+
+    Raises
+    ------
+    TypeError
+        ``F`` or ``grad_F`` not callable, or ``name`` not a string.
     """
 
     F: Callable[[np.ndarray], np.ndarray]
     grad_F: Callable[[np.ndarray], np.ndarray]
     name: str = "custom"
+
+    def __post_init__(self) -> None:
+        for arg in ("F", "grad_F"):
+            value = getattr(self, arg)
+            if not callable(value):
+                raise TypeError(
+                    f"Bregman {arg} must be a callable of an (n, K) array, got "
+                    f"{type(value).__name__} {value!r}"
+                )
+        if not isinstance(self.name, str):
+            raise TypeError(f"Bregman name must be a str, got {type(self.name).__name__}")
 
     def divergence(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Row-wise ``D_F(a_j, b_j)``, shape (n,)."""
