@@ -446,14 +446,19 @@ def clip_renormalise(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
-def check_labels(labels: object, n: int, n_classes: int, name: str = "labels") -> np.ndarray:
-    """Validate labels; returns an int64 array of shape (n,)."""
+def check_labels(
+    labels: object, n: int, n_classes: int, name: str = "labels", scores: str = "probs"
+) -> np.ndarray:
+    """Validate labels; returns an int64 array of shape (n,).
+
+    ``scores`` names the array whose rows and columns the labels must match.
+    """
     arr = _numeric_array(labels, name)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-D with shape ({n},), got shape {arr.shape}")
     if arr.shape[0] != n:
         raise ValueError(
-            f"{name} has {arr.shape[0]} entries but probs has {n} rows (shape mismatch)"
+            f"{name} has {arr.shape[0]} entries but {scores} has {n} rows (shape mismatch)"
         )
     if np.issubdtype(arr.dtype, np.floating):
         if not np.all(np.isfinite(arr)):
@@ -477,7 +482,7 @@ def check_labels(labels: object, n: int, n_classes: int, name: str = "labels") -
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         raise ValueError(
-            f"{name} must lie in 0..{n_classes - 1} (K = {n_classes} columns in probs), "
+            f"{name} must lie in 0..{n_classes - 1} (K = {n_classes} columns in {scores}), "
             f"got {value!r} at index {idx}"
         )
     return np.ascontiguousarray(arr.astype(np.int64))

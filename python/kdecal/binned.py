@@ -96,14 +96,16 @@ def _check_p_inf(p: object) -> float:
 
 
 def _raw_probs(probs: object) -> np.ndarray:
-    """Validate like :func:`check_probs` but return the *unclipped* values.
+    """Validate like :func:`check_probs` but return the values without the kernel's floor.
 
     Returns a C-contiguous float64 array of shape (n, K); a 1-D input of P(y = 1) becomes
-    the two columns ``(1 - p, p)``.  Rows are not clipped; rows further than
-    ``ROW_SUM_ATOL`` from summing to 1 (accepted with a warning) are renormalised.
+    the two columns ``(1 - p, p)``. Entries are not raised to ``PROB_EPS``; entries
+    outside [0, 1] by at most ``PROBS_RANGE_ATOL`` (accepted with a warning) are clipped
+    to [0, 1], as the warning says, and rows further than ``ROW_SUM_ATOL`` from summing
+    to 1 (accepted with a warning) are renormalised.
     """
-    check_probs(probs, min_n=1)  # raises on every invalid input, warns on renormalising
-    a = as_array(probs, "probs").astype(np.float64)
+    check_probs(probs, min_n=1)  # raises on every invalid input, warns on clipping
+    a = np.clip(as_array(probs, "probs").astype(np.float64), 0.0, 1.0)
     if a.ndim == 1:
         a = np.stack([1.0 - a, a], axis=1)
     sums = a.sum(axis=1, keepdims=True)

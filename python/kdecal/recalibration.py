@@ -323,17 +323,24 @@ def _overflow_scale(L: np.ndarray) -> float:
 def _problem_scale(L: np.ndarray) -> float:
     """Scale of log-probabilities for the L-BFGS fits: 1 unless badly scaled.
 
-    The typical magnitude of ``log q`` (median of the non-zero ``|log q|``) rounded to a
-    power of two when it lies outside [1/16, 16], else 1 (ordinary logits are fitted
-    unscaled); never below :func:`_overflow_scale`.
+    The typical spread of ``log q`` within a row (median of the non-zero ``|log q_ik -
+    median_k log q_ik|``), what the fitted scale multiplies, rounded to a power of two
+    when it lies outside [1/16, 16], else 1 (ordinary logits are fitted unscaled); never
+    below :func:`_overflow_scale` where that exceeds 1. The magnitude of ``log q`` itself is about log K for
+    logits of tiny spread (1e-9 times ordinary ones), which are then left unscaled and
+    the fit stops at once, at its start.
     """
-    neg = np.abs(L[L < 0])
+    # an element of each row ("lower"): the mean of two middle values may overflow
+    with np.errstate(invalid="ignore", over="ignore"):
+        dev = np.abs(L - np.quantile(L, 0.5, axis=1, keepdims=True, method="lower"))
+    dev = dev[np.isfinite(dev) & (dev > 0)]
     s = 1.0
-    if neg.size:
-        typical = float(np.median(neg))
+    if dev.size:
+        typical = float(np.median(dev))
         if typical > 0 and not 1.0 / 16 <= typical <= 16.0:
             s = _pow2(typical)
-    return max(s, _overflow_scale(L))
+    o = _overflow_scale(L)  # 1 unless sums of L could overflow: then at least that
+    return s if o == 1.0 else max(s, o)
 
 
 def _finite_or_raise(value: float, who: str, what: str) -> float:
@@ -510,7 +517,7 @@ class _Calibrator:
         arr = _numeric_array(X, "scores")
         lp = log_probs(arr, inp, "scores", MIN_FIT_SAMPLES)
         L, P = _as_given(arr, lp)
-        labels = check_labels(y, L.shape[0], L.shape[1])
+        labels = check_labels(y, L.shape[0], L.shape[1], scores="scores")
         w = _check_sample_weight(sample_weight, L.shape[0])
         return L, P, labels, w, lp
 
@@ -661,7 +668,7 @@ class _Calibrator:
         Q = self.transform(X)
         if Q.ndim == 1:
             Q = np.stack([1.0 - Q, Q], axis=1)
-        labels = check_labels(y, Q.shape[0], Q.shape[1])
+        labels = check_labels(y, Q.shape[0], Q.shape[1], scores="scores")
         w = _check_sample_weight(sample_weight, Q.shape[0])
         eps = float(np.finfo(np.float64).eps)
         q = np.clip(Q[np.arange(Q.shape[0]), labels], eps, 1.0 - eps)
@@ -776,7 +783,8 @@ class TemperatureScaling(_TemperatureMixin, _Calibrator):
         self.converged_ = False
         if g_hi <= 0.0:  # NLL still decreasing at the smallest temperature
             T = t_min
-            if np.all(ly == Ls.max(axis=1)):
+            top = ly == Ls.max(axis=1)
+            if np.all(top if w is None else top | (w <= 0.0)):  # rows of weight 0 do not count
                 msg = (
                     "TemperatureScaling: every validation label is a top-scoring class "
                     "(100% validation accuracy): the NLL decreases monotonically as T -> 0 "
@@ -995,6 +1003,33 @@ class _LBFGSMixin:
                 stacklevel=4,
             )
 
+    def _check_separable(self, U: np.ndarray, y: np.ndarray, w: np.ndarray | None) -> None:
+        """Warn, and set ``converged_ = False``, if the fitted map separates the fit data.
+
+        ``U`` (n, K): the fitted map's scores. Where every fit label (of weight > 0)
+        scores strictly above the other classes, scaling the map's parameters up lowers
+        the NLL towards 0: it has no finite minimiser, and the parameters are wherever
+        the optimiser stopped (an arbitrary, over-confident scale).
+        """
+        rows = np.arange(U.shape[0])
+        u_y = U[rows, y].copy()
+        others = U.copy()
+        others[rows, y] = -np.inf
+        top = u_y > others.max(axis=1)
+        if not np.all(top if w is None else top | (w <= 0.0)):
+            return
+        self.converged_ = False
+        warnings.warn(
+            f"{type(self).__name__}: every fit label scores strictly highest under the "
+            "fitted map (separable data, e.g. 100% validation accuracy): the NLL decreases "
+            "towards 0 as the scale grows and has no finite minimiser, so the fitted "
+            "parameters are where the optimiser stopped, an arbitrary and over-confident "
+            "scale (converged_ = False). Use more or harder validation data, or "
+            "TemperatureScaling with bounds.",
+            KdecalWarning,
+            stacklevel=4,
+        )
+
     def _minimise(self, fun: Callable[..., Any], x0: np.ndarray, n_scale: int) -> np.ndarray:
         """Minimise ``fun`` (value, gradient) from ``x0``; return the parameters.
 
@@ -1077,6 +1112,8 @@ class AffineCalibration(_LBFGSMixin, _Calibrator):
     bias-corrected temperature scaling): a scalar scale ``alpha`` and a bias vector
     ``beta`` of length K on the log-probabilities ``log q = log_softmax(z)``, fitted by the
     mean NLL with :func:`scipy.optimize.minimize` (L-BFGS-B) from ``alpha = 1, beta = 0``
+    (``alpha = 1 / s`` where the typical spread s of ``log q`` within a row lies outside
+    [1/16, 16]: the fit is made on ``log q / s``)
     with the analytic gradient
 
     .. math:: \partial_\alpha = \frac1n \sum_i \sum_k (s_{ik} - y_{ik}) \log q_{ik},
@@ -1114,8 +1151,10 @@ class AffineCalibration(_LBFGSMixin, _Calibrator):
     -----
     KdecalWarning
         If the fit stops at a non-stationary point (``converged_ = False``), if
-        ``alpha_ <= 0``, or if a class never occurs in the fit labels (its bias then
-        diverges to -infinity at the optimum).
+        ``alpha_ <= 0``, if a class never occurs in the fit labels (its bias then
+        diverges to -infinity at the optimum), or if every fit label scores highest
+        under the fitted map (separable data: the NLL has no finite minimiser;
+        ``converged_ = False``).
 
     References
     ----------
@@ -1135,10 +1174,13 @@ class AffineCalibration(_LBFGSMixin, _Calibrator):
             f, R = _nll_and_residual(U, y, w)
             return f, np.concatenate([[np.vdot(R, Ls)], R.sum(axis=0)])
 
-        x = self._minimise(fun, np.concatenate([[s], np.zeros(K)]), 1)
+        # from the unit scale of the scaled problem (alpha = 1 / s): alpha = 1 would be
+        # x = s there, 1e14 for logits of that size, where L-BFGS-B does not recover
+        x = self._minimise(fun, np.concatenate([[1.0], np.zeros(K)]), 1)
         self.alpha_ = float(x[0] / s)
         self.beta_ = x[1:] - x[1:].mean()
         self.nll_ = _nll(x[0] * Ls + self.beta_, y, w)
+        self._check_separable(x[0] * Ls + self.beta_, y, w)
         if self.alpha_ <= 0.0:
             warnings.warn(
                 f"AffineCalibration: fitted alpha_ = {self.alpha_:.4g} <= 0; the calibrated "
@@ -1161,7 +1203,8 @@ class VectorScaling(_LBFGSMixin, _Calibrator):
     ``log q = log_softmax(z)``, so that it depends only on the predicted distribution and
     ``input="logits"`` and ``input="probs"`` agree (on raw logits the per-class scales would
     also see the arbitrary per-row offset of the logits). Fitted by the mean NLL with
-    L-BFGS-B from ``w = 1, b = 0`` with the analytic gradient
+    L-BFGS-B from ``w = 1, b = 0`` (``w = 1 / s`` for log-probabilities of typical spread
+    s outside [1/16, 16], as :class:`AffineCalibration`) with the analytic gradient
     ``dL/dw_k = (1/n) sum_i (s_ik - y_ik) log q_ik``, ``dL/db_k = (1/n) sum_i (s_ik - y_ik)``.
 
     The NLL is convex in ``(w, b)``, and :class:`AffineCalibration` is the special case
@@ -1185,7 +1228,12 @@ class VectorScaling(_LBFGSMixin, _Calibrator):
         Whether the returned point is stationary: every entry of the gradient of the NLL
         with respect to the logarithm of each scale and to each bias is at most
         ``GRAD_TOL`` (1e-6 nats) in absolute value (judged at the point, not from the
-        solver's stopping rule; L-BFGS-B is restarted up to 3 times until it holds).
+        solver's stopping rule; L-BFGS-B is restarted up to 3 times until it holds), in
+        the coordinates of the fit: ``w'_k (log q_k - c) + b'_k`` with ``c`` the median
+        of ``log q`` (the lower one), which the biases absorb (``b_k = b'_k - w_k c``).
+        The test is then invariant to rescaling the scores and to shifting ``log q``; in
+        ``w_k log q_k + b_k`` itself it would weigh the biases' gradient by ``w_k c``,
+        beyond float precision for logits of tiny spread (``w ~ 1e9``).
     n_iter_ : int
         L-BFGS-B iterations, restarts included.
     n_classes_ : int
@@ -1194,8 +1242,10 @@ class VectorScaling(_LBFGSMixin, _Calibrator):
     Warns
     -----
     KdecalWarning
-        If the fit stops at a non-stationary point (``converged_ = False``), or if a class
-        never occurs in the fit labels (its bias then diverges to -infinity).
+        If the fit stops at a non-stationary point (``converged_ = False``), if a class
+        never occurs in the fit labels (its bias then diverges to -infinity), or if every
+        fit label scores highest under the fitted map (separable data: the NLL has no
+        finite minimiser; ``converged_ = False``).
 
     Notes
     -----
@@ -1210,8 +1260,14 @@ class VectorScaling(_LBFGSMixin, _Calibrator):
     def _fit(self, L: np.ndarray, P: np.ndarray, y: np.ndarray, w: np.ndarray | None) -> None:
         K = L.shape[1]
         self._warn_absent(y, K, "bias", w)
-        s = _problem_scale(L)  # fit w * s on L / s
-        Ls = L / s
+        s = _problem_scale(L)  # fit w * s on (L - c) / s
+        # centred by a constant c, which the biases absorb exactly (w_k (L_k - c) + b'_k
+        # is w_k L_k + b_k with b_k = b'_k - w_k c): logits of tiny spread have log q
+        # near -log K in every class, which per-class scales otherwise turn into biases
+        # with a lever arm of log K / s, and L-BFGS-B stalls
+        finite = L[np.isfinite(L)]
+        c = float(np.quantile(finite, 0.5, method="lower")) if finite.size else 0.0
+        Ls = (L - c) / s
 
         def fun(theta: np.ndarray) -> tuple[float, np.ndarray]:
             U = np.multiply(Ls, theta[:K])
@@ -1219,10 +1275,13 @@ class VectorScaling(_LBFGSMixin, _Calibrator):
             f, R = _nll_and_residual(U, y, w)
             return f, np.concatenate([np.einsum("ij,ij->j", R, Ls), R.sum(axis=0)])
 
-        x = self._minimise(fun, np.concatenate([np.full(K, s), np.zeros(K)]), K)
+        x = self._minimise(fun, np.concatenate([np.ones(K), np.zeros(K)]), K)
         self.weights_ = x[:K] / s
-        self.bias_ = x[K:] - x[K:].mean()
-        self.nll_ = _nll(x[:K] * Ls + self.bias_, y, w)
+        bias = x[K:] - self.weights_ * c
+        self.bias_ = bias - bias.mean()
+        U = x[:K] * Ls + x[K:]
+        self.nll_ = _nll(U, y, w)
+        self._check_separable(U, y, w)
 
     def _transform(self, L: np.ndarray, P: np.ndarray) -> np.ndarray:
         with np.errstate(over="ignore"):
@@ -1442,7 +1501,9 @@ class MeanReplacement(_Calibrator):
       ``c(x)``, replace the confidence by the top-1 accuracy ``a`` of the fit data, and set
       every other class to ``(1 - a)/(K - 1)`` (the paper's choice for a full probability
       vector, Sec. 3). Accuracy is unchanged and the population top-label ECE is 0
-      (Eq. 3.1). Ties in the argmax go to the lower class index.
+      (Eq. 3.1) when ``a > 1/K``; ties in the argmax go to the lower class index. At
+      ``a <= 1/K`` the kept class gets no more probability than the others, so the
+      argmax moves (a warning says so).
     - ``calibration="canonical"``: replace every prediction by the mean one-hot label
       vector (the class frequencies of the fit data), the constant predictor
       ``g(X) = pi_Y`` that satisfies canonical calibration (Sec. 3, first paragraph; Ferrer
@@ -1472,6 +1533,11 @@ class MeanReplacement(_Calibrator):
     ValueError
         In :meth:`fit`, for an unknown ``calibration``.
 
+    Warns
+    -----
+    KdecalWarning
+        In :meth:`fit`, top-label, when the fit accuracy is at most 1/K.
+
     References
     ----------
     Chidambaram & Ge 2024, Sec. 3 (MRR, Eq. 3.1), Theorem 4.2, Table 1.
@@ -1488,6 +1554,14 @@ class MeanReplacement(_Calibrator):
         K = L.shape[1]
         self.accuracy_ = _weighted_mean((np.argmax(L, axis=1) == y).astype(np.float64), w)
         self.class_frequencies_ = _class_frequencies(y, K, w)
+        if self.calibration == "top_label" and self.accuracy_ <= 1.0 / K:
+            warnings.warn(
+                f"MeanReplacement: the fit accuracy {self.accuracy_:.4g} is at most 1/K = "
+                f"{1.0 / K:.4g}, so the predicted class gets no more probability than the "
+                "others: transform moves the argmax and does not keep the accuracy",
+                KdecalWarning,
+                stacklevel=3,
+            )
 
     def _transform(self, L: np.ndarray, P: np.ndarray) -> np.ndarray:
         n, K = L.shape

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from scipy.stats import skew
 
+import kdecal
 from conftest import real_file
 from kdecal import binned
 
@@ -704,3 +705,19 @@ def test_new_options_bad_input():
         binned.ece(HAND_P, HAND_Y, n_bins="auto")
     with pytest.raises(ValueError, match="p must"):
         binned.ece(HAND_P, HAND_Y, p=-np.inf)
+
+
+def test_stray_entries_are_clipped_as_the_warning_says():
+    """Entries outside [0, 1] by at most 0.01 are accepted "clipped to [0, 1]": the binned,
+    smooth and SKCE metrics used the unclipped values (a mean confidence of 1.005)."""
+    stray = np.array([[1.005, -0.005], [0.5, 0.5], [0.3, 0.7]])
+    clean = np.array([[1.0, 0.0], [0.5, 0.5], [0.3, 0.7]])
+    y = [0, 1, 1]
+    with pytest.warns(kdecal.RenormalizationWarning, match="clipped to"):
+        st = binned.binned_statistics(stray, y)
+    assert np.nanmax(st.mean_confidence) == 1.0
+    for fn in (binned.ece, kdecal.smooth_ece):
+        with pytest.warns(kdecal.RenormalizationWarning):
+            got = fn(stray, y)
+        assert got == fn(clean, y)
+    assert binned.ece(clean, y) == pytest.approx((0.0 + 0.5 + 0.3) / 3)

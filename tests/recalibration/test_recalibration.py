@@ -311,9 +311,12 @@ def test_affine_and_vector_absent_class_warns(data5):
 
 def test_affine_negative_alpha_warns():
     z, _ = make_logits(n=400, K=3)
-    with pytest.warns(kdecal.KdecalWarning, match="alpha_"):
+    # labels = argmin: a negative alpha separates them (no finite minimiser either)
+    with pytest.warns(kdecal.KdecalWarning) as record:
         aff = rc.AffineCalibration().fit(z, z.argmin(1))
-    assert aff.alpha_ < 0
+    assert aff.alpha_ < 0 and not aff.converged_
+    messages = " ".join(str(r.message) for r in record)
+    assert "alpha_ = " in messages and "separable data" in messages
 
 
 # ------------------------------------------------------------------------ isotonic
@@ -783,8 +786,11 @@ def test_extreme_logits_property(seed, log_scale, K, extreme):
                 g = affine_grad(z, y, cal.alpha_, cal.beta_)
                 assert abs(g[0] * cal.alpha_) <= 1e-6 and np.max(np.abs(g[1:])) <= 1e-6
             else:
+                # in the fit's coordinates w (log q - c) + b', c the (lower) median of
+                # log q: d/dw there is d/dw - c d/db here
                 g = vector_grad(z, y, cal.weights_, cal.bias_)
-                assert np.max(np.abs(g[:K] * cal.weights_)) <= 1e-6
+                c = np.quantile(lq[np.isfinite(lq)], 0.5, method="lower")
+                assert np.max(np.abs((g[:K] - c * g[K:]) * cal.weights_)) <= 1e-6
                 assert np.max(np.abs(g[K:])) <= 1e-6
 
 
@@ -911,3 +917,91 @@ def test_lbfgs_fits_run_on_one_blas_thread(monkeypatch, cls):
     np.testing.assert_allclose(
         limited.predict_proba(L), free.predict_proba(L), rtol=1e-6, atol=1e-9
     )
+
+
+# ------------------------------------------------------ what a new user's probe found
+@pytest.mark.parametrize("cls", [rc.AffineCalibration, rc.VectorScaling])
+def test_separable_fit_data_warn_and_do_not_converge(cls):
+    """Every fit label the argmax: the NLL has no finite minimiser. Affine and vector
+    scaling reported converged_ = True at an arbitrary scale (alpha 12 on 300 rows of a
+    CIFAR-10 model, test NLL 2.18 against the raw model's 0.20), with no warning."""
+    z, y = make_logits(n=1500, K=4, seed=8)
+    ok = z.argmax(axis=1) == y
+    with pytest.warns(kdecal.KdecalWarning, match="separable data"):
+        cal = cls().fit(z[ok][:300], y[ok][:300])
+    assert not cal.converged_ and cal.nll_ < 1e-3
+    # a weight-0 row that the map gets wrong does not make the data inseparable
+    zw, yw = z[ok][:301].copy(), y[ok][:301].copy()
+    yw[-1] = (zw[-1].argmax() + 1) % 4
+    w = np.ones(301)
+    w[-1] = 0.0
+    with pytest.warns(kdecal.KdecalWarning, match="separable data"):
+        cls().fit(zw, yw, sample_weight=w)
+    # ordinary data: no such warning, a stationary point
+    with warnings_as_errors():
+        assert cls().fit(z, y).converged_
+
+
+@contextlib.contextmanager
+def warnings_as_errors():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", kdecal.KdecalWarning)
+        yield
+
+
+@pytest.mark.parametrize("c", [1e-7, 1e-5, 1e-3, 1e3, 1e14, 1e100, 1e300])
+def test_affine_fits_logits_of_any_scale(c):
+    """alpha * log q + beta fitted to logits times c is the fit to the logits, with alpha
+    divided by c (down to about 1e-7, where log_softmax keeps 9 of the logits' digits):
+    at c = 1e-9 the fit stopped at its start (NLL log K, converged_ = True),
+    and from c = 1e14 on it failed (it started at alpha = 1, 1e14 in its own scale)."""
+    z, y = make_logits(n=1500, K=5, seed=9)
+    ref = rc.AffineCalibration().fit(z, y)
+    with warnings_as_errors():
+        cal = rc.AffineCalibration().fit(z * c, y)
+    assert cal.converged_
+    assert cal.nll_ == pytest.approx(ref.nll_, rel=1e-6)
+    assert cal.alpha_ * c == pytest.approx(ref.alpha_, rel=1e-4)
+
+
+@pytest.mark.parametrize("c", [1e-7, 1e-3, 1e12, 1e300])
+def test_vector_scaling_converges_at_any_scale(c):
+    """Vector scaling stalled at a non-stationary point for logits times 1e-5 ... 1e-7 and
+    from 1e12 on; now a stationary point, checked by the gradient in the logits' scale."""
+    z, y = make_logits(n=1500, K=4, seed=10)
+    with warnings_as_errors():
+        cal = rc.VectorScaling().fit(z * c, y)
+    assert cal.converged_ and np.isfinite(cal.nll_)
+    lq = log_softmax(z * c, axis=1)
+    U = cal.weights_ * lq + cal.bias_
+    assert cal.nll_ == pytest.approx(-np.mean(log_softmax(U, axis=1)[np.arange(1500), y]))
+    # stationary in the fit's coordinates (see converged_), by an independent gradient
+    g = vector_grad(z * c, y, cal.weights_, cal.bias_)
+    med = np.quantile(lq, 0.5, method="lower")
+    assert np.max(np.abs((g[:4] - med * g[4:]) * cal.weights_)) <= 1e-5
+    assert np.max(np.abs(g[4:])) <= 1e-6
+
+
+def test_mean_replacement_warns_where_it_moves_the_argmax():
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(300, 3))
+    y = np.where(rng.random(300) < 0.25, z.argmax(1), (z.argmax(1) + 1) % 3)
+    with pytest.warns(kdecal.KdecalWarning, match=r"accuracy 0.2533 is at most 1/K = 0.3333"):
+        m = rc.MeanReplacement().fit(z, y)
+    assert np.mean(m.predict(z) == z.argmax(1)) == 0.0  # what the warning says
+    with warnings_as_errors():
+        good = rc.MeanReplacement().fit(z, z.argmax(1))
+    assert np.all(good.predict(z) == z.argmax(1))
+
+
+def test_calibrator_messages_name_their_arguments():
+    # a weight-0 misclassified row: the data are separable, not a bounds problem
+    with pytest.warns(kdecal.KdecalWarning, match="every validation label is a top-scoring"):
+        rc.TemperatureScaling().fit(
+            np.array([0.2, 0.9, 0.6, 0.4, 0.7]), [0, 1, 1, 0, 0], sample_weight=[0, 0, 1, 1, 0]
+        )
+    z = np.random.default_rng(0).normal(size=(4, 4))
+    with pytest.raises(ValueError, match=r"K = 4 columns in scores\), got 5"):
+        rc.TemperatureScaling().fit(z, [0, 2, 5, 3])
