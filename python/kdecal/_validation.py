@@ -580,8 +580,8 @@ def check_seed(seed: object, name: str = "seed") -> np.random.Generator:
         return np.random.default_rng(seed)  # type: ignore[arg-type]
     except (TypeError, ValueError) as exc:
         raise type(exc)(
-            f"{name} must be None, a non-negative integer or a numpy.random.Generator, "
-            f"got {seed!r}"
+            f"{name} must be None, a non-negative integer, a numpy.random.SeedSequence or "
+            f"a numpy.random.Generator, got {seed!r}"
         ) from None
 
 

@@ -295,13 +295,14 @@ def estimate(
     bandwidth : float, "auto" or "loo-mle", default "auto"
         {bandwidth_doc}
     {notion_params}
-    criterion : {"auto", "brier", "log"}, default "auto"
+    criterion : {"auto", "brier", "log", "loo-mle"}, default "auto"
         Leave-one-out risk minimised by ``bandwidth="auto"``: "auto" uses the Brier
         risk for the L1 / L2 / custom-Bregman quantities and the log risk for the KL
         ones (the criterion that matches the quantity; both searches share their engine
         passes, and a second pass runs only when the two bandwidths differ). With
         ``estimator="residual"``, "auto" is the Brier rule of ``estimator`` below and
-        "log" replaces the Brier risk by the log risk in it.
+        "log" replaces the Brier risk by the log risk in it. "loo-mle": the papers'
+        leave-one-out likelihood of the density of f (as ``bandwidth="loo-mle"``).
     {estimator_doc}
     backend : {"auto", "cpp", "numba", "cuda", "dask"}, default "auto"
         See :func:`conditional_expectation`.

@@ -125,7 +125,7 @@ def _class_weights(y: np.ndarray, K: int, priors: object) -> tuple[np.ndarray, n
     if np.any(missing):
         k = int(np.argmax(missing))
         raise ValueError(
-            f"priors gives class {k} the prior {P[k]!r} but labels has no sample of class "
+            f"priors gives class {k} the prior {float(P[k])!r} but labels has no sample of class "
             f"{k}: the prior-weighted average (Ferrer & Ramos 2025, App. A) needs at least one"
         )
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -143,7 +143,7 @@ def _normalised(value: float, naive: float, what: str, P: np.ndarray) -> float:
     if not (np.isfinite(naive) and naive > 0):
         raise ValueError(
             f"normalize=True divides by the {what} of the naive system that outputs the "
-            f"priors {np.round(P, 6).tolist()}, which is {naive!r}; it must be > 0 (a "
+            f"priors {np.round(P, 6).tolist()}, which is {abs(naive) if naive == 0 else float(naive)!r}; it must be > 0 (a "
             "single class present, or a cost matrix whose cheapest fixed decision costs "
             "nothing)"
         )
@@ -159,7 +159,9 @@ def _check_cost_matrix(cost_matrix: object, K: int | None = None) -> np.ndarray:
         )
     if not np.all(np.isfinite(C)):
         idx = tuple(int(i) for i in np.argwhere(~np.isfinite(C))[0])
-        raise ValueError(f"cost_matrix contains a non-finite value {C[idx]!r} at index {idx}")
+        raise ValueError(
+            f"cost_matrix contains a non-finite value {float(C[idx])!r} at index {idx}"
+        )
     if K is not None and C.shape[0] != K:
         raise ValueError(
             f"cost_matrix has {C.shape[0]} rows but probs has K = {K} classes "
@@ -179,13 +181,15 @@ def _check_index_vector(x: object, name: str, upper: int, what: str, n: int | No
         bad = ~np.isfinite(arr) | (arr != np.round(arr))
         if np.any(bad):
             i = int(np.argmax(bad))
-            raise ValueError(f"{name} must be integers in 0..{upper - 1}, got {arr[i]!r} at {i}")
+            raise ValueError(
+                f"{name} must be integers in 0..{upper - 1}, got {float(arr[i])!r} at index {i}"
+            )
     out = arr.astype(np.int64)
     bad = (out < 0) | (out >= upper)
     if np.any(bad):
         i = int(np.argmax(bad))
         raise ValueError(
-            f"{name} must lie in 0..{upper - 1} ({upper} = {what}), got {out[i]!r} at index {i}"
+            f"{name} must lie in 0..{upper - 1} ({upper} = {what}), got {int(out[i])!r} at index {i}"
         )
     return np.ascontiguousarray(out)
 
