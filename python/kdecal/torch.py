@@ -59,7 +59,7 @@ from ._engine import engines as _engines
 from ._engine import runtime as _runtime
 from ._estimation import problem as _problem
 from ._estimation import quantities as _quantities
-from ._validation import check_bandwidth, check_choice, check_labels, check_probs
+from ._validation import check_bandwidth, check_choice, check_labels, check_p, check_probs
 
 __all__ = [
     "CalibrationErrorLoss",
@@ -460,6 +460,12 @@ def calibration_error_loss(
     return torch.mean(F) + torch.mean(risk)
 
 
+def _check_options(bandwidth: object, calibration: object) -> None:
+    """Refuse a module's bad bandwidth or notion when it is made, naming the argument."""
+    _kde._check_bandwidth_spec(bandwidth)
+    check_choice(calibration, "calibration", _problem.CALIBRATIONS)
+
+
 class ECEKDELoss(torch.nn.Module):
     """``nn.Module`` form of :func:`ece_kde_loss`.
 
@@ -471,6 +477,11 @@ class ECEKDELoss(torch.nn.Module):
         Kernel bandwidth (required; see :func:`ece_kde_loss`).
     calibration : {"canonical", "classwise", "top_label"}, default "canonical"
 
+    Raises
+    ------
+    TypeError, ValueError
+        A bad option, at construction (not at the first ``forward``).
+
     Examples
     --------
     >>> ece = ECEKDELoss(p=1, bandwidth=0.05)  # doctest: +SKIP
@@ -481,6 +492,8 @@ class ECEKDELoss(torch.nn.Module):
         self, *, p: float = 1, bandwidth: float | str, calibration: str = "canonical"
     ) -> None:
         super().__init__()
+        _check_options(bandwidth, calibration)
+        check_p(p)
         self.p = p
         self.bandwidth = bandwidth
         self.calibration = calibration
@@ -506,6 +519,11 @@ class CalibrationErrorLoss(torch.nn.Module):
         Kernel bandwidth (required; see :func:`ece_kde_loss`).
     calibration : {"canonical", "classwise", "top_label"}, default "canonical"
     estimator : {"direct", "refinement"}, default "direct"
+
+    Raises
+    ------
+    TypeError, ValueError
+        A bad option, at construction (not at the first ``forward``).
     """
 
     def __init__(
@@ -517,6 +535,9 @@ class CalibrationErrorLoss(torch.nn.Module):
         estimator: str = "direct",
     ) -> None:
         super().__init__()
+        _check_options(bandwidth, calibration)
+        check_choice(divergence, "divergence", DIVERGENCES)
+        check_choice(estimator, "estimator", ESTIMATORS)
         self.divergence = divergence
         self.bandwidth = bandwidth
         self.calibration = calibration

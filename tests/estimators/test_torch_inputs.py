@@ -20,3 +20,22 @@ def test_cpu_tensors_as_inputs():
     assert got32 == pytest.approx(ref, rel=1e-5)
     rep = kdecal.evaluate(torch.tensor(P), torch.tensor(y), bandwidth=0.1, n_resamples=0)
     assert rep.ece_kde_l1 == ref
+
+
+def test_loss_modules_refuse_bad_options_when_made():
+    """ECEKDELoss(calibration="foo") and p=0 were accepted and failed at the first forward,
+    deep in a training loop; they are refused at construction, naming the argument."""
+    from kdecal.torch import CalibrationErrorLoss, ECEKDELoss
+
+    bad = [
+        (lambda: ECEKDELoss(bandwidth=0.1, calibration="foo"), "calibration must be one of"),
+        (lambda: ECEKDELoss(bandwidth=0.1, p=0), "p must be a finite real number >= 1"),
+        (lambda: ECEKDELoss(bandwidth=-1.0), "bandwidth must be a finite float > 0"),
+        (lambda: CalibrationErrorLoss(bandwidth="x"), "bandwidth must be a float > 0, 'auto'"),
+        (lambda: CalibrationErrorLoss(bandwidth=0.1, divergence="js"), "divergence must be"),
+        (lambda: CalibrationErrorLoss(bandwidth=0.1, estimator="plug"), "estimator must be"),
+    ]
+    for make, message in bad:
+        with pytest.raises(ValueError, match=message):
+            make()
+    assert ECEKDELoss(bandwidth="auto", calibration="top_label").calibration == "top_label"
