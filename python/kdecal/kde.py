@@ -87,8 +87,10 @@ _DEBIAS_PARAM = """debias : {"none", "ustat", "ratio"}, default "ustat"
         "ratio" (``estimator="plugin"`` only; a ValueError otherwise): the
         geometric-series debiasing of App. C (conditional expectation) and App. D (its
         square), bias O(n^-2). Debiasing needs 2 (ustat) or 3 (ratio) power sums from
-        the engine; rows with a single effective neighbour keep the plain value and are
-        reported with a KdecalWarning where the quantity reads them."""
+        the engine. Rows with a single effective neighbour have no pair to debias with:
+        the residual estimator leaves them out of the squared error (each takes the mean
+        of the other rows), the plug-in keeps their plain ratio; either is reported with
+        a KdecalWarning where the quantity reads them."""
 
 
 _BANDWIDTH_DOC = """Kernel bandwidth h > 0 (dimensionless, on the simplex); "auto" minimises the

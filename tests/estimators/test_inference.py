@@ -389,7 +389,7 @@ def test_bad_seeds_are_refused_naming_the_argument(monkeypatch):
     ran = []
     monkeypatch.setattr(kdecal._evaluate, "_estimate_quietly", lambda *a, **k: ran.append(1))
     for bad, exc in (("x", TypeError), (-1, ValueError), (1.5, TypeError)):
-        want = rf"seed must be None, a non-negative integer .*got {re.escape(repr(bad))}"
+        want = rf"seed must be None, a non-negative integer, .*got {re.escape(repr(bad))}"
         for call in (
             lambda b: est.confidence_interval(n_resamples=5, seed=b),
             lambda b: est.calibration_test(n_resamples=5, seed=b),

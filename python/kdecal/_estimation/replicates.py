@@ -345,6 +345,7 @@ def _multi_label_replicates(
                     A,
                     U,
                     warn=False,
+                    row_weights=rw,
                 )
             else:
                 rep = _regression.estimate_from(
@@ -995,7 +996,7 @@ def _residual_replicate(
             uk = np.where(empty[None], 0.0, uk)
         rw = np.where(empty, 0.0, rw if rw is not None else 1.0)
     rep = _regression.residual_from_sums(
-        prob, est.bandwidth, debias, est.m, s0, nk, den, uk, warn=False
+        prob, est.bandwidth, debias, est.m, s0, nk, den, uk, warn=False, row_weights=rw
     )
     return replace(rep, row_weights=rw)
 
