@@ -456,6 +456,12 @@ def check_labels(
     arr = _numeric_array(labels, name)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-D with shape ({n},), got shape {arr.shape}")
+    if arr.dtype == np.bool_ and n_classes > 2:
+        # a correctness mask (pred == y) read as the classes 0 and 1 of K > 2
+        raise ValueError(
+            f"{name} are booleans, but {scores} has K = {n_classes} columns: pass the "
+            "true class indices in 0..K-1 (a mask such as argmax == y is not a label)"
+        )
     if arr.shape[0] != n:
         raise ValueError(
             f"{name} has {arr.shape[0]} entries but {scores} has {n} rows (shape mismatch)"

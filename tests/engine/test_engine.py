@@ -320,3 +320,46 @@ def test_every_simd_path_agrees():
                 atol=1e-6,
                 err_msg=f"{isa} float32 [{k}]",
             )
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork on this platform")
+def test_a_forked_child_computes_instead_of_hanging():
+    """A child forked after the engine ran its OpenMP team hung on its first estimate (the
+    "fork" start method of multiprocessing, gunicorn, DataLoader workers). The engine runs
+    on one thread in such a child, with the same numbers; set_num_threads says why not more."""
+    import time
+
+    P = np.random.default_rng(0).dirichlet(np.ones(4), 3000)
+    y = P.argmax(axis=1)
+    want = kdecal.ece_kde(P, y, bandwidth=0.1)  # the parent's OpenMP team has run
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            import warnings
+
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                kdecal.set_num_threads(2)
+            got = kdecal.ece_kde(P, y, bandwidth=0.1)
+            msg = f"{got!r} {kdecal.get_num_threads()} {len(caught)} {caught[0].message}"
+            os.write(w, msg.encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    start = time.monotonic()
+    while time.monotonic() - start < 120:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung")
+    out = os.read(r, 4096).decode()
+    os.close(r)
+    value, threads, n_warn, message = out.split(" ", 3)
+    assert float(value) == want and threads == "1" and n_warn == "1"
+    assert "forked process: the engine stays on one thread" in message
+    assert kdecal.get_num_threads() >= 1  # the parent keeps its own setting

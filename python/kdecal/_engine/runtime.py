@@ -13,11 +13,14 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import numpy as np
+
+from ..warnings import KdecalWarning
 
 _core_error: BaseException | None = None
 try:
@@ -28,6 +31,20 @@ except ImportError as exc:  # pragma: no cover - exercised by the fallback test
     _core_error = exc
 
 _num_threads: int = 0  # 0: library default (all cores)
+#: True in a process forked from one that imported kdecal: OpenMP (libgomp) cannot run a
+#: team of threads in a child forked from a process whose team it started (the child
+#: hangs), so the engine runs on one thread there (:func:`set_num_threads`).
+_forked_child = False
+
+
+def _after_fork_in_child() -> None:
+    global _num_threads, _forked_child
+    _forked_child = True
+    _num_threads = 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def is_device_array(x: object) -> bool:
@@ -46,7 +63,12 @@ def set_num_threads(n: int | None) -> None:
     """Set the number of threads the engine uses (``None`` or 0: all cores).
 
     Threads beyond the number of cores are allowed (up to :data:`MAX_THREADS`) but only
-    add scheduling overhead.
+    add scheduling overhead. In a process forked from one that imported kdecal (the
+    ``"fork"`` start method of :mod:`multiprocessing`, the default on Linux before
+    Python 3.14, gunicorn and Celery workers, torch DataLoader workers) the engine runs
+    on one thread: OpenMP cannot start a team of threads in a child forked after it ran
+    one (the child hangs), so there a value other than 1 warns and is not taken. Use the
+    ``"spawn"`` or ``"forkserver"`` start method for workers with threads of their own.
 
     Parameters
     ----------
@@ -65,6 +87,16 @@ def set_num_threads(n: int | None) -> None:
         raise ValueError(
             f"n must be an integer in 0..{MAX_THREADS} (0 or None: all cores), got {n!r}"
         )
+    if _forked_child and n != 1:
+        warnings.warn(
+            f"kdecal.set_num_threads({n}) in a forked process: the engine stays on one "
+            "thread (OpenMP cannot run a team of threads in a child forked after it ran "
+            "one: it hangs). Start workers with the 'spawn' or 'forkserver' method of "
+            "multiprocessing for threads of their own.",
+            KdecalWarning,
+            stacklevel=2,
+        )
+        return
     _num_threads = int(n)
 
 
