@@ -694,16 +694,8 @@ def calibration_error(
     """
     div = _quantities.divergence_of(divergence)
     check_choice(estimator, "estimator", ("residual", "plugin", "direct", "refinement"))
-    squares = div is _quantities.DIVERGENCES["l2"]
     est = _fit_divergence(
-        probs,
-        labels,
-        div,
-        bandwidth,
-        calibration,
-        _debias_read(debias, squares),
-        backend,
-        str(estimator),
+        probs, labels, div, bandwidth, calibration, debias, backend, str(estimator)
     )
     why = _kl_unreliable(calibration, est.problem.dim)
     # beyond K = 10 the fit has warned of every canonical estimate (_run_criteria)
@@ -729,7 +721,11 @@ def _fit_divergence(
     backend: object,
     estimator: str,
 ) -> _regression.Estimate:
-    """Fit the estimate of a generator's quantities at the bandwidth of ``estimator``'s rule."""
+    """Fit the estimate of a generator's quantities at the bandwidth of ``estimator``'s rule.
+
+    ``debias`` as the generator reads it (:func:`_debias_read`: only L2 reads squares).
+    """
+    debias = _debias_read(debias, div is _quantities.DIVERGENCES["l2"])
     if estimator == "residual":
         return _run(
             probs,
@@ -780,16 +776,8 @@ def refinement(
     """
     div = _quantities.divergence_of(divergence)
     check_choice(estimator, "estimator", _regression.ESTIMATORS)
-    squares = div is _quantities.DIVERGENCES["l2"]
     est = _fit_divergence(
-        probs,
-        labels,
-        div,
-        bandwidth,
-        calibration,
-        _debias_read(debias, squares),
-        backend,
-        str(estimator),
+        probs, labels, div, bandwidth, calibration, debias, backend, str(estimator)
     )
     return _quantities.refinement(est, div.generator)
 
@@ -827,16 +815,8 @@ def sharpness(
     """
     div = _quantities.divergence_of(divergence)
     check_choice(estimator, "estimator", _regression.ESTIMATORS)
-    squares = div is _quantities.DIVERGENCES["l2"]
     est = _fit_divergence(
-        probs,
-        labels,
-        div,
-        bandwidth,
-        calibration,
-        _debias_read(debias, squares),
-        backend,
-        str(estimator),
+        probs, labels, div, bandwidth, calibration, debias, backend, str(estimator)
     )
     return _quantities.sharpness(est, div.generator)
 
