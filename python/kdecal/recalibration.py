@@ -326,9 +326,9 @@ def _problem_scale(L: np.ndarray) -> float:
     The typical spread of ``log q`` within a row (median of the non-zero ``|log q_ik -
     median_k log q_ik|``), what the fitted scale multiplies, rounded to a power of two
     when it lies outside [1/16, 16], else 1 (ordinary logits are fitted unscaled); never
-    below :func:`_overflow_scale` where that exceeds 1. The magnitude of ``log q`` itself is about log K for
-    logits of tiny spread (1e-9 times ordinary ones), which are then left unscaled and
-    the fit stops at once, at its start.
+    below :func:`_overflow_scale` where that exceeds 1. (The magnitude of ``log q``
+    itself is about log K for logits of tiny spread, 1e-9 times ordinary ones: read
+    instead, it left them unscaled, and the fit stopped at its start.)
     """
     # an element of each row ("lower"): the mean of two middle values may overflow
     with np.errstate(invalid="ignore", over="ignore"):
@@ -341,6 +341,11 @@ def _problem_scale(L: np.ndarray) -> float:
             s = _pow2(typical)
     o = _overflow_scale(L)  # 1 unless sums of L could overflow: then at least that
     return s if o == 1.0 else max(s, o)
+
+
+def _all_weighted(mask: np.ndarray, w: np.ndarray | None) -> bool:
+    """Whether ``mask`` holds on every row of positive weight (rows of weight 0 do not count)."""
+    return bool(np.all(mask if w is None else mask | (w <= 0.0)))
 
 
 def _finite_or_raise(value: float, who: str, what: str) -> float:
@@ -783,8 +788,7 @@ class TemperatureScaling(_TemperatureMixin, _Calibrator):
         self.converged_ = False
         if g_hi <= 0.0:  # NLL still decreasing at the smallest temperature
             T = t_min
-            top = ly == Ls.max(axis=1)
-            if np.all(top if w is None else top | (w <= 0.0)):  # rows of weight 0 do not count
+            if _all_weighted(ly == Ls.max(axis=1), w):
                 msg = (
                     "TemperatureScaling: every validation label is a top-scoring class "
                     "(100% validation accuracy): the NLL decreases monotonically as T -> 0 "
@@ -1015,8 +1019,7 @@ class _LBFGSMixin:
         u_y = U[rows, y].copy()
         others = U.copy()
         others[rows, y] = -np.inf
-        top = u_y > others.max(axis=1)
-        if not np.all(top if w is None else top | (w <= 0.0)):
+        if not _all_weighted(u_y > others.max(axis=1), w):
             return
         self.converged_ = False
         warnings.warn(
