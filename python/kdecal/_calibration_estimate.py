@@ -15,6 +15,7 @@ from ._estimation import replicates as _replicates
 from ._estimation import search as _search
 from ._estimation.quantities import QUANTITIES
 from ._estimation.regression import ESTIMATORS
+from ._numerics import ValueEq
 from ._validation import Probs, check_choice, check_p, check_seed
 from .warnings import KdecalWarning
 
@@ -57,8 +58,8 @@ def _quiet(fn: Callable[[_regression.Estimate], float], e: _regression.Estimate)
         return fn(e)
 
 
-@dataclass(frozen=True)
-class ConfidenceInterval:
+@dataclass(frozen=True, eq=False)
+class ConfidenceInterval(ValueEq):
     """A bootstrap interval of one quantity (percentile, centred on the estimate).
 
     Attributes
@@ -93,8 +94,8 @@ class ConfidenceInterval:
         return iter((self.low, self.high))
 
 
-@dataclass(frozen=True)
-class CalibrationTestResult:
+@dataclass(frozen=True, eq=False)
+class CalibrationTestResult(ValueEq):
     """Result of :func:`kdecal.calibration_test`.
 
     Attributes

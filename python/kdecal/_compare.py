@@ -25,6 +25,7 @@ from ._estimation import problem as _problem
 from ._estimation import regression as _regression
 from ._estimation import replicates as _replicates
 from ._estimation import search as _search
+from ._numerics import ValueEq
 from ._report import format_pvalue
 from ._row_metrics import ROW_METRICS, check_metric, lower_bound, row_bootstrap
 from ._validation import check_choice, check_labels, check_probs, check_seed
@@ -34,8 +35,8 @@ from .warnings import KdecalWarning, warn_user
 __all__ = ["ROW_METRICS", "Comparison", "compare"]
 
 
-@dataclass(frozen=True)
-class Comparison:
+@dataclass(frozen=True, eq=False)
+class Comparison(ValueEq):
     """Result of :func:`compare`.
 
     Attributes

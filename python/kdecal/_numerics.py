@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-__all__ = ["exact_sum"]
+__all__ = ["ValueEq", "exact_sum", "same_value"]
 
 #: Below this many terms :func:`exact_sum` is ``math.fsum`` itself.
 _EXACT_SUM_MIN = 1024
@@ -49,3 +49,43 @@ def exact_sum(x: np.ndarray) -> float:
     if amax == 0.0 and parts:
         return math.fsum(parts)
     return math.fsum(parts + r.tolist())  # also every term a zero (fsum's sign of 0)
+
+
+def same_value(a: object, b: object) -> bool:
+    """Whether two result values are equal, arrays compared as values.
+
+    Arrays (and array-likes met beside one) are equal when their shapes and elements
+    are, NaN equal to NaN; dicts, lists and tuples compare item by item; floats NaN
+    equal to NaN; anything else with ``==``.
+    """
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        try:
+            return bool(np.array_equal(a, b, equal_nan=True))  # type: ignore[arg-type]
+        except TypeError:  # object arrays cannot test NaN
+            return bool(np.array_equal(a, b))  # type: ignore[arg-type]
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return (
+            type(a) is type(b) and len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
+        )
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return bool(a == b)
+
+
+class ValueEq:
+    """Value equality for frozen result dataclasses that hold arrays (``eq=False``).
+
+    The dataclass-generated ``__eq__`` compares the fields' tuples, which raises on
+    arrays; this one compares the fields with :func:`same_value`. Results stay
+    unhashable, as their arrays are.
+    """
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        names = self.__dataclass_fields__  # type: ignore[attr-defined]
+        return all(same_value(getattr(self, k), getattr(other, k)) for k in names)

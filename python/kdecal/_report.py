@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._estimation.quantities import QUANTITIES
+from ._numerics import ValueEq
 
 __all__ = ["CalibrationReport"]
 
@@ -152,8 +153,8 @@ def _format_interval(ci: Any) -> str:
     return f"[{_format_value(ci[0])}, {_format_value(ci[1])}]"
 
 
-@dataclass(frozen=True)
-class CalibrationReport:
+@dataclass(frozen=True, eq=False)
+class CalibrationReport(ValueEq):
     """All calibration metrics of one set of predictions, from :func:`kdecal.evaluate`.
 
     Every error, score and accuracy is a plain fraction (0.05 means 5 %), never

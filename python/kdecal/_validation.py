@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
+import threading
 import warnings
 from dataclasses import dataclass
 from functools import cached_property
@@ -773,6 +774,13 @@ def is_dask_array(x: object) -> bool:
     return (mod == "dask" or mod.startswith("dask.")) and hasattr(x, "map_blocks")
 
 
+#: Serialises the blocks' warning capture: ``warnings.catch_warnings`` swaps the
+#: process's filters and ``showwarning``, so two blocks validated at once on threads (the
+#: threaded dask scheduler) interleaved their captures: a block's warnings escaped to the
+#: caller uncollected, or the "always" filter of one stayed installed after both.
+_BLOCK_WARNINGS = threading.Lock()
+
+
 def _check_block(
     block: np.ndarray, name: str, a: int, b: int
 ) -> tuple[np.ndarray, list[tuple[type[Warning], str]]]:
@@ -783,7 +791,7 @@ def _check_block(
     """
     if block.shape[0] == 0:
         return np.zeros((0, 2 if block.ndim == 1 else block.shape[1])), []
-    with warnings.catch_warnings(record=True) as caught:
+    with _BLOCK_WARNINGS, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             p = check_probs(block, name, min_n=1).p

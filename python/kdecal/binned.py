@@ -51,6 +51,7 @@ from typing import Literal, Union
 import numpy as np
 
 from ._estimation.quantities import power_scale
+from ._numerics import ValueEq
 from ._validation import (
     MAX_BINS_FLOOR,
     as_array,
@@ -219,8 +220,8 @@ def _readonly(a: np.ndarray) -> np.ndarray:
     return a
 
 
-@dataclass(frozen=True)
-class BinStats:
+@dataclass(frozen=True, eq=False)
+class BinStats(ValueEq):
     """Per-bin statistics of a binned calibration estimate (a reliability diagram).
 
     For one binary problem (top-label, or class-wise with a ``class_index``) every array

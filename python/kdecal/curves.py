@@ -70,6 +70,7 @@ from ._calibration_estimate import CalibrationEstimate
 from ._engine.backends import Backend, resolve_backend
 from ._estimation import regression as _regression
 from ._estimation.regression import ESTIMATORS
+from ._numerics import ValueEq
 from ._validation import (
     Probs,
     as_array,
@@ -389,8 +390,8 @@ def _gaussian_nw_exact(
 
 
 # ------------------------------------------------------------------ reliability diagram
-@dataclass(frozen=True)
-class ReliabilityDiagram:
+@dataclass(frozen=True, eq=False)
+class ReliabilityDiagram(ValueEq):
     """Arrays of a reliability diagram and the Axes it is drawn on.
 
     Made by :meth:`from_predictions` (binned or kernel) or :meth:`from_estimate` (the
@@ -761,8 +762,8 @@ def _kernel_reliability(
 
 
 # ---------------------------------------------------------- calibration-sharpness diagram
-@dataclass(frozen=True)
-class CalibrationSharpnessDiagram:
+@dataclass(frozen=True, eq=False)
+class CalibrationSharpnessDiagram(ValueEq):
     """Arrays of a calibration-sharpness diagram and the Axes it is drawn on.
 
     Made by :meth:`from_predictions`; drawn by :func:`kdecal.plot.draw` or
@@ -994,8 +995,8 @@ def _sharpness_arrays(
 _TRI = np.array([[0.0, 0.0], [1.0, 0.0], [0.5, math.sqrt(3.0) / 2.0]])
 
 
-@dataclass(frozen=True)
-class SimplexDensity:
+@dataclass(frozen=True, eq=False)
+class SimplexDensity(ValueEq):
     """Arrays of the simplex density plot (K = 3) and its two Axes.
 
     Made by :meth:`from_predictions` or :meth:`from_estimate` (a canonical estimate of
@@ -1278,8 +1279,8 @@ def _simplex(
 
 
 # --------------------------------------------------------------------- Bayes risk curve
-@dataclass(frozen=True)
-class BayesRiskCurve:
+@dataclass(frozen=True, eq=False)
+class BayesRiskCurve(ValueEq):
     """Arrays of the Bayes risk curves of S systems and the Axes they are drawn on.
 
     Made by :meth:`from_predictions`; drawn by :func:`kdecal.plot.draw` or

@@ -70,6 +70,7 @@ from types import MappingProxyType
 import numpy as np
 from scipy.special import logsumexp
 
+from ._numerics import ValueEq
 from ._validation import check_int, check_p, check_seed
 
 __all__ = [
@@ -199,8 +200,8 @@ def _categorical(rng: np.random.Generator, probs: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------- sample
 
 
-@dataclass(frozen=True)
-class SyntheticSample:
+@dataclass(frozen=True, eq=False)
+class SyntheticSample(ValueEq):
     """A sample of the seeds' synthetic protocol with its exact conditional expectation.
 
     Attributes
@@ -655,8 +656,8 @@ def _check_open_unit(value: object, name: str) -> float:
     return v
 
 
-@dataclass(frozen=True)
-class GaussianPosteriors:
+@dataclass(frozen=True, eq=False)
+class GaussianPosteriors(ValueEq):
     """Posteriors of the class-conditional Gaussian model of Ferrer & Ramos (2025, App. C).
 
     Attributes

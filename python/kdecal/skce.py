@@ -29,6 +29,7 @@ from typing import Literal, Union
 import numpy as np
 from scipy.special import ndtr
 
+from ._numerics import ValueEq
 from ._validation import check_choice, check_int, check_seed
 from .binned import _raw_probs, _validated
 
@@ -267,8 +268,8 @@ def skce(
     return _unbiased(P, R, fn)
 
 
-@dataclass(frozen=True)
-class SKCETestResult:
+@dataclass(frozen=True, eq=False)
+class SKCETestResult(ValueEq):
     """Result of :func:`skce_test`.
 
     Attributes

@@ -284,6 +284,37 @@ def test_dask_array_renormalised_rows_warn(client, data):
     assert "starting at row 400 " in msgs[1] and "row 20)" in msgs[1]
 
 
+def test_dask_array_block_warnings_on_threads():
+    """On the threaded scheduler the blocks are validated at once on several threads, and
+    ``warnings.catch_warnings`` swaps process-wide state: the captures interleaved, so a
+    call re-issued 1 or all 136 of its blocks' warnings at random (the rest escaped the
+    capture, or were lost) and could leave an "always" filter installed. Each call now
+    collects every block's warning (one per distinct message, naming the blocks), and
+    the filters are as before."""
+    import warnings
+
+    import dask
+
+    from kdecal._validation import check_probs_dask
+
+    rng = np.random.default_rng(0)
+    P = rng.dirichlet(np.ones(3), size=8000)
+    bad = np.arange(0, 8000, 100)[::2] + 7  # one renormalised row in every other block
+    P[bad] *= 1.01
+    x = da.from_array(P, chunks=(100, 3))
+    before = list(warnings.filters)
+    for _ in range(8):
+        with warnings.catch_warnings(record=True) as rec:
+            warnings.simplefilter("always")
+            with dask.config.set(scheduler="threads", num_workers=8):
+                check_probs_dask(x)
+        # the blocks' identical messages, one warning naming the first five blocks
+        assert len(rec) == 1, [str(w.message)[:60] for w in rec]
+        assert issubclass(rec[0].category, kdecal.RenormalizationWarning)
+        assert "starting at row 0, 200, 400, 600, 800, ... (row" in str(rec[0].message)
+        assert list(warnings.filters) == before
+
+
 def test_progress_report(client, data, monkeypatch, capsys):
     """progress=True shows dask's own progress bar over the tasks."""
     P, y = data

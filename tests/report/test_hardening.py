@@ -629,3 +629,50 @@ def test_curve_sizes_are_bounded():
         curves.ReliabilityDiagram.from_predictions(P, y, kind="kernel", n_grid=10**9)
     with pytest.raises(ValueError, match="n_bins_per_side must be at most 1000"):
         curves.SimplexDensity.from_predictions(P, y, n_bins_per_side=10**6)
+
+
+def test_results_compare_by_value():
+    """``==`` on a result that holds arrays raised "truth value of an array is ambiguous"
+    (the dataclass-generated ``__eq__`` compares the fields' tuples). Results now compare
+    their fields by value, arrays element by element and NaN equal to NaN; they stay
+    unhashable, as their arrays are."""
+    from kdecal import curves, datasets, skce
+
+    def _sample(seed):
+        t = datasets.make_seeds_synthetic(60, 3, seed=seed)
+        return t.probs, t.labels
+
+    s = datasets.make_seeds_synthetic(200, 3, seed=0)
+    est = kdecal.estimate(s.probs, s.labels, bandwidth=0.1)
+    makers = {
+        "interval": lambda seed: est.confidence_interval("ece_kde_l1", n_resamples=6, seed=seed),
+        "test": lambda seed: est.calibration_test(n_resamples=6, seed=seed),
+        "sample": lambda seed: datasets.make_seeds_synthetic(30, 3, seed=seed),
+        "diagram": lambda seed: curves.ReliabilityDiagram.from_predictions(
+            *_sample(seed), bandwidth=0.1
+        ),
+        "skce": lambda seed: skce.skce_test(*_sample(seed)),
+    }
+    for name, make in makers.items():
+        a, b, c = make(0), make(0), make(1)
+        assert a == b and not (a != b), name
+        assert a != c and not (a == c), name
+        assert a != "something else", name
+        with pytest.raises(TypeError, match="unhashable"):
+            hash(a)
+    assert binned.binned_statistics(s.probs, s.labels) == binned.binned_statistics(
+        s.probs, s.labels
+    )
+    assert binned.binned_statistics(s.probs, s.labels) != binned.binned_statistics(
+        s.probs, s.labels, n_bins=10
+    )
+    from dataclasses import replace
+
+    from kdecal._numerics import same_value
+
+    ci = makers["interval"](0)
+    nan = replace(ci, estimate=float("nan"), bootstrap_distribution=np.full(3, np.nan))
+    assert nan == replace(nan) and nan != ci
+    assert same_value({"a": [np.arange(3), (1.0, "x")]}, {"a": [np.arange(3), (1.0, "x")]})
+    assert not same_value({"a": [np.arange(3)]}, {"a": [np.arange(4)]})
+    assert not same_value([1, 2], (1, 2))
