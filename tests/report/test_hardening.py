@@ -655,8 +655,8 @@ def test_results_compare_by_value():
     }
     for name, make in makers.items():
         a, b, c = make(0), make(0), make(1)
-        assert a == b and not (a != b), name
-        assert a != c and not (a == c), name
+        assert (a == b) is True and (a != b) is False, name
+        assert (a != c) is True and (a == c) is False, name
         assert a != "something else", name
         with pytest.raises(TypeError, match="unhashable"):
             hash(a)
