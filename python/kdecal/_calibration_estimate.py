@@ -139,9 +139,6 @@ RESELECT_STEPS = 3
 #: ``bandwidth_variability``): "add" (the default), "refit" or "none".
 BANDWIDTH_VARIABILITY = ("add", "refit", "none")
 
-#: The calibration test's ``bandwidth_variability`` choices.
-TEST_BANDWIDTH_VARIABILITY = ("refit", "none")
-
 
 def bootstrap_counts(n: int, n_resamples: int, rng: np.random.Generator) -> np.ndarray:
     """Row multiplicities of ``n_resamples`` bootstrap samples of n rows, (R, n) int64.
@@ -634,7 +631,6 @@ class CalibrationEstimate:
         boot_rng: np.random.Generator | None,
         test_rng: np.random.Generator | None,
         variability: str = "add",
-        test_variability: str = "none",
     ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """Bootstrap replicates of ``boot`` and consistency replicates of ``test``.
 
@@ -642,8 +638,7 @@ class CalibrationEstimate:
         depend on the chunking), each chunk of both in one resampling pass per estimate.
         ``variability``: see :meth:`confidence_interval`'s ``bandwidth_variability``;
         with "add", replicate ``r`` gets the selection shift of replicate ``r - 1``
-        (cyclically). ``test_variability``: "refit" re-selects the bandwidth on each
-        consistency replicate's labels (:meth:`_null_reselection`), "none" keeps it.
+        (cyclically).
 
         Raises
         ------
@@ -677,8 +672,6 @@ class CalibrationEstimate:
             )
             if shifts is not None and counts is not None:
                 self._selection_shifts(boot, counts, shifts, r0)
-            if test_variability == "refit" and labels is not None:
-                self._null_reselection(test, labels, dist_t, r0)
         _check_replicates(self, dist_b)
         if shifts is not None:
             for q, s in shifts.items():
@@ -805,7 +798,14 @@ class CalibrationEstimate:
             return every
         G, L = risks
         w = counts.astype(np.float64)
-        ratio = self._selected_ratio(G, (L @ w.T) / w.sum(axis=1))
+        risk = (L @ w.T) / w.sum(axis=1)  # (H, c)
+        # a candidate whose risk is not finite is never selected (argmin would pick a
+        # NaN); the searched value, finite on the whole sample, stays selectable
+        home = int(np.argmin(np.abs(G - self.search.bandwidth)))
+        risk[~np.isfinite(risk)] = np.inf
+        risk[home, np.all(np.isinf(risk), axis=0)] = 0.0
+        pick = np.argmin(risk, axis=0)
+        ratio = G[pick] / self.search.bandwidth
         out: dict[float, np.ndarray] = {}
         for r in np.unique(ratio):
             h = base.bandwidth if r == 1.0 else float(base.bandwidth * r)
@@ -815,80 +815,6 @@ class CalibrationEstimate:
             out[h] = np.sort(np.concatenate([out[h], idx])) if h in out else idx
         return out
 
-    def _selected_ratio(self, G: np.ndarray, risk: np.ndarray) -> np.ndarray:
-        """Each replicate's selected bandwidth over the searched one, (c,).
-
-        ``risk`` (H, c): the replicates' mean leave-one-out risks at the candidates
-        ``G``. A candidate whose risk is not finite is never selected (argmin would pick
-        a NaN); the searched value stays selectable.
-        """
-        assert self.search is not None
-        home = int(np.argmin(np.abs(G - self.search.bandwidth)))
-        risk = np.where(np.isfinite(risk), risk, np.inf)
-        risk[home, np.all(np.isinf(risk), axis=0)] = 0.0
-        return np.asarray(G[np.argmin(risk, axis=0)] / self.search.bandwidth)
-
-    def _null_reselection(
-        self, test: list[str], labels: np.ndarray, dist_t: dict[str, np.ndarray], r0: int
-    ) -> None:
-        """Re-select the bandwidth on each consistency replicate's labels.
-
-        The statistic of the data is computed at the bandwidth its own labels select, so
-        it is near its largest value over the bandwidth; its null replicates must be
-        selected the same way, else the test rejects calibrated models too often
-        (bench/README.md, "The calibration test"). Each replicate of ``labels`` (c, B, n)
-        selects, among the :meth:`_candidates`, the minimiser of the search's leave-one-out
-        risk on its labels (the plug-in regression's, as the search: one resampling pass
-        per candidate without the squared sums), and the statistics of the replicates
-        whose selection differs from the searched bandwidth are recomputed there
-        (``dist_t[s][r0:r0 + c]`` overwritten; the estimate moves by the same factor, so
-        the squared L2 estimate keeps its half). Statistics on a bandwidth that was not
-        searched keep theirs.
-        """
-        if self.search is None:
-            return
-        groups = [
-            (b, g)
-            for b, g in self._groups(test)
-            if b is self._est or b is self._est_sq or self.search_kl is self.search
-        ]
-        G = self._candidates() if groups else None
-        if G is None:
-            return
-        hb = self.search.bandwidth
-        risk = np.empty((len(G), labels.shape[0]))
-        for t, h in enumerate(G):
-            est_h = self._est if h == hb else self._refit(self._est, float(h))
-            if not self._finite(est_h):
-                risk[t] = np.inf
-                continue
-            reps = _replicates.replicates_jobs(
-                est_h, [(labels, None)], self.backend, False, self._progress
-            )
-            for r, rep in enumerate(reps):
-                risk[t, r] = _replicates.replicate_risk(
-                    est_h, rep[0], labels[r], self.search.criterion
-                )
-        ratio = self._selected_ratio(G, risk)
-        for base, group in groups:
-            for rho in np.unique(ratio):
-                if rho == 1.0:
-                    continue
-                est_h = self._refit(base, float(base.bandwidth * rho))
-                if not self._finite(est_h):
-                    continue  # no finite estimate there: the replicates keep the bandwidth
-                idx = np.flatnonzero(ratio == rho)
-                reps = _replicates.replicates_jobs(
-                    est_h,
-                    [(np.ascontiguousarray(labels[idx]), None)],
-                    self.backend,
-                    _needs_squares(group),
-                    self._progress,
-                )
-                for k, rep in zip(idx, reps):
-                    for s in group:
-                        dist_t[s][r0 + int(k)] = _quiet(QUANTITIES[s], rep[0])
-
     @staticmethod
     def _finite(est: _regression.Estimate) -> bool:
         """Whether an estimate's conditional expectations (and squared errors) are finite."""
@@ -897,12 +823,13 @@ class CalibrationEstimate:
             ok = ok and bool(np.all(np.isfinite(est.sqerr)))
         return ok
 
-    def _candidates(self) -> np.ndarray | None:
-        """Return the bandwidths a replicate may re-select, or None.
+    def _selection_risks(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Return the candidate bandwidths of :meth:`_reselected` and their per-row risks.
 
-        The searched bandwidth and its :data:`RESELECT_STEPS` grid neighbours either
-        side; None where the searched bandwidth is not a value of the search grid.
+        None where the searched bandwidth is not a value of the search grid.
         """
+        if self._risks is not None:
+            return self._risks
         assert self.search is not None
         grid = _search.SEARCH_GRID
         hb = self.search.bandwidth
@@ -912,19 +839,6 @@ class CalibrationEstimate:
         lo, hi = max(0, i0 - RESELECT_STEPS), min(len(grid), i0 + RESELECT_STEPS + 1)
         G = np.array(grid[lo:hi])
         G[i0 - lo] = hb  # the searched value itself, bit for bit
-        return G
-
-    def _selection_risks(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """Return the candidate bandwidths of :meth:`_reselected` and their per-row risks.
-
-        None where the searched bandwidth is not a value of the search grid.
-        """
-        if self._risks is not None:
-            return self._risks
-        G = self._candidates()
-        if G is None:
-            return None
-        assert self.search is not None
         problem = self._est.problem
         _, S, _, _ = _problem.engine(
             problem, G, labelled=True, powers=1, backend=self.backend, progress=self._progress
@@ -974,15 +888,9 @@ class CalibrationEstimate:
         *,
         n_resamples: int = 200,
         seed: int | np.random.Generator | None = None,
-        bandwidth_variability: str = "none",
     ) -> CalibrationTestResult:
         """Consistency-resampling test of calibration; see :func:`kdecal.calibration_test`."""
-        return self.calibration_tests(
-            [statistic],
-            n_resamples=n_resamples,
-            seed=seed,
-            bandwidth_variability=bandwidth_variability,
-        )[statistic]
+        return self.calibration_tests([statistic], n_resamples=n_resamples, seed=seed)[statistic]
 
     def calibration_tests(
         self,
@@ -990,7 +898,6 @@ class CalibrationEstimate:
         *,
         n_resamples: int = 200,
         seed: int | np.random.Generator | None = None,
-        bandwidth_variability: str = "none",
     ) -> dict[str, CalibrationTestResult]:
         """Run the test for several statistics on the same resampled label sets.
 
@@ -1000,12 +907,7 @@ class CalibrationEstimate:
         """
         names = [_check_quantity(s, "statistic") for s in _names(statistics)]
         R = _replicates.check_resamples(n_resamples, "n_resamples", 1)
-        variability = check_choice(
-            bandwidth_variability, "bandwidth_variability", TEST_BANDWIDTH_VARIABILITY
-        )
-        _, dist = self._resampled(
-            [], names, R, None, check_seed(seed), test_variability=variability
-        )
+        _, dist = self._resampled([], names, R, None, check_seed(seed))
         return self._tests(dist, R)
 
     def _tests(self, dist: dict[str, np.ndarray], R: int) -> dict[str, CalibrationTestResult]:

@@ -24,7 +24,6 @@ import pytest
 import _reference as ref
 import kdecal
 import kdecal._evaluate
-from _reference import ref_loo_weights, ref_notion_problems, ref_one_hot
 from kdecal import binned, datasets, scores
 from kdecal._calibration_estimate import ResamplingError, bootstrap_counts
 from kdecal._engine import backends as _backends
@@ -897,84 +896,6 @@ def test_bootstrap_reselects_the_bandwidth_per_replicate(calibration):
     )
     with pytest.raises(ValueError, match="bandwidth_variability"):
         est.confidence_intervals(names, n_resamples=4, bandwidth_variability="yes")
-
-
-def _ref_residual_l1_sq(points, lab, h, coords):
-    """L1 and squared-L2 U-statistic of the residual estimator, one problem, brute force."""
-    W = ref_loo_weights(points, h)
-    r = ref_one_hot(lab, points.shape[1]) - points
-    g = (W @ r) / W.sum(axis=1, keepdims=True)
-    rc = r[:, coords]
-    G = rc @ rc.T
-    sq = np.empty(len(points))
-    for j in range(len(points)):
-        pair = np.outer(W[j], W[j])
-        np.fill_diagonal(pair, 0.0)
-        sq[j] = np.sum(pair * G) / np.sum(pair)
-    return np.mean(np.abs(g[:, coords]).sum(axis=1)), np.mean(sq)
-
-
-@pytest.mark.parametrize("calibration", ["canonical", "classwise", "top_label"])
-def test_calibration_test_reselects_the_bandwidth_on_each_null_replicate(calibration):
-    """The statistic of the data is computed at the bandwidth the data's labels select,
-    so its null replicates must select theirs the same way (a helper's probe: 7.5-13.5 %
-    rejections of calibrated models at 5 % with the bandwidth kept). With
-    bandwidth_variability="refit" each consistency replicate y* selects,
-    among the searched bandwidth and its RESELECT_STEPS grid neighbours either side, the
-    one of smallest leave-one-out Brier risk of the plug-in regression on y* (summed over
-    the notion's problems), and its statistic is the estimator at that bandwidth (the
-    squared L2 error at half of it). Reference: materialised float64 kernels, labels
-    redrawn from the same seed; "none" keeps every replicate at the estimate's
-    bandwidths."""
-    from kdecal._calibration_estimate import RESELECT_STEPS
-    from kdecal._estimation import search as _search
-
-    n, K, R, seed = 90, 3, 10, 4
-    s = make_seeds_synthetic(n, K, t1=0.6, t2=1.0, seed=2)
-    P, y = np.array(s.probs), np.array(s.labels)
-    est = _quiet(kdecal.estimate, P, y, calibration=calibration)
-    names = ["ece_kde_l1", "ce_l2"]
-    got = _quiet(
-        est.calibration_tests, names, n_resamples=R, seed=seed, bandwidth_variability="refit"
-    )
-    kept = _quiet(est.calibration_tests, names, n_resamples=R, seed=seed)
-    grid = _search.SEARCH_GRID
-    i0 = int(np.argmin(np.abs(np.log(grid) - np.log(est.bandwidth))))
-    cand = [
-        est.bandwidth if i == i0 else float(grid[i])
-        for i in range(max(0, i0 - RESELECT_STEPS), min(len(grid), i0 + RESELECT_STEPS + 1))
-    ]
-    ystar = _replicates.draw_consistency_labels(est._probs, R, np.random.default_rng(seed))
-    coords = slice(None) if calibration == "canonical" else slice(1, 2)
-    moved = 0
-    for r in range(R):
-        problems = ref_notion_problems(P, ystar[r], calibration)
-        risk = np.zeros(len(cand))
-        for t, h in enumerate(cand):
-            for points, lab in problems:
-                W = ref_loo_weights(points, h)
-                Y = ref_one_hot(lab, points.shape[1])
-                E = (W @ Y) / W.sum(axis=1, keepdims=True)
-                risk[t] += np.mean(np.sum((Y - E)[:, coords] ** 2, axis=1))
-        h = cand[int(np.argmin(risk))]
-        moved += h != est.bandwidth
-        for name, k, at in (("ece_kde_l1", 0, h), ("ce_l2", 1, h / 2)):
-            want = np.mean([_ref_residual_l1_sq(pts, lab, at, coords)[k] for pts, lab in problems])
-            assert got[name].null_distribution[r] == pytest.approx(want, rel=1e-8, abs=1e-13)
-            if h == est.bandwidth:
-                assert got[name].null_distribution[r] == kept[name].null_distribution[r]
-    assert moved > 0  # replicates left the searched bandwidth (else the test shows nothing)
-    for name in names:
-        assert got[name].statistic == kept[name].statistic
-        assert not np.array_equal(got[name].null_distribution, kept[name].null_distribution)
-    with pytest.raises(ValueError, match="bandwidth_variability"):
-        est.calibration_test(n_resamples=4, bandwidth_variability="add")
-    # a fixed bandwidth has nothing to re-select
-    fixed = _quiet(kdecal.estimate, P, y, calibration=calibration, bandwidth=est.bandwidth)
-    np.testing.assert_array_equal(
-        _quiet(fixed.calibration_test, "ece_kde_l1", n_resamples=R, seed=seed).null_distribution,
-        kept["ece_kde_l1"].null_distribution,
-    )
 
 
 def test_reselection_never_picks_an_undefined_bandwidth():

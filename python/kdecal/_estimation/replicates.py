@@ -36,7 +36,6 @@ from .._engine import runtime as _runtime
 from .._validation import check_int
 from . import problem as _problem
 from . import regression as _regression
-from . import search as _search
 
 #: Memory budget (bytes) of the class sums of one chunk of label sets.
 _CHUNK_BYTES = 64e6
@@ -232,25 +231,6 @@ def replicates(
             yield reps[0]
         return
     yield from _multi_label_replicates(est, labels, weights, backend, squares, progress)
-
-
-def replicate_risk(
-    est: _regression.Estimate, rep: _regression.Estimate, labels: np.ndarray, criterion: str
-) -> float:
-    """Mean leave-one-out risk (:func:`kdecal._estimation.search.cv_risk_rows`) of a consistency replicate.
-
-    ``rep``: a replicate of ``est`` (the same kernel weights) with the problem labels
-    ``labels`` (B, n). The risk is the plug-in regression's, as the search's: a residual
-    replicate's ``E = f + sum_i w_ij (y_i - f_i) / sum_i w_ij`` differs from the plug-in
-    ``sum_i w_ij y_i / sum_i w_ij`` by ``A / sum S - f``, which the labels do not change,
-    so it is taken from ``est``.
-    """
-    E = rep.E
-    if est.estimator == "residual":
-        assert est.A is not None and est.S is not None
-        E = E + (est.A / est.S.sum(axis=-1, keepdims=True) - est.problem.p)
-    prob = replace(est.problem, labels=labels)
-    return float(np.mean(_search.cv_risk_rows(prob, E[:, None], criterion, slice(None))))
 
 
 def _consistency_on_multi(est: _regression.Estimate, dense: str | None) -> bool:
