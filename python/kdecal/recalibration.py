@@ -85,7 +85,6 @@ from __future__ import annotations
 
 import inspect
 import sys
-import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -105,7 +104,7 @@ from ._validation import (
     log_softmax_rows,
 )
 from .binned import bin_index
-from .warnings import KdecalWarning
+from .warnings import KdecalWarning, warn_user
 
 if sys.version_info >= (3, 11):
     from typing import Self
@@ -800,15 +799,14 @@ class TemperatureScaling(_TemperatureMixin, _Calibrator):
                     f"TemperatureScaling: the NLL is still decreasing at T_min = {t_min:g}; "
                     "temperature_ is clipped to it (converged_ = False); widen bounds"
                 )
-            warnings.warn(msg, KdecalWarning, stacklevel=3)
+            warn_user(msg, KdecalWarning)
         elif g_lo >= 0.0:  # NLL non-increasing up to the largest temperature
             T = t_max
-            warnings.warn(
+            warn_user(
                 f"TemperatureScaling: the NLL does not increase up to T_max = {t_max:g} (the "
                 "scores carry little or no information about the labels, or the optimum lies "
                 "beyond bounds); temperature_ is clipped to T_max (converged_ = False)",
                 KdecalWarning,
-                stacklevel=3,
             )
         else:
             # the NLL is convex in gamma, so grad is non-decreasing: one sign change
@@ -827,11 +825,10 @@ class TemperatureScaling(_TemperatureMixin, _Calibrator):
             gmax = float(abs(np.exp(u) * grad(u)))
             self.converged_ = bool(info.converged and gmax <= GRAD_TOL)
             if not self.converged_:
-                warnings.warn(
+                warn_user(
                     f"TemperatureScaling: the root search stopped at T = {T:.6g} with "
                     f"|d NLL / d log T| = {gmax:.3g} > {GRAD_TOL:g} (converged_ = False)",
                     KdecalWarning,
-                    stacklevel=3,
                 )
         self.temperature_ = float(T)
         gamma = float(np.exp(np.clip(np.log(s) - np.log(T), -_LOG_T_MAX, _LOG_T_MAX)))
@@ -999,12 +996,11 @@ class _LBFGSMixin:
         weight = np.bincount(y, weights=w, minlength=K)
         absent = np.flatnonzero(weight <= 0)
         if absent.size:
-            warnings.warn(
+            warn_user(
                 f"{type(self).__name__}: class(es) {absent.tolist()} never occur in the fit "
                 f"labels; their {what} tends to -infinity at the NLL optimum and the "
                 "optimiser stops at a large finite value",
                 KdecalWarning,
-                stacklevel=4,
             )
 
     def _check_separable(self, U: np.ndarray, y: np.ndarray, w: np.ndarray | None) -> None:
@@ -1022,7 +1018,7 @@ class _LBFGSMixin:
         if not _all_weighted(u_y > others.max(axis=1), w):
             return
         self.converged_ = False
-        warnings.warn(
+        warn_user(
             f"{type(self).__name__}: every fit label scores strictly highest under the "
             "fitted map (separable data, e.g. 100% validation accuracy): the NLL decreases "
             "towards 0 as the scale grows and has no finite minimiser, so the fitted "
@@ -1030,7 +1026,6 @@ class _LBFGSMixin:
             "scale (converged_ = False). Use more or harder validation data, or "
             "TemperatureScaling with bounds.",
             KdecalWarning,
-            stacklevel=4,
         )
 
     def _minimise(self, fun: Callable[..., Any], x0: np.ndarray, n_scale: int) -> np.ndarray:
@@ -1072,11 +1067,10 @@ class _LBFGSMixin:
         self.converged_ = bool(gmax <= GRAD_TOL)
         self.n_iter_ = n_iter
         if not self.converged_:
-            warnings.warn(
+            warn_user(
                 f"{who}: L-BFGS-B stopped at a non-stationary point (largest gradient entry "
                 f"{gmax:.3g} > {GRAD_TOL:g}; {res.message}); converged_ = False",
                 KdecalWarning,
-                stacklevel=4,
             )
         return x
 
@@ -1185,11 +1179,10 @@ class AffineCalibration(_LBFGSMixin, _Calibrator):
         self.nll_ = _nll(x[0] * Ls + self.beta_, y, w)
         self._check_separable(x[0] * Ls + self.beta_, y, w)
         if self.alpha_ <= 0.0:
-            warnings.warn(
+            warn_user(
                 f"AffineCalibration: fitted alpha_ = {self.alpha_:.4g} <= 0; the calibrated "
                 "probabilities ignore or reverse the ranking of the scores",
                 KdecalWarning,
-                stacklevel=3,
             )
 
     def _transform(self, L: np.ndarray, P: np.ndarray) -> np.ndarray:
@@ -1558,12 +1551,11 @@ class MeanReplacement(_Calibrator):
         self.accuracy_ = _weighted_mean((np.argmax(L, axis=1) == y).astype(np.float64), w)
         self.class_frequencies_ = _class_frequencies(y, K, w)
         if self.calibration == "top_label" and self.accuracy_ <= 1.0 / K:
-            warnings.warn(
+            warn_user(
                 f"MeanReplacement: the fit accuracy {self.accuracy_:.4g} is at most 1/K = "
                 f"{1.0 / K:.4g}, so the predicted class gets no more probability than the "
                 "others: transform moves the argmax and does not keep the accuracy",
                 KdecalWarning,
-                stacklevel=3,
             )
 
     def _transform(self, L: np.ndarray, P: np.ndarray) -> np.ndarray:

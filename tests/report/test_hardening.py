@@ -676,3 +676,33 @@ def test_results_compare_by_value():
     assert same_value({"a": [np.arange(3), (1.0, "x")]}, {"a": [np.arange(3), (1.0, "x")]})
     assert not same_value({"a": [np.arange(3)]}, {"a": [np.arange(4)]})
     assert not same_value([1, 2], (1, 2))
+
+
+def test_warnings_point_at_the_callers_line():
+    """Warnings raised deep in the estimators (rows with one effective neighbour, the
+    plug-in's debiasing fallback) and in the calibrators' fits named a line inside
+    kdecal (a fixed ``stacklevel`` that the call depth did not match): they now name the
+    line of the user's call, so ``-W error::...:module`` filters and the printed
+    location work."""
+    from kdecal.recalibration import MeanReplacement, TemperatureScaling
+
+    rng = np.random.default_rng(0)
+    P = rng.dirichlet(np.ones(4) * 0.3, size=300)
+    y = rng.integers(0, 4, size=300)
+    calls = [
+        lambda: kdecal.calibration_error(P, y, divergence="l2", bandwidth=1e-3),
+        lambda: kdecal.estimate(P, y, bandwidth=1e-3, estimator="plugin").calibration_error("l2"),
+        lambda: kdecal.ece_kde(P, y, p=2, bandwidth=1e-4, calibration="classwise"),
+        lambda: MeanReplacement().fit(P, y),
+        lambda: TemperatureScaling(input="probs").fit(
+            P[:, :2] / P[:, :2].sum(1, keepdims=True), y % 2
+        ),
+    ]
+    for k, call in enumerate(calls):
+        with warnings.catch_warnings(record=True) as rec:
+            warnings.simplefilter("always")
+            call()
+        mine = [w for w in rec if issubclass(w.category, kdecal.KdecalWarning)]
+        assert mine, k
+        for w in mine:
+            assert w.filename == __file__, (k, w.filename, str(w.message)[:60])

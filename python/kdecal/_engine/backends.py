@@ -16,12 +16,11 @@ from __future__ import annotations
 import functools
 import math
 import os
-import warnings
 from typing import Any, Literal, cast
 
 import numpy as np
 
-from ..warnings import BackendFallbackWarning
+from ..warnings import BackendFallbackWarning, warn_user
 from . import binary as _binary
 from . import cpp as _cpp
 from . import dask as _dask
@@ -95,12 +94,11 @@ def resolve_backend(backend: object, *data: object) -> Backend:
             return "cpp"
         if _engines.load_numba() is not None:
             if not _warned:
-                warnings.warn(
+                warn_user(
                     f"kdecal's compiled core could not be imported ({_runtime._core_error}); "
                     "using the slower numba backend. Reinstall kdecal with a C++ compiler "
                     "to build kdecal._core.",
                     BackendFallbackWarning,
-                    stacklevel=3,
                 )
                 _warned = True
             return "numba"

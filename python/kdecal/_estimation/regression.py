@@ -7,7 +7,6 @@ the fits that run the bandwidth search first and keep its last accumulators.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -16,7 +15,7 @@ import numpy as np
 from .._debias import debias as np_debias
 from .._engine import runtime as _runtime
 from .._numerics import exact_sum
-from ..warnings import KdecalWarning
+from ..warnings import KdecalWarning, warn_user
 from .problem import _POWERS, Problem, engine, problem_chunks, subproblem
 from .search import (
     DEFAULT_BANDWIDTH_GRID,
@@ -285,12 +284,11 @@ def estimate_from(
     n_deg = int(np.count_nonzero(degenerate))
     # one such row in a thousand moves no estimate visibly; more is worth a warning
     if n_deg and warn and n_deg > 1e-3 * degenerate.size:
-        warnings.warn(
+        warn_user(
             f"debias={debias!r}: {n_deg} of {degenerate.size} query rows have a single "
             f"effective neighbour at bandwidth {bandwidth:g}; their plain (biased) ratio "
             "was used. A larger bandwidth avoids this.",
             KdecalWarning,
-            stacklevel=4,
         )
     return Estimate(problem, bandwidth, debias, E, sq, n_deg, m, S, Qh)
 
@@ -355,7 +353,6 @@ def residual_estimate(
         S=S,
         Q=Q,
         A=A,
-        stacklevel=5,
         row_weights=row_weights,
     )
 
@@ -374,7 +371,6 @@ def residual_from_sums(
     S: np.ndarray | None = None,
     Q: np.ndarray | None = None,
     A: np.ndarray | None = None,
-    stacklevel: int = 4,
     row_weights: np.ndarray | None = None,
 ) -> Estimate:
     """Form the residual-centred estimate from its sums (see :func:`residual_estimate`).
@@ -401,7 +397,7 @@ def residual_from_sums(
         if n_deg:
             sqerr = _leave_degenerate_rows(sqerr, ok, row_weights)
         if warn:
-            _warn_degenerate(n_deg, ok.size, bandwidth, stacklevel)
+            _warn_degenerate(n_deg, ok.size, bandwidth)
     elif debias == "ratio":
         raise ValueError("debias='ratio' applies to estimator='plugin' only")
     return Estimate(
@@ -462,7 +458,7 @@ def fit_residual(
         made = _residual_fits_chunked(problem, distinct, debias, backend, progress, chunks)
     if debias == "ustat":
         for h, est in made.items():
-            _warn_degenerate(est.n_degenerate, est.E.shape[0] * est.E.shape[1], h, 4)
+            _warn_degenerate(est.n_degenerate, est.E.shape[0] * est.E.shape[1], h)
     return {k: (made[hs[k]], search) for k in kinds}
 
 
@@ -590,16 +586,15 @@ def _leave_degenerate_rows(
     return np.where(ok | np.isnan(fill), sqerr, fill)
 
 
-def _warn_degenerate(n_deg: int, size: int, bandwidth: float, stacklevel: int) -> None:
+def _warn_degenerate(n_deg: int, size: int, bandwidth: float) -> None:
     """Warn when more than one query row in a thousand has a single effective neighbour."""
     if n_deg and n_deg > 1e-3 * size:
-        warnings.warn(
+        warn_user(
             f"{n_deg} of {size} query rows have a single effective neighbour at "
             f"bandwidth {bandwidth:g}: their squared error is undefined, and they leave "
             "the squared L2 estimate (each takes the mean of the other rows). A larger "
             "bandwidth avoids this.",
             KdecalWarning,
-            stacklevel=stacklevel + 1,
         )
 
 
