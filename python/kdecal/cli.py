@@ -499,7 +499,15 @@ def _emit(text: str) -> None:
     if sys.stdout is None:
         raise _OutputError("standard output is closed")
     try:
-        sys.stdout.write(text + "\n")
+        try:
+            sys.stdout.write(text + "\n")
+        except UnicodeEncodeError:
+            # a terminal or PYTHONIOENCODING that cannot show a character (a file name,
+            # a class name): print it escaped rather than nothing
+            enc = getattr(sys.stdout, "encoding", None) or "ascii"
+            sys.stdout.write(
+                (text + "\n").encode(enc, "backslashreplace").decode(enc, "replace")
+            )
         sys.stdout.flush()
     except BrokenPipeError:
         raise

@@ -706,3 +706,23 @@ def test_warnings_point_at_the_callers_line():
         assert mine, k
         for w in mine:
             assert w.filename == __file__, (k, w.filename, str(w.message)[:60])
+
+
+def test_cli_prints_non_ascii_names_on_an_ascii_stream(tmp_path):
+    """Under ``PYTHONIOENCODING=ascii`` (or an ASCII terminal) a file name with ``é``
+    made ``kdecal evaluate`` print only "cannot write standard output" and no report;
+    the report is now printed with the character escaped, and the JSON stays ASCII."""
+    rng = np.random.default_rng(0)
+    P = rng.dirichlet(np.ones(3), size=200)
+    path = tmp_path / "modèle.npz"
+    np.savez(path, probs=P, labels=rng.integers(0, 3, 200))
+    env = dict(os.environ, PYTHONIOENCODING="ascii", KDECAL_PROGRESS="0")
+    for extra in ([], ["--json"]):
+        cmd = [sys.executable, "-m", "kdecal.cli", "evaluate", str(path), "--n-resamples", "0"]
+        out = subprocess.run(cmd + extra, capture_output=True, env=env, check=False)
+        assert out.returncode == 0, out.stderr.decode("ascii", "replace")
+        text = out.stdout.decode("ascii")  # ASCII only
+        if extra:
+            assert json.loads(text)["source"].startswith("modèle.npz [probs, labels]")
+        else:
+            assert "mod\\xe8le.npz" in text and "kdecal calibration report" in text
