@@ -274,7 +274,9 @@ def _check_arrays(
 
 def _as_int_labels(labels: np.ndarray, path: str | os.PathLike[str]) -> np.ndarray:
     if labels.dtype == np.bool_:
-        return labels.astype(np.int64)
+        # kept boolean: the labels' check takes them as classes 0/1 of a binary problem
+        # only, and refuses a mask such as argmax == y beside K > 2 columns
+        return labels
     if np.issubdtype(labels.dtype, np.integer):
         if labels.dtype == np.uint64 and labels.size and labels.max() > np.iinfo(np.int64).max:
             bad = labels[np.argmax(labels > np.iinfo(np.int64).max)]

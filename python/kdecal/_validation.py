@@ -224,11 +224,12 @@ def _not_logits(
 ) -> str | None:
     """Why scores with an entry outside [0, 1] must not be read as logits, or None.
 
-    Four shapes of data look like logits to a range test but are not (issue 26):
+    Shapes of data that look like logits to a range test but are not (issue 26):
     probabilities with entries just outside [0, 1] (:data:`INFER_RANGE_ATOL`; 2-D: the
-    median row summing to 1 within :data:`PROBS_ROW_SUM_ATOL`),
-    percentages, probability columns beside an extra column (a fold, a weight, an id),
-    and rows that sum to 1 exactly as only probabilities do.
+    median row summing to 1 within :data:`PROBS_ROW_SUM_ATOL`), percentages,
+    probability columns beside an extra fractional column (a weight), and rows that sum
+    to 1 exactly as only probabilities do; an extra column of integers is refused before
+    (:func:`_integer_column`).
     """
     choose = f"Pass {flags['logits']} if they are logits"
     outside = (a < 0) | (a > 1)
@@ -262,17 +263,7 @@ def _not_logits(
             f"{choose}."
         )
     col_out = outside.any(axis=0)
-    integer = np.all(a == np.round(a), axis=0)
-    extra = [int(c) for c in np.flatnonzero(col_out & integer)]
-    if extra and not np.all(integer):
-        vals = np.unique(a[:, extra[0]])
-        shown = ", ".join(f"{v:g}" for v in vals[:5]) + (", ..." if vals.size > 5 else "")
-        return (
-            f"{name}: {_column_list(extra, columns)} holds only integers ({shown}) beside "
-            f"fractional scores: an extra column (a fold, a weight, an id, a count) read "
-            f"as one more class? Remove it, or pass {flags['logits']} if every column is "
-            "a logit."
-        )
+    # (a column of integers beside fractional scores: _integer_column, before this)
     inside = [int(c) for c in np.flatnonzero(~col_out)]
     if len(inside) >= 2:
         dev = np.abs(a[:, inside].sum(axis=1, dtype=np.float64) - 1.0)
@@ -292,6 +283,35 @@ def _not_logits(
             f"they are logits; probabilities ({flags['probs']}) must lie in [0, 1]."
         )
     return None
+
+
+def _integer_column(
+    a: np.ndarray, name: str, flags: dict[str, str], columns: list[str] | None
+) -> str | None:
+    """Why a column of integers beside fractional scores must not be read as a class.
+
+    A fold, a count, or a 0/1 flag (``correct``, a predicted class of a binary task)
+    beside probabilities or logits lies in [0, 1] or looks like one more logit, and was
+    read as one more class (a CIFAR-10 logits table with a ``correct`` column became
+    K = 11). Scores of a class are fractional in some row; a class whose every score is
+    a whole number, not all 0, is said with ``--probs`` / ``--logits``. An all-zero
+    column passes: a logit reference column or a class never predicted (an all-zero
+    ``fold`` column looks the same).
+    """
+    # an all-zero column is a logit reference (binary logits (0, t)) or a class never
+    # predicted, which an all-zero fold column cannot be told from
+    whole = np.all(a == np.round(a), axis=0) & np.any(a != 0, axis=0)
+    if not whole.any() or np.all(a == np.round(a)):
+        return None  # no integer column, or hard (one-hot) predictions
+    extra = [int(c) for c in np.flatnonzero(whole)]
+    vals = np.unique(a[:, extra[0]])
+    shown = ", ".join(f"{v:g}" for v in vals[:5]) + (", ..." if vals.size > 5 else "")
+    return (
+        f"{name}: {_column_list(extra, columns)} holds only integers ({shown}) beside "
+        "fractional scores: an extra column (a fold, a count, a 0/1 flag such as "
+        f"'correct') read as one more class? Remove it, or pass {flags['probs']} or "
+        f"{flags['logits']} if it is a class's scores."
+    )
 
 
 def resolve_input(
@@ -315,7 +335,7 @@ def resolve_input(
         within :data:`INFER_RANGE_ATOL` of [0, 1] and (2-D) the median row summing to 1
         within :data:`PROBS_ROW_SUM_ATOL` (a rounding error in probabilities), percentages (entries in [0, 100] with rows summing to 100; a
         1-D array in [0, 100]), a column of integers beside fractional scores (a fold,
-        weight or id column), columns in [0, 1] summing to 1 beside columns outside
+        a count, a 0/1 flag; also in [0, 1]), columns in [0, 1] summing to 1 beside columns outside
         it, or rows that all sum to 1 (within :data:`ROW_SUM_ATOL`).  Logits are never
         inferred from a near miss of the simplex.
     name : str
@@ -357,6 +377,10 @@ def resolve_input(
         return "logits", "as specified"
     if a.size and not np.all(np.isfinite(a)):
         return "logits", "inferred: values outside [0, 1]"  # the caller refuses them
+    if a.ndim == 2 and a.shape[0] >= 2:
+        problem = _integer_column(a, name, flags, columns)
+        if problem is not None:
+            raise ValueError(problem)
     if a.ndim == 1:
         if a.size and np.all((a >= 0) & (a <= 1)):
             return "probs", "inferred: values in [0, 1]"

@@ -726,3 +726,41 @@ def test_cli_prints_non_ascii_names_on_an_ascii_stream(tmp_path):
             assert json.loads(text)["source"].startswith("modèle.npz [probs, labels]")
         else:
             assert "mod\\xe8le.npz" in text and "kdecal calibration report" in text
+
+
+def test_cli_refuses_boolean_masks_and_flag_columns(tmp_path, capsys):
+    """A helper's probe: boolean labels in a file (a mask ``argmax == y``) were cast to
+    classes 0/1 before the labels' check (accuracy 0.366 instead of 0.732, ECE^KDE 1.016
+    instead of 0.096, exit 0), where ``kdecal.evaluate`` refuses them; and a 0/1 column
+    beside logits (``correct``, ``pred``) or probabilities became one more class (K = 11
+    for CIFAR-10 logits). Both are refused in one line naming the file and the column;
+    boolean labels of a binary file stay classes 0/1, and an all-zero column (a binary
+    logit reference, a class never predicted) stays a class."""
+    import pandas as pd
+
+    P, y = _calibrated(0, n=300, k=3)
+    mask = P.argmax(1) == y
+    np.savez(tmp_path / "mask.npz", probs=P, labels=mask)
+    code, out, err = _cli(capsys, "evaluate", str(tmp_path / "mask.npz"), "--n-resamples", "0")
+    assert code == 2 and out == "" and "mask.npz" in err and "a mask such as argmax" in err
+    rng = np.random.default_rng(1)
+    L = rng.normal(size=(300, 4))
+    yl = rng.integers(0, 4, 300)
+    cols = {f"z{k}": L[:, k] for k in range(4)}
+    for extra, values in (("correct", (L.argmax(1) == yl).astype(int)), ("pred", yl % 2)):
+        f = tmp_path / f"{extra}.csv"
+        pd.DataFrame({**cols, extra: values, "label": yl}).to_csv(f, index=False)
+        code, out, err = _cli(capsys, "evaluate", str(f), "--n-resamples", "0")
+        assert code == 2 and out == "", err
+        assert f"{f.name}:" in err and f"column 4 ('{extra}') holds only integers" in err
+        assert err.count("\n") == 1
+    # the same column named as a class's scores is taken as the user says
+    code, _, _ = _cli(capsys, "evaluate", str(f), "--n-resamples", "0", "--logits")
+    assert code == 0
+    # binary files: boolean labels are classes 0/1; an all-zero reference column passes
+    t = rng.normal(size=300)
+    yb = rng.random(300) < 1 / (1 + np.exp(-t))
+    np.savez(tmp_path / "bin.npz", logits=np.column_stack([np.zeros(300), t]), labels=yb)
+    code, out, err = _cli(capsys, "evaluate", str(tmp_path / "bin.npz"), "--n-resamples", "0")
+    assert code == 0, err
+    assert "n = 300, K = 2," in out
