@@ -139,8 +139,24 @@ class _LooExpectation(torch.autograd.Function):
         return torch.from_numpy(E).to(points.dtype)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx: Any, grad_E: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:  # type: ignore[override]
+        if torch.is_grad_enabled():
+            # create_graph=True: the engine's gradient is computed outside autograd, so
+            # a second derivative through it would be silently wrong (once_differentiable
+            # let torch.autograd.grad(..., inputs) skip its error node: a Hessian-vector
+            # product came back 3x too small); refuse it instead
+            raise RuntimeError(
+                "kdecal.torch losses have first-order gradients only: their kernel "
+                "gradient cannot be differentiated again (create_graph=True, gradient "
+                "penalties, Hessian-vector products). Detach the loss's input for the "
+                "higher-order term, or compute it without create_graph."
+            )
+        return _LooExpectation._first_order(ctx, grad_E)
+
+    @staticmethod
+    @once_differentiable
+    def _first_order(ctx: Any, grad_E: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        """Return the gradient of the points, outside autograd (see :meth:`backward`)."""
         if ctx.backend == "cuda":
             return _cuda_backward(ctx, grad_E), None, None, None
         logq, pk, p64, labels, bias, lse, E, scale = ctx.kdecal

@@ -426,3 +426,30 @@ def test_backward_memory_is_linear_in_n():
     """n = 6000, K = 10: one n x n float64 matrix would be 288 MB; the pass adds < 40 MB."""
     grown_mb = _run(_MEMORY_SCRIPT)
     assert grown_mb < 40, grown_mb
+
+
+def test_second_derivatives_are_refused_not_wrong():
+    """A helper's probe: a Hessian-vector product through ``ece_kde_loss`` (first
+    gradient with ``create_graph=True``, then ``torch.autograd.grad(..., x)``) came back
+    3x too small with no error, since the kernel's gradient is computed outside
+    autograd. The gradient with ``create_graph=True`` now raises; first-order gradients
+    are unchanged (against central finite differences)."""
+    import kdecal.torch as kt
+
+    torch.manual_seed(0)
+    logits = torch.randn(30, 3, dtype=torch.float64)
+    y = torch.randint(0, 3, (30,))
+
+    def loss(z):
+        return kt.ece_kde_loss(z.softmax(1), y, p=2, bandwidth=0.1)
+
+    x = logits.clone().requires_grad_()
+    with pytest.raises(RuntimeError, match="first-order gradients only"):
+        torch.autograd.grad(loss(x), x, create_graph=True)
+    (g,) = torch.autograd.grad(loss(x), x)
+    eps = 1e-6
+    for i, k in [(0, 0), (7, 2), (29, 1)]:
+        d = torch.zeros_like(logits)
+        d[i, k] = eps
+        fd = (loss(logits + d) - loss(logits - d)) / (2 * eps)
+        assert float(g[i, k]) == pytest.approx(float(fd), rel=1e-6, abs=1e-10)
