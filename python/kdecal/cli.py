@@ -505,9 +505,7 @@ def _emit(text: str) -> None:
             # a terminal or PYTHONIOENCODING that cannot show a character (a file name,
             # a class name): print it escaped rather than nothing
             enc = getattr(sys.stdout, "encoding", None) or "ascii"
-            sys.stdout.write(
-                (text + "\n").encode(enc, "backslashreplace").decode(enc, "replace")
-            )
+            sys.stdout.write((text + "\n").encode(enc, "backslashreplace").decode(enc, "replace"))
         sys.stdout.flush()
     except BrokenPipeError:
         raise
