@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ._estimation.replicates import check_resamples
-from ._validation import _numeric_array, check_int, check_seed
+from ._validation import _numeric_array, as_array, check_int, check_seed
 
 __all__ = ["BootstrapCI", "bootstrap_ci", "cv_folds"]
 
@@ -204,6 +204,10 @@ def _accepts_groups(fn: Callable[..., Any]) -> bool:
     return p is not None and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
 
 
+#: The kernel estimators of :mod:`kdecal.kde` that :func:`bootstrap_ci` refuses.
+_KERNEL_ESTIMATORS = ("ece_kde", "calibration_error", "refinement", "sharpness")
+
+
 def bootstrap_ci(
     metric: Callable[..., float],
     probs: object,
@@ -221,8 +225,7 @@ def bootstrap_ci(
     full-sample value with the ``100 alpha/2`` and ``100 (1 - alpha/2)`` percentiles
     (linear interpolation, :func:`numpy.percentile`). The system is frozen; anything the
     metric fits on the test data (the calibrator of :func:`calibration_loss` with
-    ``mode="tt"``/``"xv"``, the bandwidth of ``kdecal.ece_kde(..., bandwidth="auto")``)
-    is refitted inside every bootstrap set, as Ferrer & Ramos 2025 (App. E) require. If ``metric`` has a
+    ``mode="tt"``/``"xv"``, the bins of a quantile-binned ECE) is refitted inside every bootstrap set, as Ferrer & Ramos 2025 (App. E) require. If ``metric`` has a
     ``groups`` parameter that is not given, the original row indices are passed as
     ``groups`` so that cross-validation keeps the copies of a sample in one fold
     (Ferrer & Ramos 2025, App. E); a given ``groups`` array is resampled with the rows.
@@ -231,8 +234,11 @@ def bootstrap_ci(
     ----------
     metric : callable
         ``metric(probs, labels, **metric_kwargs) -> float``, e.g. :func:`log_loss`,
-        :func:`calibration_loss`, :func:`kdecal.ece_kde` (pass ``bandwidth`` explicitly,
-        or "auto" to reselect it per resample).
+        :func:`calibration_loss`, :func:`kdecal.binned.ece`. Not the kernel estimators
+        (:func:`kdecal.ece_kde`, ``calibration_error``, ``refinement``, ``sharpness``):
+        a bootstrap set's copies of a row are each other's leave-one-out neighbours, so
+        their intervals sit above the estimate (refused; use
+        :meth:`kdecal.CalibrationEstimate.confidence_interval`).
     probs : array-like, shape (n, ...)
         Scores passed to ``metric`` (probabilities or logits, whatever it expects);
         rows are resampled.
@@ -261,18 +267,28 @@ def bootstrap_ci(
         ``metric`` not callable; non-integer ``n_boot``; non-real ``alpha``.
     ValueError
         ``n_boot`` outside 1..1,000,000; ``alpha`` outside (0, 1); ``probs`` and ``labels`` of different
-        lengths or empty; whatever ``metric`` raises.
+        lengths or empty; ``metric`` a kernel estimator of :mod:`kdecal.kde`; whatever
+        ``metric`` raises.
     """
     if not callable(metric):
         raise TypeError(f"metric must be callable, got {type(metric).__name__}")
+    name = getattr(metric, "__name__", "")
+    if getattr(metric, "__module__", None) == "kdecal.kde" and name in _KERNEL_ESTIMATORS:
+        raise ValueError(
+            f"bootstrap_ci cannot resample kdecal.{name}: a bootstrap set holds copies of "
+            "rows, which the leave-one-out kernel estimator reads as each other's "
+            "neighbours, so its intervals sit above, and can miss, the estimate. Use "
+            f"kdecal.estimate(probs, labels, ...).confidence_interval(...), whose "
+            "replicates leave a query's copies out with it."
+        )
     n_boot = check_resamples(n_boot, "n_boot", 1)
     if isinstance(alpha, (bool, np.bool_)) or not isinstance(alpha, numbers.Real):
         raise TypeError(f"alpha must be a float in (0, 1), got {alpha!r}")
     a = float(alpha)
     if not 0.0 < a < 1.0:
         raise ValueError(f"alpha must lie in the open interval (0, 1), got {alpha!r}")
-    X = np.asarray(probs)
-    y = np.asarray(labels)
+    X = as_array(probs, "probs")
+    y = as_array(labels, "labels")
     if X.ndim == 0 or y.ndim != 1:
         raise ValueError(
             f"probs must be at least 1-D and labels 1-D, got shapes {X.shape} and {y.shape}"

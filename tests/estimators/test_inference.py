@@ -98,7 +98,7 @@ def _small_n_calls():
     yield "calibration_loss", lambda P, y: scores.calibration_loss(P, y)
     yield (
         "bootstrap_ci",
-        lambda P, y: scores.bootstrap_ci(kdecal.ece_kde, P, y, n_boot=5, bandwidth=0.1),
+        lambda P, y: scores.bootstrap_ci(binned.ece, P, y, n_boot=5),
     )
 
 
