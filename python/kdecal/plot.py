@@ -47,7 +47,7 @@ import numpy as np
 from . import curves as _curves
 from ._engine.backends import Backend
 from ._evaluate import evaluate
-from ._validation import check_int
+from ._validation import as_array, check_int
 from .kde import CANONICAL_RELIABLE_MAX_K
 
 __all__ = [
@@ -1111,13 +1111,25 @@ def evaluation_page(
     Raises
     ------
     ValueError, TypeError
-        Invalid input (the messages of the metrics).
+        Invalid input (the messages of the metrics); a ``report`` of another n or K than
+        ``probs``.
     ImportError
         matplotlib is missing (``pip install 'kdecal[plot]'``).
     """
     Figure = _figure_class()
     if report is None:
         report = evaluate(probs, labels, bandwidth=bandwidth, backend=backend, progress=False)
+    else:
+        # a report of other predictions drew its table and canonical view beside panels
+        # of these (a helper's probe: a 300-row report on a 500-row page, no error)
+        shape = np.shape(as_array(probs, "probs"))
+        k = 2 if len(shape) == 1 else shape[-1]
+        if (report.n, report.n_classes) != (shape[0], k):
+            raise ValueError(
+                f"report is of n = {report.n}, K = {report.n_classes} predictions, but "
+                f"probs has n = {shape[0]}, K = {k}: pass the report of these predictions "
+                "(or report=None to compute it)"
+            )
     # the canonical panel at the table's canonical bandwidth (issue 26: they disagreed)
     notions = getattr(report, "notions", {}) or {}
     if "canonical" in notions:

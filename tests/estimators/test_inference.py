@@ -609,6 +609,23 @@ def test_evaluation_page_panels_use_the_table_bandwidths():
     assert 1.2 * n_lines * text.get_fontsize() <= box.height * 12 * 72 + 1e-9
 
 
+def test_evaluation_page_refuses_a_report_of_other_predictions():
+    """A helper's probe: a 300-row report passed with 500 rows of other predictions drew
+    a's table and canonical view beside b's panels, titled n = 300, with no error."""
+    pytest.importorskip("matplotlib")
+    from kdecal.plot import evaluation_page
+
+    a = make_seeds_synthetic(300, 3, seed=0)
+    b = make_seeds_synthetic(500, 3, t2=1.0, seed=1)
+    rep = _quiet(kdecal.evaluate, a.probs, a.labels, n_resamples=0)
+    with pytest.raises(ValueError, match=r"report is of n = 300, K = 3 .* n = 500, K = 3"):
+        evaluation_page(b.probs, b.labels, report=rep)
+    with pytest.raises(ValueError, match=r"probs has n = 300, K = 2"):
+        evaluation_page(
+            a.probs[:, :2] / a.probs[:, :2].sum(1, keepdims=True), a.labels % 2, report=rep
+        )
+
+
 def test_evaluation_page_beyond_ten_classes_draws_no_canonical_view():
     """A report that left the canonical notion out (K = 11, the defaults) gets the
     top-label kernel diagram at its table's bandwidth in the third panel, from the
