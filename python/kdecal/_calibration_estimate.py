@@ -227,6 +227,30 @@ def centred_interval(
     return lo, hi
 
 
+def _signed_square(x: np.ndarray | float) -> np.ndarray:
+    return np.sign(x) * np.square(x)
+
+
+def _signed_root(x: np.ndarray | float) -> np.ndarray:
+    return np.sign(x) * np.sqrt(np.abs(x))
+
+
+def quantity_interval(
+    q: str, dist: np.ndarray, estimate: float, level: float, lower: float | None = None
+) -> tuple[float, float]:
+    """:func:`centred_interval` of a quantity; the L2 ECE^KDE's from the squared error's.
+
+    ``ece_kde_l2`` is the signed root of ``ce_l2`` (README: the same number in the API,
+    the report and the replicates), so its interval is the signed root of the interval
+    of the signed squares: the two intervals then correspond as their estimates do (each
+    centred on its own estimate, they did not).
+    """
+    if q != "ece_kde_l2":
+        return centred_interval(dist, estimate, level, lower)
+    lo, hi = centred_interval(_signed_square(dist), float(_signed_square(estimate)), level)
+    return float(_signed_root(lo)), float(_signed_root(hi))
+
+
 def _names(names: object) -> list[object]:
     """Return a single name as a list of one (a string is not iterated by character)."""
     return [names] if isinstance(names, str) else list(names)  # type: ignore[call-overload]
@@ -594,7 +618,7 @@ class CalibrationEstimate:
         out = {}
         for q, values in dist.items():
             value = _quiet(QUANTITIES[q], self._for(q))
-            lo, hi = centred_interval(values, value, level, QUANTITIES[q].lower_bound)
+            lo, hi = quantity_interval(q, values, value, level, QUANTITIES[q].lower_bound)
             out[q] = ConfidenceInterval(q, value, lo, hi, level, values)
         return out
 
@@ -675,7 +699,14 @@ class CalibrationEstimate:
         _check_replicates(self, dist_b)
         if shifts is not None:
             for q, s in shifts.items():
-                dist_b[q] += np.roll(s, 1)
+                if q == "ece_kde_l2":
+                    # the shift in the squared error's units, so that every replicate
+                    # stays the signed root of the squared error's replicate
+                    e = _quiet(QUANTITIES[q], self._for(q))
+                    s2 = _signed_square(e + np.roll(s, 1)) - _signed_square(e)
+                    dist_b[q] = _signed_root(_signed_square(dist_b[q]) + s2)
+                else:
+                    dist_b[q] += np.roll(s, 1)
         return dist_b, dist_t
 
     def _selection_shifts(

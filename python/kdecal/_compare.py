@@ -18,7 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from ._calibration_estimate import _check_level, bootstrap_distributions, centred_interval
+from ._calibration_estimate import (
+    _check_level,
+    bootstrap_distributions,
+    centred_interval,
+    quantity_interval,
+)
 from ._engine import backends as _backends
 from ._engine.backends import Backend
 from ._estimation import problem as _problem
@@ -334,7 +339,7 @@ def compare(
         row: dict[str, Any] = {"bandwidth": e.bandwidth, "own_bandwidth": own_h[k]}
         for q in qs:
             value = value_of(k, e, q)
-            lo, hi = centred_interval(boot[k][q], value, level, lower_bound(q))
+            lo, hi = quantity_interval(q, boot[k][q], value, level, lower_bound(q))
             row[q] = {"value": value, "low": lo, "high": hi}
         estimates[k] = row
     # the same differences at the other bandwidths a user might have used

@@ -234,7 +234,10 @@ def test_intervals_stay_in_the_range_of_their_quantity():
     est = _quiet(kdecal.estimate, s.probs, s.labels, bandwidth=0.05)
     c = _quiet(est.confidence_interval, "ece_kde_l2", n_resamples=20, seed=0)
     assert c.estimate < 0.0
-    assert (c.low, c.high) == centred_interval(c.bootstrap_distribution, c.estimate, 0.95)
+    # (the signed root of the squared error's interval, not cut)
+    ssq = np.sign(c.bootstrap_distribution) * c.bootstrap_distribution**2
+    lo2, hi2 = centred_interval(ssq, -(c.estimate**2), 0.95)
+    assert (c.low, c.high) == (-np.sqrt(-lo2), np.sign(hi2) * np.sqrt(abs(hi2)))
     assert c.low < c.estimate < c.high
     cmp = _quiet(
         kdecal.compare,
@@ -1185,3 +1188,51 @@ def test_boolean_labels_of_more_than_two_classes_are_refused():
     assert kdecal.ece_kde(P2, yb, bandwidth=0.2) == kdecal.ece_kde(
         P2, yb.astype(int), bandwidth=0.2
     )
+
+
+def test_l2_ece_intervals_are_the_signed_roots_of_the_squared_errors():
+    """A helper's probe: with the default bandwidth_variability="add" the selection shift
+    was added to the L2 ECE^KDE and to the squared L2 error separately, so 178 of 200
+    replicates broke the README's identity ece_kde_l2 = signed root of ce_l2, and the two
+    intervals (each centred on its estimate) did not correspond. Now every replicate and
+    both endpoints are signed roots of the squared error's, in confidence_intervals and
+    in compare."""
+    s = make_seeds_synthetic(300, 3, t1=1, t2=1, seed=6)
+    est = _quiet(kdecal.estimate, s.probs, s.labels)
+    ci = _quiet(est.confidence_intervals, ["ece_kde_l2", "ce_l2"], n_resamples=200, seed=0)
+    a, b = ci["ece_kde_l2"], ci["ce_l2"]
+
+    def ssq(v):
+        return np.sign(v) * np.square(v)
+
+    plain = _quiet(
+        est.confidence_interval,
+        "ece_kde_l2",
+        n_resamples=200,
+        seed=0,
+        bandwidth_variability="none",
+    )  # the shifts moved the replicates (else this test shows nothing)
+    assert not np.allclose(plain.bootstrap_distribution, a.bootstrap_distribution)
+    np.testing.assert_allclose(ssq(a.bootstrap_distribution), b.bootstrap_distribution, atol=1e-15)
+    np.testing.assert_allclose(
+        ssq(np.array([a.estimate, a.low, a.high])),
+        [b.estimate, b.low, b.high],
+        rtol=1e-12,
+        atol=1e-17,
+    )
+    assert a.low <= a.estimate <= a.high
+    # alone, the same interval
+    alone = _quiet(est.confidence_interval, "ece_kde_l2", n_resamples=200, seed=0)
+    assert (alone.low, alone.high) == (a.low, a.high)
+    res = _quiet(
+        kdecal.compare,
+        {"a": s.probs, "b": temperature_scale(s.probs, 0.8)},
+        s.labels,
+        quantities=("ece_kde_l2", "ce_l2"),
+        n_resamples=40,
+    )
+    for k in "ab":
+        r = res.estimates[k]
+        got = ssq(np.array([r["ece_kde_l2"][x] for x in ("value", "low", "high")]))
+        want = [r["ce_l2"][x] for x in ("value", "low", "high")]
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-17)
