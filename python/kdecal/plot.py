@@ -305,9 +305,10 @@ def reliability_diagram(
     - ``kind="kernel", calibration="canonical"``: the canonical view: for every sample
       the component of the predicted class of the Dirichlet-kernel LOO estimate of
       ``E[y | f]`` (Popordanoska et al. 2022, Eq. 3, 10), as points against the
-      confidence, each joined to the diagonal by a faint red line (the gap). Unlike the
-      top-label curve this is not a function of the confidence alone: the spread shows
-      what canonical calibration sees beyond top-label calibration.
+      confidence, with the points' means in confidence bins and the gap of those means
+      to the diagonal shaded. Unlike the top-label curve this is not a function of the
+      confidence alone: the spread shows what canonical calibration sees beyond
+      top-label calibration.
 
     Parameters
     ----------
