@@ -787,10 +787,18 @@ class TemperatureScaling(_TemperatureMixin, _Calibrator):
         self.converged_ = False
         if g_hi <= 0.0:  # NLL still decreasing at the smallest temperature
             T = t_min
-            if _all_weighted(ly == Ls.max(axis=1), w):
+            top = Ls.max(axis=1)
+            if _all_weighted(ly == top, w):
+                tied = int(np.count_nonzero(np.sum(Ls == top[:, None], axis=1) > 1))
+                why = (
+                    "100% validation accuracy"
+                    if tied == 0
+                    else f"counting tied top scores, which {tied} of {len(ly)} rows have: "
+                    "the scores cannot rank these classes"
+                )
                 msg = (
-                    "TemperatureScaling: every validation label is a top-scoring class "
-                    "(100% validation accuracy): the NLL decreases monotonically as T -> 0 "
+                    f"TemperatureScaling: every validation label is a top-scoring class "
+                    f"({why}): the NLL decreases or stays flat as T -> 0 "
                     f"and has no finite minimiser; temperature_ is clipped to T_min = {t_min:g} "
                     "(converged_ = False). Use more or harder validation data."
                 )

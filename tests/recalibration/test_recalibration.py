@@ -126,6 +126,17 @@ def test_well_specified_ts_and_ec_recover_true_temperature():
     assert rc.ExpectationConsistency().fit(z, y).temperature_ == pytest.approx(T0, abs=0.05)
 
 
+def test_ts_tied_scores_are_not_called_perfect_accuracy():
+    """A helper's probe: uniform scores (every class tied) warned "100% validation
+    accuracy" at 25 % argmax accuracy; the warning now says the top scores are tied."""
+    rng = np.random.default_rng(0)
+    ts = rc.TemperatureScaling()
+    with pytest.warns(kdecal.KdecalWarning, match="tied top scores, which 1000 of 1000") as rec:
+        ts.fit(np.full((1000, 4), 0.25), rng.integers(0, 4, 1000))
+    assert not any("100% validation accuracy" in str(w.message) for w in rec)
+    assert ts.converged_ is False
+
+
 def test_ts_separable_warns_and_clips():
     # 100% validation accuracy: NLL decreases as T -> 0, no interior optimum
     z, _ = make_logits(n=200)
