@@ -300,8 +300,9 @@ def _integer_column(
     """
     # an all-zero column is a logit reference (binary logits (0, t)) or a class never
     # predicted, which an all-zero fold column cannot be told from
-    whole = np.all(a == np.round(a), axis=0) & np.any(a != 0, axis=0)
-    if not whole.any() or np.all(a == np.round(a)):
+    integral = np.all(a == np.round(a), axis=0)
+    whole = integral & np.any(a != 0, axis=0)
+    if not whole.any() or integral.all():
         return None  # no integer column, or hard (one-hot) predictions
     extra = [int(c) for c in np.flatnonzero(whole)]
     vals = np.unique(a[:, extra[0]])
