@@ -117,6 +117,34 @@ def subproblem(problem: Problem, problems: slice) -> Problem:
     )
 
 
+def content_order(problem: Problem) -> np.ndarray:
+    """Return a permutation of the rows that depends only on their contents, shape (n,).
+
+    The rows are sorted by a 64-bit hash of their points and labels in every problem of
+    the batch (a random linear combination of their bit patterns, then mixed): the
+    order looks random, so that its first ``r`` rows are a random subset of ``r`` rows,
+    yet it is the same whatever order the caller's rows came in.  Rows equal in every
+    problem tie and are interchangeable, so the permuted problem, and what a search
+    computes on it, is the same for every ordering of the same rows.  O(n B D) time,
+    O(n) memory besides the result.
+    """
+    B, n, D = problem.p.shape
+    mult = np.random.default_rng(0x6B646563).integers(1, 2**63, size=(B, D + 1), dtype=np.uint64)
+    mult |= np.uint64(1)
+    key = np.zeros(n, dtype=np.uint64)
+    for b in range(B):
+        bits = np.ascontiguousarray(problem.p[b], dtype=np.float64).view(np.uint64)
+        key += bits @ mult[b, :D]
+        key += problem.labels[b].astype(np.uint64) * mult[b, D]
+    # splitmix64's finaliser: nearby keys land far apart
+    key ^= key >> np.uint64(30)
+    key *= np.uint64(0xBF58476D1CE4E5B9)
+    key ^= key >> np.uint64(27)
+    key *= np.uint64(0x94D049BB133111EB)
+    key ^= key >> np.uint64(31)
+    return np.argsort(key, kind="stable")
+
+
 def make_problem(
     probs: Probs, labels: np.ndarray | None, calibration: str, backend: str = "cpp"
 ) -> Problem:

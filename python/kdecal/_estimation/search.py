@@ -15,7 +15,15 @@ from .. import _formulas as _f
 from .._engine import backends as _backends
 from .._engine import binary as _binary
 from ..warnings import KdecalWarning, warn_user
-from .problem import Problem, engine, kernel_bias, kernel_points, problem_chunks, subproblem
+from .problem import (
+    Problem,
+    content_order,
+    engine,
+    kernel_bias,
+    kernel_points,
+    problem_chunks,
+    subproblem,
+)
 
 #: Default grid of :func:`select_bandwidth`: 50 log-spaced values in [1e-5, 1e-1] and
 #: 0.2, 0.4, 0.6, 0.8, 1.0 (the grid of Popordanoska et al. 2024's code).
@@ -406,7 +414,8 @@ def _search_all_rows(
     keep = 0 < powers and held <= SEARCH_FUSE_BYTES
     ev = _Evaluations(problem, criteria, max(powers, 1), backend, progress)
     if m < n:
-        idx = np.sort(np.random.default_rng(0).choice(n, size=m, replace=False))
+        # a random-looking sample that the caller's row order does not change
+        idx = content_order(problem)[:m]
         sample = Problem(
             problem.calibration,
             np.ascontiguousarray(problem.p[:, idx]),
@@ -544,9 +553,10 @@ def _search_bandwidths(
 
     Several criteria (e.g. "brier" for the L1 / L2 quantities and "log" for the KL ones)
     share every engine pass: the class sums of a bandwidth give every criterion's risk.
-    The query rows are visited in one random order (against all n centres, always), so
-    that the first ``r`` rows are a random subset and every stage reuses the rows the
-    earlier ones evaluated. For each criterion:
+    The query rows are visited in one random-looking order fixed by their contents
+    (:func:`~kdecal._estimation.problem.content_order`; against all n centres, always),
+    so that the first ``r`` rows are a random subset, every stage reuses the rows the
+    earlier ones evaluated, and the result does not depend on the caller's row order. For each criterion:
 
     1. every 6th grid value (a ratio of 3.16) on the first ``m / 2`` rows, where
        ``m = n // 20`` clipped to [:data:`SEARCH_SUBSET_MIN`, :data:`SEARCH_SUBSET_MAX`]
@@ -595,7 +605,9 @@ def _search_bandwidths(
     perm = None
     sub = problem
     if m_sub < n:
-        perm = np.random.default_rng(0).permutation(n)
+        # random-looking, and the same for every order of the same rows (a fixed
+        # random permutation made the chosen bandwidth depend on the caller's order)
+        perm = content_order(problem)
         # C-contiguous: every engine call then passes these very arrays (no per-call
         # copy; the binary engine's plan recognises them)
         sub = Problem(
