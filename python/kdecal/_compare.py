@@ -411,7 +411,7 @@ def _warn_long_bootstrap(
             f"{_replicates.describe_seconds(sec)} on 2 cores: each replicate is dense, "
             "n^2 (K + 3) multiply-adds per bandwidth. calibration='top_label' or "
             "'classwise' resamples on the fast binary engine (seconds); n_resamples sets "
-            "the count",
+            "the count (command line: --calibration top_label, --n-resamples)",
             KdecalWarning,
         )
 

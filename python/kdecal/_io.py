@@ -502,10 +502,30 @@ def _read_npy(p: Path, path: str | os.PathLike[str]) -> tuple[np.ndarray, np.nda
 
 
 def _parse_float(text: str) -> float | None:
+    """One CSV cell as a number, or None if it is not one.
+
+    Python's ``float`` also reads digit separators (``1_0`` is 10.0) and non-ASCII
+    digits (full-width ``１``, Arabic-Indic ``١``), which no CSV writer produces and
+    numpy or pandas do not read: here such a cell is not a number.
+    """
+    if not text.isascii() or "_" in text:
+        return None
     try:
         return float(text)
     except ValueError:
         return None
+
+
+def _not_a_number(text: str) -> str:
+    """Why a cell of a column of numbers is not one, and what to do, for a message."""
+    try:
+        float(text)
+    except ValueError:
+        return "(a missing value?); fill it in or drop the column"
+    return (
+        "(not a plain number: digit separators '_' and non-ASCII digits are not read); "
+        "write it as a plain number or drop the column"
+    )
 
 
 def _split_columns(names: list[str], path: str | os.PathLike[str]) -> tuple[int, list[int]]:
@@ -607,7 +627,7 @@ def _read_csv(
                 raise _fail(
                     path,
                     f"column '{header[i]}' holds numbers but {cells[k]!r} on line "
-                    f"{linenos[k]} (a missing value?); fill it in or drop the column",
+                    f"{linenos[k]} {_not_a_number(cells[k])}",
                 )
             ignored.append(header[i])  # a non-numeric column
             continue
@@ -618,8 +638,20 @@ def _read_csv(
         columns.append(parsed)  # type: ignore[arg-type]
     if not score_cols:
         raise _fail(path, "has no numeric score columns besides the label column")
-    scores = np.array(columns, dtype=np.float64).T
+    # the classes' range is checked here, where the file's line numbers are known (the
+    # same check of kdecal.evaluate names the 0-based row of the array)
     labels = np.array(label_vals, dtype=np.float64)
+    n_classes = max(len(score_cols), 2)
+    outside = (labels < 0) | (labels >= n_classes)
+    if outside.any():
+        k = int(np.argmax(outside))
+        what = f"{n_classes} score columns" if len(score_cols) > 1 else "one binary score column"
+        raise _fail(
+            path,
+            f"label column '{header[label_col]}' must hold class indices 0..{n_classes - 1} "
+            f"({what}), found {labels_text[k]!r} on line {linenos[k]}",
+        )
+    scores = np.array(columns, dtype=np.float64).T
     names = [header[i] for i in score_cols]
     return scores, labels, _table_description(p, header, score_cols, label_col, ignored), names
 

@@ -176,7 +176,7 @@ def _check_row_sums(a: np.ndarray, name: str, atol: float, high: float) -> None:
     if not dev[worst] <= atol:
         raise ValueError(
             f"rows of {name} must sum to 1 (tolerance {atol}); row {worst} sums to "
-            f"{float(a[worst].sum())!r}. Pass logits through kdecal.softmax first."
+            f"{float(a[worst].sum())!r}. {SOFTMAX_ADVICE}"
         )
     if np.any(a > high):
         idx = _first_bad(a > high)
@@ -191,6 +191,10 @@ def _check_row_sums(a: np.ndarray, name: str, atol: float, high: float) -> None:
             RenormalizationWarning,
         )
 
+
+#: The advice that ends :func:`check_probs`' message on rows far from summing to 1 (the
+#: command line puts its own option in its place).
+SOFTMAX_ADVICE = "Pass logits through kdecal.softmax first."
 
 #: How :func:`resolve_input` names the choices in its messages, by default.
 INPUT_FLAGS = {"probs": "input='probs'", "logits": "input='logits'"}

@@ -40,6 +40,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
@@ -48,7 +49,7 @@ from ._compare import ROW_METRICS, compare
 from ._estimation.problem import CALIBRATIONS as _NOTIONS
 from ._estimation.quantities import QUANTITIES
 from ._io import bundled_example_path, load_predictions
-from ._validation import check_labels, check_probs
+from ._validation import SOFTMAX_ADVICE, check_labels, check_probs
 from .plot import evaluation_page, require_matplotlib
 from .tolerances import ROW_SUM_ATOL
 from .warnings import UnreliableEstimateWarning
@@ -66,12 +67,23 @@ class _ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{_PROG}: error: {' '.join(message.split())}\n")
 
 
+def _plain_number(text: str) -> str:
+    """``text`` if it is written in ASCII without digit separators, else a ValueError.
+
+    Python's ``float`` and ``int`` also read ``1_0`` as 10 and full-width or other
+    non-ASCII digits; an option value such as ``--seed 1_0`` is refused instead.
+    """
+    if not text.isascii() or "_" in text:
+        raise ValueError(text)
+    return text
+
+
 def _bandwidth(text: str) -> float | str:
     """Parse ``--bandwidth``: ``auto``, ``loo-mle`` or a positive finite number."""
     if text.strip().lower() in ("auto", "loo-mle"):
         return text.strip().lower()
     try:
-        value = float(text)
+        value = float(_plain_number(text))
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"bandwidth must be 'auto', 'loo-mle' or a positive number, got {text!r}"
@@ -85,7 +97,7 @@ def _bandwidth(text: str) -> float | str:
 
 def _nonneg_int(text: str) -> int:
     try:
-        value = int(text)
+        value = int(_plain_number(text))
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected a non-negative integer, got {text!r}"
@@ -345,7 +357,8 @@ def _to_probs(scores: np.ndarray, is_logits: bool, path: object) -> np.ndarray:
 
     Probabilities are validated here, once; entries just outside [0, 1] are clipped and
     rows that do not quite sum to 1 (rounded files) are renormalised, each with a
-    warning that says by how much. Errors name the file.
+    warning that says by how much. Errors name the file, and say what to do if the
+    scores are logits after all (a ``probs`` key holding logits): ``--logits``.
     """
     if is_logits:
         if scores.ndim == 1:
@@ -358,7 +371,11 @@ def _to_probs(scores: np.ndarray, is_logits: bool, path: object) -> np.ndarray:
     try:  # raises, or warns when clipping or renormalising
         check_probs(scores, "probs", min_n=1)
     except ValueError as exc:
-        raise ValueError(f"{path}: {_one_line(exc)}") from None
+        # every value error of check_probs here (a negative entry, one above 1, rows far
+        # from summing to 1) is what logits read as probabilities look like; its advice
+        # is the Python API's (kdecal.softmax)
+        text = _one_line(exc).replace(SOFTMAX_ADVICE, "").rstrip(". ")
+        raise ValueError(f"{path}: {text}; if the scores are logits, pass --logits") from None
     if np.any((scores < 0) | (scores > 1)):
         scores = np.clip(scores, 0, 1)
     if scores.ndim == 2:
@@ -366,6 +383,20 @@ def _to_probs(scores: np.ndarray, is_logits: bool, path: object) -> np.ndarray:
         if np.any(np.abs(sums - 1.0) > ROW_SUM_ATOL):
             scores = (scores / sums).astype(scores.dtype)
     return scores
+
+
+#: Keywords of the Python API that messages of the library name, and the options of
+#: the command line that the errors and warnings it prints name instead.
+_CLI_ADVICE = ((SOFTMAX_ADVICE, "If the scores are logits, pass --logits."),)
+
+
+def _cli_words(text: str) -> str:
+    """Put a library message in the words of the command line (options, not keywords)."""
+    for api, cli in _CLI_ADVICE:
+        text = text.replace(api, cli)
+    if text.startswith("n_resamples "):  # kdecal.evaluate's and compare's own checks
+        text = "--n-resamples" + text[len("n_resamples") :]
+    return text
 
 
 def _check_rows(probs: np.ndarray, labels: np.ndarray, path: object) -> None:
@@ -390,7 +421,27 @@ def _show_warning(
     line: str | None = None,
 ) -> None:
     """Print a warning as one line ``kdecal: warning: ...`` on stderr."""
-    print(f"{_PROG}: warning: {' '.join(str(message).split())}", file=sys.stderr)
+    print(f"{_PROG}: warning: {_cli_words(' '.join(str(message).split()))}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def _naming_file(path: object) -> Iterator[None]:
+    """Prefix the warnings shown meanwhile, about the contents of ``path``, with its name.
+
+    ``compare`` reads several files: "probs: 32 of 300 rows do not sum to 1" must say
+    which. Used inside a ``warnings.catch_warnings()`` block, which restores the
+    original ``warnings.showwarning`` at its end.
+    """
+    show = warnings.showwarning
+
+    def named(message: Warning | str, category: type[Warning], *rest: Any, **kw: Any) -> None:
+        show(f"{path}: {' '.join(str(message).split())}", category, *rest, **kw)
+
+    warnings.showwarning = named
+    try:
+        yield
+    finally:
+        warnings.showwarning = show
 
 
 def _run_evaluate(args: argparse.Namespace) -> int:
@@ -401,7 +452,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         path = args.file
         prefix = ""
     if args.plot is not None:  # fail before the long computation, not after it
-        _check_plot_target(args.plot)
+        _check_plot_target(args.plot, Path(path).stem)
     # the unreliable-estimate warnings are notes of the report too: held back, and shown
     # on stderr only if the report does not print them (not twice)
     held: list[str] = []
@@ -416,11 +467,12 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         # Show each warning once, as one line, as soon as it is raised.
         warnings.simplefilter("default")
         warnings.showwarning = show
-        scores, labels, is_logits, description = load_predictions(
-            path, split=args.split, logits=args.logits
-        )
-        probs = _to_probs(scores, is_logits, path)
-        _check_rows(probs, labels, path)
+        with _naming_file(path):
+            scores, labels, is_logits, description = load_predictions(
+                path, split=args.split, logits=args.logits
+            )
+            probs = _to_probs(scores, is_logits, path)
+            _check_rows(probs, labels, path)
         import kdecal
 
         report = kdecal.evaluate(
@@ -446,7 +498,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     for text in held:
         why = text.split(": ", 1)[1] if text.startswith("kdecal.") else text
         if why.rstrip(".").lower() not in notes:
-            print(f"{_PROG}: warning: {text}", file=sys.stderr)
+            print(f"{_PROG}: warning: {_cli_words(text)}", file=sys.stderr)
     _emit(json.dumps(report.to_dict(), indent=2, allow_nan=False) if args.json else str(report))
     return 0
 
@@ -454,13 +506,16 @@ def _run_evaluate(args: argparse.Namespace) -> int:
 def _run_compare(args: argparse.Namespace) -> int:
     models: dict[str, np.ndarray] = {}
     labels = None
-    for path in args.files:
+    for path, name in zip(args.files, _model_names(args.files)):
         with warnings.catch_warnings():
             warnings.simplefilter("default")
             warnings.showwarning = _show_warning
-            scores, y, is_logits, _ = load_predictions(path, split=args.split, logits=args.logits)
-            probs = _to_probs(scores, is_logits, path)
-            _check_rows(probs, y, path)
+            with _naming_file(path):
+                scores, y, is_logits, _ = load_predictions(
+                    path, split=args.split, logits=args.logits
+                )
+                probs = _to_probs(scores, is_logits, path)
+                _check_rows(probs, y, path)
         if labels is None:
             labels = y
         elif y.shape != labels.shape or not np.array_equal(y, labels):
@@ -468,9 +523,6 @@ def _run_compare(args: argparse.Namespace) -> int:
                 f"{path}: its labels differ from those of {args.files[0]}; compare needs "
                 "every model's predictions on the same labels"
             )
-        name = os.path.basename(path)
-        while name in models:
-            name += "'"
         models[name] = probs
     with warnings.catch_warnings():
         warnings.simplefilter("default")
@@ -488,6 +540,28 @@ def _run_compare(args: argparse.Namespace) -> int:
         )
     _emit(json.dumps(result.to_dict(), indent=2, allow_nan=False) if args.json else str(result))
     return 0
+
+
+def _model_names(paths: Sequence[str]) -> list[str]:
+    """Name each model by its file name, with as many parent folders as tell it apart.
+
+    ``dir1/preds.npz`` and ``dir2/preds.npz`` become ``dir1/preds.npz`` and
+    ``dir2/preds.npz`` (the shortest suffixes of their absolute paths that differ), where
+    ``a.npz`` and ``b.npz`` stay ``a.npz`` and ``b.npz``; a file named twice gets a
+    prime (``a.npz'``) the second time.
+    """
+    parts = [os.path.normpath(os.path.abspath(p)).split(os.sep) for p in paths]
+    names: list[str] = []
+    for own in parts:
+        others = [p for p in parts if p != own]
+        depth = 1
+        while depth < len(own) and any(p[-depth:] == own[-depth:] for p in others):
+            depth += 1
+        name = "/".join(own[-depth:])
+        while name in names:
+            name += "'"
+        names.append(name)
+    return names
 
 
 class _OutputError(Exception):
@@ -513,12 +587,24 @@ def _emit(text: str) -> None:
         raise _OutputError(f"cannot write standard output ({_one_line(exc)})") from None
 
 
-def _check_plot_target(path: str) -> None:
-    """Check that ``--plot`` can be honoured: matplotlib, the folder, the file type."""
+def _check_plot_target(path: str, stem: str = "evaluation") -> None:
+    """Check that ``--plot`` can be honoured: matplotlib, the folder, the file type.
+
+    ``stem``: the input file's name without its extension, for the file name suggested
+    when ``path`` is a folder (``--plot .``: ``./preds.png``).
+    """
     try:
         require_matplotlib()
     except ImportError as exc:
         raise ValueError(f"--plot: {exc}") from None
+    if os.path.isdir(path):
+        # os.path.splitext('.') has no extension: '..png' was suggested
+        raise ValueError(
+            f"--plot: {path!r} is a folder; name the file to write in it, e.g. "
+            f"{os.path.join(path, stem + '.png')}"
+        )
+    if path.endswith(("/", os.sep)):
+        raise ValueError(f"--plot: folder {path!r} does not exist")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise ValueError(f"--plot: folder {folder!r} does not exist")
@@ -668,7 +754,7 @@ def _one_line(exc: BaseException) -> str:
 
 def _error(message: str) -> int:
     try:
-        print(f"{_PROG}: error: {message}", file=sys.stderr)
+        print(f"{_PROG}: error: {_cli_words(message)}", file=sys.stderr)
     except (OSError, ValueError, AttributeError):  # pragma: no cover - stderr is gone too
         pass
     return 2

@@ -666,3 +666,171 @@ def test_cli_prints_the_unreliable_kl_note_once(tmp_path, capsys):
     # the API still warns: a program reading no notes is told
     with pytest.warns(kdecal.UnreliableEstimateWarning, match="least reliable"):
         kdecal.evaluate(probs, labels, bandwidth=0.05, n_resamples=0, calibration_loss=False)
+
+
+# --------------------------------------------------------------------------- #
+# messages of the command line: the file, the model, the option, the line
+# --------------------------------------------------------------------------- #
+
+
+def _off_by(probs: np.ndarray, row: int, factor: float) -> np.ndarray:
+    """Probabilities whose row ``row`` sums to ``factor`` (renormalised, with a warning)."""
+    out = probs.copy()
+    out[row] *= factor
+    return out
+
+
+def test_warnings_about_a_file_name_the_file(tmp_path, capsys):
+    """compare reads several files: each warning that rows were renormalised (or entries
+    clipped) names the file it is about, and so does evaluate's."""
+    _, probs, labels = _synthetic(40)
+    a, b = tmp_path / "a.npz", tmp_path / "b.npz"
+    np.savez(a, probs=_off_by(probs, 3, 1.01), labels=labels)
+    np.savez(b, probs=_off_by(probs, 5, 1.005), labels=labels)
+    code = main(["compare", str(a), str(b), "--bandwidth", BW, "--n-resamples", "2", "--json"])
+    _, err = capsys.readouterr()
+    assert code == 0, err
+    lines = err.strip().splitlines()
+    renormalised = "rows do not sum to 1 (largest deviation {}); they were renormalised"
+    assert f"kdecal: warning: {a}: probs: 1 of {N} " + renormalised.format("0.01, row 3") in lines
+    assert f"kdecal: warning: {b}: probs: 1 of {N} " + renormalised.format("0.005, row 5") in lines
+    # an entry just below 0, with --probs: clipped, and the row renormalised
+    c = tmp_path / "c.npz"
+    clipped = probs.copy()
+    clipped[7, 1] += clipped[7, 0] + 0.005
+    clipped[7, 0] = -0.005
+    np.savez(c, probs=clipped, labels=labels)
+    code = main(["evaluate", str(c), "--probs", "--quiet", "--bandwidth", BW, *NO_RESAMPLING])
+    _, err = capsys.readouterr()
+    assert code == 0, err
+    warned = [t for t in err.strip().splitlines() if t.startswith("kdecal: warning: ")]
+    assert any("were clipped to [0, 1]" in t for t in warned), err
+    assert warned and all(t.startswith(f"kdecal: warning: {c}: probs: ") for t in warned), err
+
+
+def test_compare_names_models_of_the_same_file_name_by_their_folders(tmp_path, capsys):
+    """dir1/preds.npz and dir2/preds.npz were both named by their file name ("preds.npz"
+    and "preds.npz'"): now by the shortest suffixes of their paths that tell them apart."""
+    _, probs, labels = _synthetic(41)
+    for sub in ("dir1", "dir2"):
+        (tmp_path / sub).mkdir()
+        np.savez(tmp_path / sub / "preds.npz", probs=probs, labels=labels)
+    np.savez(tmp_path / "other.npz", probs=probs, labels=labels)
+    files = [str(tmp_path / "dir1" / "preds.npz"), str(tmp_path / "dir2" / "preds.npz")]
+    code = main(
+        ["compare", *files, str(tmp_path / "other.npz"), "--bandwidth", BW, "--n-resamples", "2"]
+        + ["--metrics", "ece_binned", "--json"]
+    )
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert json.loads(out)["names"] == ["dir1/preds.npz", "dir2/preds.npz", "other.npz"]
+    from kdecal.cli import _model_names
+
+    t = tmp_path
+    assert _model_names(
+        [str(t / "x" / "a" / "p.npz"), str(t / "y" / "a" / "p.npz"), str(t / "q.npz")]
+        + [str(t / "q.npz"), str(t / "x" / ".." / "q.npz")]
+    ) == ["x/a/p.npz", "y/a/p.npz", "q.npz", "q.npz'", "q.npz''"]
+
+
+def test_errors_and_warnings_advise_options_not_python_calls(tmp_path, capsys, monkeypatch):
+    """The command line advised kdecal.softmax (a Python call) for rows far from summing
+    to 1, nothing for logits under a 'probs' key, calibration='top_label' and
+    n_resamples before a long compare, and named n_resamples: now the options."""
+    logits, probs, labels = _synthetic(42)
+    far = tmp_path / "far.npz"
+    np.savez(far, probs=_off_by(probs, 4, 1.5), labels=labels)
+    line = _run_error(capsys, str(far))
+    assert line == (
+        f"kdecal: error: {far}: rows of probs must sum to 1 (tolerance 0.1); row 4 sums to "
+        f"{float(_off_by(probs, 4, 1.5)[4].sum())!r}; if the scores are logits, pass --logits"
+    )
+    under_probs = tmp_path / "logits_as_probs.npz"
+    np.savez(under_probs, probs=logits, labels=labels)
+    line = _run_error(capsys, str(under_probs))
+    i, j = np.argwhere(logits < 0)[0]
+    assert line == (
+        f"kdecal: error: {under_probs}: probs contains a negative probability "
+        f"{float(logits[i, j])!r} at index ({i}, {j}); if the scores are logits, pass --logits"
+    )
+    # compare's warning before a long canonical paired bootstrap (here: any)
+    import kdecal._compare
+
+    monkeypatch.setattr(kdecal._compare, "LONG_BOOTSTRAP_SECONDS", -1.0)
+    good = tmp_path / "good.npz"
+    np.savez(good, probs=probs, labels=labels)
+    code = main(["compare", str(good), str(good), "--bandwidth", BW, "--n-resamples", "2"])
+    _, err = capsys.readouterr()
+    assert code == 0, err
+    assert "(command line: --calibration top_label, --n-resamples)" in err
+    code = main(["compare", str(good), str(good), "--bandwidth", BW, "--n-resamples", "1"])
+    _, err = capsys.readouterr()
+    assert code == 2 and err == "kdecal: error: --n-resamples must be an integer >= 2, got 1\n"
+
+
+def test_csv_label_errors_give_the_line_of_the_file(tmp_path, capsys):
+    """A label beyond the classes was reported at its 0-based row of the array ("at index
+    (2,)"); in a CSV it is the line of the file (the header and blank lines counted)."""
+    f = tmp_path / "badlabel.csv"
+    f.write_text("p0,p1,label\n0.2,0.8,1\n0.6,0.4,0\n\n0.3,0.7,2\n0.5,0.5,1\n")
+    assert _run_error(capsys, str(f)) == (
+        f"kdecal: error: {f}: label column 'label' must hold class indices 0..1 "
+        "(2 score columns), found '2' on line 5"
+    )
+    g = tmp_path / "binary.csv"
+    g.write_text("p,Label\n0.2,1\n0.6,-1\n0.3,1\n0.9,0\n")
+    assert _run_error(capsys, str(g)) == (
+        f"kdecal: error: {g}: label column 'Label' must hold class indices 0..1 "
+        "(one binary score column), found '-1' on line 3"
+    )
+
+
+def test_plot_to_a_folder_is_refused_with_a_file_name(tmp_path, capsys, monkeypatch):
+    """--plot . suggested the file '..png'; a folder is now named as one, with a file in
+    it to write, and a missing folder written with a trailing slash is reported missing."""
+    pytest.importorskip("matplotlib")
+    _, probs, labels = _synthetic(43)
+    np.savez(tmp_path / "preds.npz", probs=probs, labels=labels)
+    monkeypatch.chdir(tmp_path)
+    assert _run_error(capsys, "preds.npz", "--plot", ".") == (
+        "kdecal: error: --plot: '.' is a folder; name the file to write in it, e.g. ./preds.png"
+    )
+    (tmp_path / "figs").mkdir()
+    assert _run_error(capsys, "preds.npz", "--plot", "figs") == (
+        "kdecal: error: --plot: 'figs' is a folder; name the file to write in it, e.g. "
+        "figs/preds.png"
+    )
+    assert _run_error(capsys, "preds.npz", "--plot", "nofolder/") == (
+        "kdecal: error: --plot: folder 'nofolder/' does not exist"
+    )
+
+
+def test_numbers_python_reads_but_a_csv_does_not_hold_are_refused(tmp_path, capsys):
+    """float() reads '1_0' as 10 and full-width digits as digits: a CSV label '1_0' was
+    class 10, and a score '0_5' made its column logits. Now they are not numbers; nor in
+    the numeric options."""
+    f = tmp_path / "underscore.csv"
+    f.write_text("p0,p1,label\n0.2,0.8,1\n0.6,0.4,0\n0.3,0.7,1_0\n0.5,0.5,1\n")
+    assert _run_error(capsys, str(f)) == (
+        f"kdecal: error: {f}: label column 'label' must hold integer class indices, "
+        "found '1_0' on line 4"
+    )
+    g = tmp_path / "fullwidth.csv"
+    g.write_text("p0,p1,label\n0.2,0.8,1\n0.6,0.4,0\n0.3,0.7,\uff11\n0.5,0.5,1\n", "utf-8")
+    assert _run_error(capsys, str(g)) == (
+        f"kdecal: error: {g}: label column 'label' must hold integer class indices, "
+        "found '\uff11' on line 4"
+    )
+    h = tmp_path / "score.csv"
+    h.write_text("p0,p1,label\n0.2,0.8,1\n0.6,0.4,0\n0.3,0_7,1\n0.5,0.5,1\n0.1,0.9,1\n")
+    assert _run_error(capsys, str(h)) == (
+        f"kdecal: error: {h}: column 'p1' holds numbers but '0_7' on line 4 (not a plain "
+        "number: digit separators '_' and non-ASCII digits are not read); write it as a "
+        "plain number or drop the column"
+    )
+    for option, value in (("--seed", "1_0"), ("--n-resamples", "\uff12"), ("--bandwidth", "0_1")):
+        code = main(["evaluate", str(h), option, value])
+        out, err = capsys.readouterr()
+        assert code == 2 and out == "", err
+        assert err.splitlines()[-1].startswith(f"kdecal: error: argument {option}: ")
+        assert err.splitlines()[-1].endswith(f"got {value!r}")
