@@ -36,6 +36,7 @@ import math
 import os
 import re
 import zipfile
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -685,10 +686,21 @@ def _read_parquet(
     except ImportError as exc:
         raise _fail(path, "reading .parquet needs pyarrow: pip install 'kdecal[parquet]'") from exc
     try:
-        meta = pq.ParquetFile(p).metadata
+        pfile = pq.ParquetFile(p)
+        meta = pfile.metadata
         need = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+        schema_names = list(pfile.schema_arrow.names)
     except (pa.ArrowException, ValueError, OSError) as exc:
         raise _fail(path, f"is not a readable Parquet file ({_one_line(exc)})") from exc
+    # pyarrow cannot read a table whose columns share a name ("Multiple matches for
+    # FieldRef.Name(p) ..."): name them, as a readable file with a content problem
+    counts = Counter(schema_names)
+    dups = [f"'{n}' ({c} times)" for n, c in counts.items() if c > 1]
+    if dups:
+        raise _fail(
+            path,
+            f"has duplicate column names: {', '.join(dups)}; give each column a unique name",
+        )
     _check_memory(path, 2 * need, "reading it")
     try:
         table = pq.read_table(p)

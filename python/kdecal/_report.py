@@ -366,6 +366,26 @@ class CalibrationReport(ValueEq):
             if f.name != "estimates"
         }
 
+    def _selection_dict(self) -> dict[str, Any]:
+        """Return :meth:`to_dict` with only the metrics that ``str(self)`` prints.
+
+        The JSON of ``kdecal evaluate --json``. For the full report (``metrics`` None)
+        this is ``to_dict()``. With a selection, the metric fields it does not name
+        (``_DESCRIPTIONS``: the kernel quantities, accuracy, log loss, Brier score and
+        the top-label metrics without a kernel) are None and ``intervals`` keeps the
+        named ones: the same keys, the values of the table, and
+        ``CalibrationReport(**d)`` prints the same table.
+        """
+        d = self.to_dict()
+        if self.metrics is None:
+            return d
+        keep = set(self.metrics)
+        for name in _DESCRIPTIONS:
+            if name not in keep:
+                d[name] = None
+        d["intervals"] = {k: v for k, v in d["intervals"].items() if k in keep}
+        return d
+
     def __str__(self) -> str:
         """Return a human-readable table of all metrics."""
         bw = _plain(self.bandwidth)

@@ -39,7 +39,7 @@ import signal
 import sys
 import threading
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -424,6 +424,25 @@ def _show_warning(
     print(f"{_PROG}: warning: {_cli_words(' '.join(str(message).split()))}", file=sys.stderr)
 
 
+def _once(show: Callable[..., None]) -> Callable[..., None]:
+    """Wrap a ``warnings.showwarning``: a text shown already is not shown again.
+
+    The "default" filter shows a warning once per text, category and line of the
+    caller, but Python clears that record whenever the filters change, as kdecal's own
+    ``warnings.catch_warnings()`` blocks do: ``kdecal evaluate`` printed "the bandwidth
+    search (brier criterion) chose h = 10, ..." once per notion, word for word.
+    """
+    seen: set[tuple[str, type[Warning]]] = set()
+
+    def shown_once(message: Warning | str, category: type[Warning], *rest: Any, **kw: Any) -> None:
+        key = (" ".join(str(message).split()), category)
+        if key not in seen:
+            seen.add(key)
+            show(message, category, *rest, **kw)
+
+    return shown_once
+
+
 @contextlib.contextmanager
 def _naming_file(path: object) -> Iterator[None]:
     """Prefix the warnings shown meanwhile, about the contents of ``path``, with its name.
@@ -466,7 +485,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():
         # Show each warning once, as one line, as soon as it is raised.
         warnings.simplefilter("default")
-        warnings.showwarning = show
+        warnings.showwarning = _once(show)
         with _naming_file(path):
             scores, labels, is_logits, description = load_predictions(
                 path, split=args.split, logits=args.logits
@@ -499,7 +518,10 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         why = text.split(": ", 1)[1] if text.startswith("kdecal.") else text
         if why.rstrip(".").lower() not in notes:
             print(f"{_PROG}: warning: {_cli_words(text)}", file=sys.stderr)
-    _emit(json.dumps(report.to_dict(), indent=2, allow_nan=False) if args.json else str(report))
+    if args.json:  # with --metrics, what the table prints, not every field of the report
+        _emit(json.dumps(report._selection_dict(), indent=2, allow_nan=False))
+    else:
+        _emit(str(report))
     return 0
 
 
@@ -526,7 +548,7 @@ def _run_compare(args: argparse.Namespace) -> int:
         models[name] = probs
     with warnings.catch_warnings():
         warnings.simplefilter("default")
-        warnings.showwarning = _show_warning
+        warnings.showwarning = _once(_show_warning)
         result = compare(
             models,
             labels,

@@ -44,6 +44,8 @@ _KERNELS = ("laplacian", "gaussian")
 _ESTIMATORS = ("unbiased", "linear")
 _MEDIAN_ROWS = 2000  # the median heuristic looks at most at this many rows
 _BLOCK = 1 << 21  # entries of a kernel block (16 MiB in float64)
+#: The least p-value of the linear test: the smallest normal float64 (2.2e-308).
+_PVALUE_FLOOR = float(np.finfo(np.float64).tiny)
 
 
 def _sq_dist(A: np.ndarray, B: np.ndarray) -> np.ndarray:
@@ -279,7 +281,9 @@ class SKCETestResult(ValueEq):
     statistic : float
         That estimate on the data.
     pvalue : float
-        The asymptotic p-value of the null hypothesis "the model is calibrated".
+        The asymptotic p-value of the null hypothesis "the model is calibrated"; never
+        0 (at least ``1 / (n_resamples + 1)`` for the bootstrap, ``2.2e-308`` for the
+        normal approximation).
     bandwidth : float
         ``nu`` of the built-in kernel (NaN for a callable kernel).
     null_distribution : ndarray, shape (n_resamples,), float64, or None
@@ -314,7 +318,10 @@ def skce_test(
       ``z = sqrt(m) SKCE_ul / s`` (``s`` the sample standard deviation of the terms,
       ``ddof = 1``) is asymptotically standard normal and ``pvalue = 1 - Phi(z)``
       (Widmann et al. 2019, the test based on the asymptotic normality of
-      ``SKCE_ul``).  Deterministic; ``n_resamples`` and ``seed`` are not used.
+      ``SKCE_ul``), computed as ``Phi(-z)`` and at least ``2.2e-308`` (the smallest
+      normal float64: the tail underflows to 0 beyond ``z ~ 38.5``, and terms all
+      equal and positive give ``z = inf``).  Deterministic; ``n_resamples`` and
+      ``seed`` are not used.
     * ``estimator="unbiased"``: under the null the U-statistic is degenerate and
       ``n SKCE_uq`` converges to a weighted sum of centred chi-squares; its quantiles
       are estimated with the bootstrap of Arcones & Giné (1992), as Widmann et al.
@@ -372,8 +379,11 @@ def skce_test(
         if sd == 0.0:  # every term equal: no evidence either way unless they are > 0
             pval = 0.0 if stat > 0.0 else 1.0
         else:
+            # the upper tail Phi(-z) directly (never 1 - Phi(z), which cancels)
             pval = float(ndtr(-math.sqrt(h.shape[0]) * stat / sd))
-        return SKCETestResult("linear", stat, pval, nu)
+        # Phi(-z) underflows to 0 beyond z ~ 38.5: a tail below float64's range is
+        # reported as that range's floor, never as 0
+        return SKCETestResult("linear", stat, max(pval, _PVALUE_FLOOR), nu)
     rng = check_seed(seed)
     counts = np.stack([np.bincount(rng.integers(0, n, n), minlength=n) for _ in range(B)])
     C = counts.T.astype(np.float64)  # (n, B) multiplicities

@@ -165,6 +165,37 @@ def test_tests_detect_miscalibration():
     assert skce.skce_test(P, y).pvalue < 1e-4  # measured 9.2e-7
 
 
+def test_linear_test_pvalue_never_zero():
+    # over-confident in class 1, labels always 0: z = sqrt(m) mean(h) / sd(h) is large.
+    # The p-value is the normal upper tail Phi(-z) while float64 holds it, and the
+    # smallest normal float64 (not 0.0, as before) once it underflows (z > ~38.5)
+    floor = np.finfo(np.float64).tiny
+    for n, z_want in [(500, 24.530797), (1200, 38.803779)]:
+        p = np.random.default_rng(1).uniform(0.95, 1.0, n)
+        y = np.zeros(n, dtype=np.int64)
+        res = skce.skce_test(p, y)  # median-heuristic bandwidth
+        P = np.column_stack([1.0 - p, p])
+        r = np.eye(2)[y] - P
+        h = np.array(
+            [
+                kappa_laplacian(P[2 * i], P[2 * i + 1], res.bandwidth)
+                * float(r[2 * i] @ r[2 * i + 1])
+                for i in range(n // 2)
+            ]
+        )
+        z = math.sqrt(n // 2) * h.mean() / h.std(ddof=1)
+        assert res.statistic == pytest.approx(h.mean(), rel=1e-10)
+        assert z == pytest.approx(z_want, rel=1e-6)
+        assert res.pvalue > 0.0
+        assert res.pvalue == pytest.approx(max(norm.sf(z), floor), rel=1e-8)
+    assert 0.0 < res.pvalue == floor  # was 0.0
+    assert norm.sf(z) == 0.0 and norm.logsf(z) == pytest.approx(-757.44, abs=0.01)
+    # every term equal and positive (sd 0, z = inf): the floor too, not 0.0
+    P = np.tile([0.9, 0.1], (10, 1))
+    res = skce.skce_test(P, np.ones(10, dtype=np.int64))
+    assert res.statistic == pytest.approx(2 * 0.9**2) and res.pvalue == floor
+
+
 def test_bad_input():
     P, y = sample(10, seed=9)
     with pytest.raises(ValueError, match="kernel"):

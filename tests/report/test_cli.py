@@ -182,6 +182,33 @@ def test_parquet_list_column(tmp_path):
     assert not is_logits
 
 
+def test_parquet_duplicate_columns_are_named(tmp_path, capsys):
+    """Columns sharing a name made pyarrow fail ("Multiple matches for FieldRef.Name(p)"),
+    reported as "is not a readable Parquet file": now the error names them."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    _, probs, labels = _synthetic(8)
+    cols = [pa.array(probs[:, 0]), pa.array(probs[:, 1]), pa.array(probs[:, 2])]
+    f = tmp_path / "dup.parquet"
+    pq.write_table(pa.Table.from_arrays([*cols, pa.array(labels)], ["p", "p", "q", "label"]), f)
+    assert _run_error(capsys, str(f)) == (
+        f"kdecal: error: {f}: has duplicate column names: 'p' (2 times); give each column "
+        "a unique name"
+    )
+    g = tmp_path / "dup_labels.parquet"
+    table = pa.Table.from_arrays(
+        [*cols, pa.array(labels), pa.array(labels), pa.array(labels), cols[0]],
+        ["p0", "p1", "p2", "label", "label", "label", "p0"],
+    )
+    pq.write_table(table, g)
+    with pytest.raises(InputFileError) as info:
+        load_predictions(g)
+    assert str(info.value) == (
+        f"{g}: has duplicate column names: 'p0' (2 times), 'label' (3 times); give each "
+        "column a unique name"
+    )
+
+
 def test_default_bandwidth_is_auto(tmp_path, capsys):
     """Without --bandwidth the bandwidth is selected (and reported); --debias is ustat."""
     _, probs, labels = _synthetic(9)
@@ -666,6 +693,36 @@ def test_cli_prints_the_unreliable_kl_note_once(tmp_path, capsys):
     # the API still warns: a program reading no notes is told
     with pytest.warns(kdecal.UnreliableEstimateWarning, match="least reliable"):
         kdecal.evaluate(probs, labels, bandwidth=0.05, n_resamples=0, calibration_loss=False)
+
+
+def test_cli_shows_the_bandwidth_search_warning_once(tmp_path, capsys):
+    """Labels independent of near-uniform binary predictions: the search of every notion
+    (canonical, top-label, class-wise) chooses h = 10, the end of its range, and warns in
+    the same words. The command line printed that line three times (kdecal's own
+    catch_warnings blocks clear the record of the "default" filter); now once."""
+    rng = np.random.default_rng(0)
+    probs = rng.dirichlet([5.0, 5.0], 400)
+    labels = rng.integers(0, 2, 400)
+    path = tmp_path / "flat.npz"
+    np.savez(path, probs=probs, labels=labels)
+    text = (
+        "kdecal: warning: the bandwidth search (brier criterion) chose h = 10, the largest "
+        "value of the search range [1e-05, 10]: the optimum may lie outside it; pass a "
+        "fixed bandwidth or inspect kdecal.select_bandwidth(..., grid=...)"
+    )
+    for extra in ((), ("--json",)):
+        code = main(["evaluate", str(path), "--quiet", *NO_RESAMPLING, *extra])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        assert err.splitlines() == [text]  # was 3 times
+    d = json.loads(out)
+    assert list(d["notions"]) == ["canonical", "top_label", "classwise"]
+    assert {row["bandwidth"] for row in d["notions"].values()} == {10.0}
+    # the API raises it once per search (6 here), which the command line shows once
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kdecal.evaluate(probs, labels, n_resamples=0)
+    assert [str(w.message) for w in caught] == [text[len("kdecal: warning: ") :]] * 6
 
 
 # --------------------------------------------------------------------------- #

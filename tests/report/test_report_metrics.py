@@ -170,6 +170,45 @@ def test_cli_evaluate_metrics(tmp_path, capsys):
     assert "unknown 'nope'" in err and "mce_binned" in err and "ece_kde_l1" in err
 
 
+def test_cli_evaluate_metrics_json_holds_what_the_table_prints(tmp_path, capsys):
+    """``--metrics M1,M2 --json`` printed every kernel quantity and context metric of the
+    report (ece_kde_l1, accuracy, ...), where the table prints M1 and M2: the metrics
+    not named are now null; the keys are those of the full report's JSON."""
+    P, y = _data()
+    f = tmp_path / "p.npz"
+    np.savez(f, probs=P, labels=y)
+    args = ["evaluate", str(f), "--quiet", "--bandwidth", "0.1", "--n-resamples", "6"]
+    args += ["--metrics", "ce_kl,smooth_ece"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert main([*args, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert main([*args[:-2], "--json"]) == 0
+    full = json.loads(capsys.readouterr().out)
+    assert list(d) == list(full)  # the same schema
+    assert _table_rows(text) == ["ce_kl", "smooth_ece"]
+    shown = {
+        x.split()[0]: x.split()[1]
+        for x in text.splitlines()
+        if x.startswith(("ce_kl ", "smooth_ece "))
+    }
+    assert shown == {"ce_kl": f"{d['ce_kl']:.6f}", "smooth_ece": f"{d['smooth_ece']:.6f}"}
+    assert d["ce_kl"] == pytest.approx(full["ce_kl"], rel=1e-12)
+    assert d["smooth_ece"] == pytest.approx(kdecal.smooth_ece(P, y), rel=1e-12)
+    assert list(d["intervals"]) == ["smooth_ece"]
+    hidden = [*kdecal.QUANTITIES, "accuracy", "log_loss", "brier_score", "ece_binned"]
+    hidden += ["ece_binned_debiased", "mce_binned", "calibration_loss"]
+    hidden.remove("ce_kl")
+    assert {q: d[q] for q in hidden} == dict.fromkeys(hidden)  # were numbers
+    assert full["ece_kde_l1"] == pytest.approx(0.135817, abs=1e-6)  # was in d too
+    assert full["accuracy"] == pytest.approx(0.616667, abs=1e-6)
+    assert d["n"] == 300 and d["bandwidth"] == 0.1 and d["notions"] == {}
+    # a report made from that JSON prints the same table
+    table = [x for x in text.splitlines() if not x.startswith("n = ")]
+    again = str(kdecal.CalibrationReport(**d)).splitlines()
+    assert [x for x in again if not x.startswith("n = ")] == table
+
+
 def test_row_bootstrap_equals_the_metrics_of_the_resampled_rows():
     # a replicate of every row metric is the metric of the rows repeated by their
     # multiplicities (taken from the top-label problem of all rows, once per model), bit
