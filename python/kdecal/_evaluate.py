@@ -22,7 +22,9 @@ from ._estimation.quantities import QUANTITIES
 from ._estimation.replicates import (
     canonical_estimate_seconds,
     check_resamples,
+    classwise_estimate_cost,
     dense_resampling_seconds,
+    describe_bytes,
     describe_seconds,
 )
 from ._report import CalibrationReport
@@ -121,34 +123,45 @@ def _resampled_notions(
 LONG_ESTIMATE_SECONDS = 300.0
 
 
-def _warn_long_canonical(
+def _warn_long_estimates(
     probs: object, calibration: object, wanted: tuple[str, ...], bandwidth: object, backend: object
 ) -> None:
-    """Warn, before it starts, when the report's canonical estimate will take long.
+    """Warn, before they start, when the report's canonical or class-wise estimate will take long.
 
     The canonical engine sums all ``n^2`` pairs with a K-dimensional kernel (about 45
-    minutes for n = 10^6, K = 10 on 2 cores); the top-label and class-wise notions run
-    on the fast binary engine. Only with the automatic bandwidth on the CPU backends.
+    minutes for n = 10^6, K = 10 on 2 cores); the class-wise notion is K binary problems
+    of n points (about 7 minutes and 14 GB for n = 50,000, K = 1,000); the top-label
+    notion is one. Only with the automatic bandwidth on the CPU backends.
     """
-    if calibration != "canonical" and "canonical" not in wanted:
-        return
     if not isinstance(bandwidth, str) or backend not in ("auto", "cpp", "numba"):
         return
     shape = getattr(probs, "shape", None)
     if shape is None or len(shape) != 2 or _is_device_array(probs):
         return
     n, K = int(shape[0]), int(shape[1])
-    sec = canonical_estimate_seconds(n, K)
-    if sec > LONG_ESTIMATE_SECONDS:
-        warn_user(
-            f"kdecal.evaluate: the canonical estimate at n = {n:,}, K = {K} takes about "
-            f"{describe_seconds(sec)} on 2 cores (all n^2 pairs, a K-dimensional kernel; "
-            "its bandwidth search and passes). For this many predictions, "
-            "calibration='top_label' with notions=('top_label', 'classwise') (command "
-            "line: --calibration top_label --notions top_label,classwise) runs on the fast "
-            "binary engine",
-            KdecalWarning,
-        )
+    if calibration == "canonical" or "canonical" in wanted:
+        sec = canonical_estimate_seconds(n, K)
+        if sec > LONG_ESTIMATE_SECONDS:
+            warn_user(
+                f"kdecal.evaluate: the canonical estimate at n = {n:,}, K = {K} takes about "
+                f"{describe_seconds(sec)} on 2 cores (all n^2 pairs, a K-dimensional kernel; "
+                "its bandwidth search and passes). For this many predictions, "
+                "calibration='top_label' with notions=('top_label', 'classwise') (command "
+                "line: --calibration top_label --notions top_label,classwise) runs on the "
+                "fast binary engine",
+                KdecalWarning,
+            )
+    if calibration == "classwise" or "classwise" in wanted:
+        sec, size = classwise_estimate_cost(n, K)
+        if sec > LONG_ESTIMATE_SECONDS:
+            warn_user(
+                f"kdecal.evaluate: the class-wise estimate at n = {n:,}, K = {K} takes about "
+                f"{describe_seconds(sec)} and {describe_bytes(size)} of memory on 2 cores "
+                "(K one-vs-rest kernel problems of n points, their bandwidth search and "
+                "passes). calibration='top_label' with notions=('top_label',) (command "
+                "line: --calibration top_label --notions top_label) is one such problem",
+                KdecalWarning,
+            )
 
 
 def _is_device_array(x: object) -> bool:
@@ -291,23 +304,62 @@ def _bias_notes(notions: dict[str, dict[str, object]]) -> list[str]:
     return notes
 
 
-def _n_classes(probs: object) -> int | None:
-    """K of the predictions from their shape (2 for a binary ``(n,)`` input), or None.
-
-    Read before validation, which the estimate does once; input of another shape is
-    refused there.
-    """
+def _shape(probs: object) -> tuple[int, ...] | None:
+    """Return the predictions' shape, read before validation (None: ragged input)."""
     shape = getattr(probs, "shape", None)
     if shape is None:
         try:
             shape = np.shape(cast(Any, probs))
         except (TypeError, ValueError):  # ragged input: refused by the validation
             return None
+    return tuple(shape)
+
+
+def _n_classes(probs: object) -> int | None:
+    """K of the predictions from their shape (2 for a binary ``(n,)`` input), or None.
+
+    Read before validation, which the estimate does once; input of another shape is
+    refused there.
+    """
+    shape = _shape(probs)
+    if shape is None:
+        return None
     if len(shape) == 1:
         return 2
     if len(shape) == 2 and shape[1] is not None:
         return int(shape[1])
     return None
+
+
+def _n_rows(probs: object) -> int | None:
+    """Return the number of rows from the shape, or None where it is not known yet."""
+    shape = _shape(probs)
+    if shape is None or len(shape) not in (1, 2):
+        return None
+    n = shape[0]
+    return int(n) if isinstance(n, (int, np.integer)) else None
+
+
+#: Most estimated seconds (2 cores) of the class-wise estimate for which
+#: ``notions="auto"`` puts the class-wise notion in the report: K one-vs-rest problems
+#: of n points (:func:`kdecal._estimation.replicates.classwise_estimate_cost`), n K up to
+#: 1.5e7 on the fast binary engine. Beyond it (an ImageNet validation set, n = 50,000
+#: and K = 1,000: about 7 minutes and 14 GB) the report says what it left out, what it
+#: would cost and how to ask for it.
+CLASSWISE_AUTO_MAX_SECONDS = 120.0
+
+
+def _classwise_left_out(n: int, K: int) -> str:
+    """Return the note of a report whose ``notions="auto"`` left the class-wise notion out."""
+    sec, size = classwise_estimate_cost(n, K)
+    return (
+        f"No class-wise figures at n = {n:,}, K = {K} (notions='auto'): the class-wise "
+        f"notion is K one-vs-rest kernel problems of n points, about "
+        f"{describe_seconds(sec)} and {describe_bytes(size)} of memory on 2 cores "
+        f"(notions='auto' includes it up to about {describe_seconds(CLASSWISE_AUTO_MAX_SECONDS)}). Ask "
+        "for it with notions=('top_label', 'classwise') (command line: --notions "
+        "top_label,classwise)."
+    )
 
 
 def _canonical_left_out(K: int, autos: str) -> str:
@@ -436,8 +488,11 @@ def evaluate(
     notions : "auto", sequence of str or None, default "auto"
         Notions summarised (estimate and bandwidth); None or () for none. "auto":
         ("canonical", "top_label", "classwise") up to K = 10, ("top_label",
-        "classwise") beyond (a note says what was left out and how to ask for it), and
-        the notion ``calibration`` names first where it is not among them
+        "classwise") beyond, class-wise only where its estimate is expected to take at
+        most 2 minutes on 2 cores (K binary problems of n points: n K up to 1.5e7; about
+        7 minutes and 14 GB at n = 50,000, K = 1,000; a note says what was left out,
+        what it would cost and how to ask for it), and the notion
+        ``calibration`` names first where it is not among them
         (``calibration="canonical"`` beyond K = 10).
     resample_notions : "auto", sequence of str or None, default "auto"
         Those of ``notions`` that also get bootstrap intervals and the calibration test
@@ -494,7 +549,9 @@ def evaluate(
         table) with the automatic bandwidth on the CPU backends estimated at more than
         5 minutes on 2 cores (n above about 330,000 at K = 10, 145,000 at K = 100: all
         n^2 pairs with a K-dimensional kernel), naming the estimate and the top-label
-        and class-wise notions, which run on the fast binary engine.
+        and class-wise notions, which run on the fast binary engine; and before a
+        class-wise estimate (asked for by name) estimated at more than 5 minutes (n K
+        above about 3.7e7), naming its time and memory.
     UnreliableEstimateWarning
         Where the report prints a canonical kernel figure of the residual-centred
         estimator beyond K = 10 classes (:data:`kdecal.kde.CANONICAL_RELIABLE_MAX_K`),
@@ -528,6 +585,15 @@ def evaluate(
                 f"None, got the string {notions!r} (one notion: ({notions!r},))"
             )
         notions = EVALUATE_NOTIONS_MANY_CLASSES if many else EVALUATE_NOTIONS
+        n_in = _n_rows(probs)
+        if (
+            calibration != "classwise"
+            and n_in is not None
+            and K_in is not None
+            and classwise_estimate_cost(n_in, K_in)[0] > CLASSWISE_AUTO_MAX_SECONDS
+        ):
+            notions = tuple(q for q in notions if q != "classwise")
+            auto_notes.append(_classwise_left_out(n_in, K_in))
         if asked and calibration not in notions:
             # a notion asked for by name gets its row (and so its intervals and test)
             # where "auto" would leave it out (canonical beyond K = 10)
@@ -548,7 +614,7 @@ def evaluate(
             f"does not hold (notions: {', '.join(wanted) or 'none'}); add "
             f"{'it' if len(missing) == 1 else 'them'} to notions (command line: --notions)"
         )
-    _warn_long_canonical(probs, calibration, wanted, bandwidth, backend)
+    _warn_long_estimates(probs, calibration, wanted, bandwidth, backend)
     main = _estimate_quietly(
         probs,
         labels,

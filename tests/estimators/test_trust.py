@@ -410,6 +410,46 @@ def test_evaluate_warns_before_a_long_canonical_estimate(monkeypatch):
         kdecal.evaluate(P, y, n_resamples=0, calibration_loss=False)
 
 
+def test_evaluate_leaves_a_large_classwise_notion_out_and_warns_before_one(monkeypatch):
+    # notions="auto" leaves the class-wise notion out beyond CLASSWISE_AUTO_MAX_SECONDS
+    # (its estimated time) with a note naming its cost and how to ask; asked for by name it is computed, with
+    # a warning beforehand where its estimated time exceeds LONG_ESTIMATE_SECONDS
+    from kdecal import _evaluate
+    from kdecal._estimation import replicates as _replicates
+
+    P, y = _data(200, 3, seed=17)
+    kw = {"n_resamples": 0, "calibration_loss": False, "bandwidth": 0.1}
+    # 600 points x max(8e-6 s, 200 x 1.75e-8 s) = 4.8 ms, 270 B each
+    monkeypatch.setattr(_evaluate, "CLASSWISE_AUTO_MAX_SECONDS", 0.0047)
+    rep = kdecal.evaluate(P, y, **kw)
+    assert set(rep.notions) == {"canonical", "top_label"}
+    note = [t for t in rep.notes if t.startswith("No class-wise figures at n = 200, K = 3")]
+    assert len(note) == 1 and "about 0 s and 0 MB of memory" in note[0], rep.notes
+    assert _replicates.classwise_estimate_cost(200, 3) == pytest.approx((4.8e-3, 162000.0))
+    assert _replicates.classwise_estimate_cost(20000, 1000) == pytest.approx((160.0, 5.4e9))
+    assert "--notions top_label,classwise" in note[0]
+    for asked in ({"notions": ("top_label", "classwise")}, {"calibration": "classwise"}):
+        rep = kdecal.evaluate(P, y, **kw, **asked)
+        assert "classwise" in rep.notions
+        assert not any(t.startswith("No class-wise") for t in rep.notes)
+    monkeypatch.setattr(_evaluate, "CLASSWISE_AUTO_MAX_SECONDS", 0.0049)
+    assert "classwise" in kdecal.evaluate(P, y, **kw).notions
+    # the warning, before an automatic bandwidth's estimate (here 600 x 1 s = 10 minutes)
+    monkeypatch.setattr(_replicates, "CLASSWISE_DENSE_PAIR_SECONDS", 1.0 / 200)
+    monkeypatch.setattr(_replicates, "CLASSWISE_POINT_BYTES", 2.5e7)
+    kw.pop("bandwidth")
+    with pytest.warns(
+        kdecal.KdecalWarning,
+        match=r"class-wise estimate at n = 200, K = 3 takes about 10 minutes and 15 GB",
+    ):
+        kdecal.evaluate(P, y, **kw, calibration="top_label", notions=("classwise",))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", kdecal.KdecalWarning)
+        kdecal.evaluate(P, y, **kw, calibration="top_label", notions=("top_label",))
+    assert _replicates.describe_bytes(5.5e9) == "5.5 GB"
+    assert _replicates.describe_bytes(5.9e8) == "590 MB"
+
+
 def test_compare_warns_before_a_long_canonical_bootstrap(monkeypatch):
     # the estimated cost of the dense paired bootstrap is named before it starts, for
     # the canonical notion on the CPU backends only; the binary notions never warn

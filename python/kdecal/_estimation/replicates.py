@@ -77,6 +77,43 @@ def canonical_estimate_seconds(n: int, K: int) -> float:
     return CANONICAL_AUTO_PASSES * float(n) * n * (a + b * K)
 
 
+#: Seconds and bytes per (point, class) of a class-wise estimate with the automatic
+#: bandwidth on 2 cores (K one-vs-rest problems of n points on the fast binary engine:
+#: its search, the residual estimator's pass at two bandwidths, and the estimate's
+#: arrays, which it keeps): measured 11.7 s and 590 MB at n = 3,000, K = 300, 47 s and
+#: 1.8 GB at n = 10,000, K = 500, 158 s and 5.5 GB at n = 20,000, K = 1,000 (peak
+#: resident memory; bench/README.md, "Class-wise estimates at many classes").
+CLASSWISE_POINT_SECONDS = 8e-6
+CLASSWISE_POINT_BYTES = 270.0
+#: ... and, below the fast engine's smallest n (the dense loop), seconds per (query,
+#: centre, class): 79 s at n = 1,500, K = 2,000.
+CLASSWISE_DENSE_PAIR_SECONDS = 1.75e-8
+
+
+def classwise_estimate_cost(n: int, K: int) -> tuple[float, float]:
+    """Estimated seconds on 2 cores and peak bytes of a class-wise estimate, "auto" bandwidth.
+
+    A guide for the notes and warnings that name the cost of what is (or is about to
+    be) run, not a promise.
+    """
+    points = float(n) * K
+    per_point = CLASSWISE_POINT_SECONDS
+    if n < _backends.BINARY_MIN_N:
+        per_point = max(per_point, n * CLASSWISE_DENSE_PAIR_SECONDS)
+    return points * per_point, points * CLASSWISE_POINT_BYTES
+
+
+def describe_bytes(size: float) -> str:
+    """``size`` in bytes as a reader wants it: "600 MB", "14 GB"."""
+    return (
+        f"{size / 1e9:.0f} GB"
+        if size >= 10e9
+        else f"{size / 1e9:.1f} GB"
+        if size >= 1e9
+        else f"{size / 1e6:.0f} MB"
+    )
+
+
 def describe_seconds(sec: float) -> str:
     """``sec`` as a reader wants it: "40 s", "12 minutes", "3.5 hours"."""
     if sec < 90.0:
