@@ -130,7 +130,7 @@ def _warn_long_estimates(
 
     The canonical engine sums all ``n^2`` pairs with a K-dimensional kernel (about 45
     minutes for n = 10^6, K = 10 on 2 cores); the class-wise notion is K binary problems
-    of n points (about 7 minutes and 14 GB for n = 50,000, K = 1,000); the top-label
+    of n points (about 8 minutes and 13 GB for n = 50,000, K = 1,000); the top-label
     notion is one. Only with the automatic bandwidth on the CPU backends.
     """
     if not isinstance(bandwidth, str) or backend not in ("auto", "cpp", "numba"):
@@ -343,8 +343,8 @@ def _n_rows(probs: object) -> int | None:
 #: Most estimated seconds (2 cores) of the class-wise estimate for which
 #: ``notions="auto"`` puts the class-wise notion in the report: K one-vs-rest problems
 #: of n points (:func:`kdecal._estimation.replicates.classwise_estimate_cost`), n K up to
-#: 1.5e7 on the fast binary engine. Beyond it (an ImageNet validation set, n = 50,000
-#: and K = 1,000: about 7 minutes and 14 GB) the report says what it left out, what it
+#: 1.2e7 on the fast binary engine. Beyond it (an ImageNet validation set, n = 50,000
+#: and K = 1,000: about 8 minutes and 13 GB) the report says what it left out, what it
 #: would cost and how to ask for it.
 CLASSWISE_AUTO_MAX_SECONDS = 120.0
 
@@ -489,8 +489,8 @@ def evaluate(
         Notions summarised (estimate and bandwidth); None or () for none. "auto":
         ("canonical", "top_label", "classwise") up to K = 10, ("top_label",
         "classwise") beyond, class-wise only where its estimate is expected to take at
-        most 2 minutes on 2 cores (K binary problems of n points: n K up to 1.5e7; about
-        7 minutes and 14 GB at n = 50,000, K = 1,000; a note says what was left out,
+        most 2 minutes on 2 cores (K binary problems of n points: n K up to 1.2e7; about
+        8 minutes and 13 GB at n = 50,000, K = 1,000; a note says what was left out,
         what it would cost and how to ask for it), and the notion
         ``calibration`` names first where it is not among them
         (``calibration="canonical"`` beyond K = 10).
@@ -551,7 +551,7 @@ def evaluate(
         n^2 pairs with a K-dimensional kernel), naming the estimate and the top-label
         and class-wise notions, which run on the fast binary engine; and before a
         class-wise estimate (asked for by name) estimated at more than 5 minutes (n K
-        above about 3.7e7), naming its time and memory.
+        above about 3e7), naming its time and memory.
     UnreliableEstimateWarning
         Where the report prints a canonical kernel figure of the residual-centred
         estimator beyond K = 10 classes (:data:`kdecal.kde.CANONICAL_RELIABLE_MAX_K`),

@@ -412,29 +412,32 @@ def test_evaluate_warns_before_a_long_canonical_estimate(monkeypatch):
 
 def test_evaluate_leaves_a_large_classwise_notion_out_and_warns_before_one(monkeypatch):
     # notions="auto" leaves the class-wise notion out beyond CLASSWISE_AUTO_MAX_SECONDS
-    # (its estimated time) with a note naming its cost and how to ask; asked for by name it is computed, with
-    # a warning beforehand where its estimated time exceeds LONG_ESTIMATE_SECONDS
+    # (its estimated time) with a note naming its cost and how to ask; asked for by
+    # name it is computed, with a warning beforehand where its estimated time exceeds
+    # LONG_ESTIMATE_SECONDS
     from kdecal import _evaluate
     from kdecal._estimation import replicates as _replicates
 
     P, y = _data(200, 3, seed=17)
     kw = {"n_resamples": 0, "calibration_loss": False, "bandwidth": 0.1}
-    # 600 points x max(8e-6 s, 200 x 1.75e-8 s) = 4.8 ms, 270 B each
-    monkeypatch.setattr(_evaluate, "CLASSWISE_AUTO_MAX_SECONDS", 0.0047)
+    # 2 s + 600 points x max(1e-5 s, 200 x 1.67e-8 s) = 2.006 s; 0.3 GB + 600 x 260 B
+    assert _replicates.classwise_estimate_cost(200, 3) == pytest.approx((2.006, 300156000.0))
+    assert _replicates.classwise_estimate_cost(20000, 1000) == pytest.approx((202.0, 5.5e9))
+    assert _replicates.classwise_estimate_cost(1500, 2000) == pytest.approx((77.15, 1.08e9))
+    monkeypatch.setattr(_evaluate, "CLASSWISE_AUTO_MAX_SECONDS", 2.0055)
     rep = kdecal.evaluate(P, y, **kw)
     assert set(rep.notions) == {"canonical", "top_label"}
     note = [t for t in rep.notes if t.startswith("No class-wise figures at n = 200, K = 3")]
-    assert len(note) == 1 and "about 0 s and 0 MB of memory" in note[0], rep.notes
-    assert _replicates.classwise_estimate_cost(200, 3) == pytest.approx((4.8e-3, 162000.0))
-    assert _replicates.classwise_estimate_cost(20000, 1000) == pytest.approx((160.0, 5.4e9))
+    assert len(note) == 1 and "about 2 s and 300 MB of memory" in note[0], rep.notes
     assert "--notions top_label,classwise" in note[0]
     for asked in ({"notions": ("top_label", "classwise")}, {"calibration": "classwise"}):
         rep = kdecal.evaluate(P, y, **kw, **asked)
         assert "classwise" in rep.notions
         assert not any(t.startswith("No class-wise") for t in rep.notes)
-    monkeypatch.setattr(_evaluate, "CLASSWISE_AUTO_MAX_SECONDS", 0.0049)
+    monkeypatch.setattr(_evaluate, "CLASSWISE_AUTO_MAX_SECONDS", 2.0065)
     assert "classwise" in kdecal.evaluate(P, y, **kw).notions
-    # the warning, before an automatic bandwidth's estimate (here 600 x 1 s = 10 minutes)
+    # the warning, before an automatic bandwidth's estimate (here 2 + 600 x 1 s = 10
+    # minutes, 0.3 GB + 600 x 2.5e7 B = 15 GB)
     monkeypatch.setattr(_replicates, "CLASSWISE_DENSE_PAIR_SECONDS", 1.0 / 200)
     monkeypatch.setattr(_replicates, "CLASSWISE_POINT_BYTES", 2.5e7)
     kw.pop("bandwidth")

@@ -80,14 +80,16 @@ def canonical_estimate_seconds(n: int, K: int) -> float:
 #: Seconds and bytes per (point, class) of a class-wise estimate with the automatic
 #: bandwidth on 2 cores (K one-vs-rest problems of n points on the fast binary engine:
 #: its search, the residual estimator's pass at two bandwidths, and the estimate's
-#: arrays, which it keeps): measured 11.7 s and 590 MB at n = 3,000, K = 300, 47 s and
-#: 1.8 GB at n = 10,000, K = 500, 158 s and 5.5 GB at n = 20,000, K = 1,000 (peak
-#: resident memory; bench/README.md, "Class-wise estimates at many classes").
-CLASSWISE_POINT_SECONDS = 8e-6
-CLASSWISE_POINT_BYTES = 270.0
+#: arrays, which it keeps), and a fixed part of each: measured 13.4 s and 0.56 GB at
+#: n = 3,000, K = 300, 55 s and 1.88 GB at n = 10,000, K = 500, 178 s and 5.18 GB at
+#: n = 20,000, K = 1,000 (peak resident memory; ``bench/classwise_cost.py``,
+#: bench/README.md, "Class-wise at many classes").
+CLASSWISE_POINT_SECONDS = 1e-5
+CLASSWISE_POINT_BYTES = 260.0
+CLASSWISE_FIXED = (2.0, 0.3e9)
 #: ... and, below the fast engine's smallest n (the dense loop), seconds per (query,
-#: centre, class): 79 s at n = 1,500, K = 2,000.
-CLASSWISE_DENSE_PAIR_SECONDS = 1.75e-8
+#: centre, class): 75 s at n = 1,500, K = 2,000.
+CLASSWISE_DENSE_PAIR_SECONDS = 1.67e-8
 
 
 def classwise_estimate_cost(n: int, K: int) -> tuple[float, float]:
@@ -100,7 +102,8 @@ def classwise_estimate_cost(n: int, K: int) -> tuple[float, float]:
     per_point = CLASSWISE_POINT_SECONDS
     if n < _backends.BINARY_MIN_N:
         per_point = max(per_point, n * CLASSWISE_DENSE_PAIR_SECONDS)
-    return points * per_point, points * CLASSWISE_POINT_BYTES
+    sec, size = CLASSWISE_FIXED
+    return sec + points * per_point, size + points * CLASSWISE_POINT_BYTES
 
 
 def describe_bytes(size: float) -> str:
