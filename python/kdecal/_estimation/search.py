@@ -160,14 +160,25 @@ def cv_risk_rows(
     """
     lab = problem.labels[:, rows]  # (B, R)
     out = np.zeros(S.shape[1:3]) if into is None else into
+    positive = lab == 1 if problem.binary else None
     for t in range(S.shape[1]):
         St = S[:, t]
-        E = St / St.sum(axis=-1, keepdims=True)
-        if criterion == "brier":
-            c = problem.coords
-            err = _f.squared_rows(E[..., c], _f.one_hot(lab, St.shape[-1])[..., c])
+        if positive is not None:
+            # binary problems: the same numbers, without the (B, R, 2) temporaries
+            # (E_1 = S_1 / (S_0 + S_1); the Brier risk on the positive coordinate)
+            s0, s1 = St[..., 0], St[..., 1]
+            total = s0 + s1
+            if criterion == "brier":
+                err = (s1 / total - positive) ** 2
+            else:
+                err = -np.log(np.maximum(np.where(positive, s1, s0) / total, 1e-300))
         else:
-            err = _f.log_risk_rows(np.maximum(E, 1e-300), lab)
+            E = St / St.sum(axis=-1, keepdims=True)
+            if criterion == "brier":
+                c = problem.coords
+                err = _f.squared_rows(E[..., c], _f.one_hot(lab, St.shape[-1])[..., c])
+            else:
+                err = _f.log_risk_rows(np.maximum(E, 1e-300), lab)
         if into is None:
             out[t] = np.sum(err, axis=0)
         else:
