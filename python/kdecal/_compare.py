@@ -162,6 +162,7 @@ class Comparison(ValueEq):
         return "\n".join(lines)
 
 
+@_search.grid_end_warnings_once
 def compare(
     models: Mapping[str, object] | Sequence[object],
     labels: object,

@@ -18,6 +18,7 @@ from . import scores
 from ._calibration_estimate import CalibrationEstimate, ResamplingError, centred_interval
 from ._engine.backends import Backend
 from ._estimation import problem as _problem
+from ._estimation import search as _search
 from ._estimation.quantities import QUANTITIES
 from ._estimation.replicates import (
     canonical_estimate_seconds,
@@ -424,6 +425,7 @@ def _kl_notes(est: CalibrationEstimate, cal_loss: float | None) -> list[str]:
 
 
 @_doc
+@_search.grid_end_warnings_once
 def evaluate(
     probs: object,
     labels: object,

@@ -255,9 +255,10 @@ def _run_criteria(
     else:
         assert not isinstance(h, dict)  # the plug-in's bandwidth is one float
         fits = _regression.fit_criteria(problem, h, str(debias), be, progress, criteria)
-    for _, search in fits.values():
-        if search is not None:
-            _warn_at_grid_end(search.bandwidth, _search.SEARCH_GRID, search.criterion)
+    # the kinds of one criterion share its search: one warning per search
+    searches = {id(search): search for _, search in fits.values() if search is not None}
+    for search in searches.values():
+        _warn_at_grid_end(search.bandwidth, _search.SEARCH_GRID, search.criterion)
     return fits, P, y, be
 
 

@@ -6,7 +6,11 @@ of the regression ``E[y | f]`` (Brier or log score), searched coarse to fine.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
 import numpy as np
 from scipy.special import gammaln
@@ -51,17 +55,51 @@ def select_bandwidth(
     return h
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+#: The grid-end warnings raised so far in the current call of a function decorated
+#: with :func:`grid_end_warnings_once` (None outside one).
+_GRID_END_SHOWN: ContextVar[set[str] | None] = ContextVar("kdecal_grid_end_shown", default=None)
+
+
+def grid_end_warnings_once(func: _F) -> _F:
+    """Decorate ``func``: within a call, each text of :func:`warn_at_grid_end` is raised once.
+
+    ``kdecal.evaluate`` and ``compare`` search one bandwidth per notion (and model):
+    the same warning, word for word, came once per search (Python's "default" filter
+    does not dedupe it, as the filters change between the searches). Calls nest (the
+    outer call's record is kept). A wrapper of kdecal's own, not a context manager of
+    ``contextlib``, so that the warnings name the caller's line (:func:`warn_user`).
+    """
+
+    @functools.wraps(func)
+    def each_text_once(*args: Any, **kwargs: Any) -> Any:
+        token = _GRID_END_SHOWN.set(set()) if _GRID_END_SHOWN.get() is None else None
+        try:
+            return func(*args, **kwargs)
+        finally:
+            if token is not None:
+                _GRID_END_SHOWN.reset(token)
+
+    return cast(_F, each_text_once)
+
+
 def warn_at_grid_end(h: float, grid: np.ndarray, criterion: str) -> None:
     """Warn when a search of more than one bandwidth chose an end of its range."""
     lo, hi = float(np.min(grid)), float(np.max(grid))
     if len(grid) > 1 and (h <= lo or h >= hi):
-        warn_user(
+        text = (
             f"the bandwidth search ({criterion} criterion) chose h = {h:g}, the "
             f"{'smallest' if h <= lo else 'largest'} value of the search range [{lo:g}, {hi:g}]: "
             "the optimum may lie outside it; pass a fixed bandwidth or inspect "
-            "kdecal.select_bandwidth(..., grid=...)",
-            KdecalWarning,
+            "kdecal.select_bandwidth(..., grid=...)"
         )
+        shown = _GRID_END_SHOWN.get()
+        if shown is not None:
+            if text in shown:
+                return
+            shown.add(text)
+        warn_user(text, KdecalWarning)
 
 
 # ------------------------------------------------------------- regression bandwidth
