@@ -247,7 +247,10 @@ def quantity_interval(
     """
     if q != "ece_kde_l2":
         return centred_interval(dist, estimate, level, lower)
-    lo, hi = centred_interval(_signed_square(dist), float(_signed_square(estimate)), level)
+    lower_sq = None if lower is None else float(_signed_square(lower))
+    lo, hi = centred_interval(
+        _signed_square(dist), float(_signed_square(estimate)), level, lower_sq
+    )
     return float(_signed_root(lo)), float(_signed_root(hi))
 
 
@@ -618,7 +621,8 @@ class CalibrationEstimate:
         out = {}
         for q, values in dist.items():
             value = _quiet(QUANTITIES[q], self._for(q))
-            lo, hi = quantity_interval(q, values, value, level, QUANTITIES[q].lower_bound)
+            lower = QUANTITIES[q].lower_bound_for(self.debias)
+            lo, hi = quantity_interval(q, values, value, level, lower)
             out[q] = ConfidenceInterval(q, value, lo, hi, level, values)
         return out
 

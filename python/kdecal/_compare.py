@@ -30,6 +30,7 @@ from ._estimation import problem as _problem
 from ._estimation import regression as _regression
 from ._estimation import replicates as _replicates
 from ._estimation import search as _search
+from ._estimation.quantities import QUANTITIES
 from ._numerics import ValueEq
 from ._report import format_pvalue
 from ._row_metrics import ROW_METRICS, check_metric, lower_bound, row_bootstrap
@@ -340,7 +341,8 @@ def compare(
         row: dict[str, Any] = {"bandwidth": e.bandwidth, "own_bandwidth": own_h[k]}
         for q in qs:
             value = value_of(k, e, q)
-            lo, hi = quantity_interval(q, boot[k][q], value, level, lower_bound(q))
+            lower = QUANTITIES[q].lower_bound_for(debias) if q in QUANTITIES else lower_bound(q)
+            lo, hi = quantity_interval(q, boot[k][q], value, level, lower)
             row[q] = {"value": value, "low": lo, "high": hi}
         estimates[k] = row
     # the same differences at the other bandwidths a user might have used

@@ -251,6 +251,38 @@ def test_intervals_stay_in_the_range_of_their_quantity():
         assert cmp.estimates[k]["ece_kde_l1"]["low"] >= 0.0
 
 
+def test_plain_squared_errors_are_cut_at_0_without_debiasing():
+    """With debias="none" the squared L2 error and the L2 ECE^KDE are plain squares
+    (>= 0): their intervals are cut at 0 (they reached -0.0018 and -0.042 for estimates
+    of 0.008 and 0.09); with "ustat" they are not; the same in compare."""
+    from kdecal._calibration_estimate import centred_interval
+
+    s = make_seeds_synthetic(200, 3, t1=0.6, t2=0.8, seed=4)
+    est = _quiet(kdecal.estimate, s.probs, s.labels, bandwidth=0.1, debias="none")
+    ci = _quiet(est.confidence_intervals, ["ce_l2", "ece_kde_l2"], n_resamples=30, seed=0)
+    c = ci["ce_l2"]
+    lo, hi = centred_interval(c.bootstrap_distribution, c.estimate, 0.95)
+    assert lo < 0.0 < c.estimate  # the uncut interval reaches below 0
+    assert (c.low, c.high) == (0.0, hi)
+    c2 = ci["ece_kde_l2"]
+    assert c2.estimate == pytest.approx(np.sqrt(c.estimate), rel=1e-12)
+    assert c2.low == 0.0 and c2.high == pytest.approx(np.sqrt(hi), rel=1e-12)
+    ust = _quiet(kdecal.estimate, s.probs, s.labels, bandwidth=0.1)
+    cu = _quiet(ust.confidence_interval, "ce_l2", n_resamples=30, seed=0)
+    assert (cu.low, cu.high) == centred_interval(cu.bootstrap_distribution, cu.estimate, 0.95)
+    cmp = _quiet(
+        kdecal.compare,
+        {"a": s.probs, "b": np.roll(s.probs, 1, axis=0)},
+        s.labels,
+        quantities=["ce_l2"],
+        bandwidth=0.1,
+        debias="none",
+        n_resamples=30,
+    )
+    for k in ("a", "b"):
+        assert cmp.estimates[k]["ce_l2"]["low"] >= 0.0
+
+
 def test_row_metric_intervals_stay_in_their_range():
     """The binned ECE and the smooth ECE are >= 0, and their intervals in evaluate and
     compare are cut at 0 (evaluate printed smooth_ece 0.055 [-0.002, 0.160] at n = 20);

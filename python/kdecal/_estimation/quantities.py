@@ -216,6 +216,17 @@ class Quantity:
             return 0.0
         return None
 
+    def lower_bound_for(self, debias: str) -> float | None:
+        """:attr:`lower_bound` of the estimates made with ``debias``.
+
+        Without debiasing (``"none"``) the squared L2 error and the L2 ECE^KDE are plain
+        squares (of ``E - f``, or of the residual regression): >= 0, so their intervals
+        are cut at 0 too (they reached -0.04 for an estimate of 0.01 at n = 200).
+        """
+        if self.lower_bound is None and self.squares and debias == "none":
+            return 0.0
+        return self.lower_bound
+
     @property
     def criterion(self) -> str:
         """The plug-in estimator's ``bandwidth="auto"`` criterion of the quantity."""
