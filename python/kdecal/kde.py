@@ -644,8 +644,10 @@ def calibration_error(
 
     - ``estimator="residual"`` (default): ``mean_j D_F(E_j, f_j)`` with the
       residual-centred ``E_j`` (see :func:`estimate`); for "l2" the normalised
-      U-statistic of the residuals, for "kl" ``E_j`` moved into the simplex along its
-      correction where it leaves it;
+      U-statistic of the residuals, for "kl" and a custom :class:`Bregman` ``E_j``
+      moved into the simplex along its correction where it leaves it (so a custom
+      ``F(q) = ||q||^2`` differs from "l2" by those rows, and ``debias`` applies to "l2"
+      only);
     - ``estimator="plugin"`` (or its old name "direct"): ``mean_j D_F(E_j, f_j)`` with
       the papers' plug-in ratio ``E_j`` (Eq. 9 / 26);
     - ``estimator="refinement"``: ``mean_j F(E_j) + mean_i [D_F(y_i, f_i) - F(y_i)]``
@@ -691,7 +693,8 @@ def calibration_error(
     ------
     TypeError, ValueError
         Invalid input, divergence, estimator, calibration or debias, or
-        ``debias="ratio"`` with ``estimator="residual"``.
+        ``debias="ratio"`` with ``estimator="residual"``; a custom :class:`Bregman`
+        whose F or gradient returns a non-finite value (ValueError naming the point).
     """
     div = _quantities.divergence_of(divergence)
     check_choice(estimator, "estimator", ("residual", "plugin", "direct", "refinement"))

@@ -268,6 +268,24 @@ def test_calibration_error_custom_bregman(kd, name, gen, estimator, backend):
         )
 
 
+def test_custom_bregman_non_finite_values_are_refused():
+    """A generator that is not finite on the simplex gave a silent NaN estimate."""
+    import kdecal
+
+    s = kdecal.datasets.make_seeds_synthetic(60, 3, t1=0.6, t2=0.8, seed=0)
+    with np.errstate(all="ignore"):
+        bad_F = kdecal.Bregman(lambda q: np.sum(np.log(q - 0.5), -1), lambda q: 1 / (q - 0.5))
+        with pytest.raises(
+            ValueError,
+            match=r"Bregman F returned non-finite values at 60 of 60 points, the first nan at the point \[0\.",
+        ) as info:
+            kdecal.calibration_error(s.probs, s.labels, divergence=bad_F, bandwidth=0.1)
+        assert "must be finite on the probability simplex" in str(info.value)
+        bad_g = kdecal.Bregman(lambda q: np.sum(q**2, -1), lambda q: 1 / (q - q))
+        with pytest.raises(ValueError, match="Bregman grad_F returned non-finite values"):
+            kdecal.calibration_error(s.probs, s.labels, divergence=bad_g, bandwidth=0.1)
+
+
 # ------------------------------------------------------- refinement / sharpness
 @pytest.mark.parametrize("divergence", ["kl", "l2"])
 @pytest.mark.parametrize("bandwidth", BANDWIDTHS, ids=BW_IDS)

@@ -82,6 +82,21 @@ class L2Generator(Generator):
         return np.asarray(_f.risk_rows("l2", problem.p, problem.labels, problem.binary))
 
 
+def _check_finite(out: np.ndarray, what: str, points: np.ndarray) -> None:
+    """Refuse a user generator's non-finite values (a silent NaN estimate otherwise)."""
+    bad = ~np.isfinite(out.reshape(points.shape[0], -1))
+    rows = bad.any(axis=1)
+    if rows.any():
+        row = int(np.argmax(rows))
+        value = float(out.reshape(points.shape[0], -1)[row][bad[row]][0])
+        raise ValueError(
+            f"Bregman {what} returned non-finite values at {int(rows.sum())} of "
+            f"{points.shape[0]} points, the first {value!r} at the point "
+            f"{[float(v) for v in points[row]]!r}; the generator and its gradient must be "
+            "finite on the probability simplex"
+        )
+
+
 class CustomGenerator(Generator):
     """A user's ``kdecal.Bregman``; binary problems pass the 2-vectors ``(1 - q, q)``."""
 
@@ -94,6 +109,7 @@ class CustomGenerator(Generator):
         out = np.asarray(fn(v.reshape(B * m, D)), dtype=np.float64)  # type: ignore[operator]
         if out.shape != (B * m,):
             raise ValueError(f"Bregman {what} must return shape ({B * m},), got {out.shape}")
+        _check_finite(out, what, v.reshape(B * m, D))
         return out.reshape(B, m)
 
     def F_points(self, problem: Problem, v: np.ndarray) -> np.ndarray:
@@ -107,6 +123,7 @@ class CustomGenerator(Generator):
         g = np.asarray(self.bregman.grad_F(b.reshape(B * m, D)), dtype=np.float64)  # type: ignore[attr-defined]
         if g.shape != (B * m, D):
             raise ValueError(f"Bregman grad_F must return shape ({B * m}, {D}), got {g.shape}")
+        _check_finite(g, "grad_F", b.reshape(B * m, D))
         lin = np.sum(g.reshape(B, m, D) * (a - b), axis=-1)
         return self._rows(self.bregman.F, a, "F") - self._rows(self.bregman.F, b, "F") - lin  # type: ignore[attr-defined]
 
