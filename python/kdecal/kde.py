@@ -78,8 +78,9 @@ _NOTION_PARAMS = """calibration : {"canonical", "classwise", "top_label"}, defau
 
 _DEBIAS_PARAM = """debias : {"none", "ustat", "ratio"}, default "ustat"
         Debiasing of the squared errors (the L2 / p = 2 quantities, which the plain
-        squares overstate by the variance of the kernel regression; the L1 and KL
-        quantities are the same as with "none"). "ustat": with the residual-centred
+        squares overstate by the variance of the kernel regression; with "none" and
+        "ustat" the L1 and KL quantities are the same; "ratio" corrects the conditional
+        expectation itself, so it moves them too). "ustat": with the residual-centred
         estimator, each row's squared error as the normalised U-statistic of the
         residuals over pairs of distinct neighbours (unbiased under calibration); with
         ``estimator="plugin"``, the squared conditional expectations from the ratio of

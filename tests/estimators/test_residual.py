@@ -739,3 +739,16 @@ def test_rows_with_one_neighbour_leave_the_squared_error(backend, calibration):
     # a bootstrap replicate weighs the other rows by their multiplicities
     ci = est.confidence_interval("ce_l2", n_resamples=20, seed=1)
     assert np.isfinite(ci.low) and np.isfinite(ci.high)
+
+
+def test_every_row_with_one_neighbour_says_the_estimate_is_not_debiased():
+    """With every row degenerate the "ustat" squared error is the plain one (the warning
+    said the rows "take the mean of the other rows", of which there are none)."""
+    P = np.random.default_rng(0).dirichlet(np.ones(3), 50)
+    y = np.zeros(50, dtype=int)
+    with pytest.warns(kdecal.KdecalWarning, match="50 of 50 query rows") as rec:
+        got = kdecal.calibration_error(P, y, divergence="l2", bandwidth=5e-6)
+    text = " ".join(str(w.message) for w in rec)
+    assert "the plain (not debiased) one, as with debias='none'" in text
+    assert "take the mean" not in text
+    assert got == kdecal.calibration_error(P, y, divergence="l2", bandwidth=5e-6, debias="none")

@@ -589,10 +589,14 @@ def _leave_degenerate_rows(
 def _warn_degenerate(n_deg: int, size: int, bandwidth: float) -> None:
     """Warn when more than one query row in a thousand has a single effective neighbour."""
     if n_deg and n_deg > 1e-3 * size:
+        how = (
+            "so the squared L2 estimate is the plain (not debiased) one, as with debias='none'"
+            if n_deg >= size
+            else "and they leave the squared L2 estimate (each takes the mean of the other rows)"
+        )
         warn_user(
             f"{n_deg} of {size} query rows have a single effective neighbour at "
-            f"bandwidth {bandwidth:g}: their squared error is undefined, and they leave "
-            "the squared L2 estimate (each takes the mean of the other rows). A larger "
+            f"bandwidth {bandwidth:g}: their squared error is undefined, {how}. A larger "
             "bandwidth avoids this.",
             KdecalWarning,
         )
