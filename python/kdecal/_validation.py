@@ -14,6 +14,7 @@ Two rules live here and nowhere else:
 from __future__ import annotations
 
 import contextlib
+import datetime
 import math
 import numbers
 import threading
@@ -42,6 +43,11 @@ def _type_name(x: object) -> str:
     return f"{t.__module__}.{t.__qualname__}"
 
 
+#: The torch floating dtypes that ``Tensor.numpy()`` converts; :func:`as_array` reads
+#: any other (bfloat16, the float8 types) through float32.
+_TORCH_NUMPY_FLOATS = ("torch.float16", "torch.float32", "torch.float64")
+
+
 def as_array(x: object, name: str) -> np.ndarray:
     """Convert any array object to a NumPy array, the one conversion rule of kdecal.
 
@@ -49,7 +55,8 @@ def as_array(x: object, name: str) -> np.ndarray:
     ----------
     x : array-like
         A NumPy array, a nested sequence, a pandas or polars object, a torch tensor (any
-        device, ``requires_grad`` allowed: its values are read, detached), a JAX or CuPy
+        device, ``requires_grad`` allowed: its values are read, detached; bfloat16 and
+        the float8 types, which NumPy lacks, are read as float32), a JAX or CuPy
         array, or any object offering ``__array__`` or ``__dlpack__``.  Arrays on an
         accelerator are copied to the host (kdecal has no GPU backend).
     name : str
@@ -82,6 +89,9 @@ def as_array(x: object, name: str) -> np.ndarray:
                 t = t.cpu()
             if t.is_conj():
                 t = t.resolve_conj()
+            if t.is_floating_point() and str(t.dtype) not in _TORCH_NUMPY_FLOATS:
+                # bfloat16 and the float8 types have no NumPy dtype: float32 holds them exactly
+                t = t.float()
             return np.asarray(t.numpy())
         if module == "cupy" and hasattr(x, "get"):
             return np.asarray(x.get())
@@ -108,12 +118,29 @@ def as_array(x: object, name: str) -> np.ndarray:
     return arr
 
 
+#: Scalars of dates and durations, refused in an object array as their dtypes are.
+_TEMPORAL = (datetime.date, datetime.timedelta, np.datetime64, np.timedelta64)
+
+
+def _dtype_problem(dt: np.dtype, name: str, first: object = None) -> str | None:
+    """Why an array of dtype ``dt`` is not numeric, or None (``first``: an entry)."""
+    if dt.kind in "mM" or (dt == object and isinstance(first, _TEMPORAL)):
+        held = "" if dt != object else f" holding {_type_name(first)} values"
+        return (
+            f"{name} must be a numeric array, got dtype {dt}{held}: datetimes and "
+            "timedeltas are not read as numbers (convert them explicitly if they encode "
+            "numbers)"
+        )
+    if dt == object or not (np.issubdtype(dt, np.number) or np.issubdtype(dt, np.bool_)):
+        return f"{name} must be a numeric array, got dtype {dt}"
+    return None
+
+
 def _numeric_array(x: object, name: str) -> np.ndarray:
     arr = as_array(x, name)
-    if arr.dtype == object or not (
-        np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.bool_)
-    ):
-        raise TypeError(f"{name} must be a numeric array, got dtype {arr.dtype}")
+    problem = _dtype_problem(arr.dtype, name, arr.flat[0] if arr.size else None)
+    if problem is not None:
+        raise TypeError(problem)
     if np.iscomplexobj(arr):
         raise TypeError(f"{name} must be real, got dtype {arr.dtype}")
     return arr
@@ -231,6 +258,8 @@ def _not_logits(
     Shapes of data that look like logits to a range test but are not (issue 26):
     probabilities with entries just outside [0, 1] (:data:`INFER_RANGE_ATOL`; 2-D: the
     median row summing to 1 within :data:`PROBS_ROW_SUM_ATOL`), percentages,
+    unnormalised probabilities (two distinct rows or more, non-negative, every row summing to one
+    common ``c`` within a relative :data:`INFER_ROW_SUM_ATOL`: ``P * c``, votes),
     probability columns beside an extra fractional column (a weight), and rows that sum
     to 1 exactly as only probabilities do; an extra column of integers is refused before
     (:func:`_integer_column`).
@@ -265,6 +294,16 @@ def _not_logits(
             f"{name} look like percentages (entries in [0, 100], rows summing to 100; "
             f"{_entry(a, first, columns)}): divide them by 100 and pass {flags['probs']}. "
             f"{choose}."
+        )
+    c = float(np.median(sums))
+    if np.all(a >= 0) and np.any(a != a[0]) and np.all(np.abs(sums - c) <= c * INFER_ROW_SUM_ATOL):
+        # unnormalised probabilities (P * c, counts of c votes): logits are never all
+        # non-negative with one common row sum; one row repeated could be either (the
+        # same logits for every sample)
+        return (
+            f"{name} look like unnormalised probabilities (entries >= 0, every row summing "
+            f"to {c:.6g}; {_entry(a, first, columns)}): divide each row by its sum and "
+            f"pass {flags['probs']}. {choose}."
         )
     col_out = outside.any(axis=0)
     # (a column of integers beside fractional scores: _integer_column, before this)
@@ -339,7 +378,9 @@ def resolve_input(
         logits, unless they look like something else, which is refused: every entry
         within :data:`INFER_RANGE_ATOL` of [0, 1] and (2-D) the median row summing to 1
         within :data:`PROBS_ROW_SUM_ATOL` (a rounding error in probabilities), percentages (entries in [0, 100] with rows summing to 100; a
-        1-D array in [0, 100]), a column of integers beside fractional scores (a fold,
+        1-D array in [0, 100]), unnormalised probabilities (two distinct rows or more,
+        entries non-negative, every row summing to one common ``c`` within a relative
+        :data:`INFER_ROW_SUM_ATOL`), a column of integers beside fractional scores (a fold,
         a count, a 0/1 flag; also in [0, 1]), columns in [0, 1] summing to 1 beside columns outside
         it, or rows that all sum to 1 (within :data:`ROW_SUM_ATOL`).  Logits are never
         inferred from a near miss of the simplex.
@@ -865,8 +906,9 @@ def check_probs_dask(x: Any, name: str = "probs", min_n: int = 3) -> Probs:
         (the message names the block's rows and the index within the block).
     """
     dt = np.dtype(x.dtype)
-    if dt == object or not (np.issubdtype(dt, np.number) or np.issubdtype(dt, np.bool_)):
-        raise TypeError(f"{name} must be a numeric array, got dtype {dt}")
+    problem = _dtype_problem(dt, name)
+    if problem is not None:
+        raise TypeError(problem)
     if np.issubdtype(dt, np.complexfloating):
         raise TypeError(f"{name} must be real, got dtype {dt}")
     if x.ndim not in (1, 2):

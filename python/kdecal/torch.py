@@ -273,14 +273,6 @@ def _check_tensor(probs: object) -> torch.Tensor:
     return probs
 
 
-def _labels_array(labels: object) -> object:
-    if isinstance(labels, torch.Tensor):
-        if labels.is_floating_point() or labels.is_complex():
-            raise TypeError(f"labels must be an integer tensor, got dtype {labels.dtype}")
-        return labels.detach().cpu().numpy()
-    return labels
-
-
 def _prepare(
     probs: object, labels: object, bandwidth: object, calibration: object
 ) -> tuple[torch.Tensor, np.ndarray, torch.Tensor, np.ndarray, float, str]:
@@ -294,7 +286,9 @@ def _prepare(
         _core()
     check_choice(calibration, "calibration", _problem.CALIBRATIONS)
     checked = check_probs(x.detach().cpu().numpy())  # shapes, NaN, negatives, row sums
-    y = check_labels(_labels_array(labels), checked.n, checked.n_classes)
+    # labels as the NumPy API reads them (any device; floats when integral, e.g. 0.0/1.0
+    # in bfloat16; a fraction or a complex dtype refused with the same message)
+    y = check_labels(labels, checked.n, checked.n_classes)
     be = "cuda" if x.is_cuda else "cpp"
     if isinstance(bandwidth, str):
         h = _kde._resolve_bandwidth(checked, y, str(calibration), bandwidth, be, False)
@@ -324,7 +318,7 @@ def conditional_expectation(
         float32 or float64; float16 and bfloat16 are computed in float32.
         Predicted probabilities (rows on the simplex), or P(y = 1) of a binary problem.
         Clipped at 1e-12 and renormalised (differentiably) before the kernel.
-    labels : torch.Tensor or array-like, shape (n,), int
+    labels : torch.Tensor or array-like, shape (n,), integer-valued
         True classes in ``0..K-1`` (constants).
     bandwidth : float, "auto" or "loo-mle"
         Kernel bandwidth h > 0; "auto" and "loo-mle" choose it on the detached batch as
@@ -373,7 +367,7 @@ def ece_kde_loss(
         Predicted probabilities of a batch (rows on the simplex within 1e-3), or P(y = 1).
         Clipped at 1e-12 and renormalised with torch operations, so the gradient includes
         that Jacobian (zero for the clipped entries). n >= 3.
-    labels : torch.Tensor or array-like, shape (n,), int
+    labels : torch.Tensor or array-like, shape (n,), integer-valued
         True classes in ``0..K-1``.
     p : float, default 1
         Order of the L_p norm, ``p >= 1``.
@@ -435,7 +429,7 @@ def calibration_error_loss(
     probs : torch.Tensor, shape (n, K) or (n,), floating point, CPU or CUDA
         float32 or float64; float16 and bfloat16 are computed in float32.
         Predicted probabilities (see :func:`ece_kde_loss`).
-    labels : torch.Tensor or array-like, shape (n,), int
+    labels : torch.Tensor or array-like, shape (n,), integer-valued
         True classes in ``0..K-1``.
     divergence : {"kl", "l2"}, default "kl"
         "kl": F(p) = sum p log p, ``mean_j sum_c E_jc log(E_jc / f_jc)`` (Eq. 10);

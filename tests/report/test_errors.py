@@ -508,3 +508,65 @@ def test_absent_class_column_is_zero(kd, backend):
         ref.ref_sharpness(P, y, "kl", 0.2),
         rtol=1e-9,
     )
+
+
+_TEMPORAL_TAIL = (
+    ": datetimes and timedeltas are not read as numbers (convert them explicitly if they "
+    "encode numbers)"
+)
+
+
+def test_datetime_and_timedelta_inputs_raise_typeerror(kd):
+    """timedelta64 labels were read as integers (ece_kde gave 1.0125 for labels in
+    seconds), a pandas timedelta Series got 'labels must lie in 0..2, got
+    datetime.timedelta(seconds=2)', datetime64 a bare dtype error: every date or
+    duration dtype, and an object array of timedeltas, is refused with one TypeError
+    naming the argument and the dtype."""
+    pd = pytest.importorskip("pandas")
+    import datetime
+
+    P, y = _good(n=20)
+    cases = [
+        (
+            lambda: kd.ece_kde(P, y.astype("timedelta64[s]"), bandwidth=H),
+            "labels",
+            "timedelta64[s]",
+        ),
+        (lambda: kd.ece_kde(P, y.astype("datetime64[s]"), bandwidth=H), "labels", "datetime64[s]"),
+        (
+            lambda: kd.ece_kde(P, pd.Series(pd.to_timedelta(y, unit="s")), bandwidth=H),
+            "labels",
+            str(np.asarray(pd.Series(pd.to_timedelta(y, unit="s"))).dtype),
+        ),
+        (
+            lambda: kd.ece_kde((P * 10).astype("timedelta64[s]"), y, bandwidth=H),
+            "probs",
+            "timedelta64[s]",
+        ),
+        (
+            lambda: kd.scores.log_loss(P.astype("datetime64[ms]"), y, input="auto"),
+            "probs",
+            "datetime64[ms]",
+        ),
+        (
+            lambda: kd.recalibration.TemperatureScaling().fit(
+                (P * 10).astype("timedelta64[s]"), y
+            ),
+            "scores",
+            "timedelta64[s]",
+        ),
+        (lambda: kd.softmax(P.astype("timedelta64[s]")), "logits", "timedelta64[s]"),
+    ]
+    for call, name, dtype in cases:
+        with pytest.raises(TypeError) as info:
+            call()
+        assert str(info.value) == f"{name} must be a numeric array, got dtype {dtype}" + (
+            _TEMPORAL_TAIL
+        )
+    labels = np.array([datetime.timedelta(seconds=int(v)) for v in y], dtype=object)
+    with pytest.raises(TypeError) as info:
+        kd.ece_kde(P, labels, bandwidth=H)
+    assert str(info.value) == (
+        "labels must be a numeric array, got dtype object holding datetime.timedelta "
+        "values" + _TEMPORAL_TAIL
+    )

@@ -764,3 +764,53 @@ def test_cli_refuses_boolean_masks_and_flag_columns(tmp_path, capsys):
     code, out, err = _cli(capsys, "evaluate", str(tmp_path / "bin.npz"), "--n-resamples", "0")
     assert code == 0, err
     assert "n = 300, K = 2," in out
+
+
+def test_unnormalised_probabilities_are_refused():
+    """Probability rows times a constant (P * 2, P * 1.2, the votes of 10 annotators)
+    were read as logits by input="auto": log_loss(P * 2) gave 1.3977 (1.8985 on P), and
+    TemperatureScaling fitted them as logits to T = 1e12. Non-negative rows with one
+    common sum are refused, naming the argument, the sum and both choices; genuine
+    logits, a single row and 1-D scores are read as before."""
+    r = np.random.default_rng(1)
+    P = r.dirichlet(np.ones(3), 20)
+    y = r.integers(0, 3, 20)
+    tail = (
+        "divide each row by its sum and pass input='probs'. Pass input='logits' if they "
+        "are logits."
+    )
+    with pytest.raises(ValueError) as info:
+        kdecal.scores.log_loss(P * 2, y, input="auto")
+    assert str(info.value) == (
+        "probs look like unnormalised probabilities (entries >= 0, every row summing to "
+        f"2; row 0, column 2 holds 1.5910910988618865): {tail}"
+    )
+    for score in (kdecal.scores.brier_score, kdecal.scores.calibration_loss):
+        with pytest.raises(ValueError, match=r"every row summing to 2; row 0, column 2"):
+            score(P * 2, y, input="auto")
+    with pytest.raises(ValueError) as info:
+        kdecal.recalibration.TemperatureScaling().fit(P * 1.2, y)
+    assert str(info.value) == (
+        "scores look like unnormalised probabilities (entries >= 0, every row summing to "
+        f"1.2; row 9, column 1 holds 1.146415347433722): {tail}"
+    )
+    votes = np.array([r.multinomial(10, p) for p in P])
+    with pytest.raises(ValueError, match=r"every row summing to 10; row 0, column 0 holds"):
+        resolve_input(votes, "auto")
+    # the choices the message names give the numbers
+    assert kdecal.scores.log_loss(P * 2 / 2, y, input="auto") == pytest.approx(
+        1.8985252946257112, rel=1e-12
+    )
+    assert kdecal.scores.log_loss(P * 2, y, input="logits") == pytest.approx(
+        1.397675269816049, rel=1e-12
+    )
+    # logits: never all non-negative with one common row sum
+    L = np.random.default_rng(3).normal(scale=3.0, size=(200, 10))
+    # (one row, or one row repeated, could be either: the same logits for every sample)
+    same = (L[:1] ** 2 + 2.0, np.tile([2.0, 2.0, 0.0], (10, 1)))
+    for Z in (L - L.min(axis=1, keepdims=True), np.abs(L) + 1.0, *same):
+        assert resolve_input(Z, "auto")[0] == "logits"
+    # 1-D scores keep their rule (P(y = 1) in [0, 1]; [0, 100]: percentages)
+    assert resolve_input(P[:, 1], "auto")[0] == "probs"
+    with pytest.raises(ValueError, match="look like percentages"):
+        resolve_input(2 * P[:, 1] + 1, "auto")
