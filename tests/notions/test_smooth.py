@@ -192,3 +192,86 @@ def test_cosine_sums_match_the_direct_cosines(n, m0, m1, monkeypatch):
     assert got.shape == (m1 - m0 + 1,)
     np.testing.assert_allclose(got, ref, rtol=0, atol=1e-14 * np.abs(w).sum())
     assert smooth._cosine_sums(f, w, m1 + 1, m1).shape == (0,)
+
+
+# ------------------------------------------------------- roots of g, smallest sigma
+def calibrated_sample(n, seed):
+    rng = np.random.default_rng(seed)
+    f = rng.beta(2.0, 2.0, n)
+    return f, (rng.random(n) < f).astype(np.int64)
+
+
+def scalar_brent_smece_sigma(f, y, sigma):
+    """smECE_sigma as before this change: the module's panels and g, one brentq per root."""
+    res = smooth._Residuals(f, y - f)
+    pan = smooth._panels(res.f, sigma)
+    t, wt = smooth._gl_points(pan[:, 0], pan[:, 1])
+    g = res.smoothed(t.ravel(), sigma).reshape(t.shape)
+    noise = 1e-14 * np.abs(res.w).sum() * (1.0 + 1.0 / (math.sqrt(2 * math.pi) * sigma))
+    total = 0.0
+    for i in range(pan.shape[0]):
+        a, b = pan[i]
+        tt = np.concatenate([[a], t[i], [b]])
+        vals = res.smoothed(tt, sigma)
+        s = np.sign(np.where(np.abs(vals) <= noise, 0.0, vals))
+        cross = np.flatnonzero(s[1:] * s[:-1] < 0)
+        if cross.size == 0:
+            total += float(np.sum(np.abs(g[i]) * wt[i]))
+            continue
+        g1 = lambda x: float(res.smoothed(np.array([x]), sigma)[0])
+        cuts = [
+            a,
+            *(optimize.brentq(g1, tt[j], tt[j + 1], xtol=1e-15, rtol=1e-15) for j in cross),
+            b,
+        ]
+        t2, wt2 = smooth._gl_points(np.array(cuts[:-1]), np.array(cuts[1:]))
+        total += float(np.sum(np.abs(res.smoothed(t2.ravel(), sigma)) * wt2.ravel()))
+    return total
+
+
+@pytest.mark.parametrize("sigma", [0.002, 0.005, 0.03])
+@pytest.mark.parametrize("sample", ["calibrated", "miscalibrated"])
+def test_all_roots_at_once_match_one_brent_search_per_root(sample, sigma):
+    f, y = calibrated_sample(3000, 11) if sample == "calibrated" else binary_sample(3000, 12)
+    got = smooth.smooth_ece(f, y, sigma=sigma, calibration="classwise")
+    assert got == pytest.approx(scalar_brent_smece_sigma(f, y, sigma), rel=1e-11, abs=1e-13)
+
+
+def test_root_search_passes_do_not_grow_with_the_roots(monkeypatch):
+    # a calibrated model's g crosses 0 hundreds of times at small sigma; the roots are
+    # refined together, one evaluation of g per pass over all brackets (before: one
+    # brentq, ~10 scalar evaluations, per root)
+    f, y = calibrated_sample(5000, 13)
+    sigma = 0.002
+    res = smooth._Residuals(f, y - f)
+    g = res.smoothed(np.linspace(0.0, 1.0, 20001), sigma)
+    assert np.count_nonzero(g[1:] * g[:-1] < 0) > 100
+    calls = []
+    orig = smooth._Residuals.smoothed
+
+    def counted(self, t, s):
+        calls.append(t.shape[0])
+        return orig(self, t, s)
+
+    monkeypatch.setattr(smooth._Residuals, "smoothed", counted)
+    smooth.smooth_ece(f, y, sigma=sigma, calibration="classwise")
+    assert len(calls) <= 2 * 40  # two problems (class-wise), at most 40 passes each
+    calls.clear()
+    smooth.smooth_ece_bandwidth(f, y)  # the fixed point, ~15 bandwidths
+    assert len(calls) <= 15 * 40
+
+
+def test_sigma_below_the_floor_is_refused():
+    # sigma = 1e-10 asked for a grid of 1e10 nodes (MemoryError, 75 GiB)
+    rng = np.random.default_rng(0)
+    P = rng.dirichlet(np.ones(3), 200)
+    y = rng.integers(0, 3, 200)
+    for bad in (1e-10, 1e-8, 0.5 * smooth.SIGMA_FLOOR):
+        with pytest.raises(ValueError, match=r"sigma must be at least SIGMA_FLOOR = 1e-06"):
+            smooth.smooth_ece(P, y, sigma=bad)
+    # at the floor the kernels of these distinct predictions do not overlap: the limit
+    # sigma -> 0, mean |r| of the top-label problem
+    conf = P.max(axis=1)
+    r = (P.argmax(axis=1) == y) - conf
+    got = smooth.smooth_ece(P, y, sigma=smooth.SIGMA_FLOOR)
+    assert got == pytest.approx(np.abs(r).mean(), rel=1e-9)
