@@ -223,6 +223,12 @@ def _check_row_sums(a: np.ndarray, name: str, atol: float, high: float) -> None:
 #: command line puts its own option in its place).
 SOFTMAX_ADVICE = "Pass logits through kdecal.softmax first."
 
+#: Relative tolerance of the common row sum of unnormalised probabilities (``P * c``,
+#: counts of votes) that ``input="auto"`` refuses: tight, as such rows sum to ``c`` up to
+#: rounding, while logits with a large common offset (sklearn's checks draw N(100, 1)
+#: entries) have row sums within 2 % of each other but not within 1e-6.
+SCALED_ROW_SUM_RTOL = 1e-6
+
 #: How :func:`resolve_input` names the choices in its messages, by default.
 INPUT_FLAGS = {"probs": "input='probs'", "logits": "input='logits'"}
 
@@ -259,7 +265,7 @@ def _not_logits(
     probabilities with entries just outside [0, 1] (:data:`INFER_RANGE_ATOL`; 2-D: the
     median row summing to 1 within :data:`PROBS_ROW_SUM_ATOL`), percentages,
     unnormalised probabilities (two distinct rows or more, non-negative, every row summing to one
-    common ``c`` within a relative :data:`INFER_ROW_SUM_ATOL`: ``P * c``, votes),
+    common ``c`` within a relative :data:`SCALED_ROW_SUM_RTOL`: ``P * c``, votes),
     probability columns beside an extra fractional column (a weight), and rows that sum
     to 1 exactly as only probabilities do; an extra column of integers is refused before
     (:func:`_integer_column`).
@@ -296,7 +302,11 @@ def _not_logits(
             f"{choose}."
         )
     c = float(np.median(sums))
-    if np.all(a >= 0) and np.any(a != a[0]) and np.all(np.abs(sums - c) <= c * INFER_ROW_SUM_ATOL):
+    if (
+        np.all(a >= 0)
+        and np.any(a != a[0])
+        and np.all(np.abs(sums - c) <= c * SCALED_ROW_SUM_RTOL)
+    ):
         # unnormalised probabilities (P * c, counts of c votes): logits are never all
         # non-negative with one common row sum; one row repeated could be either (the
         # same logits for every sample)
@@ -380,7 +390,7 @@ def resolve_input(
         within :data:`PROBS_ROW_SUM_ATOL` (a rounding error in probabilities), percentages (entries in [0, 100] with rows summing to 100; a
         1-D array in [0, 100]), unnormalised probabilities (two distinct rows or more,
         entries non-negative, every row summing to one common ``c`` within a relative
-        :data:`INFER_ROW_SUM_ATOL`), a column of integers beside fractional scores (a fold,
+        :data:`SCALED_ROW_SUM_RTOL`), a column of integers beside fractional scores (a fold,
         a count, a 0/1 flag; also in [0, 1]), columns in [0, 1] summing to 1 beside columns outside
         it, or rows that all sum to 1 (within :data:`ROW_SUM_ATOL`).  Logits are never
         inferred from a near miss of the simplex.

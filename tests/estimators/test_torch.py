@@ -320,7 +320,7 @@ def test_half_precision_is_computed_in_float32(half):
     [
         (lambda P, y: kt.ece_kde_loss(P.numpy(), y, bandwidth=0.1), TypeError, "torch.Tensor"),
         (lambda P, y: kt.ece_kde_loss(P.to(torch.int64), y, bandwidth=0.1), TypeError, "float32"),
-        (lambda P, y: kt.ece_kde_loss(P, y.double(), bandwidth=0.1), TypeError, "integer"),
+        (lambda P, y: kt.ece_kde_loss(P, y.double() + 0.5, bandwidth=0.1), ValueError, "integers"),
         (lambda P, y: kt.ece_kde_loss(P.to("meta"), y, bandwidth=0.1), ValueError, "CPU"),
         (lambda P, y: kt.ece_kde_loss(P, y, p=0.5, bandwidth=0.1), ValueError, "p must"),
         (lambda P, y: kt.ece_kde_loss(P, y, bandwidth=-1.0), ValueError, "bandwidth"),
