@@ -316,13 +316,12 @@ def _shape(probs: object) -> tuple[int, ...] | None:
     return tuple(shape)
 
 
-def _n_classes(probs: object) -> int | None:
-    """K of the predictions from their shape (2 for a binary ``(n,)`` input), or None.
+def _n_classes(shape: tuple[int, ...] | None) -> int | None:
+    """K of predictions of this :func:`_shape` (2 for a binary ``(n,)`` input), or None.
 
     Read before validation, which the estimate does once; input of another shape is
     refused there.
     """
-    shape = _shape(probs)
     if shape is None:
         return None
     if len(shape) == 1:
@@ -332,9 +331,8 @@ def _n_classes(probs: object) -> int | None:
     return None
 
 
-def _n_rows(probs: object) -> int | None:
-    """Return the number of rows from the shape, or None where it is not known yet."""
-    shape = _shape(probs)
+def _n_rows(shape: tuple[int, ...] | None) -> int | None:
+    """Return n of predictions of this :func:`_shape`, or None where it is not known yet."""
     if shape is None or len(shape) not in (1, 2):
         return None
     n = shape[0]
@@ -568,7 +566,8 @@ def evaluate(
         )
     check_seed(seed)  # before the estimates, not after them
     selected = _check_metrics(metrics)
-    K_in = _n_classes(probs)
+    shape_in = _shape(probs)  # (a list is converted once here, and again when validated)
+    K_in = _n_classes(shape_in)
     many = K_in is not None and K_in > CANONICAL_RELIABLE_MAX_K
     check_choice(calibration, "calibration", ("auto", *_problem.CALIBRATIONS))
     auto_notes = []
@@ -587,7 +586,7 @@ def evaluate(
                 f"None, got the string {notions!r} (one notion: ({notions!r},))"
             )
         notions = EVALUATE_NOTIONS_MANY_CLASSES if many else EVALUATE_NOTIONS
-        n_in = _n_rows(probs)
+        n_in = _n_rows(shape_in)
         if (
             calibration != "classwise"
             and n_in is not None
