@@ -401,16 +401,79 @@ def _sweep_bins(conf: np.ndarray, outcome: np.ndarray, binning: str, limit: int)
 
     ``b`` runs from 1 up; the first ``b`` whose non-empty bins' frequencies are not
     non-decreasing (in increasing confidence) stops the sweep, and the previous ``b`` is
-    returned (so every ``b' <= b`` is monotone).
+    returned (so every ``b' <= b`` is monotone); ``limit`` if none stops it.
+
+    Both binnings put equal confidences in one bin and map increasing confidences to
+    non-decreasing bins, so a bin is a run of the D distinct confidences and the sweep
+    works on their counts and label sums: ``O(D)`` per candidate, vectorised over
+    blocks of candidates.  The bins' frequencies are ratios of integers, rounded once as
+    :func:`_bin_one` rounds them, so the choice is the same, bit for bit.  If the
+    distinct confidences' own frequencies are non-decreasing, every binning's are (a
+    bin's frequency is a count-weighted mean of a run of them) and the sweep never
+    stops: ``limit`` at once (a model with few distinct confidences, one of them with a
+    constant confidence, would otherwise bin the data ``limit`` times).
     """
-    best = 1
-    for b in range(2, limit + 1):
-        _, counts, _, freq = _bin_one(conf, outcome, b, binning)
-        f = freq[counts > 0]
-        if np.any(np.diff(f) < 0.0):
-            break
-        best = b
-    return best
+    u, inv, cnt = np.unique(conf, return_inverse=True, return_counts=True)
+    pos = np.bincount(inv.reshape(-1), weights=outcome, minlength=u.shape[0])
+    D = u.shape[0]
+    if D == 1 or bool(np.all(np.diff(pos / cnt) >= 0.0)):
+        return limit
+    cum = np.cumsum(cnt)  # samples at or below each distinct confidence
+    PC = np.concatenate([[0.0], cum.astype(np.float64)])
+    PS = np.concatenate([[0.0], np.cumsum(pos)])
+    n = int(cum[-1])
+    cols = np.arange(D, dtype=np.int64)
+    b0, block = 2, 8  # blocks grow: the sweep usually stops within tens of bins
+    while b0 <= limit:
+        bs = np.arange(b0, min(b0 + block, limit + 1), dtype=np.int64)
+        b0 += bs.shape[0]
+        block = max(1, min(2 * block, _SWEEP_BLOCK_ENTRIES // D))
+        cut = _sweep_cuts(u, cum, n, bs, binning)  # (R, D - 1): a new bin after value p
+        # each distinct value's run [start, end) and the run's frequency
+        starts = np.zeros((bs.shape[0], D), dtype=np.int64)
+        starts[:, 1:] = np.where(cut, cols[1:], 0)
+        np.maximum.accumulate(starts, axis=1, out=starts)
+        ends = np.full((bs.shape[0], D), D, dtype=np.int64)
+        ends[:, :-1] = np.where(cut, cols[1:], D)
+        ends = np.minimum.accumulate(ends[:, ::-1], axis=1)[:, ::-1]
+        freq = (PS[ends] - PS[starts]) / (PC[ends] - PC[starts])
+        falls = np.any(cut & (freq[:, 1:] < freq[:, :-1]), axis=1)
+        if falls.any():
+            return int(bs[int(np.argmax(falls))]) - 1
+    return limit
+
+
+#: Entries (candidates x distinct confidences) of one block of the sweep's candidates.
+_SWEEP_BLOCK_ENTRIES = 1 << 18
+
+
+def _sweep_cuts(
+    u: np.ndarray, cum: np.ndarray, n: int, bs: np.ndarray, binning: str
+) -> np.ndarray:
+    """Where the bins of ``b`` in ``bs`` split the sorted distinct confidences ``u``.
+
+    Returns a boolean (len(bs), D - 1) array, True at ``[r, p]`` where ``u[p]`` and
+    ``u[p + 1]`` fall in different bins of ``bs[r]`` bins, by the rules of
+    :func:`_uniform_bins` and :func:`_quantile_bins` (``cum``: the number of samples at
+    or below each distinct value, ``n`` the total).
+    """
+    b = bs[:, None]
+    if binning == "uniform":
+        # the bin of x: the largest t in 0..b with t / b < x (edges t / b as in
+        # _uniform_bins), clipped to 0..b-1; ceil(x b) - 1 is off by at most one
+        bf = b.astype(np.float64)
+        t = np.ceil(u[None, :] * bf).astype(np.int64) - 1
+        t += (t + 1) / bf < u[None, :]
+        t -= t / bf >= u[None, :]
+        np.clip(t, 0, b - 1, out=t)
+        return t[:, 1:] != t[:, :-1]
+    # quantile: u[p] (p >= 1) ends a bin iff it is an edge, the order statistic of some
+    # rank ceil(j n / b) in (cum[p - 1], cum[p]], i.e. iff floor(cum[p] b / n) >
+    # floor(cum[p - 1] b / n); u[0] is the first edge and ends no bin
+    q = (cum[None, :] * b) // n
+    cut = np.zeros((bs.shape[0], u.shape[0] - 1), dtype=bool)
+    cut[:, 1:] = q[:, 1:-1] > q[:, :-2]
+    return cut
 
 
 def _problem_terms(
@@ -519,8 +582,11 @@ def ece(
 
     Notes
     -----
-    Cost: ``O(n)`` after an ``O(n log n)`` sort for quantile bins; the sweep bins the
-    data once per candidate number of bins, ``O(n b*)`` in all.
+    Cost: ``O(n)`` after an ``O(n log n)`` sort for quantile bins.  The sweep sorts the
+    ``D`` distinct confidences once (``O(n log n)``) and bins them once per candidate
+    number of bins, ``O(D b*)`` in all for the chosen ``b*``; where the distinct
+    confidences' own frequencies are already non-decreasing (a constant confidence, for
+    one) no number of bins stops it, and it returns ``max(n, 1000)`` bins after the sort.
 
     References
     ----------

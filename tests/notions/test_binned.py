@@ -694,6 +694,59 @@ def test_sweep_matches_definition(calibration, binning):
         assert np.isfinite(binned.ece(P, y, n_bins="sweep", binning=binning, **kw))
 
 
+def ref_sweep_to(conf, outcome, binning, limit):
+    """``ref_sweep`` with at most ``limit`` bins."""
+    best = 1
+    for b in range(2, limit + 1):
+        freq = [f for _, _, f in ref_bins(conf, outcome, b, binning)]
+        if any(f1 < f0 for f0, f1 in zip(freq[:-1], freq[1:])):
+            break
+        best = b
+    return best
+
+
+@pytest.mark.parametrize("binning", ["uniform", "quantile"])
+def test_sweep_on_tied_confidences_matches_definition(binning):
+    # the sweep works on the distinct confidences: ties, values on bin edges, few values
+    rng = np.random.default_rng(31)
+    chosen = []
+    for case in range(24):
+        n = int(rng.integers(5, 120))
+        if case % 4 == 0:
+            conf = np.round(rng.random(n), 1)
+        elif case % 4 == 1:  # on the uniform edges of 7 and 10 bins
+            conf = rng.choice(np.r_[np.arange(8) / 7, np.arange(11) / 10], n)
+        elif case % 4 == 2:
+            conf = rng.choice(rng.random(3), n)
+        else:
+            conf = rng.random(n)
+        truth = np.clip(conf + rng.normal(0.0, 0.15, n), 0.0, 1.0)
+        out = (rng.random(n) < truth).astype(np.float64)
+        got = binned._sweep_bins(conf, out, binning, 60)
+        assert got == ref_sweep_to(conf, out, binning, 60), case
+        chosen.append(got)
+    assert 60 in chosen and any(1 < b < 60 for b in chosen)
+
+
+def test_sweep_with_monotone_frequencies_takes_every_bin():
+    # no number of bins breaks the monotony when the distinct confidences' frequencies
+    # are non-decreasing: the most bins, max(n, 1000), at once (this took minutes)
+    n = 50_000
+    rng = np.random.default_rng(32)
+    for conf in (np.full(n, 0.7), rng.choice([0.2, 0.5, 0.9], n)):
+        P = np.column_stack([1.0 - conf, conf])
+        y = (rng.random(n) < conf).astype(np.int64)
+        out = (y == 1).astype(np.float64)
+        u = np.unique(conf)
+        freq = [out[conf == v].mean() for v in u]
+        assert np.all(np.diff(freq) >= 0.0)
+        for binning in ("uniform", "quantile"):
+            assert binned._sweep_bins(conf, out, binning, n) == n
+            assert binned.ece(
+                P, y, n_bins="sweep", binning=binning, calibration="classwise"
+            ) == binned.ece(P, y, n_bins=n, binning=binning, calibration="classwise")
+
+
 def test_new_options_bad_input():
     with pytest.raises(ValueError, match="debias"):
         binned.ece(HAND_P, HAND_Y, debias=True)  # p = 1
