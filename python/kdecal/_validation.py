@@ -190,11 +190,14 @@ def _row_sum_deviation(a: np.ndarray) -> np.ndarray:
     return np.abs(a.sum(axis=1, dtype=np.float64) - 1.0)
 
 
-def _check_row_sums(a: np.ndarray, name: str, atol: float, high: float) -> None:
+def _check_row_sums(
+    a: np.ndarray, name: str, atol: float, high: float, quiet: float = ROW_SUM_ATOL
+) -> None:
     """Refuse rows far from summing to 1, then entries above ``high``; then warn.
 
     Rows further than ``atol`` from 1 are refused, then entries above ``high``; rows off
-    by more than ``ROW_SUM_ATOL`` get a warning only after both checks. The caller renormalises every row afterwards. The order: a file times 1.05 warned
+    by more than ``quiet`` (``ROW_SUM_ATOL``, or the input's rounding) get a warning only
+    after both checks. The caller renormalises every row afterwards. The order: a file times 1.05 warned
     that its rows "were renormalised", then refused an entry of 1.034 (issue 26's
     probes); rows far from summing to 1 keep their own message.
     """
@@ -210,7 +213,7 @@ def _check_row_sums(a: np.ndarray, name: str, atol: float, high: float) -> None:
         raise ValueError(
             f"{name} contains a probability above 1, {float(a[idx])!r} at index {idx}"
         )
-    off = dev > ROW_SUM_ATOL
+    off = dev > quiet
     if off.any():
         warn_user(
             f"{name}: {int(off.sum())} of {a.shape[0]} rows do not sum to 1 (largest "
@@ -413,8 +416,9 @@ def resolve_input(
     ValueError
         ``input="auto"`` and the scores are ambiguous (see above; the message names
         both choices and the offending row and column); or ``input="logits"`` and
-        every row of a 2-D ``scores`` lies on the simplex (probabilities passed as
-        logits would be softmaxed into wrong numbers).
+        every row of a 2-D ``scores`` of two rows or more lies on the simplex
+        (probabilities passed as logits would be softmaxed into wrong numbers; a single
+        row of logits may lie there).
     """
     flags = INPUT_FLAGS if flags is None else flags
     check_choice(input, "input", ("auto", "probs", "logits"))
@@ -423,7 +427,9 @@ def resolve_input(
     a = np.asarray(scores)
     in_range, dev, worst = _on_simplex(a)
     if input == "logits":
-        if in_range and dev <= INFER_ROW_SUM_ATOL:
+        # one row is no evidence (a row of logits may lie on the simplex: (0.3, 0.7));
+        # a batch whose every row does is probabilities passed as logits
+        if in_range and dev <= INFER_ROW_SUM_ATOL and a.shape[0] >= 2:
             raise ValueError(
                 f"{name} were given as logits ({flags['logits']}) but every row is a "
                 "probability vector (entries in [0, 1], rows summing to 1); softmax would "
@@ -457,12 +463,17 @@ def resolve_input(
     return "logits", "inferred: values outside [0, 1]"
 
 
-def check_probs(probs: object, name: str = "probs", min_n: int = 3) -> Probs:
+def check_probs(
+    probs: object, name: str = "probs", min_n: int = 3, *, input_eps: float = 0.0
+) -> Probs:
     """Validate and normalise probabilities; see :class:`Probs`.
 
     A :class:`Probs` is validated already and comes back as it is (validating its
     clipped, renormalised rows again would move their last bits), so that the layers
-    below a public function take the validated object.
+    below a public function take the validated object.  Rows are renormalised without a
+    warning within ``max(ROW_SUM_ATOL, eps)`` of 1, ``eps`` the machine epsilon of the
+    array's floating dtype or ``input_eps`` (that of the dtype the caller converted
+    from): a bfloat16 softmax's rows miss 1 by up to its rounding, about 4e-3.
     """
     if isinstance(probs, Probs):
         if probs.n < min_n:
@@ -496,7 +507,9 @@ def check_probs(probs: object, name: str = "probs", min_n: int = 3) -> Probs:
         idx = _first_bad(a > high)
         raise ValueError(f"binary {name} must lie in [0, 1], got {float(a[idx])!r} at index {idx}")
     if not binary:
-        _check_row_sums(a, name, PROBS_ROW_SUM_ATOL, high)
+        eps = float(np.finfo(arr.dtype).eps) if arr.dtype.kind == "f" else 0.0
+        quiet = max(ROW_SUM_ATOL, eps, float(input_eps))
+        _check_row_sums(a, name, PROBS_ROW_SUM_ATOL, high, quiet)
     stray = (a < 0) | (a > 1)
     if np.any(stray):
         idx = _first_bad(stray)

@@ -52,7 +52,13 @@ Common conventions
   Integer weights give the same fit as repeated rows.
 - Output is always float64; rows of 2-D outputs sum to 1. :meth:`predict_proba` is an
   alias of :meth:`transform`, so a calibrator can stand where code expects the output of
-  a scikit-learn classifier.
+  a scikit-learn classifier. The calibrators are not tagged as classifiers (they need
+  labels in ``0..K-1``, not any class labels): scikit-learn scorers that take one
+  column of a binary classifier's ``predict_proba`` (``"roc_auc"``,
+  ``"average_precision"``) get both columns of a 2-D binary input and fail; pass the
+  binary scores in their 1-D form, where ``transform`` returns ``P(y = 1)``, or score
+  ``predict_proba(X)[:, 1]`` yourself. ``"neg_log_loss"``, ``"neg_brier_score"``,
+  ``"accuracy"``, ``"roc_auc_ovr"`` and the default :meth:`score` work.
 - scikit-learn conventions (without depending on scikit-learn): constructor arguments
   are stored unchanged and validated in :meth:`fit`; ``get_params(deep=True)``,
   ``set_params``, ``sklearn.base.clone``, ``Pipeline``, ``GridSearchCV`` and
@@ -198,6 +204,15 @@ def _as_given(arr: np.ndarray, lp: LogProbs) -> tuple[np.ndarray, np.ndarray]:
     return _probs_as_given(arr)
 
 
+#: How :meth:`_Calibrator.transform`'s messages name the kind of scores: resolved in
+#: ``fit``, not passed to ``transform`` (the message of a batch of probabilities given to
+#: a calibrator fitted on logits named an ``input='logits'`` its caller never passed).
+_FITTED_FLAGS = {
+    kind: {"logits": f"input_={kind!r}, resolved in fit", "probs": "input='probs' to a new fit"}
+    for kind in ("probs", "logits")
+}
+
+
 def _probs_as_given(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Log-probabilities and probabilities of valid probabilities, unclipped.
 
@@ -220,6 +235,56 @@ def _probs_as_given(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         L = np.log(np.where(zero, 1.0, a))
     L[zero] = np.log(float(np.finfo(dt).smallest_subnormal))
     return L, a
+
+
+def _rounded_decimals(a: np.ndarray, dtype: np.dtype) -> int | None:
+    """Return the fewest decimals ``d <= 6`` of which every entry of ``a`` is a multiple.
+
+    Within 4 units of the dtype's rounding of values up to 1 (float32: ``d <= 4``); None
+    where there is no such ``d``.
+    """
+    eps = float(np.finfo(dtype).eps) if dtype.kind == "f" else float(np.finfo(np.float64).eps)
+    for d in range(1, 7):
+        scale = 10.0**d
+        tol = max(1e-6, 4.0 * eps * scale)
+        if tol > 1e-2:
+            return None
+        r = a * scale
+        if np.all(np.abs(r - np.rint(r)) <= tol):
+            return d
+    return None
+
+
+def _warn_rounded_zeros(arr: np.ndarray) -> None:
+    """Warn of exact zeros in probabilities that look rounded (:func:`_probs_as_given`).
+
+    A 0 is read as an underflow, the log of the dtype's smallest subnormal number; in
+    probabilities rounded to d decimals it means "below 0.5 10^-d", and at -744 nats
+    such entries dominate a fit (temperature scaling of cifar10_resnet20_chenyaofo's
+    probabilities rounded to 3 decimals: T = 104, against 2.6 with the zeros clipped at
+    1e-12).
+    """
+    dtype = arr.dtype
+    P = np.asarray(arr, dtype=np.float64)
+    if P.ndim == 1:
+        P = np.stack([1.0 - P, P], axis=1)
+    zero = P <= 0.0
+    if not zero.any():
+        return
+    d = _rounded_decimals(P, dtype)
+    if d is None:
+        return
+    dt = dtype if dtype.kind == "f" and dtype.itemsize <= 8 else np.dtype(np.float64)
+    tiny = float(np.finfo(dt).smallest_subnormal)
+    warn_user(
+        f"scores: {int(zero.sum())} of {zero.size} probabilities are exactly 0 and every "
+        f"entry is a multiple of 1e-{d} (probabilities rounded to {d} decimals?). The "
+        f"calibrators read a 0 as an underflow, log({tiny:.2g}) = {np.log(tiny):.1f}, "
+        "which can dominate the fit (temperature scaling of a CIFAR-10 model's "
+        "probabilities rounded to 3 decimals: T = 104 instead of 2.6). Clip them first, "
+        "e.g. np.clip(probs, 1e-12, None) as kdecal.scores.calibration_loss does, or "
+        "pass the logits."
+    )
 
 
 def _validated_scores(X: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray]:
@@ -449,6 +514,11 @@ class _Calibrator:
         args = ", ".join(f"{k}={getattr(self, k)!r}" for k in self._get_param_names())
         return f"{type(self).__name__}({args})"
 
+    #: Whether the fit is a function of the log-probabilities' values (temperature,
+    #: affine and vector scaling, expectation consistency), where an exact 0 read as an
+    #: underflow weighs; the others depend on the scores' order or on the probabilities.
+    _fits_logs = True
+
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, "n_classes_")
 
@@ -521,6 +591,8 @@ class _Calibrator:
         arr = _numeric_array(X, "scores")
         lp = log_probs(arr, inp, "scores", MIN_FIT_SAMPLES)
         L, P = _as_given(arr, lp)
+        if lp.kind == "probs" and self._fits_logs:
+            _warn_rounded_zeros(arr)
         labels = check_labels(y, L.shape[0], L.shape[1], scores="scores")
         w = _check_sample_weight(sample_weight, L.shape[0])
         return L, P, labels, w, lp
@@ -589,7 +661,7 @@ class _Calibrator:
                 "fit(X, y) before transform"
             )
         arr = _numeric_array(X, "scores")
-        lp = log_probs(arr, self.input_, "scores", 1)
+        lp = log_probs(arr, self.input_, "scores", 1, _FITTED_FLAGS[self.input_])
         L, P = _as_given(arr, lp)
         if L.shape[1] != self.n_classes_:
             shape = np.shape(X)  # type: ignore[call-overload]  # (no copy of a dask array)
@@ -1380,6 +1452,8 @@ class IsotonicCalibration(_Calibrator):
     (IR one-vs-rest with renormalisation).
     """
 
+    _fits_logs = False
+
     def _fit(self, L: np.ndarray, P: np.ndarray, y: np.ndarray, w: np.ndarray | None) -> None:
         K = L.shape[1]
         R = _ovr_log_odds(L)
@@ -1453,6 +1527,8 @@ class HistogramBinning(_Calibrator):
     Ferrer & Ramos 2025, Sec. 3.2; Chidambaram & Ge 2024, Sec. 3, Table 1;
     Guo et al. 2017, Sec. 4.1.
     """
+
+    _fits_logs = False
 
     def __init__(self, n_bins: int = 15, input: Input = "auto") -> None:
         super().__init__(input)
@@ -1546,6 +1622,8 @@ class MeanReplacement(_Calibrator):
     ----------
     Chidambaram & Ge 2024, Sec. 3 (MRR, Eq. 3.1), Theorem 4.2, Table 1.
     """
+
+    _fits_logs = False
 
     def __init__(
         self, calibration: Literal["top_label", "canonical"] = "top_label", input: Input = "auto"

@@ -24,7 +24,9 @@ __all__ = [
 #: Dirichlet kernel (which needs ``log f``) and the KL estimators never see ``log 0``.
 PROB_EPS = 1e-12
 #: Rows of probabilities whose sums differ from 1 by at most this are renormalised
-#: silently (float32 storage, softmax rounding).
+#: silently (float32 storage, softmax rounding); half-precision inputs (float16,
+#: bfloat16 tensors) within their dtype's machine epsilon (bfloat16: 7.8e-3), the
+#: rounding of a softmax computed in them.
 ROW_SUM_ATOL = 1e-3
 #: With ``input="auto"``, scores in [0, 1] whose rows all sum to 1 within this are
 #: recognised as probabilities.  Probabilities rounded to 3 decimals pass for every

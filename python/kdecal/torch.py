@@ -285,7 +285,11 @@ def _prepare(
     if not x.is_cuda:
         _core()
     check_choice(calibration, "calibration", _problem.CALIBRATIONS)
-    checked = check_probs(x.detach().cpu().numpy())  # shapes, NaN, negatives, row sums
+    # shapes, NaN, negatives, row sums (a half-precision softmax's rounding renormalised
+    # without a warning: a bfloat16 one misses 1 by up to about 4e-3 in every batch)
+    given = probs.dtype if isinstance(probs, torch.Tensor) else x.dtype
+    eps = float(torch.finfo(given).eps) if given != x.dtype else 0.0  # float16, bfloat16
+    checked = check_probs(x.detach().cpu().numpy(), input_eps=eps)
     # labels as the NumPy API reads them (any device; floats when integral, e.g. 0.0/1.0
     # in bfloat16; a fraction or a complex dtype refused with the same message)
     y = check_labels(labels, checked.n, checked.n_classes)
@@ -326,7 +330,7 @@ def conditional_expectation(
 
     Returns
     -------
-    torch.Tensor, shape (n, K), dtype of ``probs``
+    torch.Tensor, shape (n, K), dtype of ``probs`` (float32 for float16 and bfloat16)
         Differentiable with respect to ``probs``; rows on the simplex.
 
     Raises
@@ -364,7 +368,10 @@ def ece_kde_loss(
     ----------
     probs : torch.Tensor, shape (n, K) or (n,), floating point, CPU or CUDA
         float32 or float64; float16 and bfloat16 are computed in float32.
-        Predicted probabilities of a batch (rows on the simplex within 1e-3), or P(y = 1).
+        Predicted probabilities of a batch, or P(y = 1): rows summing to 1 within 0.1
+        (``kdecal.tolerances.PROBS_ROW_SUM_ATOL``), renormalised, with a
+        ``RenormalizationWarning`` beyond 1e-3 (beyond the dtype's machine epsilon for
+        float16 and bfloat16, the rounding of a softmax computed in them).
         Clipped at 1e-12 and renormalised with torch operations, so the gradient includes
         that Jacobian (zero for the clipped entries). n >= 3.
     labels : torch.Tensor or array-like, shape (n,), integer-valued
@@ -388,7 +395,7 @@ def ece_kde_loss(
 
     Returns
     -------
-    torch.Tensor, shape (), dtype of ``probs``
+    torch.Tensor, shape (), dtype of ``probs`` (float32 for float16 and bfloat16)
         CE_p in probability units.
 
     Raises
@@ -446,7 +453,7 @@ def calibration_error_loss(
 
     Returns
     -------
-    torch.Tensor, shape (), dtype of ``probs``
+    torch.Tensor, shape (), dtype of ``probs`` (float32 for float16 and bfloat16)
         CE_F in nats for "kl", squared probability units for "l2".
 
     Raises

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -313,6 +314,28 @@ def test_half_precision_is_computed_in_float32(half):
     assert loss.item() == pytest.approx(ref.item(), rel=1e-6)
     assert Ph.grad.dtype == half
     np.testing.assert_allclose(Ph.grad.float().numpy(), P32.grad.to(half).float().numpy())
+
+
+def test_half_precision_softmax_rounding_is_renormalised_quietly():
+    # a bfloat16 softmax's rows miss 1 by up to its rounding (2.5e-3 here): every batch of
+    # an autocast training loop warned that its rows "were renormalised"
+    torch.manual_seed(0)
+    z = torch.randn(256, 10) * 3
+    y = torch.randint(0, 10, (256,))
+    Pb = z.to(torch.bfloat16).softmax(dim=1)
+    dev = (Pb.float().sum(dim=1) - 1).abs().max().item()
+    assert 1e-3 < dev < torch.finfo(torch.bfloat16).eps
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        quiet = kt.ece_kde_loss(Pb, y, bandwidth=0.1)
+    # the same value as the float32 loss of the rounded rows, renormalised with a warning
+    with pytest.warns(kdecal.RenormalizationWarning, match="renormalised"):
+        ref = kt.ece_kde_loss(Pb.float(), y, bandwidth=0.1)
+    assert quiet.item() == ref.item()
+    # rows off by more than the dtype's rounding still warn
+    off = (Pb.float() * 0.98).to(torch.bfloat16)
+    with pytest.warns(kdecal.RenormalizationWarning, match="renormalised"):
+        kt.ece_kde_loss(off, y, bandwidth=0.1)
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ binary paths, bad input, and real CIFAR-10 logits (tests/data).
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import numpy as np
 import pytest
@@ -514,7 +515,8 @@ def test_fit_transform_validates_once(cls, data5):
     # fit_transform reads the scores once: what fit().transform() returns, bit for bit,
     # with one renormalisation warning (not one from fit and one from transform)
     z, y = data5
-    p = np.round(softmax(z / 2, axis=1), 2)  # rows off by up to a few 1e-2
+    # rows off by up to a few 1e-2 (no zeros: they would add a warning of their own)
+    p = np.maximum(np.round(softmax(z / 2, axis=1), 2), 0.001)
     with pytest.warns(kdecal.RenormalizationWarning) as caught:
         P = cls(input="probs").fit_transform(p, y)
     assert len(caught) == 1
@@ -854,6 +856,48 @@ def test_exact_zero_probability_is_smallest_subnormal(dtype):
     assert T == pytest.approx(_ts_mle_brute(L, y), rel=1e-8)
     Q = rc.TemperatureScaling(input="probs").fit(P, y).transform(P)
     assert np.all(np.isfinite(Q)) and np.all(Q[0] > 0)
+
+
+def test_rounded_probabilities_with_exact_zeros_warn():
+    # probabilities rounded to 3 decimals: 80 % of the entries are 0, each read as an
+    # underflow (log 4.9e-324 = -744), and the fit is dominated by them (T = 104 on a
+    # CIFAR-10 model's probabilities): said in a warning that names the fix
+    z, y = make_logits(n=2000, K=10, scale=6.0, seed=3)
+    P = np.round(softmax(z, axis=1), 3)
+    assert np.mean(P == 0) > 0.5
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        T = rc.TemperatureScaling(input="probs").fit(P, y).temperature_
+        T_clip = rc.TemperatureScaling(input="probs").fit(np.clip(P, 1e-12, None), y)
+        T_clip = T_clip.temperature_
+        rc.IsotonicCalibration(input="probs").fit(P, y)  # the scores' order only: no warning
+    said = [str(w.message) for w in rec if "exactly 0" in str(w.message)]
+    assert len(said) == 1 and "rounded to 3 decimals" in said[0]
+    assert "np.clip(probs, 1e-12, None)" in said[0]
+    assert T > 3 * T_clip  # what the warning is about
+    # float probabilities whose zeros are underflows: no warning (nor without zeros)
+    Pf = softmax(z * 40.0, axis=1)
+    assert np.any(Pf == 0)
+    for Q in (Pf, Pf.astype(np.float32), softmax(z, axis=1)):
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            rc.TemperatureScaling(input="probs").fit(Q, y)
+        assert not [w for w in got if "exactly 0" in str(w.message)]
+
+
+def test_transform_takes_one_row_of_logits_on_the_simplex():
+    # a calibrator fitted on logits refused a single row such as (0.3, 0.7) (valid
+    # logits) as "probabilities given as logits", naming an input='logits' its caller
+    # never passed; a batch whose every row lies on the simplex is still refused
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(200, 2)) * 2
+    y = (rng.random(200) < 1 / (1 + np.exp(-(z[:, 1] - z[:, 0])))).astype(int)
+    for inp in ("auto", "logits"):
+        ts = rc.TemperatureScaling(input=inp).fit(z, y)
+        row = np.array([[0.3, 0.7]])
+        np.testing.assert_allclose(ts.transform(row), softmax(row / ts.temperature_, axis=1))
+        with pytest.raises(ValueError, match=r"input_='logits', resolved in fit.*new fit"):
+            ts.transform([[0.3, 0.7], [0.5, 0.5]])
 
 
 def test_ts_real_file_exact_mle():
