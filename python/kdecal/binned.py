@@ -57,7 +57,6 @@ from ._validation import (
     as_array,
     check_choice,
     check_class_index,
-    check_int,
     check_labels,
     check_n_bins,
     check_p,
@@ -769,8 +768,8 @@ def simplex_ece(
     Raises
     ------
     ValueError
-        Invalid ``probs``/``labels``; ``n_bins_per_side`` not a positive integer;
-        ``p < 1`` or NaN.
+        Invalid ``probs``/``labels``; ``n_bins_per_side`` not an integer in
+        ``1..max(n, 1000)``; ``p < 1`` or NaN.
     TypeError
         Non-numeric ``probs``/``labels``/``p``.
 
@@ -811,7 +810,9 @@ def simplex_ece(
     if n_bins_per_side is None:
         m = _default_bins_per_side(P)
     else:
-        m = check_int(n_bins_per_side, "n_bins_per_side", 1)
+        # at most max(n, 1000) (more divisions than predictions only add empty cells;
+        # 1e19 overflowed the cells' int64 keys and merged cells: a wrong number)
+        m = check_n_bins(n_bins_per_side, P.shape[0], "n_bins_per_side")
     K = P.shape[1]
     cell = _simplex_cells(P, m)
     n_cells = int(cell.max()) + 1

@@ -98,6 +98,9 @@ __all__ = [
 #: beyond them a figure gains nothing and the arrays would grow without bound.
 MAX_GRID = 100_000
 MAX_BINS_PER_SIDE = 1_000
+#: Largest simplex density grid (``resolution``): about ``r^2 / 2`` points, each a
+#: kernel sum over the predictions (2 x 10^6 points at the largest).
+MAX_RESOLUTION = 2_000
 
 _KINDS = ("binned", "kernel")
 _REL_CALIBRATIONS = ("top_label", "classwise", "canonical")
@@ -192,9 +195,17 @@ def _check_estimate(estimate: object) -> CalibrationEstimate:
     return estimate
 
 
-def _check_n_grid(n_grid: object) -> int:
-    """Check the number of points of a kernel curve's grid: 2..MAX_GRID."""
-    g = check_int(n_grid, "n_grid", 2)
+def _check_resolution(resolution: object) -> int:
+    """Check a simplex density's grid resolution: ``2..MAX_RESOLUTION``."""
+    r = check_int(resolution, "resolution", 2)
+    if r > MAX_RESOLUTION:
+        raise ValueError(f"resolution must be at most {MAX_RESOLUTION:,}, got {r:,}")
+    return r
+
+
+def _check_n_grid(n_grid: object, low: int = 2) -> int:
+    """Check the number of points of a curve's grid: ``low..MAX_GRID``."""
+    g = check_int(n_grid, "n_grid", low)
     if g > MAX_GRID:
         raise ValueError(f"n_grid must be at most {MAX_GRID:,}, got {g:,}")
     return g
@@ -544,7 +555,7 @@ class ReliabilityDiagram(ValueEq):
         ValueError
             Invalid ``probs``/``labels`` (the messages of the metrics), unknown ``kind``,
             ``calibration`` or ``estimator``, canonical with ``kind="binned"``, a bad ``class_index``,
-            ``n_bins < 1``, ``n_grid < 2``, a bad bandwidth or backend.
+            ``n_bins < 1``, ``n_grid`` not in ``2..MAX_GRID`` (100,000), a bad bandwidth or backend.
         TypeError
             Non-numeric input or bandwidth, ``n_bins`` or ``n_grid`` not an integer.
 
@@ -652,7 +663,7 @@ class ReliabilityDiagram(ValueEq):
             ``CalibrationReport``, say), or ``n_bins`` / ``n_grid`` not an integer.
         ValueError
             ``class_index`` given for an estimate that is not class-wise, or out of
-            range; ``n_bins < 1``, ``n_grid < 2``; an ``estimate`` without kernel sums.
+            range; ``n_bins < 1``, ``n_grid`` not in ``2..MAX_GRID`` (100,000); an ``estimate`` without kernel sums.
 
         Examples
         --------
@@ -881,7 +892,7 @@ class CalibrationSharpnessDiagram(ValueEq):
         ------
         ValueError
             Invalid ``probs``/``labels``, unknown ``divergence``, ``bandwidth`` not a
-            finite float > 0, ``n_grid < 2``, ``n_subsamples < 0`` or ``n_points < 1``.
+            finite float > 0, ``n_grid`` not in ``2..MAX_GRID`` (100,000), ``n_subsamples < 0`` or ``n_points < 1``.
         TypeError
             Non-numeric input or bandwidth (including "auto").
         """
@@ -927,7 +938,7 @@ def _sharpness_arrays(
             f"Chidambaram & Ge use 0.05), got {bandwidth!r}"
         )
     sigma = check_bandwidth(bandwidth)
-    n_grid = check_int(n_grid, "n_grid", 2)
+    n_grid = _check_n_grid(n_grid)
     n_sub = check_int(n_subsamples, "n_subsamples", 0)
     n_pts = check_int(n_points, "n_points", 1)
     P = check_probs(probs)
@@ -1110,7 +1121,8 @@ class SimplexDensity(ValueEq):
         ------
         ValueError
             Invalid ``probs``/``labels``, K != 3, bad ``bandwidth``, unknown
-            ``estimator``, ``n_bins_per_side < 1`` or ``resolution < 2``.
+            ``estimator``, ``n_bins_per_side < 1`` or ``resolution`` not in
+            ``2..MAX_RESOLUTION`` (2,000).
         TypeError
             Non-numeric input or bandwidth, or an integer option that is not an integer.
         """
@@ -1122,7 +1134,7 @@ class SimplexDensity(ValueEq):
                 f"K = {P.n_classes}"
             )
         y = None if labels is None else check_labels(labels, P.n, 3)
-        r = check_int(resolution, "resolution", 2)
+        r = _check_resolution(resolution)
         be = resolve_backend(backend, probs)
         est = None
         if y is not None:  # the bandwidth and estimate of the canonical regression
@@ -1180,7 +1192,8 @@ class SimplexDensity(ValueEq):
             option that is not an integer.
         ValueError
             ``estimate`` is not canonical, not of K = 3 classes, or holds no kernel
-            sums; ``n_bins_per_side < 1`` or ``resolution < 2``.
+            sums; ``n_bins_per_side < 1`` or ``resolution`` not in ``2..MAX_RESOLUTION``
+            (2,000).
         """
         est = _check_estimate(estimate)
         if est.calibration != "canonical":
@@ -1192,7 +1205,7 @@ class SimplexDensity(ValueEq):
             raise ValueError(
                 f"estimate must be of K = 3 classes for a simplex density, got K = {est.n_classes}"
             )
-        r = check_int(resolution, "resolution", 2)
+        r = _check_resolution(resolution)
         view = _diagram_view(est)
         p = est._probs
         m = _bins_per_side(n_bins_per_side, p)
@@ -1370,7 +1383,8 @@ class BayesRiskCurve(ValueEq):
         Raises
         ------
         ValueError
-            Invalid probabilities or labels, K != 2, unknown ``weight``, ``n_grid < 3``,
+            Invalid probabilities or labels, K != 2, unknown ``weight``, ``n_grid`` not in
+            ``3..MAX_GRID`` (100,000),
             bad ``thresholds``, mismatched numbers of systems, labels and names, or
             ``normalize=True`` with a single class present.
         TypeError
@@ -1381,7 +1395,7 @@ class BayesRiskCurve(ValueEq):
         if not isinstance(normalize, (bool, np.bool_)):
             raise TypeError(f"normalize must be True or False, got {normalize!r}")
         if thresholds is None:
-            t = np.linspace(0.0, 1.0, check_int(n_grid, "n_grid", 3))
+            t = np.linspace(0.0, 1.0, _check_n_grid(n_grid, 3))
         else:
             t = np.asarray(_validation._numeric_array(thresholds, "thresholds"), dtype=np.float64)
             if t.ndim != 1 or t.size < 2 or not np.all(np.isfinite(t)):

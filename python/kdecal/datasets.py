@@ -125,8 +125,16 @@ def _check_n_bins(value: object) -> int | None:
 
 
 def _temper_log(logq: np.ndarray, t: float) -> np.ndarray:
-    """``log T_t(q)`` from ``log q``, rows of shape (n, K); ``-inf`` entries stay ``-inf``."""
-    z = logq / t
+    """``log T_t(q)`` from ``log q``, rows of shape (n, K); ``-inf`` entries stay ``-inf``.
+
+    Each row's largest ``log q`` is subtracted before the division: at small ``t`` the
+    quotients are huge and tied maxima cancelled catastrophically in the log-sum-exp
+    (rows summing to 2 at ``t = 1e-17``, NaN at ``t = 1e-310``); shifted, the maxima are
+    exactly 0 and the limit is the uniform distribution over them.
+    """
+    m = np.max(logq, axis=1, keepdims=True)
+    with np.errstate(over="ignore"):  # (log q - m) / t may be -inf: a 0 after exp
+        z = (logq - m) / t
     return z - logsumexp(z, axis=1, keepdims=True)
 
 

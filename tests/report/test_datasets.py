@@ -69,6 +69,22 @@ def test_temperature_scale():
     assert ds.temperature_scale(q[0], 2.0).shape == (3,)
 
 
+def test_temperature_scale_at_tiny_temperatures():
+    # tied maxima cancelled in the log-sum-exp of log q / t: rows summed to 2 at
+    # t = 1e-17 and were NaN at 1e-310; the limit is uniform over the argmax set
+    q = np.array([[0.5, 0.5, 0.0], [0.4, 0.4, 0.2], [0.1, 0.3, 0.6]])
+    limit = np.array([[0.5, 0.5, 0.0], [0.5, 0.5, 0.0], [0.0, 0.0, 1.0]])
+    for t in (1e-10, 1e-17, 1e-310):
+        np.testing.assert_array_equal(ds.temperature_scale(q, t), limit)
+    # near ties resolve as the exact powers say: (0.4 / 0.41)^(1 / 0.01) = 0.085
+    r = ds.temperature_scale([0.4, 0.41, 0.19], 0.01)
+    w = np.array([0.4, 0.41, 0.19]) ** 100.0
+    np.testing.assert_allclose(r, w / w.sum(), rtol=1e-12)
+    s = ds.make_seeds_synthetic(200, 3, t1=1e-310, seed=0)
+    assert np.all(np.isfinite(s.probs)) and np.all(np.isin(s.probs, [0.0, 0.5, 1.0]))
+    assert np.isfinite(ds.true_calibration_error(3, t2=1e-310, n_mc=1000))
+
+
 def test_k2_calibrated_law():
     """K = 2: c_1 = T_t1(q)_1 with q ~ U(0, 1) has CDF x^t1 / (x^t1 + (1 - x)^t1)."""
     s = ds.make_seeds_synthetic(20000, 2, t1=T1, t2=T2, seed=11)

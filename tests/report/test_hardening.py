@@ -629,6 +629,18 @@ def test_curve_sizes_are_bounded():
         curves.ReliabilityDiagram.from_predictions(P, y, kind="kernel", n_grid=10**9)
     with pytest.raises(ValueError, match="n_bins_per_side must be at most 1000"):
         curves.SimplexDensity.from_predictions(P, y, n_bins_per_side=10**6)
+    # these allocated 745 GiB and 7.3 TiB (MemoryError), or a few GB below that
+    p2 = P[:, :2] / P[:, :2].sum(axis=1, keepdims=True)
+    y2 = np.minimum(y, 1)
+    with pytest.raises(ValueError, match="n_grid must be at most 100,000"):
+        curves.CalibrationSharpnessDiagram.from_predictions(p2, y2, n_grid=10**11)
+    with pytest.raises(ValueError, match="n_grid must be at most 100,000"):
+        curves.BayesRiskCurve.from_predictions(p2[:, 1], y2, n_grid=10**11)
+    with pytest.raises(ValueError, match="resolution must be at most 2,000"):
+        curves.SimplexDensity.from_predictions(P, y, bandwidth=0.1, resolution=10**6)
+    # int64 cell keys overflowed: distinct cells merged into a wrong number (0.94)
+    with pytest.raises(ValueError, match="n_bins_per_side = 10000000000000000000 is more"):
+        kdecal.binned.simplex_ece(P, y, n_bins_per_side=10**19)
 
 
 def test_results_compare_by_value():
