@@ -883,10 +883,17 @@ class TemperatureScaling(_TemperatureMixin, _Calibrator):
             warn_user(msg, KdecalWarning)
         elif g_lo >= 0.0:  # NLL non-increasing up to the largest temperature
             T = t_max
+            spread = float(np.median(np.ptp(L, axis=1)))  # typical spread of log q in a row
+            why = (
+                f"the scores' typical spread of log-probabilities in a row is {spread:.3g}, "
+                f"so the optimum may lie beyond bounds: widen them, e.g. bounds=(1e-6, "
+                f"{max(t_max, 1e3 * spread):.3g})"
+                if spread > 1e-3 * t_max
+                else "the scores carry little or no information about the labels"
+            )
             warn_user(
-                f"TemperatureScaling: the NLL does not increase up to T_max = {t_max:g} (the "
-                "scores carry little or no information about the labels, or the optimum lies "
-                "beyond bounds); temperature_ is clipped to T_max (converged_ = False)",
+                f"TemperatureScaling: the NLL does not increase up to T_max = {t_max:g} "
+                f"({why}); temperature_ is clipped to T_max (converged_ = False)",
                 KdecalWarning,
             )
         else:
@@ -1524,7 +1531,8 @@ class HistogramBinning(_Calibrator):
     Raises
     ------
     TypeError, ValueError
-        In :meth:`fit`, if ``n_bins`` is not an integer >= 1.
+        In :meth:`fit`, if ``n_bins`` is not an integer in ``1..max(n, 1000)`` (more
+        bins than that would only add empty bins).
 
     Notes
     -----

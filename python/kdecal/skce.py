@@ -135,7 +135,10 @@ def _kernel(kernel: object, bandwidth: object, P: np.ndarray) -> tuple[KernelFun
 
 
 def _kernel_values(fn: KernelFunction, A: np.ndarray, B: np.ndarray) -> np.ndarray:
-    k = np.asarray(fn(A, B), dtype=np.float64)
+    raw = np.asarray(fn(A, B))
+    if raw.dtype.kind not in "biuf":  # strings, objects; complex values lost their part
+        raise TypeError(f"the kernel must return real numbers, got an array of dtype {raw.dtype}")
+    k = raw.astype(np.float64, copy=False)
     if k.shape != (A.shape[0], B.shape[0]):
         raise ValueError(
             f"the kernel must return a ({A.shape[0]}, {B.shape[0]}) matrix, got shape {k.shape}"
@@ -255,7 +258,8 @@ def skce(
         callable that returns the wrong shape or non-finite values.
     TypeError
         Non-numeric ``probs``/``labels``/``bandwidth``; ``kernel`` neither a name nor
-        callable.
+        callable, or a kernel callable that returns anything but real numbers (strings,
+        objects, complex values).
 
     References
     ----------

@@ -253,6 +253,10 @@ def _check_tensor(probs: object) -> torch.Tensor:
             "probs must be a torch.Tensor (float32 or float64; CPU or CUDA), got "
             f"{type(probs).__name__}"
         )
+    if probs.layout != torch.strided:
+        raise TypeError(
+            f"probs must be a dense tensor, got layout {probs.layout}; call .to_dense() first"
+        )
     if probs.device.type not in ("cpu", "cuda"):
         raise ValueError(
             f"probs is on device {probs.device}; kdecal.torch supports CPU and CUDA tensors "

@@ -343,6 +343,7 @@ def test_half_precision_softmax_rounding_is_renormalised_quietly():
     [
         (lambda P, y: kt.ece_kde_loss(P.numpy(), y, bandwidth=0.1), TypeError, "torch.Tensor"),
         (lambda P, y: kt.ece_kde_loss(P.to(torch.int64), y, bandwidth=0.1), TypeError, "float32"),
+        (lambda P, y: kt.ece_kde_loss(P.to_sparse(), y, bandwidth=0.1), TypeError, "dense"),
         (lambda P, y: kt.ece_kde_loss(P, y.double() + 0.5, bandwidth=0.1), ValueError, "integers"),
         (lambda P, y: kt.ece_kde_loss(P.to("meta"), y, bandwidth=0.1), ValueError, "CPU"),
         (lambda P, y: kt.ece_kde_loss(P, y, p=0.5, bandwidth=0.1), ValueError, "p must"),

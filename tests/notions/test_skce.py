@@ -219,6 +219,12 @@ def test_bad_input():
         skce.skce(P, y, kernel=lambda A, B: np.ones(len(A)))
     with pytest.raises(ValueError, match="non-finite"):
         skce.skce(P, y, kernel=lambda A, B: np.full((len(A), len(B)), np.nan))
+    # strings gave numpy's "could not convert string to float"; complex values lost
+    # their imaginary part with a ComplexWarning only
+    with pytest.raises(TypeError, match="kernel must return real numbers.*<U1"):
+        skce.skce(P, y, kernel=lambda A, B: np.full((len(A), len(B)), "a"))
+    with pytest.raises(TypeError, match="kernel must return real numbers.*complex"):
+        skce.skce(P, y, kernel=lambda A, B: np.ones((len(A), len(B))) * 1j)
     with pytest.raises(ValueError, match="n_resamples"):
         skce.skce_test(P, y, estimator="unbiased", n_resamples=0)
     with pytest.raises(ValueError, match="labels"):
