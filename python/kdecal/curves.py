@@ -402,13 +402,17 @@ def _gaussian_nw_exact(
     step = max(1, _BLOCK // max(n, 1))
     c = 1.0 / (n * sigma * math.sqrt(2.0 * math.pi))
     for s in range(0, t.shape[0], step):
-        z = (t[s : s + step, None] - x[None, :]) / sigma
-        logw = -0.5 * z * z
-        mx = logw.max(axis=1, keepdims=True)
-        w = np.exp(logw - mx)
+        # weights relative to the nearest point's, -((d^2 - dmin^2) / 2 sigma^2) as
+        # (d - dmin)(d + dmin): z^2 overflowed for tiny sigma (1e-160) and the shift
+        # became -inf - (-inf) = NaN
+        d = np.abs(t[s : s + step, None] - x[None, :])
+        dmin = d.min(axis=1, keepdims=True)
+        with np.errstate(over="ignore"):
+            w = np.exp(-0.5 * ((d - dmin) / sigma) * ((d + dmin) / sigma))
+            peak = np.exp(-0.5 * (dmin[:, 0] / sigma) ** 2)
         sw = w.sum(axis=1)
         m[:, s : s + step] = (values @ w.T) / sw
-        kde[s : s + step] = sw * np.exp(mx[:, 0]) * c
+        kde[s : s + step] = sw * peak * c
     return m, kde
 
 

@@ -210,6 +210,21 @@ def test_sharpness_large_n_binned_sums_match_exact():
         np.testing.assert_allclose(k2[dense], k1[dense], rtol=2e-4)
 
 
+def test_sharpness_at_tiny_bandwidths_is_the_nearest_points_value():
+    # z^2 overflowed at sigma = 1e-160: every curve and the density were NaN
+    rng = np.random.default_rng(7)
+    x = rng.random(40)
+    v = (rng.random((1, 40)) < x).astype(float)
+    t = np.linspace(0, 1, 33)
+    m, kde = kdecal.curves._gaussian_nw_exact(t, x, v, 1e-160)
+    nearest = np.argmin(np.abs(t[:, None] - x[None, :]), axis=1)
+    np.testing.assert_array_equal(m[0], v[0, nearest])
+    assert np.all(kde == 0.0)  # no grid point on a score
+    m2, _ = kdecal.curves._gaussian_nw_exact(t, x, v, 0.05)
+    m3, _ = kdecal.curves._gaussian_nw_exact(t, x, v, 0.05 * (1 + 1e-15))
+    np.testing.assert_allclose(m2, m3, rtol=1e-12)
+
+
 def test_sharpness_binary_and_subsampling():
     rng = np.random.default_rng(3)
     p = rng.uniform(0.05, 0.95, 600)
