@@ -333,6 +333,7 @@ def test_resampling_memory_is_chunked(monkeypatch):
     null = est.calibration_tests(["ce_l2"], n_resamples=R, seed=1)["ce_l2"]
     monkeypatch.setattr(_replicates, "DRAW_CHUNK_BYTES", 2e5)
     monkeypatch.setattr(_replicates, "_CHUNK_BYTES", 2e5)
+    monkeypatch.setattr(_replicates, "_RESIDUAL_CHUNK_BYTES", 2e5)
     monkeypatch.setattr(_replicates, "MAX_CHUNK_BYTES", 2e5)
     tracemalloc.start()
     try:
@@ -385,6 +386,7 @@ def test_many_problems_share_the_kernel_weights_across_replicates(monkeypatch):
     monkeypatch.setattr(_replicates._backends, "kernel_weights", counted)
     monkeypatch.setattr(_replicates, "DRAW_CHUNK_BYTES", 1.0)
     monkeypatch.setattr(_replicates, "_CHUNK_BYTES", 1.0)
+    monkeypatch.setattr(_replicates, "_RESIDUAL_CHUNK_BYTES", 1.0)
     got = est.calibration_tests(["ce_l2"], n_resamples=R, seed=3)["ce_l2"]
     # ceil(20 / 16) = 2 chunks of replicates, each computing every problem's weights once
     assert sum(starts) == 2 * 40, sum(starts)

@@ -40,6 +40,13 @@ from . import regression as _regression
 #: Memory budget (bytes) of the class sums of one chunk of label sets.
 _CHUNK_BYTES = 64e6
 
+#: Memory budget (bytes) of one chunk of the dense residual replicates' sums
+#: (:func:`_residual_replicates`): each chunk computes the kernel weights anew, so the
+#: bootstrap and consistency replicates of ``kdecal.evaluate`` at n = 10,000, K = 10
+#: (100 each, 192 MB of sums) fit one chunk (four at 64 MB): 25.2-26.6 s -> 24.0-24.9 s
+#: for the report on the 2-core machine, peak RSS 516 -> 556-560 MB (bench/README.md).
+_RESIDUAL_CHUNK_BYTES = 200e6
+
 #: Memory budget (bytes) of the resampled labels and row multiplicities drawn at once:
 #: resampling holds O(n + chunk x n) memory whatever ``n_resamples`` is (issue 26: the
 #: R x n multiplicities used to be built in full about three times).
@@ -799,7 +806,7 @@ def _residual_replicates(
     consistency resampling share the weights) are one
     BLAS GEMM per block: ``n^2 (D + 3)`` multiply-adds per replicate at the machine's
     GEMM rate, where the multi-label pass needs one label set per class and value.
-    Memory: ``O(chunk x B n (D + 3))`` within :data:`_CHUNK_BYTES` (or
+    Memory: ``O(chunk x B n (D + 3))`` within :data:`_RESIDUAL_CHUNK_BYTES` (or
     :data:`MAX_CHUNK_BYTES`, :func:`chunk_size`), plus a block of at least 16 rows of
     weights.
     """
@@ -827,7 +834,7 @@ def _residual_replicates(
         if ustat and Q0_est is None:  # pragma: no cover - the estimate holds Q with ustat
             raise ValueError("this estimate holds no squared kernel sums to resample")
     per = 8.0 * n * B * (sum(ncol1) + sum(ncol2))  # the chunk's results
-    chunk = chunk_size(R, per, _CHUNK_BYTES)
+    chunk = chunk_size(R, per, _RESIDUAL_CHUNK_BYTES)
     # query rows per block of weights (squared in place for the second product); at
     # least 16 (O(n) memory), so that the products stay matrix products
     rows = int(min(n, max(16, _CHUNK_BYTES // (2 * 8.0 * n))))
