@@ -733,6 +733,11 @@ class GaussianPosteriors(ValueEq):
         return np.exp(self.log_posteriors[system])
 
 
+#: Largest feature variance of :func:`make_gaussian_posteriors` (squared distances of
+#: features that large overflow float64).
+_MAX_VAR = 1e100
+
+
 def make_gaussian_posteriors(
     n: int,
     n_classes: int = 2,
@@ -812,7 +817,7 @@ def make_gaussian_posteriors(
         ``mismatch_prior`` or ``scale``; ``rng`` of another type.
     ValueError
         ``n < 1``, ``n_classes < 2``, ``prior1`` or ``mismatch_prior`` outside (0, 1),
-        ``var <= 0``, ``scale <= 0``, non-finite values, unknown ``rng`` string, or an
+        ``var <= 0`` or above 1e100, ``scale <= 0``, non-finite values, unknown ``rng`` string, or an
         ``n`` so small that some class gets no sample.
 
     Notes
@@ -834,6 +839,11 @@ def make_gaussian_posteriors(
     prior1 = _check_open_unit(prior1, "prior1")
     mismatch_prior = _check_open_unit(mismatch_prior, "mismatch_prior")
     var = _check_temperature(var, "var")
+    if var > _MAX_VAR:  # squared distances overflowed: NaN log-posteriors (var = 1e308)
+        raise ValueError(
+            f"var must be at most {_MAX_VAR:g} (the posteriors are the priors long before), "
+            f"got {var!r}"
+        )
     scale = _check_temperature(scale, "scale")
     legacy_state: np.random.RandomState | None
     if isinstance(rng, np.random.RandomState):

@@ -117,6 +117,8 @@ def test_errors():
         make_gaussian_posteriors(10, mismatch_prior=0.0)
     with pytest.raises(ValueError, match="var"):
         make_gaussian_posteriors(10, var=0.0)
+    with pytest.raises(ValueError, match="var must be at most 1e"):  # NaN posteriors before
+        make_gaussian_posteriors(10, var=1e308)
     with pytest.raises(ValueError, match="scale"):
         make_gaussian_posteriors(10, scale=-1.0)
     with pytest.raises(ValueError, match="rng"):
