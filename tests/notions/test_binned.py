@@ -574,9 +574,10 @@ def ref_problems(P, y, calibration):
     return [(P[:, c], (y == c).astype(float)) for c in range(P.shape[1])]
 
 
-def ref_sweep(conf, outcome, binning):
+def ref_sweep(conf, outcome, binning, limit=None):
+    """The sweep's number of bins by its definition, with at most ``limit`` bins."""
     best = 1
-    for b in range(2, max(len(conf), 1000) + 1):
+    for b in range(2, (max(len(conf), 1000) if limit is None else limit) + 1):
         freq = [f for _, _, f in ref_bins(conf, outcome, b, binning)]
         if any(f1 < f0 for f0, f1 in zip(freq[:-1], freq[1:])):
             break
@@ -694,17 +695,6 @@ def test_sweep_matches_definition(calibration, binning):
         assert np.isfinite(binned.ece(P, y, n_bins="sweep", binning=binning, **kw))
 
 
-def ref_sweep_to(conf, outcome, binning, limit):
-    """``ref_sweep`` with at most ``limit`` bins."""
-    best = 1
-    for b in range(2, limit + 1):
-        freq = [f for _, _, f in ref_bins(conf, outcome, b, binning)]
-        if any(f1 < f0 for f0, f1 in zip(freq[:-1], freq[1:])):
-            break
-        best = b
-    return best
-
-
 @pytest.mark.parametrize("binning", ["uniform", "quantile"])
 def test_sweep_on_tied_confidences_matches_definition(binning):
     # the sweep works on the distinct confidences: ties, values on bin edges, few values
@@ -723,7 +713,7 @@ def test_sweep_on_tied_confidences_matches_definition(binning):
         truth = np.clip(conf + rng.normal(0.0, 0.15, n), 0.0, 1.0)
         out = (rng.random(n) < truth).astype(np.float64)
         got = binned._sweep_bins(conf, out, binning, 60)
-        assert got == ref_sweep_to(conf, out, binning, 60), case
+        assert got == ref_sweep(conf, out, binning, 60), case
         chosen.append(got)
     assert 60 in chosen and any(1 < b < 60 for b in chosen)
 
