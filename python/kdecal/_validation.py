@@ -82,6 +82,10 @@ def as_array(x: object, name: str) -> np.ndarray:
         # a subclass (np.matrix) keeps its own semantics (2-D rows, matrix sums): drop it
         return x if type(x) is np.ndarray else np.asarray(x)
     module = type(x).__module__.split(".")[0]
+    if module == "scipy" and hasattr(x, "toarray"):  # np.asarray makes a 0-d object array
+        raise TypeError(
+            f"{name} is a SciPy sparse {type(x).__name__}; pass a dense array (.toarray())"
+        )
     try:
         if module == "torch" and hasattr(x, "detach"):
             t = x.detach()

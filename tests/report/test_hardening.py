@@ -350,6 +350,15 @@ def test_unreadable_objects_name_the_argument():
         kdecal.ece_kde(object(), [0, 1, 2], bandwidth=0.1)
     with pytest.raises(TypeError, match="scores"):
         as_array(_Broken(), "scores")
+    # a SciPy sparse matrix became a 0-d object array: "must be a numeric array, got
+    # dtype object", not naming the sparsity
+    sparse = pytest.importorskip("scipy.sparse")
+    P, y = _calibrated(5)
+    for make in (sparse.csr_matrix, sparse.csr_array):
+        with pytest.raises(TypeError, match=r"probs is a SciPy sparse csr_.*toarray"):
+            kdecal.ece_kde(make(P), y, bandwidth=0.1)
+        with pytest.raises(TypeError, match=r"scores is a SciPy sparse"):
+            kdecal.recalibration.TemperatureScaling().fit(make(P), y)
 
 
 class _Broken:
