@@ -409,8 +409,8 @@ def _sweep_bins(conf: np.ndarray, outcome: np.ndarray, binning: str, limit: int)
     :func:`_bin_one` rounds them, so the choice is the same, bit for bit.  If the
     distinct confidences' own frequencies are non-decreasing, every binning's are (a
     bin's frequency is a count-weighted mean of a run of them) and the sweep never
-    stops: ``limit`` at once (a model with few distinct confidences, one of them with a
-    constant confidence, would otherwise bin the data ``limit`` times).
+    stops: ``limit`` at once (a model with a constant confidence, or a few distinct ones
+    with monotone frequencies, would otherwise bin the data ``limit`` times).
     """
     u, inv, cnt = np.unique(conf, return_inverse=True, return_counts=True)
     pos = np.bincount(inv.reshape(-1), weights=outcome, minlength=u.shape[0])
