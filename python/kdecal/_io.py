@@ -604,7 +604,10 @@ def _read_csv(
             raise _fail(path, f"line {lineno} has {len(r)} fields but the header has {ncol}")
 
     labels_text = [r[label_col].strip() for r in body]
-    label_vals = [_parse_float(t) for t in labels_text]
+    # True/False text (a boolean column as pandas writes it): classes 1/0 of a binary
+    # file, as a boolean label array of the other formats
+    boolean = all(t.lower() in ("true", "false") for t in labels_text)
+    label_vals = [float(t.lower() == "true") if boolean else _parse_float(t) for t in labels_text]
     for lineno, t, v in zip(linenos, labels_text, label_vals):
         if v is None or not math.isfinite(v) or v != round(v):
             raise _fail(
@@ -642,6 +645,8 @@ def _read_csv(
     # the classes' range is checked here, where the file's line numbers are known (the
     # same check of kdecal.evaluate names the 0-based row of the array)
     labels = np.array(label_vals, dtype=np.float64)
+    if boolean:  # the labels' check takes them as classes 0/1 of a binary problem only
+        labels = labels.astype(bool)
     n_classes = max(len(score_cols), 2)
     outside = (labels < 0) | (labels >= n_classes)
     if outside.any():

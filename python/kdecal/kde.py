@@ -98,9 +98,11 @@ _BANDWIDTH_DOC = """Kernel bandwidth h > 0 (dimensionless, on the simplex); "aut
         leave-one-out risk of the kernel regression of the labels on the predictions
         (a bandwidth for estimating ``E[y | f]``, chosen by :func:`select_bandwidth`
         with ``labels`` and the notion): the Brier risk
-        ``mean_j ||y_j - E_-j[y | f_j]||^2`` for the L1, L2 and custom-Bregman
-        quantities, the log risk ``-mean_j log E_-j[y | f_j]_{y_j}`` for the KL ones;
-        "loo-mle" maximises the leave-one-out likelihood of the density of the
+        ``mean_j ||y_j - E_-j[y | f_j]||^2``, whose minimiser h_B serves the L_p
+        (p != 2) and custom-Bregman quantities; with the default
+        ``estimator="residual"`` the squared L2, L2 and KL ones use ``h_B / 2``; with
+        ``estimator="plugin"`` the L2 ones use h_B and the KL ones the minimiser of the
+        log risk ``-mean_j log E_-j[y | f_j]_{y_j}``; "loo-mle" maximises the leave-one-out likelihood of the density of the
         predictions, the rule of Popordanoska et al. 2022 / 2024, kept for
         reproductions (it tunes h to the density of f, not to ``E[y | f]``, and
         overstates calibration errors; see bench/README.md)."""

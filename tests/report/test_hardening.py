@@ -787,6 +787,35 @@ def test_cli_refuses_boolean_masks_and_flag_columns(tmp_path, capsys):
     assert "n = 300, K = 2," in out
 
 
+def test_cli_reads_true_false_labels_of_a_csv_as_boolean_labels(tmp_path, capsys):
+    """The README says boolean labels are classes 0/1 of a binary file; a CSV written by
+    pandas from a boolean column holds True/False text, which was refused ("must hold
+    integer class indices, found 'True'") where the same labels in .npz worked. Read as
+    boolean labels: the same report as the .npz, and the same refusal beside K > 2."""
+    import json
+
+    import pandas as pd
+
+    rng = np.random.default_rng(3)
+    p = rng.random(300)
+    yb = rng.random(300) < p
+    np.savez(tmp_path / "b.npz", probs=p, labels=yb)
+    pd.DataFrame({"score": p, "label": yb}).to_csv(tmp_path / "b.csv", index=False)
+    args = ("--n-resamples", "0", "--metrics", "ece_kde_l1,ece_binned", "--json")
+    code, out_csv, err = _cli(capsys, "evaluate", str(tmp_path / "b.csv"), *args)
+    assert code == 0, err
+    code, out_npz, err = _cli(capsys, "evaluate", str(tmp_path / "b.npz"), *args)
+    assert code == 0, err
+    a, b = json.loads(out_csv), json.loads(out_npz)
+    assert a["ece_kde_l1"] == b["ece_kde_l1"] and a["ece_binned"] == b["ece_binned"]
+    assert a["accuracy"] == b["accuracy"] and a["n_classes"] == 2
+    P = rng.dirichlet(np.ones(3), 300)
+    frame = pd.DataFrame({"a": P[:, 0], "b": P[:, 1], "c": P[:, 2], "label": P.argmax(1) == 0})
+    frame.to_csv(tmp_path / "m.csv", index=False)
+    code, out, err = _cli(capsys, "evaluate", str(tmp_path / "m.csv"), "--n-resamples", "0")
+    assert code == 2 and out == "" and "a mask such as argmax" in err
+
+
 def test_unnormalised_probabilities_are_refused():
     """Probability rows times a constant (P * 2, P * 1.2, the votes of 10 annotators)
     were read as logits by input="auto": log_loss(P * 2) gave 1.3977 (1.8985 on P), and
