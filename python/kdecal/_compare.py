@@ -52,17 +52,22 @@ class Comparison(ValueEq):
     quantities : list of str
         Quantities compared (keys of ``kdecal.QUANTITIES`` or of :data:`ROW_METRICS`).
     estimates : dict
-        ``estimates[model][quantity] = {"value", "low", "high"}`` (bootstrap percentile
-        interval at ``level``) plus ``estimates[model]["bandwidth"]`` (the common
-        bandwidth) and ``estimates[model]["own_bandwidth"]`` (the model's own choice
-        under the same rule; equal to the common one for a fixed bandwidth).
+        ``estimates[model][quantity] = {"value", "low", "high", "bandwidth"}``
+        (bootstrap percentile interval at ``level``; the bandwidth the quantity is
+        computed at, None for the metrics without a kernel) plus
+        ``estimates[model]["bandwidth"]`` (the common bandwidth) and
+        ``estimates[model]["own_bandwidth"]`` (the model's own choice under the same
+        rule; equal to the common one for a fixed bandwidth). With ``bandwidth="auto"``
+        and the residual estimator the squared L2, L2 and KL quantities are at half the
+        common bandwidth.
     differences : list of dict
         One per pair (A, B) and quantity: ``{"a", "b", "quantity", "difference"
         (A - B), "low", "high" (paired bootstrap interval), "pvalue" (two-sided paired
         bootstrap), "significant" (the interval excludes 0 and the p-value is at most
         ``1 - level``, which needs ``n_resamples >= 1 / (1 - level) - 1``), "by_bandwidth" ({h:
-        difference at h} for the bandwidths checked; a list of ``[h, difference]``
-        pairs in :meth:`to_dict`), "sensitive" (the difference changes sign at one of
+        difference at h} for the bandwidths checked, h the bandwidth the quantity is
+        computed at (a list of ``[h, difference]`` pairs in :meth:`to_dict`; empty for
+        a metric without a kernel), "sensitive" (the difference changes sign at one of
         them)}``.
     level : float
         Confidence level of the intervals.
@@ -76,9 +81,15 @@ class Comparison(ValueEq):
         difference of two models' arrays is the paired bootstrap of their difference).
         Not part of :meth:`to_dict`.
     bandwidth : float
-        The one bandwidth every model is evaluated at.
+        The one bandwidth every model is evaluated at (NaN when no kernel quantity is
+        compared).
     bandwidth_rule : str
         How it was chosen (see :func:`compare`).
+    bandwidth_l2 : float
+        The bandwidth of the squared L2 and L2 quantities (half of :attr:`bandwidth`
+        with ``bandwidth="auto"`` and the residual estimator, else equal to it).
+    bandwidth_kl : float
+        The bandwidth of the KL quantities (as :attr:`bandwidth_l2`).
     """
 
     names: list[str]
@@ -91,6 +102,8 @@ class Comparison(ValueEq):
     bootstrap: dict[str, dict[str, np.ndarray]] = field(repr=False, default_factory=dict)
     bandwidth: float = math.nan
     bandwidth_rule: str = "fixed"
+    bandwidth_l2: float = math.nan
+    bandwidth_kl: float = math.nan
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict (no arrays; what ``kdecal compare --json`` prints).
@@ -109,8 +122,10 @@ class Comparison(ValueEq):
             "names": list(self.names),
             "quantities": list(self.quantities),
             "calibration": self.calibration,
-            "bandwidth": self.bandwidth,
+            "bandwidth": _number(self.bandwidth),
             "bandwidth_rule": self.bandwidth_rule,
+            "bandwidth_l2": _number(self.bandwidth_l2),
+            "bandwidth_kl": _number(self.bandwidth_kl),
             "level": self.level,
             "n_resamples": self.n_resamples,
             "estimates": self.estimates,
@@ -125,23 +140,27 @@ class Comparison(ValueEq):
                 f"kdecal model comparison ({self.calibration}; {pct} bootstrap intervals, "
                 f"{self.n_resamples} paired resamples)"
             ),
-            f"every model at bandwidth h = {self.bandwidth:.4g} ({self.bandwidth_rule})",
+            self._bandwidth_line(),
             "",
         ]
-        head = f"{'model':<{w}}  {'own h':>9}"
+        kernel = not math.isnan(self.bandwidth)
+        head = f"{'model':<{w}}" + (f"  {'own h':>9}" if kernel else "")
         for q in self.quantities:
             head += f"  {q + ' [CI]':<32}"
         lines.append(head)
         for name in self.names:
-            row = f"{name:<{w}}  {self.estimates[name]['own_bandwidth']:>9.4g}"
+            row = f"{name:<{w}}"
+            if kernel:
+                row += f"  {self.estimates[name]['own_bandwidth']:>9.4g}"
             for q in self.quantities:
                 e = self.estimates[name][q]
                 row += f"  {e['value']:.5f} [{e['low']:.5f}, {e['high']:.5f}]".ljust(34)
             lines.append(row)
-        lines.append("(own h: the bandwidth the rule picks for the model alone; not used)")
+        if kernel:
+            lines.append("(own h: the bandwidth the rule picks for the model alone; not used)")
         if self.differences:
             lines.append("")
-            lines.append(f"paired differences (A - B) at h = {self.bandwidth:.4g}:")
+            lines.append("paired differences (A - B):")
             for d in self.differences:
                 mark = "significant" if d["significant"] else "not significant"
                 if not d["significant"] and 1.0 / (self.n_resamples + 1) > 1.0 - self.level:
@@ -161,6 +180,39 @@ class Comparison(ValueEq):
                         "the verdict holds at this bandwidth only"
                     )
         return "\n".join(lines)
+
+    def _bandwidth_line(self) -> str:
+        """Return the table's line on the bandwidths, each quantity's where they differ."""
+        if math.isnan(self.bandwidth):
+            return "no kernel quantity: no bandwidth is used"
+        line = f"every model at bandwidth h = {self.bandwidth:.4g} ({self.bandwidth_rule})"
+        kinds = {QUANTITIES[q].fit for q in self.quantities if q in QUANTITIES}
+        other = {"sq": self.bandwidth_l2, "kl": self.bandwidth_kl}
+        moved = sorted({other[k] for k in kinds if k in other} - {self.bandwidth})
+        if moved:
+            what = {
+                self.bandwidth_l2: "the squared L2 and L2 quantities",
+                self.bandwidth_kl: "the KL quantities",
+            }
+            if self.bandwidth_l2 == self.bandwidth_kl:
+                what[self.bandwidth_l2] = "the squared L2, L2 and KL quantities"
+            line += "; " + "; ".join(f"{what[g]} at h = {g:.4g}" for g in moved)
+        return line
+
+
+def _number(x: float) -> float | None:
+    """Return ``x``, or None for NaN (JSON has no NaN): a bandwidth that is not used."""
+    return None if math.isnan(x) else x
+
+
+def _bandwidth_of(est: Any, q: str) -> float | None:
+    """Return the bandwidth quantity ``q`` of ``est`` is computed at (None: no kernel)."""
+    if q not in QUANTITIES:
+        return None
+    fit = QUANTITIES[q].fit
+    return float(
+        est.bandwidth_kl if fit == "kl" else est.bandwidth_l2 if fit == "sq" else est.bandwidth
+    )
 
 
 @_search.grid_end_warnings_once
@@ -308,18 +360,23 @@ def compare(
         }
 
     auto = isinstance(bandwidth, str) and bandwidth != "loo-mle"
-    if isinstance(bandwidth, str):
+    kernel_qs = [q for q in qs if q not in ROW_METRICS]
+    row_qs = [q for q in qs if q in ROW_METRICS]
+    ests: dict[str, Any]
+    own_h: dict[str, Any]  # None for each model without a kernel quantity
+    if not kernel_qs:  # metrics without a kernel: no bandwidth to choose
+        h, rule, own_h = math.nan, "not used", {k: None for k in names}
+        ests = {k: None for k in names}
+    elif isinstance(bandwidth, str):
         own = at(bandwidth, "brier")  # the rule's choice for each model alone
         own_h = {k: e.bandwidth for k, e in own.items()}
         h, rule = _pooled_bandwidth(checked, y, str(calibration), bandwidth, own_h, backend)
+        ests = at(h)
     else:
         ests = at(bandwidth)
         h = next(iter(ests.values())).bandwidth
         own_h = {k: h for k in names}
         rule = "fixed"
-    ests = at(h)
-    kernel_qs = [q for q in qs if q not in ROW_METRICS]
-    row_qs = [q for q in qs if q in ROW_METRICS]
     rows = {k: {q: ROW_METRICS[q](P.p, y) for q in row_qs} for k, P in checked.items()}
 
     def value_of(k: str, e: Any, q: str) -> float:
@@ -338,18 +395,26 @@ def compare(
             boot[k].update(dist)
     estimates: dict[str, dict[str, Any]] = {}
     for k, e in ests.items():
-        row: dict[str, Any] = {"bandwidth": e.bandwidth, "own_bandwidth": own_h[k]}
+        row: dict[str, Any] = {"bandwidth": h if kernel_qs else None, "own_bandwidth": own_h[k]}
         for q in qs:
             value = value_of(k, e, q)
             lower = QUANTITIES[q].lower_bound_for(debias) if q in QUANTITIES else lower_bound(q)
             lo, hi = quantity_interval(q, boot[k][q], value, level, lower)
-            row[q] = {"value": value, "low": lo, "high": hi}
+            row[q] = {"value": value, "low": lo, "high": hi, "bandwidth": _bandwidth_of(e, q)}
         estimates[k] = row
-    # the same differences at the other bandwidths a user might have used
-    others = sorted({*own_h.values(), h / 2.0, 2.0 * h} - {h})
-    values_at = {h: {k: {q: estimates[k][q]["value"] for q in qs} for k in names}}
+    # the same differences at the other bandwidths a user might have used, each keyed
+    # by the bandwidth the quantity is computed at there
+    others = [] if not kernel_qs else sorted({*own_h.values(), h / 2.0, 2.0 * h} - {h})
+    first = names[0]
+    values_at = {
+        q: {estimates[first][q]["bandwidth"]: {k: estimates[k][q]["value"] for k in names}}
+        for q in kernel_qs
+    }
     for g in others:
-        values_at[g] = {k: {q: value_of(k, e, q) for q in qs} for k, e in at(float(g)).items()}
+        at_g = at(float(g))
+        for q in kernel_qs:
+            g_q = _bandwidth_of(at_g[first], q)
+            values_at[q][g_q] = {k: value_of(k, e, q) for k, e in at_g.items()}
     diffs = []
     for i, a in enumerate(names):
         for b in names[i + 1 :]:
@@ -361,7 +426,7 @@ def compare(
                 d = diff + (d - float(np.median(d)))
                 lo, hi = centred_interval(d, diff, level)
                 p = min(1.0, 2.0 * min(np.mean(d <= 0.0), np.mean(d >= 0.0)))
-                by_h = {g: v[a][q] - v[b][q] for g, v in sorted(values_at.items())}
+                by_h = {g: v[a] - v[b] for g, v in sorted(values_at.get(q, {}).items())}
                 signs = {np.sign(v) for v in by_h.values()}
                 diffs.append(
                     {
@@ -383,8 +448,20 @@ def compare(
                         "sensitive": bool(1.0 in signs and -1.0 in signs),
                     }
                 )
+    e0 = ests[first]
     return Comparison(
-        names, qs, estimates, diffs, level, R, str(calibration), boot, float(h), rule
+        names,
+        qs,
+        estimates,
+        diffs,
+        level,
+        R,
+        str(calibration),
+        boot,
+        float(h),
+        rule,
+        math.nan if e0 is None else float(e0.bandwidth_l2),
+        math.nan if e0 is None else float(e0.bandwidth_kl),
     )
 
 

@@ -349,6 +349,9 @@ def _build_parser() -> argparse.ArgumentParser:
         + "); default: ece_kde_l1,ce_l2",
     )
     cp.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    cp.add_argument(
+        "--quiet", action="store_true", help="do not show a progress bar (as KDECAL_PROGRESS=0)"
+    )
     return parser
 
 
@@ -546,7 +549,7 @@ def _run_compare(args: argparse.Namespace) -> int:
                 "every model's predictions on the same labels"
             )
         models[name] = probs
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _progress_off(args.quiet):
         warnings.simplefilter("default")
         warnings.showwarning = _once(_show_warning)
         result = compare(
@@ -562,6 +565,23 @@ def _run_compare(args: argparse.Namespace) -> int:
         )
     _emit(json.dumps(result.to_dict(), indent=2, allow_nan=False) if args.json else str(result))
     return 0
+
+
+@contextlib.contextmanager
+def _progress_off(quiet: bool) -> Iterator[None]:
+    """With ``quiet``, no progress bar while the block runs (``KDECAL_PROGRESS=0``)."""
+    if not quiet:
+        yield
+        return
+    before = os.environ.get("KDECAL_PROGRESS")
+    os.environ["KDECAL_PROGRESS"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["KDECAL_PROGRESS"]
+        else:
+            os.environ["KDECAL_PROGRESS"] = before
 
 
 def _model_names(paths: Sequence[str]) -> list[str]:

@@ -500,6 +500,56 @@ def test_compare_uses_one_bandwidth_and_flags_a_reversal():
         assert f[key] == d[key], key
 
 
+def test_compare_names_the_bandwidth_of_each_quantity(tmp_path, capsys):
+    """A helper's probe: with "auto" and the residual estimator the squared L2 and KL
+    quantities are at half the common bandwidth, but compare printed only the common h
+    (rerun there, ce_l2 0.00104 became 0.00127 under the same header), and its
+    "sensitive" lines keyed their differences by the L1 bandwidths. Each quantity now
+    carries its bandwidth, the header names both, and by_bandwidth is keyed by the
+    quantity's own bandwidth; compare of row metrics alone names no bandwidth."""
+    s = make_seeds_synthetic(400, 3, t1=0.6, t2=0.6, seed=1)
+    P, y = np.array(s.probs), np.array(s.labels)
+    Q = temperature_scale(P, 0.5)
+    res = _quiet(
+        kdecal.compare,
+        {"a": P, "b": Q},
+        y,
+        quantities=("ece_kde_l1", "ce_l2", "ce_kl"),
+        n_resamples=10,
+    )
+    h = res.bandwidth
+    assert res.bandwidth_l2 == res.bandwidth_kl == h / 2
+    for q, hq in (("ece_kde_l1", h), ("ce_l2", h / 2), ("ce_kl", h / 2)):
+        e = res.estimates["a"][q]
+        assert e["bandwidth"] == hq
+        divergence = {"ce_l2": "l2", "ce_kl": "kl"}.get(q)
+        direct = (
+            kdecal.ece_kde(P, y, bandwidth=hq)
+            if divergence is None
+            else _quiet(kdecal.calibration_error, P, y, divergence=divergence, bandwidth=hq)
+        )
+        assert e["value"] == pytest.approx(direct, rel=1e-10, abs=1e-15)
+        d = next(x for x in res.differences if x["quantity"] == q)
+        assert hq in d["by_bandwidth"]
+        assert d["by_bandwidth"][hq] == pytest.approx(d["difference"], rel=1e-12, abs=1e-15)
+    text = str(res)
+    assert f"the squared L2, L2 and KL quantities at h = {h / 2:.4g}" in text
+    assert json.loads(json.dumps(res.to_dict(), allow_nan=False))["bandwidth_l2"] == h / 2
+    rows = kdecal.compare({"a": P, "b": Q}, y, quantities=("ece_binned",), n_resamples=10)
+    assert np.isnan(rows.bandwidth) and "no bandwidth is used" in str(rows)
+    assert "own h" not in str(rows)
+    as_json = json.loads(json.dumps(rows.to_dict(), allow_nan=False))
+    assert as_json["bandwidth"] is None and as_json["estimates"]["a"]["own_bandwidth"] is None
+    # the command line's compare takes --quiet (the README's progress-bar paragraph)
+    a, b = tmp_path / "a.npz", tmp_path / "b.npz"
+    np.savez(a, probs=P, labels=y)
+    np.savez(b, probs=Q, labels=y)
+    code = main(
+        ["compare", str(a), str(b), "--n-resamples", "2", "--metrics", "ece_binned", "--quiet"]
+    )
+    assert code == 0 and "no bandwidth is used" in capsys.readouterr().out
+
+
 # --------------------------------------------------------------------------- command line
 
 
