@@ -49,9 +49,8 @@ from ._compare import ROW_METRICS, compare
 from ._estimation.problem import CALIBRATIONS as _NOTIONS
 from ._estimation.quantities import QUANTITIES
 from ._io import bundled_example_path, load_predictions
-from ._validation import SOFTMAX_ADVICE, check_labels, check_probs
+from ._validation import SOFTMAX_ADVICE, Probs, check_labels, check_probs
 from .plot import evaluation_page, require_matplotlib
-from .tolerances import ROW_SUM_ATOL
 from .warnings import UnreliableEstimateWarning
 
 __all__ = ["main"]
@@ -355,37 +354,33 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _to_probs(scores: np.ndarray, is_logits: bool, path: object) -> np.ndarray:
-    """Turn scores into probabilities: softmax (sigmoid for one binary column) for logits.
+def _to_probs(scores: np.ndarray, is_logits: bool, path: object) -> Probs:
+    """Turn scores into validated probabilities (logits: softmax, or sigmoid for one column).
 
-    Probabilities are validated here, once; entries just outside [0, 1] are clipped and
-    rows that do not quite sum to 1 (rounded files) are renormalised, each with a
-    warning that says by how much. Errors name the file, and say what to do if the
-    scores are logits after all (a ``probs`` key holding logits): ``--logits``.
+    Validated here, once, as the Python API validates an array (entries just outside
+    [0, 1] clipped and rows that do not quite sum to 1, rounded files, renormalised,
+    each with a warning that says by how much), and passed on as the validated object,
+    which the public functions take as it is: the report of a file is that of
+    ``kdecal.evaluate`` on its array, bit for bit (clipping at ``PROB_EPS`` before the
+    renormalisation included). Errors name the file, and say what to do if the scores
+    are logits after all (a ``probs`` key holding logits): ``--logits``.
     """
     if is_logits:
         if scores.ndim == 1:
             from scipy.special import expit
 
-            return expit(scores)
+            return check_probs(expit(scores), "probs", min_n=1)
         import kdecal
 
-        return kdecal.softmax(scores, axis=-1)
+        return check_probs(kdecal.softmax(scores, axis=-1), "probs", min_n=1)
     try:  # raises, or warns when clipping or renormalising
-        check_probs(scores, "probs", min_n=1)
+        return check_probs(scores, "probs", min_n=1)
     except ValueError as exc:
         # every value error of check_probs here (a negative entry, one above 1, rows far
         # from summing to 1) is what logits read as probabilities look like; its advice
         # is the Python API's (kdecal.softmax)
         text = _one_line(exc).replace(SOFTMAX_ADVICE, "").rstrip(". ")
         raise ValueError(f"{path}: {text}; if the scores are logits, pass --logits") from None
-    if np.any((scores < 0) | (scores > 1)):
-        scores = np.clip(scores, 0, 1)
-    if scores.ndim == 2:
-        sums = scores.sum(axis=1, dtype=np.float64, keepdims=True)
-        if np.any(np.abs(sums - 1.0) > ROW_SUM_ATOL):
-            scores = (scores / sums).astype(scores.dtype)
-    return scores
 
 
 #: Keywords of the Python API that messages of the library name, and the options of
@@ -402,15 +397,15 @@ def _cli_words(text: str) -> str:
     return text
 
 
-def _check_rows(probs: np.ndarray, labels: np.ndarray, path: object) -> None:
+def _check_rows(probs: Probs, labels: np.ndarray, path: object) -> None:
     """Check the file's labels against its classes and its row count, naming the file.
 
     (The same checks in :func:`kdecal.evaluate` and :func:`kdecal.compare` named no file.)
     """
     try:
-        check_labels(labels, probs.shape[0], probs.shape[1] if probs.ndim == 2 else 2)
-        if probs.shape[0] < 3:
-            raise ValueError(f"probs needs at least 3 samples, got n = {probs.shape[0]}")
+        check_labels(labels, probs.n, probs.n_classes)
+        if probs.n < 3:
+            raise ValueError(f"probs needs at least 3 samples, got n = {probs.n}")
     except ValueError as exc:
         raise ValueError(f"{path}: {_one_line(exc)}") from None
 
@@ -514,7 +509,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
             **({} if args.notions is None else {"notions": args.notions}),
         )
         if args.plot is not None:
-            fig = evaluation_page(probs, labels, report=report, backend=args.backend)
+            fig = evaluation_page(probs.p, labels, report=report, backend=args.backend)
             fig.savefig(args.plot)
     notes = " ".join(" ".join(report.notes).split()).lower()
     for text in held:
@@ -529,7 +524,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
 
 
 def _run_compare(args: argparse.Namespace) -> int:
-    models: dict[str, np.ndarray] = {}
+    models: dict[str, Probs] = {}
     labels = None
     for path, name in zip(args.files, _model_names(args.files)):
         with warnings.catch_warnings():
