@@ -154,6 +154,69 @@ def test_residual_sums_match_brute_force(n, K, C, kind):
         np.testing.assert_array_equal(part[k], full[k][:, a:b], err_msg=str(k))
 
 
+@pytest.mark.parametrize("backend", ["cpp", "numba"])
+@pytest.mark.parametrize(
+    "n,K,C,kind,dtype",
+    [
+        (50, 3, 3, "zeros", np.float64),
+        (700, 10, 10, "plain", np.float64),
+        (150, 100, 100, "plain", np.float64),
+        (300, 4, 2, "ties", np.float32),
+    ],
+    ids=lambda v: getattr(v, "__name__", str(v)),
+)
+def test_residual_sums_by_blocks_where_the_scratch_would_be_large(
+    monkeypatch, backend, n, K, C, kind, dtype
+):
+    """The pass keeps (K + 1) partial sums per label group, query row and bandwidth in
+    every thread: 3.2 GB per thread at K = 5,000 (a helper's probe: n = 50, K = 5,000
+    took 6.2 GB and 42 s). Beyond RESIDUAL_SCRATCH_BYTES loo_reduce runs the pass without
+    them and forms A = W p, U = W^2 u from blocks of kernel weights: against the brute
+    force as the in-pass sums, and within rounding of them; the other outputs the same
+    bits."""
+    from kdecal._engine import backends as be
+    from kdecal._engine import engines as _engines
+
+    if backend == "numba" and _engines.load_numba() is None:
+        pytest.skip("numba not installed")
+    hs = HS if dtype == np.float64 else (0.05, 0.3, 10.0)
+    logq, p, labels, scale, bias, u = _problem(n, K, C, hs, kind=kind, seed=n + K, dtype=dtype)
+    a, b = n // 4, n - n // 6
+
+    def run():
+        return be.loo_reduce(
+            logq,
+            p,
+            labels,
+            C,
+            scale,
+            bias,
+            powers=2,
+            backend=backend,
+            rows=(a, b),
+            pairs=True,
+            resid=u,
+            progress=False,
+        )
+
+    in_pass = run()
+    monkeypatch.setattr(be, "RESIDUAL_SCRATCH_BYTES", 0.0)
+    blocked = run()
+    assert len(blocked) == len(in_pass) == 7
+    for k in range(5):
+        np.testing.assert_array_equal(blocked[k], in_pass[k], err_msg=str(k))
+    _check(blocked, logq, p, scale, bias, u, rows=(a, b), dtype=dtype)
+    np.testing.assert_allclose(blocked[5], in_pass[5], rtol=1e-12, atol=n * np.exp(-DROP))
+    scale_u = np.abs(in_pass[6]).max()
+    np.testing.assert_allclose(blocked[6], in_pass[6], rtol=1e-10, atol=1e-12 * scale_u)
+    # the decision: a canonical problem of K = 5,000 classes takes the blocked path
+    assert (
+        be._residual_scratch_bytes(np.zeros((50, 5000)), 5000, 1)
+        > 256e6
+        > (be._residual_scratch_bytes(np.zeros((50, 100)), 100, 3))
+    )
+
+
 def test_single_point_has_no_terms():
     logq, p, labels, scale, bias, u = _problem(1, 3, 2)
     got = _call(logq, p, labels, 2, scale, bias, u)

@@ -249,7 +249,10 @@ def loo_reduce(
             progress=progress,
             backend=backend,
         )
-    return _engines.dense_loo_reduce(
+    blocked = resid is not None and _residual_scratch_bytes(p, n_classes, len(scale)) > (
+        RESIDUAL_SCRATCH_BYTES
+    )
+    out = _engines.dense_loo_reduce(
         backend,
         logq,
         p,
@@ -262,8 +265,82 @@ def loo_reduce(
         r1,
         progress=progress,
         pairs=pairs,
-        resid=resid,
+        resid=None if blocked else resid,
     )
+    if blocked:
+        assert resid is not None
+        out = (
+            *out,
+            *_residual_sums_by_blocks(logq, p, scale, bias, out[0], r0, r1, resid, backend),
+        )
+    return out
+
+
+#: Bytes of the engine's per-thread scratch for the residual sums beyond which
+#: :func:`loo_reduce` forms them apart from its pass (:func:`_residual_sums_by_blocks`):
+#: the pass keeps each label group's partial sums of every coordinate, ``(K + 1) C H``
+#: doubles per query row of a task of at least 16 rows, in every thread: 3.2 GB per
+#: thread for a canonical problem of K = 5,000 classes (C = K), whatever n.
+RESIDUAL_SCRATCH_BYTES = 256e6
+
+
+def _residual_scratch_bytes(p: Any, n_classes: int, H: int) -> float:
+    """Return the residual sums' share of the dense engine's scratch, all threads (bytes)."""
+    K = p.shape[-1]
+    threads = max(1, _runtime.get_num_threads())
+    return 8.0 * (K + 1) * n_classes * H * 16 * threads
+
+
+def _residual_sums_by_blocks(
+    logq: np.ndarray,
+    p: np.ndarray,
+    scale: np.ndarray,
+    bias: np.ndarray,
+    m: np.ndarray,
+    r0: int,
+    r1: int,
+    resid: np.ndarray,
+    backend: str,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Return the residual sums ``A``, ``U`` of :func:`loo_reduce` from kernel weight blocks.
+
+    For problems whose in-pass residual sums would need a large scratch (many label
+    groups and coordinates; :data:`RESIDUAL_SCRATCH_BYTES`): the pass runs without them,
+    and each bandwidth's leave-one-out weights ``w_ij = exp(L_ij - m_j)`` of a block of
+    query rows (:func:`kernel_weights`, relative to the pass's own row maximum ``m``)
+    give ``A = W p`` and ``U = W^2 u`` as matrix products. Memory O(n K + rows x n);
+    the same terms as the pass's to ``exp(-64)`` of the row maximum (kept here, dropped
+    there), so the sums agree to rounding.
+    """
+    batched = p.ndim == 3
+    P3 = p if batched else p[None]
+    L3 = logq if batched else logq[None]
+    B3 = bias if batched else bias[None]
+    U3 = resid if batched else resid[None]
+    M3 = m if batched else m[None]
+    nb, n, K = P3.shape
+    H = len(scale)
+    R = r1 - r0
+    A = np.zeros((nb, H, R, K))
+    U = np.zeros((nb, H, R))
+    engine = "numba" if backend == "numba" else "cpp"
+    if n < 2 or R <= 0:  # no centre besides the query itself: no terms
+        return (A, U) if batched else (A[0], U[0])
+    rows = int(min(R, max(16, 64e6 // (8.0 * n))))
+    for b in range(nb):
+        pk = np.ascontiguousarray(P3[b])
+        lq = np.ascontiguousarray(L3[b])
+        for t in range(H):
+            m_full = np.zeros(n)
+            m_full[r0:r1] = M3[b, t]
+            bias_t = np.ascontiguousarray(B3[b, t], dtype=np.float64)
+            for j0 in range(r0, r1, rows):
+                j1 = min(r1, j0 + rows)
+                W, order = kernel_weights(lq, pk, m_full, float(scale[t]), bias_t, j0, j1, engine)
+                A[b, t, j0 - r0 : j1 - r0] = W @ pk[order].astype(np.float64)
+                np.multiply(W, W, out=W)
+                U[b, t, j0 - r0 : j1 - r0] = W @ U3[b][order]
+    return (A, U) if batched else (A[0], U[0])
 
 
 #: Binary problems (K = 2: top-label, class-wise, binary inputs) with at least this many
