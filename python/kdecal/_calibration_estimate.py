@@ -17,7 +17,7 @@ from ._estimation.quantities import QUANTITIES
 from ._estimation.regression import ESTIMATORS
 from ._numerics import ValueEq
 from ._validation import Probs, check_choice, check_p, check_seed
-from .warnings import KdecalWarning
+from .warnings import KdecalWarning, quiet
 
 __all__ = [
     "CalibrationEstimate",
@@ -53,8 +53,7 @@ def _check_level(level: object) -> float:
 
 
 def _quiet(fn: Callable[[_regression.Estimate], float], e: _regression.Estimate) -> float:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", KdecalWarning)
+    with quiet(KdecalWarning):
         return fn(e)
 
 

@@ -11,7 +11,6 @@ one) and flagged when its sign depends on the bandwidth.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,7 +35,7 @@ from ._report import format_pvalue
 from ._row_metrics import ROW_METRICS, check_metric, lower_bound, row_bootstrap
 from ._validation import check_choice, check_labels, check_probs, check_seed
 from .kde import CANONICAL_RELIABLE_MAX_K, _estimate
-from .warnings import KdecalWarning, warn_user
+from .warnings import KdecalWarning, quiet, warn_user
 
 __all__ = ["ROW_METRICS", "Comparison", "compare"]
 
@@ -522,8 +521,7 @@ def _pooled_bandwidth(
 
 
 def _quiet_value(est: Any, q: str) -> float:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", KdecalWarning)
+    with quiet(KdecalWarning):
         v = float(est.value(q))
     if not math.isfinite(v):  # pragma: no cover - estimates are finite
         raise ValueError(f"{q} is not finite ({v})")

@@ -8,7 +8,6 @@ ECE and its debiased L2 form, smooth ECE, calibration loss).
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -39,7 +38,7 @@ from .kde import (
     _kl_unreliable,
     estimate,
 )
-from .warnings import KdecalWarning, UnreliableEstimateWarning, warn_user
+from .warnings import KdecalWarning, UnreliableEstimateWarning, quiet, warn_user
 
 __all__ = ["evaluate"]
 
@@ -378,8 +377,7 @@ def _estimate_quietly(probs: object, labels: object, **options: Any) -> Calibrat
 
     The report gives its own (:func:`_canonical_notes`), where it prints such a figure.
     """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UnreliableEstimateWarning)
+    with quiet(UnreliableEstimateWarning):
         return estimate(probs, labels, **options)
 
 
@@ -689,8 +687,7 @@ def evaluate(
                     "and understate the loss (below "
                     f"{CAL_LOSS_AFFINE_MIN_ROWS_PER_CLASS} rows per class)."
                 )
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
+            with quiet(KdecalWarning):
                 cal_loss = float(
                     scores.calibration_loss(
                         P, y, input="probs", relative=False, seed=0, calibrator=cal_calibrator

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
+
 __all__ = [
     "BackendFallbackWarning",
     "KdecalWarning",
@@ -38,12 +42,40 @@ class UnreliableEstimateWarning(KdecalWarning):
     """
 
 
+_QUIET = threading.local()
+
+
+@contextlib.contextmanager
+def quiet(*categories: type[Warning]) -> Iterator[None]:
+    """Drop the :func:`warn_user` warnings of ``categories`` raised by this thread.
+
+    The library's own way to silence its warnings inside a call (e.g. once per bootstrap
+    replicate): ``warnings.catch_warnings`` swaps the process-wide filter list and is
+    not thread-safe before Python 3.14, so concurrent calls left an "ignore
+    KdecalWarning" filter installed for the whole process. This changes no filter and
+    no other thread's warnings.
+    """
+    stack: list[tuple[type[Warning], ...]] = getattr(_QUIET, "stack", [])
+    _QUIET.stack = stack
+    stack.append(categories or (KdecalWarning,))
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
 def warn_user(message: str, category: type[Warning] = KdecalWarning) -> None:
-    """Warn with the stack level of the first frame outside the kdecal package."""
+    """Warn with the stack level of the first frame outside the kdecal package.
+
+    Nothing inside a :func:`quiet` block of this thread that covers ``category``.
+    """
     import os
     import sys
     import warnings
 
+    for cats in getattr(_QUIET, "stack", ()):
+        if issubclass(category, cats):
+            return
     here = os.path.dirname(os.path.abspath(__file__))
     level = 2
     frame = sys._getframe(1)

@@ -870,3 +870,85 @@ def test_unnormalised_probabilities_are_refused():
     assert resolve_input(P[:, 1], "auto")[0] == "probs"
     with pytest.raises(ValueError, match="look like percentages"):
         resolve_input(2 * P[:, 1] + 1, "auto")
+
+
+def test_the_librarys_quiet_blocks_are_thread_local():
+    """A helper's probe: kdecal silenced its own warnings inside a call (once per
+    bootstrap replicate) with ``warnings.catch_warnings``, which swaps the process-wide
+    filter list (not thread-safe before Python 3.14): four threads running
+    confidence_interval at once left an "ignore KdecalWarning" filter installed, and a
+    later K = 100 canonical estimate gave no UnreliableEstimateWarning. ``quiet`` drops
+    only the calling thread's warnings and changes no filter."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kdecal.warnings import KdecalWarning, quiet, warn_user
+
+    before = list(warnings.filters)
+    entered, release = threading.Event(), threading.Event()
+
+    def inside() -> None:
+        with quiet(KdecalWarning):
+            entered.set()
+            release.wait(10)
+            warn_user("dropped inside the block")
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t = threading.Thread(target=inside)
+        t.start()
+        assert entered.wait(10)
+        warn_user("another thread's warning is kept")  # while the block is open
+        release.set()
+        t.join()
+    texts = [str(w.message) for w in caught]
+    assert texts == ["another thread's warning is kept"]
+    assert warnings.filters == before
+    # concurrent bootstraps leave the process's filters as they were
+    P, y = _calibrated(3, n=300, k=3)
+    est = kdecal.estimate(P, y, bandwidth=0.2)
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda s: est.confidence_interval("ce_l2", n_resamples=8, seed=s), range(8)))
+    assert warnings.filters == before
+
+
+def test_blas_limits_of_concurrent_calls_are_restored():
+    """A helper's probe: the recalibration fits and the resampling limit the BLAS
+    library's threads (process-wide, threadpoolctl), each block restoring what its entry
+    saw; two blocks on two threads exiting out of order (A in, B in, A out, B out)
+    restored A's limit last and left the host's BLAS on one thread for good."""
+    import threading
+
+    from _helpers import blas_threads as blas_now
+    from kdecal._engine import runtime
+
+    before = blas_now()
+    if not before or max(before) < 2:
+        pytest.skip("no BLAS library with 2 or more threads that threadpoolctl can see")
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+
+    def a() -> None:
+        with runtime.blas_threads(1):
+            a_in.set()
+            assert b_in.wait(10)
+        a_out.set()
+
+    def b() -> None:
+        assert a_in.wait(10)
+        with runtime.blas_threads(1):
+            b_in.set()
+            assert a_out.wait(10)
+            assert blas_now() == [1] * len(before)  # B's block still limited
+
+    threads = [threading.Thread(target=f) for f in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert blas_now() == before
+    # nested on one thread: the inner limit, then the outer's again, then the original
+    with runtime.blas_threads(1):
+        with runtime.blas_threads(2):
+            assert blas_now() == [2] * len(before)
+        assert blas_now() == [1] * len(before)
+    assert blas_now() == before

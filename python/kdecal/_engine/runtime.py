@@ -17,6 +17,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 
@@ -117,6 +118,11 @@ def get_num_threads() -> int:
     return os.cpu_count() or 1
 
 
+_blas_lock = threading.Lock()
+_blas_active: list[int] = []  # the limits of the blas_threads blocks in flight, by entry
+_blas_first: Any = None  # the first block's limiter: its restore is the original state
+
+
 @contextmanager
 def blas_threads(n: int | None) -> Iterator[None]:
     """Limit the BLAS library's threads to ``n`` while the block runs (threadpoolctl).
@@ -127,14 +133,34 @@ def blas_threads(n: int | None) -> Iterator[None]:
     resampling; the calibration loss on one BLAS thread"); and for the engine's own GEMMs, at the thread count of
     :func:`set_num_threads`. ``None``: no limit (and no cost: threadpoolctl inspects the
     process's libraries on each entry, about 1 ms).
+
+    The limit is process-wide. Blocks in flight on several threads (concurrent calls)
+    share it: each entry applies its own limit, an exit re-applies the limit of the
+    latest block still in flight, and the last exit restores what the first entry found
+    (threadpoolctl's own nesting restores the value its entry saw, so concurrent calls
+    exiting out of order left the host's BLAS on one thread for good).
     """
+    global _blas_first
     if n is None:
         yield
         return
     from threadpoolctl import threadpool_limits
 
-    with threadpool_limits(limits=n, user_api="blas"):
+    with _blas_lock:
+        limiter = threadpool_limits(limits=n, user_api="blas")
+        if not _blas_active:
+            _blas_first = limiter
+        _blas_active.append(n)
+    try:
         yield
+    finally:
+        with _blas_lock:
+            del _blas_active[len(_blas_active) - 1 - _blas_active[::-1].index(n)]
+            if _blas_active:  # the latest block still in flight
+                threadpool_limits(limits=_blas_active[-1], user_api="blas")
+            elif _blas_first is not None:
+                _blas_first.restore_original_limits()
+                _blas_first = None
 
 
 #: Elements below which :func:`map_row_blocks` runs on the calling thread alone.
