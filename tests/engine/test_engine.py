@@ -323,6 +323,54 @@ def test_every_simd_path_agrees():
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork on this platform")
+def test_numba_in_a_forked_child_raises_or_computes():
+    """A helper's probe: after the parent ran backend="numba" on numba's OpenMP layer, a
+    forked child was terminated on its first numba call ("fork() called from a process
+    already using GNU OpenMP") and multiprocessing.Pool.map never returned. Now the
+    child gets a RuntimeError naming the start methods (OpenMP layer), or computes the
+    parent's number (the fork-safe layers)."""
+    import time
+
+    pytest.importorskip("numba")
+    import numba
+
+    P = np.random.default_rng(1).dirichlet(np.ones(3), 300)
+    y = P.argmax(axis=1)
+    want = kdecal.ece_kde(P, y, bandwidth=0.1, backend="numba")  # numba's layer started
+    layer = numba.threading_layer()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            try:
+                got = kdecal.ece_kde(P, y, bandwidth=0.1, backend="numba")
+                os.write(w, f"value {got!r}".encode())
+            except RuntimeError as exc:
+                os.write(w, f"error {exc}".encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    start = time.monotonic()
+    while time.monotonic() - start < 120:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung")
+    out = os.read(r, 8192).decode()
+    os.close(r)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, (status, out)
+    kind, text = out.split(" ", 1)
+    if layer == "omp":
+        assert kind == "error" and "'spawn' or 'forkserver'" in text
+    else:
+        assert kind == "value" and float(text) == want
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork on this platform")
 def test_a_forked_child_computes_instead_of_hanging():
     """A child forked after the engine ran its OpenMP team hung on its first estimate (the
     "fork" start method of multiprocessing, gunicorn, DataLoader workers). The engine runs

@@ -60,13 +60,45 @@ def require_numba_binary() -> Any:
 
 
 def require_numba() -> Any:
-    """Return :mod:`kdecal._engine.numba`; raise ``ImportError`` naming the extra without numba."""
+    """Return :mod:`kdecal._engine.numba`; raise ``ImportError`` naming the extra without numba.
+
+    Raises ``RuntimeError`` in a process forked after numba started its OpenMP threading
+    layer (:func:`numba_fork_unsafe`), where numba would terminate the process.
+    """
     mod = load_numba()
     if mod is None:
         raise ImportError(
             f"the numba backend is not available: {numba_missing()}: {NUMBA_INSTALL}"
         )
+    if numba_fork_unsafe():
+        raise RuntimeError(
+            "backend='numba' cannot run in this process: it was forked from one where "
+            "numba had started its OpenMP threading layer, which is not fork-safe (numba "
+            "terminates the child on its first parallel call). Start workers with the "
+            "'spawn' or 'forkserver' method of multiprocessing, use backend='cpp' (which "
+            "runs on one thread in a forked child), or set NUMBA_THREADING_LAYER=tbb "
+            "(pip install tbb) or workqueue before numba first runs"
+        )
     return mod
+
+
+def numba_fork_unsafe() -> bool:
+    """Whether this is a forked child whose parent started numba's OpenMP layer.
+
+    numba's ``omp`` threading layer (GNU OpenMP) terminates a forked child on its first
+    parallel launch when the parent launched it ("fork() called from a process already
+    using GNU OpenMP"); a layer first started in the child, and the ``tbb`` and
+    ``workqueue`` layers, are fork-safe.
+    """
+    if not _runtime._forked_child or _numba_mod is None:
+        return False
+    import numba
+
+    try:
+        layer = numba.threading_layer()
+    except ValueError:  # not started (in the parent or here): the child starts its own
+        return False
+    return bool(layer == "omp")
 
 
 def load_cuda() -> Any:
