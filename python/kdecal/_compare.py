@@ -351,11 +351,11 @@ def compare(
         # a float is a common bandwidth under the estimator's rule (residual: the
         # squared quantities at RESIDUAL_SQ_FACTOR * h, as "auto" would put them)
         rule_at = None if isinstance(h, str) or not auto else float(h)
-        return {
+        return {  # the validated models: their warnings were given once, by name
             k: _estimate(
                 v, y, h, calibration, debias, criterion, estimator, backend, None, rule_at
             )
-            for k, v in items
+            for k, v in checked.items()
         }
 
     auto = isinstance(bandwidth, str) and bandwidth != "loo-mle"

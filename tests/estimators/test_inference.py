@@ -550,6 +550,21 @@ def test_compare_names_the_bandwidth_of_each_quantity(tmp_path, capsys):
     assert code == 0 and "no bandwidth is used" in capsys.readouterr().out
 
 
+def test_compare_warns_once_per_model_by_its_name():
+    """Rows that do not sum to 1 were reported six times by compare, five of them naming
+    ``probs`` (each estimate re-validated the raw array); now once, naming the model."""
+    import warnings
+
+    rng = np.random.default_rng(5)
+    P = rng.dirichlet(np.ones(3), 500)
+    y = np.array([rng.choice(3, p=p) for p in P])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kdecal.compare({"a": P, "b": np.round(P, 2)}, y, n_resamples=4)
+    texts = [str(w.message) for w in caught if "do not sum to 1" in str(w.message)]
+    assert len(texts) == 1 and texts[0].startswith("models['b']:")
+
+
 # --------------------------------------------------------------------------- command line
 
 
