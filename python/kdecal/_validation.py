@@ -112,9 +112,15 @@ def as_array(x: object, name: str) -> np.ndarray:
         # e.g. a container that exposes DLPack and an __array__ that yields objects
         with contextlib.suppress(Exception):  # else the caller's dtype error
             return np.from_dlpack(x)
-    if arr.dtype == object and hasattr(x, "to_numpy"):
+    if (
+        arr.dtype == object
+        and hasattr(x, "to_numpy")
+        and not any(isinstance(v, (str, bytes)) for v in arr.ravel())
+    ):
         # pandas nullable dtypes (Float64, Int64) give objects; missing values become NaN,
-        # which the caller reports with their index
+        # which the caller reports with their index. Text ("3", "10") is not read as a
+        # number, as a NumPy string array is not: class names in text are usually in
+        # another order than the probability columns ("10" before "2")
         with contextlib.suppress(Exception):  # else the caller's dtype error
             return np.asarray(x.to_numpy(dtype=np.float64, na_value=np.nan))
     if type(arr) is not np.ndarray:  # np.asarray keeps no subclass; a custom __array__ may
@@ -134,6 +140,12 @@ def _dtype_problem(dt: np.dtype, name: str, first: object = None) -> str | None:
             f"{name} must be a numeric array, got dtype {dt}{held}: datetimes and "
             "timedeltas are not read as numbers (convert them explicitly if they encode "
             "numbers)"
+        )
+    if dt.kind in "US" or (dt == object and isinstance(first, (str, bytes))):
+        return (
+            f"{name} must be a numeric array, got text (dtype {dt}, e.g. {first!r}): text is "
+            "not read as numbers; class names must be mapped to the indices 0..K-1 of the "
+            "probability columns (text sorts '10' before '2')"
         )
     if dt == object or not (np.issubdtype(dt, np.number) or np.issubdtype(dt, np.bool_)):
         return f"{name} must be a numeric array, got dtype {dt}"

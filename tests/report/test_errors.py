@@ -570,3 +570,23 @@ def test_datetime_and_timedelta_inputs_raise_typeerror(kd):
         "labels must be a numeric array, got dtype object holding datetime.timedelta "
         "values" + _TEMPORAL_TAIL
     )
+
+
+def test_text_labels_are_refused_from_numpy_and_pandas_alike(kd):
+    """A helper's probe: digit strings as labels were refused from NumPy but read as
+    numbers from pandas (string, string[pyarrow] and object columns; " 3.0" too), where
+    class names in text usually follow another order than the probability columns
+    ("10" before "2"): a silently wrong number. Both are refused, naming the text."""
+    pd = pytest.importorskip("pandas")
+    rng = np.random.default_rng(0)
+    P = rng.dirichlet(np.ones(12), 60)
+    y = rng.integers(0, 12, 60)
+    text = y.astype(str)
+    forms = [text, pd.Series(text, dtype="string"), pd.Series(text, dtype=object)]
+    for labels in forms:
+        with pytest.raises(TypeError, match=r"labels must be a numeric array, got text"):
+            kd.ece_kde(P, labels, bandwidth=0.1)
+    # nullable numeric pandas columns are still numbers
+    assert kd.ece_kde(P, pd.Series(y, dtype="Int64"), bandwidth=0.1) == kd.ece_kde(
+        P, y, bandwidth=0.1
+    )
