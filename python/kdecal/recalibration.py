@@ -65,7 +65,10 @@ Common conventions
   ``cross_val_predict`` work; fitted attributes end with an underscore (``n_features_in_``,
   ``classes_``, ``n_classes_``, ``input_`` and each method's own); :meth:`transform` before
   :meth:`fit` raises :class:`NotFittedError`, which ``sklearn.utils.validation.
-  check_is_fitted`` also detects. Bad input raises ``ValueError`` or ``TypeError`` naming
+  check_is_fitted`` also detects. A data frame's column names (all strings) are kept as
+  ``feature_names_in_``, and :meth:`transform` refuses a frame whose columns are named
+  otherwise or come in another order (the columns are classes), with scikit-learn's
+  message; it warns, as scikit-learn does, where only one of the two has names. Bad input raises ``ValueError`` or ``TypeError`` naming
   the argument and the bad value, as everywhere in kdecal.
 - Solvers are those of :mod:`scipy.optimize` (``brentq``, ``minimize`` with L-BFGS-B and
   analytic gradients, ``isotonic_regression``). Every loop has an iteration bound and
@@ -429,6 +432,17 @@ def _class_centres(L: np.ndarray, y: np.ndarray, w: np.ndarray | None) -> np.nda
     return c
 
 
+def _column_names(X: object) -> np.ndarray | None:
+    """Return the column names of a data frame (pandas, polars) if all are strings, else None."""
+    columns = getattr(X, "columns", None)
+    if columns is None or len(getattr(X, "shape", ())) != 2:
+        return None
+    names = [str(c) if isinstance(c, str) else c for c in columns]
+    if not names or not all(isinstance(c, str) for c in names):
+        return None
+    return np.asarray(names, dtype=object)
+
+
 def _all_weighted(mask: np.ndarray, w: np.ndarray | None) -> bool:
     """Whether ``mask`` holds on every row of positive weight (rows of weight 0 do not count)."""
     return bool(np.all(mask if w is None else mask | (w <= 0.0)))
@@ -598,7 +612,45 @@ class _Calibrator:
         L, P, labels, w, lp = self._read_fit(X, y, sample_weight)
         self._fit(L, P, labels, w)
         self._set_fitted(lp.kind, L.shape[1], lp.binary)
+        self._set_feature_names(X)
         return self
+
+    def _set_feature_names(self, X: object) -> None:
+        """Keep the column names of a data frame as ``feature_names_in_`` (scikit-learn's rule).
+
+        The columns are classes: :meth:`transform` refuses a frame whose columns are
+        named otherwise or in another order (their probabilities would belong to other
+        classes).
+        """
+        names = _column_names(X)
+        if names is not None:
+            self.feature_names_in_ = names
+        elif hasattr(self, "feature_names_in_"):
+            del self.feature_names_in_
+
+    def _check_feature_names(self, X: object) -> None:
+        """Compare the columns of ``X`` with those of :meth:`fit` (scikit-learn's messages)."""
+        names = _column_names(X)
+        fitted = getattr(self, "feature_names_in_", None)
+        who = type(self).__name__
+        if names is None and fitted is None:
+            return
+        if fitted is None:
+            if hasattr(X, "columns"):
+                warn_user(f"X has feature names, but {who} was fitted without feature names")
+            return
+        if names is None:
+            warn_user(
+                f"X does not have valid feature names, but {who} was fitted with feature names"
+            )
+            return
+        if names.shape != fitted.shape or not np.all(names == fitted):
+            raise ValueError(
+                "The feature names should match those that were passed during fit: "
+                f"{who} was fitted on the columns {fitted.tolist()} and got "
+                f"{names.tolist()}; the columns are classes, so a frame must hold them in "
+                "the order of fit"
+            )
 
     def _read_fit(
         self, X: object, y: object, sample_weight: object
@@ -682,6 +734,7 @@ class _Calibrator:
                 f"this {type(self).__name__} instance is not fitted yet; call "
                 "fit(X, y) before transform"
             )
+        self._check_feature_names(X)
         arr = _numeric_array(X, "scores")
         lp = log_probs(arr, self.input_, "scores", 1, _FITTED_FLAGS[self.input_])
         L, P = _as_given(arr, lp)

@@ -1155,3 +1155,28 @@ def test_calibrator_messages_name_their_arguments():
     z = np.random.default_rng(0).normal(size=(4, 4))
     with pytest.raises(ValueError, match=r"K = 4 columns in scores\), got 5"):
         rc.TemperatureScaling().fit(z, [0, 2, 5, 3])
+
+
+@pytest.mark.parametrize("cls", [rc.TemperatureScaling, rc.VectorScaling, rc.IsotonicCalibration])
+def test_data_frame_columns_are_classes(cls):
+    """A helper's probe: a calibrator fitted on a DataFrame accepted one with its columns
+    reordered at transform and returned probabilities that belong to other classes, with
+    no feature_names_in_ (scikit-learn's rule). The names are kept, and a frame with
+    other names or another order is refused; a plain array warns, as scikit-learn does."""
+    pd = pytest.importorskip("pandas")
+    z, y = make_logits(n=600, K=4, seed=3)
+    frame = pd.DataFrame(z, columns=["cat", "dog", "fox", "owl"])
+    cal = cls(input="logits").fit(frame, y)
+    assert cal.feature_names_in_.tolist() == ["cat", "dog", "fox", "owl"]
+    # (a frame's values are column-major: the fit's sums run in another order)
+    np.testing.assert_allclose(
+        cal.transform(frame), cls(input="logits").fit(z, y).transform(z), rtol=1e-9, atol=1e-12
+    )
+    with pytest.raises(ValueError, match="The feature names should match those that were passed"):
+        cal.transform(frame[frame.columns[::-1]])
+    with pytest.warns(kdecal.KdecalWarning, match="X does not have valid feature names"):
+        cal.transform(z)
+    plain = cls(input="logits").fit(z, y)
+    assert not hasattr(plain, "feature_names_in_")
+    with pytest.warns(kdecal.KdecalWarning, match="X has feature names, but"):
+        plain.transform(frame)
