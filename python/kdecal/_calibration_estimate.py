@@ -110,6 +110,9 @@ class CalibrationTestResult(ValueEq):
         The statistic on labels redrawn from the predicted probabilities.
     bandwidth : float
         The bandwidth used for the data and every resample.
+    null_mean : float
+        The mean of ``null_distribution`` (a property): what the estimator reports, on
+        average, for a perfectly calibrated model with these predictions.
     """
 
     statistic_name: str

@@ -768,10 +768,10 @@ def simplex_ece(
     Raises
     ------
     ValueError
-        Invalid ``probs``/``labels``; ``n_bins_per_side`` not an integer in
-        ``1..max(n, 1000)``; ``p < 1`` or NaN.
+        Invalid ``probs``/``labels``; ``n_bins_per_side`` outside ``1..max(n, 1000)``;
+        ``p < 1`` or NaN.
     TypeError
-        Non-numeric ``probs``/``labels``/``p``.
+        Non-numeric ``probs``/``labels``/``p``; ``n_bins_per_side`` not an integer.
 
     Notes
     -----

@@ -233,9 +233,11 @@ def _build_parser() -> argparse.ArgumentParser:
         help="compute all calibration metrics of a predictions file",
         description=(
             "Compute ECE^KDE (L1, L2), proper calibration errors (KL, L2), refinement, "
-            "sharpness, accuracy, log loss, Brier score and binned ECE for a file of "
-            "scores and labels. Without FILE, the bundled CIFAR-10 example "
-            "(VGG-16, 10,000 test images) is evaluated."
+            "sharpness, accuracy, log loss, Brier score, the calibration loss, the binned "
+            "(plain, debiased, maximum) and smooth ECE for a file of scores and labels, "
+            "and a table of the kernel estimates per notion (canonical, top-label, "
+            "class-wise) with bootstrap intervals and a calibration test. Without FILE, "
+            "the bundled CIFAR-10 example (VGG-16, 10,000 test images) is evaluated."
         ),
         epilog=(
             "File formats: .npz (probs or logits, and labels; or val_/test_ prefixed "

@@ -519,9 +519,10 @@ def conditional_expectation(
         binary engine).
     labels : array-like, shape (n,), int
         True classes in ``0..K-1``.
-    bandwidth : float or "auto"
+    bandwidth : float, "auto" or "loo-mle"
         Kernel bandwidth h > 0 (dimensionless, on the simplex); "auto" uses
-        :func:`select_bandwidth`.
+        :func:`select_bandwidth` (the leave-one-out Brier risk), "loo-mle" the papers'
+        leave-one-out likelihood rule.
     backend : {"auto", "cpp", "numba", "cuda", "dask"}, default "auto"
         Engine backend: "auto" is the GPU engine ("cuda") for CUDA arrays, else the
         compiled core ("cpp"), else "numba" (an optional extra, ``pip install
@@ -540,9 +541,11 @@ def conditional_expectation(
     Raises
     ------
     TypeError
-        Non-numeric input or a non-numeric bandwidth.
+        Non-numeric input, or a bandwidth that is neither a number nor a string (None,
+        a list).
     ValueError
-        Invalid probabilities, labels, bandwidth or backend (message names the argument).
+        Invalid probabilities, labels or backend; a bandwidth that is not > 0 and finite,
+        or a string other than "auto" and "loo-mle" (message names the argument).
     """
     est = _run(probs, labels, bandwidth, "canonical", "none", backend)[0]
     return np.asarray(est.E[0])
