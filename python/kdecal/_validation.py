@@ -692,12 +692,17 @@ def check_seed(seed: object, name: str = "seed") -> np.random.Generator:
         Anything ``numpy.random.default_rng`` refuses (a string, a float, a negative
         integer), with the argument's name.
     """
+    if isinstance(seed, (bool, np.bool_)):  # numpy reads True as 1: a flag, not a seed
+        raise TypeError(
+            f"{name} must be None, a non-negative integer, a numpy.random.SeedSequence or "
+            f"a numpy.random.Generator, got {seed!r}"
+        )
     try:
         return np.random.default_rng(seed)  # type: ignore[arg-type]
     except (TypeError, ValueError) as exc:
         raise type(exc)(
-            f"{name} must be None, a non-negative integer, a numpy.random.SeedSequence or "
-            f"a numpy.random.Generator, got {seed!r}"
+            f"{name} must be None, a non-negative integer (or a sequence of them), a "
+            f"numpy.random.SeedSequence or a numpy.random.Generator, got {seed!r}"
         ) from None
 
 

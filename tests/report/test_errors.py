@@ -590,3 +590,21 @@ def test_text_labels_are_refused_from_numpy_and_pandas_alike(kd):
     assert kd.ece_kde(P, pd.Series(y, dtype="Int64"), bandwidth=0.1) == kd.ece_kde(
         P, y, bandwidth=0.1
     )
+
+
+def test_boolean_seeds_and_a_missing_stderr(kd, monkeypatch):
+    """A helper's probe: seed=True was read as the seed 1 (numpy's rule), where booleans
+    are refused for every other numeric option; and estimate(progress=True) with no
+    standard error (sys.stderr None: pythonw, some services) raised AttributeError from
+    the progress bar. A boolean seed is a TypeError naming the argument; without stderr
+    there is no bar and the same number."""
+    import sys
+
+    P, y = _good(n=40)
+    est = kd.estimate(P, y, bandwidth=0.3)
+    for bad in (True, False, np.True_):
+        with pytest.raises(TypeError, match=r"seed must be None, a non-negative integer"):
+            est.confidence_interval("ce_l2", n_resamples=5, seed=bad)
+    want = kd.estimate(P, y, bandwidth=0.3).ece_kde(1)
+    monkeypatch.setattr(sys, "stderr", None)
+    assert kd.estimate(P, y, bandwidth=0.3, progress=True).ece_kde(1) == want

@@ -214,9 +214,10 @@ def show_progress(work: float, progress: bool | None) -> bool | None:
     and for long work ``None``: a bar where the output is a terminal or a notebook, none
     where it goes to a file or a pipe (logs get no carriage-return lines; tqdm's
     ``disable=None``). Never a bar when the environment variable ``KDECAL_PROGRESS`` is
-    ``0``.
+    ``0``, nor where there is no standard error to draw it on (``sys.stderr`` is None:
+    pythonw, some services).
     """
-    if os.environ.get("KDECAL_PROGRESS", "1") == "0":
+    if os.environ.get("KDECAL_PROGRESS", "1") == "0" or sys.stderr is None:
         return False
     if progress is None:
         return None if work >= PROGRESS_MIN_WORK else False
