@@ -701,7 +701,7 @@ def check_seed(seed: object, name: str = "seed") -> np.random.Generator:
         return np.random.default_rng(seed)  # type: ignore[arg-type]
     except (TypeError, ValueError) as exc:
         raise type(exc)(
-            f"{name} must be None, a non-negative integer (or a sequence of them), a "
+            f"{name} must be None, a non-negative integer, a sequence of them, a "
             f"numpy.random.SeedSequence or a numpy.random.Generator, got {seed!r}"
         ) from None
 
