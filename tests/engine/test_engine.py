@@ -322,6 +322,26 @@ def test_every_simd_path_agrees():
             )
 
 
+def _child_output(pid: int, r: int, w: int) -> tuple[int, str]:
+    """Wait up to 120 s for a forked child (fail if it hangs); its status and output."""
+    import time
+
+    os.close(w)
+    start = time.monotonic()
+    while time.monotonic() - start < 120:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung")
+    out = os.read(r, 8192).decode()
+    os.close(r)
+    return status, out
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork on this platform")
 def test_numba_in_a_forked_child_raises_or_computes():
     """A helper's probe: after the parent ran backend="numba" on numba's OpenMP layer, a
@@ -329,7 +349,6 @@ def test_numba_in_a_forked_child_raises_or_computes():
     already using GNU OpenMP") and multiprocessing.Pool.map never returned. Now the
     child gets a RuntimeError naming the start methods (OpenMP layer), or computes the
     parent's number (the fork-safe layers)."""
-    import time
 
     pytest.importorskip("numba")
     import numba
@@ -349,19 +368,7 @@ def test_numba_in_a_forked_child_raises_or_computes():
                 os.write(w, f"error {exc}".encode())
         finally:
             os._exit(0)
-    os.close(w)
-    start = time.monotonic()
-    while time.monotonic() - start < 120:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        time.sleep(0.1)
-    else:
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-        pytest.fail("the forked child hung")
-    out = os.read(r, 8192).decode()
-    os.close(r)
+    status, out = _child_output(pid, r, w)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, (status, out)
     kind, text = out.split(" ", 1)
     if layer == "omp":
@@ -375,7 +382,6 @@ def test_a_forked_child_computes_instead_of_hanging():
     """A child forked after the engine ran its OpenMP team hung on its first estimate (the
     "fork" start method of multiprocessing, gunicorn, DataLoader workers). The engine runs
     on one thread in such a child, with the same numbers; set_num_threads says why not more."""
-    import time
 
     P = np.random.default_rng(0).dirichlet(np.ones(4), 3000)
     y = P.argmax(axis=1)
@@ -394,19 +400,7 @@ def test_a_forked_child_computes_instead_of_hanging():
             os.write(w, msg.encode())
         finally:
             os._exit(0)
-    os.close(w)
-    start = time.monotonic()
-    while time.monotonic() - start < 120:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        time.sleep(0.1)
-    else:
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-        pytest.fail("the forked child hung")
-    out = os.read(r, 4096).decode()
-    os.close(r)
+    _, out = _child_output(pid, r, w)
     value, threads, n_warn, message = out.split(" ", 3)
     assert float(value) == want and threads == "1" and n_warn == "1"
     assert "forked process: the engine stays on one thread" in message
