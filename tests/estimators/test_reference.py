@@ -284,6 +284,13 @@ def test_custom_bregman_non_finite_values_are_refused():
         bad_g = kdecal.Bregman(lambda q: np.sum(q**2, -1), lambda q: 1 / (q - q))
         with pytest.raises(ValueError, match="Bregman grad_F returned non-finite values"):
             kdecal.calibration_error(s.probs, s.labels, divergence=bad_g, bandwidth=0.1)
+    # text or complex values named by the function (a bare "could not convert string")
+    text_F = kdecal.Bregman(lambda q: np.full(len(q), "x"), lambda q: 2 * q)
+    with pytest.raises(TypeError, match=r"Bregman F must return real numbers, got dtype <U1"):
+        kdecal.calibration_error(s.probs, s.labels, divergence=text_F, bandwidth=0.1)
+    complex_g = kdecal.Bregman(lambda q: np.sum(q**2, -1), lambda q: (2 * q).astype(complex))
+    with pytest.raises(TypeError, match=r"Bregman grad_F must return real numbers"):
+        kdecal.calibration_error(s.probs, s.labels, divergence=complex_g, bandwidth=0.1)
 
 
 # ------------------------------------------------------- refinement / sharpness

@@ -97,6 +97,17 @@ def _check_finite(out: np.ndarray, what: str, points: np.ndarray) -> None:
         )
 
 
+def _real_values(values: object, what: str) -> np.ndarray:
+    """Return a user generator's output as float64, or raise a TypeError naming it."""
+    arr = np.asarray(values)
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(
+            f"Bregman {what} must return real numbers, got dtype {arr.dtype}"
+            + (f" (e.g. {arr.flat[0]!r})" if arr.size else "")
+        )
+    return np.asarray(arr, dtype=np.float64)
+
+
 class CustomGenerator(Generator):
     """A user's ``kdecal.Bregman``; binary problems pass the 2-vectors ``(1 - q, q)``."""
 
@@ -106,7 +117,7 @@ class CustomGenerator(Generator):
 
     def _rows(self, fn: object, v: np.ndarray, what: str) -> np.ndarray:
         B, m, D = v.shape
-        out = np.asarray(fn(v.reshape(B * m, D)), dtype=np.float64)  # type: ignore[operator]
+        out = _real_values(fn(v.reshape(B * m, D)), what)  # type: ignore[operator]
         if out.shape != (B * m,):
             raise ValueError(f"Bregman {what} must return shape ({B * m},), got {out.shape}")
         _check_finite(out, what, v.reshape(B * m, D))
@@ -120,7 +131,7 @@ class CustomGenerator(Generator):
 
     def _div(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         B, m, D = a.shape
-        g = np.asarray(self.bregman.grad_F(b.reshape(B * m, D)), dtype=np.float64)  # type: ignore[attr-defined]
+        g = _real_values(self.bregman.grad_F(b.reshape(B * m, D)), "grad_F")  # type: ignore[attr-defined]
         if g.shape != (B * m, D):
             raise ValueError(f"Bregman grad_F must return shape ({B * m}, {D}), got {g.shape}")
         _check_finite(g, "grad_F", b.reshape(B * m, D))
