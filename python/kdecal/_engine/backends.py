@@ -249,8 +249,10 @@ def loo_reduce(
             progress=progress,
             backend=backend,
         )
-    blocked = resid is not None and _residual_scratch_bytes(p, n_classes, len(scale)) > (
-        RESIDUAL_SCRATCH_BYTES
+    blocked = (
+        resid is not None
+        and backend in ("cpp", "numba")  # the host engines' per-thread scratch
+        and _residual_scratch_bytes(p, n_classes, len(scale)) > RESIDUAL_SCRATCH_BYTES
     )
     out = _engines.dense_loo_reduce(
         backend,
