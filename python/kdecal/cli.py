@@ -511,7 +511,8 @@ def _run_evaluate(args: argparse.Namespace) -> int:
             **({} if args.notions is None else {"notions": args.notions}),
         )
         if args.plot is not None:
-            fig = evaluation_page(probs.p, labels, report=report, backend=args.backend)
+            page_probs = probs.p[:, 1] if probs.binary else probs.p  # the file's form
+            fig = evaluation_page(page_probs, labels, report=report, backend=args.backend)
             fig.savefig(args.plot)
     notes = " ".join(" ".join(report.notes).split()).lower()
     for text in held:

@@ -782,6 +782,7 @@ class _Calibrator:
         L, P, labels, w, lp = self._read_fit(X, y, sample_weight)
         self._fit(L, P, labels, w)
         self._set_fitted(lp.kind, L.shape[1], lp.binary)
+        self._set_feature_names(X)
         Q = np.ascontiguousarray(self._transform(L, P), dtype=np.float64)
         return Q[:, 1].copy() if lp.binary else Q
 

@@ -291,6 +291,15 @@ def test_custom_bregman_non_finite_values_are_refused():
     complex_g = kdecal.Bregman(lambda q: np.sum(q**2, -1), lambda q: (2 * q).astype(complex))
     with pytest.raises(TypeError, match=r"Bregman grad_F must return real numbers"):
         kdecal.calibration_error(s.probs, s.labels, divergence=complex_g, bandwidth=0.1)
+    # Python floats in an object array (np.frompyfunc) are numbers
+    square = np.frompyfunc(lambda v: v * v, 1, 1)
+    objects = kdecal.Bregman(lambda q: square(q).sum(axis=1), lambda q: 2 * q)
+    plain = kdecal.Bregman(lambda q: np.sum(q**2, -1), lambda q: 2 * q)
+    assert kdecal.calibration_error(
+        s.probs, s.labels, divergence=objects, bandwidth=0.1
+    ) == pytest.approx(
+        kdecal.calibration_error(s.probs, s.labels, divergence=plain, bandwidth=0.1), rel=1e-12
+    )
 
 
 # ------------------------------------------------------- refinement / sharpness

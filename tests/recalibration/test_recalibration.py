@@ -1176,6 +1176,14 @@ def test_data_frame_columns_are_classes(cls):
         cal.transform(frame[frame.columns[::-1]])
     with pytest.warns(kdecal.KdecalWarning, match="X does not have valid feature names"):
         cal.transform(z)
+    # fit_transform keeps (and a later fit on an array drops) the names, as fit does
+    via = cls(input="logits")
+    via.fit_transform(frame, y)
+    assert via.feature_names_in_.tolist() == ["cat", "dog", "fox", "owl"]
+    with pytest.raises(ValueError, match="The feature names should match"):
+        via.transform(frame[frame.columns[::-1]])
+    via.fit_transform(z, y)
+    assert not hasattr(via, "feature_names_in_")
     plain = cls(input="logits").fit(z, y)
     assert not hasattr(plain, "feature_names_in_")
     with pytest.warns(kdecal.KdecalWarning, match="X has feature names, but"):

@@ -965,3 +965,38 @@ def test_blas_limits_of_concurrent_calls_are_restored(monkeypatch):
             assert state["threads"] == 2
         assert state["threads"] == 1
     assert state["threads"] == 8 and runtime._blas_active == []
+
+
+def test_cli_page_of_a_binary_file_gets_its_one_column(tmp_path, capsys, monkeypatch):
+    """The command line passes its validated probabilities on; the page of a binary
+    file (one score column) got the (n, 2) rows, which its calibration-sharpness panel
+    reads as K = 2 top-label confidences (another figure than the API's page of the same
+    file). The page gets the file's P(y = 1)."""
+    pytest.importorskip("matplotlib")
+    from kdecal import cli
+
+    seen = []
+
+    class Page:
+        def savefig(self, path):
+            seen.append(path)
+
+    def page(probs, labels, **kw):
+        seen.append(np.asarray(probs).shape)
+        return Page()
+
+    monkeypatch.setattr(cli, "evaluation_page", page)
+    rng = np.random.default_rng(2)
+    p = rng.random(200)
+    np.savez(tmp_path / "b.npz", probs=p, labels=(rng.random(200) < p).astype(int))
+    code, _, err = _cli(
+        capsys,
+        "evaluate",
+        str(tmp_path / "b.npz"),
+        "--n-resamples",
+        "0",
+        "--plot",
+        str(tmp_path / "page.png"),
+    )
+    assert code == 0, err
+    assert seen[0] == (200,)

@@ -83,22 +83,15 @@ def require_numba() -> Any:
 
 
 def numba_fork_unsafe() -> bool:
-    """Whether this is a forked child whose parent started numba's OpenMP layer.
+    """Whether this is a forked child whose parent had started numba's GNU OpenMP layer.
 
-    numba's ``omp`` threading layer (GNU OpenMP) terminates a forked child on its first
-    parallel launch when the parent launched it ("fork() called from a process already
-    using GNU OpenMP"); a layer first started in the child, and the ``tbb`` and
-    ``workqueue`` layers, are fork-safe.
+    numba's ``omp`` threading layer on GNU OpenMP terminates a forked child on its first
+    parallel launch when the parent launched it before the fork ("fork() called from a
+    process already using GNU OpenMP"); a layer first started in the child, Intel's
+    OpenMP, and the ``tbb`` and ``workqueue`` layers are fork-safe. Recorded at the fork
+    (:func:`kdecal._engine.runtime._after_fork_in_child`).
     """
-    if not _runtime._forked_child or _numba_mod is None:
-        return False
-    import numba
-
-    try:
-        layer = numba.threading_layer()
-    except ValueError:  # not started (in the parent or here): the child starts its own
-        return False
-    return bool(layer == "omp")
+    return bool(_runtime._forked_child and _runtime._numba_gnu_omp_at_fork)
 
 
 def load_cuda() -> Any:

@@ -37,9 +37,29 @@ _num_threads: int = 0  # 0: library default (all cores)
 #: hangs), so the engine runs on one thread there (:func:`set_num_threads`).
 _forked_child = False
 
+#: True in a child forked after its parent started numba's GNU OpenMP threading layer,
+#: which terminates the child on its first parallel launch (fork-unsafe).
+_numba_gnu_omp_at_fork = False
+
+
+def _numba_gnu_omp_started() -> bool:
+    """Whether numba (if imported) has started its threading layer on GNU OpenMP."""
+    numba = sys.modules.get("numba")
+    if numba is None:
+        return False
+    try:
+        if numba.threading_layer() != "omp":
+            return False
+        from numba.np.ufunc import omppool
+
+        return str(getattr(omppool, "openmp_vendor", "GNU")) == "GNU"
+    except Exception:  # noqa: BLE001 - not started (ValueError), or another numba layout
+        return False
+
 
 def _after_fork_in_child() -> None:
-    global _num_threads, _forked_child
+    global _num_threads, _forked_child, _numba_gnu_omp_at_fork
+    _numba_gnu_omp_at_fork = _numba_gnu_omp_started()  # the parent's, at the fork
     _forked_child = True
     _num_threads = 1
 
@@ -119,7 +139,7 @@ def get_num_threads() -> int:
 
 
 _blas_lock = threading.Lock()
-_blas_active: list[int] = []  # the limits of the blas_threads blocks in flight, by entry
+_blas_active: list[list[int]] = []  # the blas_threads blocks in flight ([limit]), by entry
 _blas_first: Any = None  # the first block's limiter: its restore is the original state
 
 
@@ -146,18 +166,19 @@ def blas_threads(n: int | None) -> Iterator[None]:
         return
     from threadpoolctl import threadpool_limits
 
+    token = [n]  # this block's entry (removed by identity: blocks may share a limit)
     with _blas_lock:
         limiter = threadpool_limits(limits=n, user_api="blas")
         if not _blas_active:
             _blas_first = limiter
-        _blas_active.append(n)
+        _blas_active.append(token)
     try:
         yield
     finally:
         with _blas_lock:
-            del _blas_active[len(_blas_active) - 1 - _blas_active[::-1].index(n)]
+            del _blas_active[next(i for i, t in enumerate(_blas_active) if t is token)]
             if _blas_active:  # the latest block still in flight
-                threadpool_limits(limits=_blas_active[-1], user_api="blas")
+                threadpool_limits(limits=_blas_active[-1][0], user_api="blas")
             elif _blas_first is not None:
                 _blas_first.restore_original_limits()
                 _blas_first = None

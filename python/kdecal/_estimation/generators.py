@@ -100,12 +100,18 @@ def _check_finite(out: np.ndarray, what: str, points: np.ndarray) -> None:
 def _real_values(values: object, what: str) -> np.ndarray:
     """Return a user generator's output as float64, or raise a TypeError naming it."""
     arr = np.asarray(values)
-    if arr.dtype.kind not in "biuf":
-        raise TypeError(
-            f"Bregman {what} must return real numbers, got dtype {arr.dtype}"
-            + (f" (e.g. {arr.flat[0]!r})" if arr.size else "")
-        )
-    return np.asarray(arr, dtype=np.float64)
+    bad = arr.dtype.kind in "USVcMm" or (
+        arr.dtype == object and any(isinstance(v, (str, bytes, complex)) for v in arr.flat)
+    )
+    if not bad:
+        try:  # numbers, or Python numbers in an object array
+            return np.asarray(arr, dtype=np.float64)
+        except (TypeError, ValueError):
+            pass
+    raise TypeError(
+        f"Bregman {what} must return real numbers, got dtype {arr.dtype}"
+        + (f" (e.g. {arr.flat[0]!r})" if arr.size else "")
+    )
 
 
 class CustomGenerator(Generator):
