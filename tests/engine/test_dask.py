@@ -115,6 +115,35 @@ def test_estimate_equals_cpp(client, data, calibration, debias):
         np.testing.assert_array_equal(est._est.sq, ref._est.sq)
 
 
+def test_residual_sums_by_blocks_on_dask(client, data, monkeypatch):
+    """Where the in-pass residual sums would need a large scratch on each worker thread
+    (many classes), the workers run the pass without them and the client forms them from
+    blocks of kernel weights, as backend="cpp" does: the same numbers as cpp's, and
+    those of the in-pass sums to rounding."""
+    from kdecal._engine import backends as be
+
+    P, y = data
+    # (this module's default estimator is the plug-in: the residual one by name)
+    kw = {"bandwidth": 0.05, "calibration": "canonical", "estimator": "residual"}
+    in_pass = kdecal.estimate(P, y, backend="cpp", **kw)
+    monkeypatch.setattr(be, "RESIDUAL_SCRATCH_BYTES", 0.0)
+    ref = kdecal.estimate(P, y, backend="cpp", **kw)
+    calls = []
+    blocks = be._residual_sums_by_blocks
+
+    def spy(*args, **kwargs):
+        calls.append(args[-1])  # the engine of the blocks
+        return blocks(*args, **kwargs)
+
+    monkeypatch.setattr(be, "_residual_sums_by_blocks", spy)
+    est, tasks = _on_cluster(client, kdecal.estimate, P, y, backend="dask", **kw)
+    _assert_distributed(tasks)
+    assert calls and set(calls) == {"cpp"}  # formed on the client, not in the workers' pass
+    for q in ("ece_kde_l1", "ce_l2", "ce_kl", "refinement_l2"):
+        assert est.value(q) == ref.value(q), q
+        assert est.value(q) == pytest.approx(in_pass.value(q), rel=1e-10, abs=1e-14), q
+
+
 @pytest.mark.parametrize("estimator", ["residual", "plugin"])
 @pytest.mark.parametrize("calibration", ["top_label", "classwise"])
 def test_binary_problems_on_the_fast_engine_equal_cpp(client, calibration, estimator):

@@ -213,7 +213,16 @@ def loo_reduce(
         resid = _check_resid(resid, tuple(p.shape[:-1]), on_device=backend == "cuda")
     work = float(r1 - r0) * n * len(scale) * n_problems
     if backend == "dask":  # row blocks on the workers; dask's own progress report
-        return _dask.loo_reduce(
+        # a task runs the engine on one thread of its worker: the in-pass residual sums'
+        # scratch is that thread's (see RESIDUAL_SCRATCH_BYTES)
+        binary = _use_binary_engine("cpp", p, powers)
+        blocked = (
+            resid is not None
+            and not binary
+            and _residual_scratch_bytes(p, n_classes, len(scale), threads=1)
+            > RESIDUAL_SCRATCH_BYTES
+        )
+        out = _dask.loo_reduce(
             logq,
             p,
             labels,
@@ -225,13 +234,15 @@ def loo_reduce(
             r1,
             show=_runtime.show_progress(work, progress),
             pairs=pairs,
-            resid=resid,
-            binary=(
-                functools.partial(_binary.reduce_block, BINARY_METHOD)
-                if _use_binary_engine("cpp", p, powers)
-                else None
-            ),
+            resid=None if blocked else resid,
+            binary=functools.partial(_binary.reduce_block, BINARY_METHOD) if binary else None,
         )
+        if blocked:  # formed here, from the same row maxima
+            assert resid is not None
+            local = "cpp" if _runtime._core is not None else "numba"
+            sums = _residual_sums_by_blocks(logq, p, scale, bias, out[0], r0, r1, resid, local)
+            out = (*out, *sums)
+        return out
     if _use_binary_engine(backend, p, powers):
         return _binary.loo_reduce_rows(
             logq,
@@ -286,11 +297,14 @@ def loo_reduce(
 RESIDUAL_SCRATCH_BYTES = 256e6
 
 
-def _residual_scratch_bytes(p: Any, n_classes: int, H: int) -> float:
-    """Return the residual sums' share of the dense engine's scratch, all threads (bytes)."""
+def _residual_scratch_bytes(p: Any, n_classes: int, H: int, threads: int | None = None) -> float:
+    """Return the residual sums' share of the dense engine's scratch, all threads (bytes).
+
+    ``threads``: the engine's threads (default: :func:`runtime.get_num_threads`).
+    """
     K = p.shape[-1]
-    threads = max(1, _runtime.get_num_threads())
-    return 8.0 * (K + 1) * n_classes * H * 16 * threads
+    nt = max(1, _runtime.get_num_threads() if threads is None else threads)
+    return 8.0 * (K + 1) * n_classes * H * 16 * nt
 
 
 def _residual_sums_by_blocks(
