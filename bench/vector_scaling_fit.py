@@ -17,48 +17,13 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-from scipy import optimize
-from scipy.special import log_softmax, logsumexp, softmax
+from scipy.special import log_softmax
 
 from kdecal.recalibration import VectorScaling
 
-
-def newton_nll(L: np.ndarray, y: np.ndarray) -> float:
-    """Minimum NLL of softmax(w * L + b) by trust-exact with the exact Hessian."""
-    n, K = L.shape
-    rows = np.arange(n)
-    c = np.array([np.median(L[y == k, k]) if np.any(y == k) else 0.0 for k in range(K)])
-    Lc = L - c  # centred as the fit is (the optimum does not depend on it)
-
-    def fun(th: np.ndarray) -> tuple[float, np.ndarray]:
-        U = th[:K] * Lc + th[K:]
-        R = softmax(U, axis=1)
-        R[rows, y] -= 1.0
-        mb = th[K:].mean()
-        f = float(np.mean(logsumexp(U, axis=1) - U[rows, y])) + 0.5 * mb * mb
-        return f, np.concatenate([(R * Lc).sum(0) / n, R.sum(0) / n + mb / K])
-
-    def hess(th: np.ndarray) -> np.ndarray:
-        P = softmax(th[:K] * Lc + th[K:], axis=1)
-        A = P * Lc
-        Hwb = np.diag(A.sum(0)) - A.T @ P
-        H = np.block(
-            [[np.diag((A * Lc).sum(0)) - A.T @ A, Hwb], [Hwb.T, np.diag(P.sum(0)) - P.T @ P]]
-        )
-        H /= n
-        H[K:, K:] += 1.0 / K**2
-        return H
-
-    x0 = np.r_[np.ones(K), np.zeros(K)]
-    res = optimize.minimize(
-        fun,
-        x0,
-        jac=True,
-        hess=hess,
-        method="trust-exact",
-        options={"gtol": 1e-13, "maxiter": 5000},
-    )
-    return float(res.fun)
+# the tests' independent Newton reference (tests/_reference.py)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from _reference import ref_vector_scaling_nll
 
 
 def main() -> None:
@@ -80,7 +45,7 @@ def main() -> None:
         ref = ""
         if X.shape[1] <= 20:
             L = log_softmax(X, axis=1) if kind == "logits" else np.log(np.maximum(X, 1e-300))
-            ref = f"{newton_nll(L, y):14.10f}"
+            ref = f"{ref_vector_scaling_nll(L, y):14.10f}"
         print(
             f"{f.name[:36]:36s} {X.shape[0]:>6d} x {X.shape[1]:<3d} {cal.nll_:14.10f} "
             f"{'yes' if cal.converged_ else 'NO ':4s} {cal.n_iter_:5d} {sec:6.2f}s {ref}"

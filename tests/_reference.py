@@ -760,3 +760,50 @@ def adversarial_scores():
         "n4_extremes": np.array([0.0, 1.0, 0.5, 0.5]),
         "clustered": np.concatenate([1 - rng.random(300) * 1e-3, rng.random(20)]),
     }
+
+
+# ------------------------------------------------------------- recalibration optimum
+def ref_vector_scaling_nll(L, y):
+    """Minimum mean NLL of softmax(w * L + b) over (w, b), by Newton's method.
+
+    scipy's trust-exact with the exact Hessian, written apart from kdecal's L-BFGS-B
+    fit. Each column of L is shifted by the median over its class's rows (the biases
+    absorb it; the optimum is unchanged) and a gauge term (mean b)^2 / 2 removes the
+    Hessian's null direction (softmax ignores a common shift) without moving the NLL.
+    """
+    from scipy import optimize
+    from scipy.special import softmax
+
+    n, K = L.shape
+    rows = np.arange(n)
+    c = np.array([np.median(L[y == k, k]) if np.any(y == k) else 0.0 for k in range(K)])
+    Lc = L - c
+
+    def fun(th):
+        U = th[:K] * Lc + th[K:]
+        R = softmax(U, axis=1)
+        R[rows, y] -= 1.0
+        mb = th[K:].mean()
+        f = float(np.mean(logsumexp(U, axis=1) - U[rows, y])) + 0.5 * mb * mb
+        return f, np.concatenate([(R * Lc).sum(0) / n, R.sum(0) / n + mb / K])
+
+    def hess(th):
+        P = softmax(th[:K] * Lc + th[K:], axis=1)
+        A = P * Lc
+        Hwb = np.diag(A.sum(0)) - A.T @ P
+        H = np.block(
+            [[np.diag((A * Lc).sum(0)) - A.T @ A, Hwb], [Hwb.T, np.diag(P.sum(0)) - P.T @ P]]
+        )
+        H /= n
+        H[K:, K:] += 1.0 / K**2
+        return H
+
+    res = optimize.minimize(
+        fun,
+        np.r_[np.ones(K), np.zeros(K)],
+        jac=True,
+        hess=hess,
+        method="trust-exact",
+        options={"gtol": 1e-13, "maxiter": 5000},
+    )
+    return float(res.fun)

@@ -13,6 +13,7 @@ import pytest
 from scipy import optimize
 from scipy.special import log_softmax, logsumexp, softmax
 
+import _reference as ref
 import kdecal
 from _helpers import blas_threads
 from conftest import real_file
@@ -1072,50 +1073,6 @@ def test_vector_scaling_converges_at_any_scale(c):
     assert np.max(np.abs(g[4:])) <= 1e-6
 
 
-def _newton_vector_scaling(lq, y):
-    """Minimum NLL of softmax(w * lq + b) by Newton's method (trust-exact, exact Hessian).
-
-    Written apart from the library's fit: a gauge term (mean b)^2 / 2 removes the
-    Hessian's null direction (softmax ignores a common shift) without moving the NLL.
-    """
-    n, K = lq.shape
-    rows = np.arange(n)
-
-    def parts(th):
-        U = th[:K] * lq + th[K:]
-        P = softmax(U, axis=1)
-        return U, P
-
-    def fun(th):
-        U, P = parts(th)
-        R = P.copy()
-        R[rows, y] -= 1.0
-        mb = th[K:].mean()
-        f = np.mean(logsumexp(U, axis=1) - U[rows, y]) + 0.5 * mb * mb
-        return f, np.concatenate([(R * lq).sum(0) / n, R.sum(0) / n + mb / K])
-
-    def hess(th):
-        _, P = parts(th)
-        A = P * lq
-        Hwb = np.diag(A.sum(0)) - A.T @ P
-        H = np.block(
-            [[np.diag((A * lq).sum(0)) - A.T @ A, Hwb], [Hwb.T, np.diag(P.sum(0)) - P.T @ P]]
-        )
-        H /= n
-        H[K:, K:] += 1.0 / K**2
-        return H
-
-    res = optimize.minimize(
-        fun,
-        np.r_[np.ones(K), np.zeros(K)],
-        jac=True,
-        hess=hess,
-        method="trust-exact",
-        options={"gtol": 1e-13, "maxiter": 5000},
-    )
-    return res.fun
-
-
 def test_vector_scaling_reaches_the_optimum_where_a_class_is_decided_near_zero():
     """pathmnist_resnet50: log q_1 lies within 3e-5 of 0 on class 1's rows, and the NLL
     optimum has w_1 ~ 1e3-1e5. Centred by one constant for every class, L-BFGS-B crept
@@ -1126,7 +1083,7 @@ def test_vector_scaling_reaches_the_optimum_where_a_class_is_decided_near_zero()
         z, y = d["logits"].astype(np.float64), d["labels"].astype(np.int64)
     idx = np.random.default_rng(0).choice(y.size, 1000, replace=False)
     z, y = z[idx], y[idx]
-    best = _newton_vector_scaling(log_softmax(z, axis=1), y)
+    best = ref.ref_vector_scaling_nll(log_softmax(z, axis=1), y)
     with warnings_as_errors():
         cal = rc.VectorScaling(input="logits").fit(z, y)
     assert cal.converged_
