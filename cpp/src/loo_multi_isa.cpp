@@ -5,7 +5,8 @@
 //
 // One task = one group of kMultiRows query rows.  For every tile of kColBlock centres:
 // the K-dots of the rows with the tile (the micro-GEMM of the forward pass) and the
-// kernel weights w = exp(L - m) (zero below exp(-kDrop) and on the diagonal),
+// kernel weights w = exp(L - m) (zero below exp(-kDrop), exp(-kClamp) with centre
+// weights, and on the diagonal),
 // transposed to (centre, row), so that a centre's weights for the group are one
 // vector.  Then, per panel of tiles, for each label set b and class c, the sum over the
 // panel's centres of that class (the panel's compressed rows, loo_multi_prepared.hpp)
@@ -191,9 +192,11 @@ void run_group(const MultiPrepared<Real>& mp, i64 q0, double* scratch) noexcept 
             for (i64 r0 = 0; r0 < RB; r0 += kMicroRows)
                 gemm_micro(lq + r0 * K, K, mp.pt + cb * K, bc, g + r0 * kColBlock, kColBlock);
 
-            // kernel weights, row-major: 0 below exp(-kDrop) (kernel_weights: below
-            // exp(-kClamp), since a weighted sum of its products can be far below the
-            // row maximum's term), and on the diagonal
+            // kernel weights, row-major: 0 below exp(-kDrop), and on the diagonal; with
+            // centre weights (a bootstrap replicate's multiplicities) and for
+            // kernel_weights below exp(-kClamp) instead: a replicate whose draws leave
+            // out a row's nearest centres has only terms far below the full sample's
+            // row maximum, which must not be dropped (the dense products keep them too)
             bool any_row = false;
             for (i64 r = 0; r < RB; ++r) {
                 const Real* grow = g + r * kColBlock;
@@ -201,8 +204,8 @@ void run_group(const MultiPrepared<Real>& mp, i64 q0, double* scratch) noexcept 
                 const double* bias = mp.bias + cb;
                 const double off = mr[r];
                 double mx = kNegInf;
-                const bool out_w = mp.W != nullptr || mp.W32 != nullptr;
-                const double lo = opaque(out_w ? -kClamp : -kDrop), hi = opaque(kClamp);
+                const bool deep = W || mp.W != nullptr || mp.W32 != nullptr;
+                const double lo = opaque(deep ? -kClamp : -kDrop), hi = opaque(kClamp);
 #pragma omp simd reduction(max : mx)
                 for (i64 i = 0; i < bc; ++i) {
                     double x = bias[i] + s * static_cast<double>(grow[i]) - off;
@@ -214,7 +217,7 @@ void run_group(const MultiPrepared<Real>& mp, i64 q0, double* scratch) noexcept 
                     w[i] = keep_or_zero(!drop, e);
                 }
                 if (diag[r] >= cb && diag[r] < cb + bc) w[diag[r] - cb] = 0.0;
-                any_row = any_row || mx >= -kDrop;
+                any_row = any_row || mx >= lo;
             }
             if (mp.W != nullptr) {  // kernel_weights: the tile's weights, row by row
                 const i64 ncol = (n - cb) < kColBlock ? (n - cb) : kColBlock;

@@ -372,12 +372,12 @@ def test_float32_inputs_run_in_float64_below_fast_min_h():
         np.testing.assert_allclose(g[0], g64[0], rtol=tol, atol=tol * np.abs(g64[0]).max())
 
 
-def _multi_ref(logq, p, m, labels, C, scale, bias, weights):
+def _multi_ref(logq, p, m, labels, C, scale, bias, weights, floor=-64.0):
     L = bias[None, :] + scale * (logq.astype(np.float64) @ p.astype(np.float64).T)
     n = L.shape[0]
     L[np.arange(n), np.arange(n)] = -np.inf
     X = L - m[:, None]
-    W = np.where(X >= -64.0, np.exp(np.minimum(X, 0.0)), 0.0)
+    W = np.where(X >= floor, np.exp(np.minimum(X, 0.0)), 0.0)
     B = labels.shape[0]
     S = np.zeros((B, n, C))
     Q = np.zeros((B, n, C))
@@ -400,12 +400,52 @@ def test_multi_label_pass_equals_the_brute_force(weighted):
     labels = rng.integers(0, K, (B, n)).astype(np.int64)
     w = rng.poisson(1.0, (B, n)).astype(np.float64) if weighted else None
     S, Q = cu.loo_reduce_multi(logq, p, m, labels, K, 1 / h, bias[0], w, 2, 2, n)
-    Sr, Qr = _multi_ref(logq, p, m, labels, K, 1 / h, bias[0], np.ones((B, n)) if w is None else w)
+    Sr, Qr = _multi_ref(
+        logq,
+        p,
+        m,
+        labels,
+        K,
+        1 / h,
+        bias[0],
+        np.ones((B, n)) if w is None else w,
+        -64.0 if w is None else -230.0,  # with centre weights, terms down to exp(-230)
+    )
     np.testing.assert_allclose(S, Sr[:, 2:], rtol=1e-12, atol=1e-300)
     np.testing.assert_allclose(Q, Qr[:, 2:], rtol=1e-12, atol=1e-300)
     S1, Q1 = cu.loo_reduce_multi(logq, p, m, labels, K, 1 / h, bias[0], w, 1, 0, n)
     assert Q1.shape == (0, 0, 0)
     np.testing.assert_allclose(S1, Sr, rtol=1e-12, atol=1e-300)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
+def test_multi_label_pass_keeps_far_terms_of_weighted_rows(dtype):
+    """Centre weights 0 on a row's near centres (a bootstrap replicate that drew none of
+    them): the row's sums are terms 64-230 nats below its maximum, kept (the compiled
+    core and the dense products keep them too; float32 mode takes the float64 exp below
+    -80, where the float32 one underflows)."""
+    n, K, B, h = 40, 3, 4, 0.02
+    P, _ = _points(n, K, seed=4, alpha=0.3)
+    logq, p, bias = _inputs(P, [h], dtype)
+    L = bias[0][None, :] + (logq.astype(np.float64) @ p.astype(np.float64).T) / h
+    L[np.arange(n), np.arange(n)] = -np.inf
+    m = L.max(axis=1)
+    w = np.ones((B, n))
+    deep = []
+    for j in range(n):
+        x = L[j] - m[j]
+        if ((x < -90.0) & (x > -200.0)).any() and len(deep) < B:
+            w[len(deep), x >= -90.0] = 0.0
+            deep.append(j)
+    assert len(deep) == B
+    labels = np.random.default_rng(5).integers(0, K, (B, n)).astype(np.int64)
+    S, Q = cu.loo_reduce_multi(logq, p, m, labels, K, 1 / h, bias[0], w, 2, 0, n)
+    Sr, Qr = _multi_ref(logq, p, m, labels, K, 1 / h, bias[0], w, -230.0)
+    rtol = 1e-12 if dtype == np.float64 else 1e-3  # float32 K-dots: 1e-7 |G| / h per term
+    for b, j in enumerate(deep):
+        assert 0.0 < Sr[b, j].sum() < np.exp(-90.0)
+        np.testing.assert_allclose(S[b, j], Sr[b, j], rtol=rtol, atol=rtol * Sr[b, j].sum())
+        np.testing.assert_allclose(Q[b, j], Qr[b, j], rtol=rtol, atol=rtol * Qr[b, j].sum())
 
 
 def _grad_ref(logq, p, labels, C, scale, bias, lse, coef):

@@ -58,10 +58,14 @@ def _row_max(logq, p, bias, scale):
 
 
 def _brute(logq, p, m, labels, C, scale, bias, weights):
-    """Float64 brute force of (S, Q) with the n x n matrix (terms < exp(-64) dropped)."""
+    """Float64 brute force of (S, Q) with the n x n matrix.
+
+    Terms below exp(-64) of the row maximum are dropped, with centre weights those
+    below exp(-230).
+    """
     L = _log_kernel(logq, p, bias, scale)
     X = L - m[:, None]
-    W = np.where(X >= -DROP, np.exp(np.minimum(X, 0.0)), 0.0)
+    W = np.where(X >= -(DROP if weights is None else CLAMP), np.exp(np.minimum(X, 0.0)), 0.0)
     B, n = labels.shape
     wts = np.ones((B, n)) if weights is None else weights
     S = np.empty((B, n, C))
@@ -121,6 +125,42 @@ def test_matches_brute_force(dtype, weighted, n, K, C, B, h):
                 _close(Q, rQ[:, a:b], rtol, f"Q rows {a}:{b}")
             else:
                 assert Q.shape == (0, 0, 0)
+
+
+@pytest.mark.parametrize("backend", ["cpp", "numba"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
+def test_weighted_rows_keep_terms_far_below_the_row_maximum(backend, dtype):
+    """Centre weights 0 on a row's near centres (a bootstrap replicate that drew none of
+    them): its sums are terms 64-230 nats below the full sample's maximum, kept to
+    rounding of the row's own total (the dense products keep them too); they were
+    dropped, emptying the row (Dask and the GPU resample on this pass)."""
+    if backend == "cpp" and core is None:
+        pytest.skip("compiled core not available")
+    if backend == "numba":
+        pytest.importorskip("numba")
+    n, K, C, B, h = 80, 3, 3, 4, 0.002
+    logq, p, bias, labels, _ = _problem(n, K, C, B, h, seed=9, dtype=dtype)
+    scale = 1.0 / h
+    L = _log_kernel(logq, p, bias, scale)
+    m = L.max(axis=1)
+    weights = np.ones((B, n))
+    deep = []
+    for j in range(n):  # rows with terms between 64 and 200 nats below their maximum
+        x = L[j] - m[j]
+        near, far = x >= -DROP, (x < -DROP) & (x > -200.0)
+        if far.any() and len(deep) < B:
+            weights[len(deep), near] = 0.0
+            deep.append(j)
+    assert len(deep) == B
+    S, Q = _backends.loo_reduce_multi(
+        logq, p, m, labels, C, scale, bias, weights, powers=2, backend=backend
+    )
+    rS, rQ = _brute(logq, p, m, labels, C, scale, bias, weights)
+    rtol = 1e-12 if dtype == np.float64 else 1e-3  # float32 K-dots: 1e-7 |G| / h per term
+    for b, j in enumerate(deep):
+        assert rS[b, j].sum() > 0.0 and rS[b, j].sum() < np.exp(-DROP)
+        np.testing.assert_allclose(S[b, j], rS[b, j], rtol=rtol, atol=rtol * rS[b, j].sum())
+        np.testing.assert_allclose(Q[b, j], rQ[b, j], rtol=rtol, atol=rtol * rQ[b, j].sum())
 
 
 @needs_core

@@ -18,10 +18,14 @@
 //
 // Terms with L_ij - m_j < -kDrop are dropped (exactly zero), i.e. every kept w_ij is in
 // [exp(-kDrop), 1] (up to rounding) and no exp argument is ever clamped.  Relative to
-// the row's largest term a dropped term is < 1.6e-28; but note that with centre weights
-// a (b, j) whose every kept centre has weight 0 gets S[b,j,:] = 0 even when far-away
-// centres carry weight (extreme bandwidths only): the caller must treat a zero row
-// total as undefined.  A row with m_j = -inf (no centre at all, n == 1) gets zeros.
+// the row's largest term a dropped term is < 1.6e-28.  With centre weights the terms
+// are kept down to exp(-kClamp) instead, as kernel_weights keeps them: a bootstrap
+// replicate that draws none of a row's nearest centres has only terms far below the
+// full sample's maximum m_j, and dropping them at kDrop emptied such rows (or kept a
+// few of their terms).  A (b, j) whose every kept centre has weight 0 gets S[b,j,:] = 0
+// even when centres beyond exp(-kClamp) carry weight (extreme bandwidths only): the
+// caller must treat a row total that small as undefined.  A row with m_j = -inf (no
+// centre at all, n == 1) gets zeros.
 //
 // Results do not depend on the number of threads, nor on how the rows are split into
 // [row_start, row_stop) ranges: every row is reduced by one thread, over the centres in
@@ -72,9 +76,9 @@ bool loo_reduce_multi(const MultiProblem<float>& prob, double* S, double* Q, int
 /// The kernel weights themselves, for dense products with many value vectors (the
 /// resampling of residual estimates: W @ M is a BLAS GEMM).  Writes W (R, n) with
 /// W[r, s] = w_{j, order[s]} for query j = row_start + r: the w_ij of loo_reduce_multi
-/// (0 on the diagonal), kept down to exp(-kClamp) of the row maximum where
-/// loo_reduce_multi drops those below exp(-kDrop) (a product with bootstrap
-/// multiplicities can leave a row only terms far below its maximum's), 0 below, the
+/// (0 on the diagonal), kept down to exp(-kClamp) of the row maximum (as
+/// loo_reduce_multi keeps them with centre weights; without, it drops those below
+/// exp(-kDrop)), 0 below, the
 /// centres in the engine's sorted order
 /// `order` (n,), written too (a permutation of 0..n-1: the caller permutes its value
 /// vectors instead of the n x n weights).  The labels, weights, u, B, C and powers of

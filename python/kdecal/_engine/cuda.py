@@ -135,8 +135,14 @@ FAST_MIN_H = 0.01
 _CLAMP = -230.0
 
 #: Terms below this (relative to the row maximum) are dropped by the multi-label pass,
-#: as in the compiled core (each is below 1.6e-28 of the largest term).
+#: as in the compiled core (each is below 1.6e-28 of the largest term); with centre
+#: weights (bootstrap multiplicities) those below ``_CLAMP``: a replicate that draws none
+#: of a row's nearest centres holds only terms far below the full sample's maximum.
 _DROP = -64.0
+
+#: The float32 exp of the fast mode is used down to this; below it (where float32
+#: underflows) the multi-label pass with centre weights takes the float64 exp.
+_FAST_EXP_MIN = -80.0
 
 _INF = math.inf
 
@@ -1284,15 +1290,20 @@ def _loo_reduce_lean_sums(
 
 
 @functools.cache
-def _multi_kernel(K: int, C: int, fast: bool, powers: int, resid: bool = False) -> Any:
+def _multi_kernel(
+    K: int, C: int, fast: bool, powers: int, resid: bool = False, deep: bool = False
+) -> Any:
     """Compile the multi-label kernel.
 
     One block per query row; thread ``tid`` of block ``(r, y)`` owns label set
     ``y * TILE + tid`` and, in turn, computes the weight of one centre of each tile.
     ``resid`` (a compile-time constant): also ``U[b, r] = sum weights w^2 u``.
+    ``deep`` (centre weights given): terms are kept down to ``_CLAMP`` instead of
+    ``_DROP`` below the row maximum.
     """
     dt = float32 if fast else float64
     TB = TILE
+    floor = _CLAMP if deep else _DROP
 
     @cuda.jit
     def kern(logq, pq, cj, pT, m, labT, wT, scale, bias, row0, S, Q, uT, U):  # pragma: no cover
@@ -1335,8 +1346,8 @@ def _multi_kernel(K: int, C: int, fast: bool, powers: int, resid: bool = False) 
                         for k in range(1, K):
                             g += lqs[k] * pT[k, i]
                     x = cuda.fma(scale, float64(g), bias[i] + sj) - mj
-                    if x >= _DROP:
-                        if fast:
+                    if x >= floor:
+                        if fast and x >= _FAST_EXP_MIN:
                             wv = float64(math.exp(float32(min(x, 0.0))))
                         else:
                             wv = math.exp(min(x, 0.0))
@@ -1876,8 +1887,8 @@ def loo_reduce_multi(
 
     Notes
     -----
-    Terms with ``L_ij - m[j] < -64`` are dropped, as in the compiled core. Nothing is
-    validated here (the caller validates).
+    Terms with ``L_ij - m[j] < -64`` (with ``weights``: ``< -230``) are dropped, as in
+    the compiled core. Nothing is validated here (the caller validates).
     """
     lab_h = _host(labels).astype(np.int32)
     B, n = lab_h.shape
@@ -1907,7 +1918,7 @@ def loo_reduce_multi(
     Q = cuda.device_array((B, R, C) if powers >= 2 else (0, 0, 0), dtype=np.float64)
     U = cuda.device_array((B, R) if has_u else (1, 1), dtype=np.float64)
     if R > 0 and B > 0:
-        kern = _multi_kernel(K, C, fast, int(powers), has_u)
+        kern = _multi_kernel(K, C, fast, int(powers), has_u, weights is not None)
         step = _launch_rows(n, 1.0 + B / 32.0)
         nby = (B + TILE - 1) // TILE
         for a in range(r0, r1, step):

@@ -733,6 +733,9 @@ def _loo_reduce(
 # Multi-label pass: the class sums of B label sets (and centre weights) at once.
 # ---------------------------------------------------------------------------
 _DROP = -64.0  # terms more than 64 below the row max are dropped (kDrop of the engine)
+# ... with centre weights, those more than 230 below (kClamp): a bootstrap replicate may
+# hold only such terms for a row whose nearest centres it did not draw
+_DROP_WEIGHTED = _CLAMP
 
 
 @njit(parallel=True, **_JIT)
@@ -753,8 +756,10 @@ def _multi_kernel(
     n_chunks,
     resid,
     U,
+    floor,
 ):
     # Query rows [row_start, row_stop) go to output rows out_off + (j - row_start).
+    # Terms with L_ij - m_j below `floor` are dropped (_DROP, or _DROP_WEIGHTED).
     # resid None (U then empty): no residual sums, compiled out (a pruned branch).
     K = pT.shape[0]
     n = pT.shape[1]
@@ -791,7 +796,7 @@ def _multi_kernel(
             na = 0
             for i in range(n):
                 x = (bias[i] + scale * np.float64(acc[i])) - mj
-                if x >= _DROP and i != j:
+                if x >= floor and i != j:
                     w[na] = _exp_nonpos(min(x, -_CLAMP))
                     act[na] = i
                     na += 1
@@ -839,8 +844,8 @@ def _loo_reduce_multi(
         Q[b, j, c] = sum_{i != j, labels[b, i] == c} weights[b, i] * w_ij ** 2
         U[b, j]    = sum_{i != j} weights[b, i] * w_ij ** 2 * resid[b, i]   (with ``resid``)
 
-    Terms with ``L_ij - m[j] < -64`` are dropped, as in the C++ engine; a row with
-    ``m[j] = -inf`` gets zeros.
+    Terms with ``L_ij - m[j] < -64`` (with ``weights``: ``< -230``) are dropped, as in
+    the C++ engine; a row with ``m[j] = -inf`` gets zeros.
 
     Parameters
     ----------
@@ -885,6 +890,7 @@ def _loo_reduce_multi(
     m = np.ascontiguousarray(m, dtype=np.float64)
     bias = np.ascontiguousarray(bias, dtype=np.float64)
     labels = np.ascontiguousarray(labels, dtype=np.int64)
+    floor = _DROP if weights is None else _DROP_WEIGHTED
     if weights is None:
         weights = np.ones(labels.shape, dtype=np.float64)
     weights = np.ascontiguousarray(weights, dtype=np.float64)
@@ -916,6 +922,7 @@ def _loo_reduce_multi(
                 4 * nt,
                 resid,
                 U,
+                floor,
             )
             if progress is not None:
                 progress(b - row_start)
