@@ -15,7 +15,7 @@ from ._estimation import replicates as _replicates
 from ._estimation import search as _search
 from ._estimation.quantities import QUANTITIES
 from ._estimation.regression import ESTIMATORS
-from ._numerics import ValueEq
+from ._numerics import ValueEq, resampling_pvalue
 from ._validation import Probs, check_choice, check_p, check_seed
 from .warnings import KdecalWarning, quiet
 
@@ -105,7 +105,9 @@ class CalibrationTestResult(ValueEq):
         Its value on the data.
     pvalue : float
         ``(1 + #{T*_b >= T}) / (1 + n_resamples)``, the Monte Carlo p-value of the null
-        hypothesis "the model is calibrated" (in the notion of the estimate).
+        hypothesis "the model is calibrated" (in the notion of the estimate); a ``T*_b``
+        equal to ``T`` up to rounding (within 1e-13, or 1e-12 of the larger magnitude: a
+        redrawn label set equal to the observed one) counts as ``>=``.
     null_distribution : ndarray, shape (n_resamples,), float64
         The statistic on labels redrawn from the predicted probabilities.
     bandwidth : float
@@ -951,7 +953,7 @@ class CalibrationEstimate:
         out = {}
         for s, null in dist.items():
             t = _quiet(QUANTITIES[s], self._for(s))
-            pv = (1.0 + np.count_nonzero(null >= t)) / (1.0 + R)
+            pv = resampling_pvalue(null, t)
             h = self._for(s).bandwidth
             out[s] = CalibrationTestResult(s, t, float(pv), null, float(h))
         return out

@@ -6,7 +6,18 @@ import math
 
 import numpy as np
 
-__all__ = ["ValueEq", "exact_sum", "same_value"]
+__all__ = ["ValueEq", "exact_sum", "resampling_pvalue", "same_value"]
+
+#: Null values within this fraction of the larger magnitude (the statistic's or the null
+#: values'), or within :data:`PVALUE_TIE_ATOL`, of the statistic count as ties in
+#: :func:`resampling_pvalue`.
+PVALUE_TIE_RTOL = 1e-12
+
+#: ... the absolute part: the statistics are means of functions of probabilities (values
+#: of order 1, rounded at about 1e-16), so two evaluations of one label set on different
+#: paths differ by a few 1e-16 however small the statistic (a residual ``y - f`` of
+#: 2e-12 computed as ``1 - f`` carries a relative error of 1e-4).
+PVALUE_TIE_ATOL = 1e-13
 
 #: Below this many terms :func:`exact_sum` is ``math.fsum`` itself.
 _EXACT_SUM_MIN = 1024
@@ -89,3 +100,20 @@ class ValueEq:
             return NotImplemented
         names = self.__dataclass_fields__  # type: ignore[attr-defined]
         return all(same_value(getattr(self, k), getattr(other, k)) for k in names)
+
+
+def resampling_pvalue(null: np.ndarray, statistic: float) -> float:
+    """Return the resampling p-value ``(1 + #{null >= statistic}) / (1 + R)``.
+
+    A null value equal to the statistic up to rounding counts as at least as large: one
+    within ``max(PVALUE_TIE_RTOL * max(|statistic|, max |null|), PVALUE_TIE_ATOL)`` of
+    it. Such ties are exact in exact arithmetic (a resampled label set equal to the
+    observed one, which small or near one-hot samples redraw often), and which side of
+    the statistic their rounding fell on depended on the summation order and the path
+    (the backend, the row blocks).
+    """
+    null = np.asarray(null, dtype=np.float64)
+    scale = max(abs(float(statistic)), float(np.max(np.abs(null), initial=0.0)))
+    tie = max(PVALUE_TIE_RTOL * scale, PVALUE_TIE_ATOL) if math.isfinite(scale) else 0.0
+    return float((1.0 + np.count_nonzero(null >= statistic - tie)) / (1.0 + null.size))
+

@@ -1335,3 +1335,36 @@ def test_l2_ece_intervals_are_the_signed_roots_of_the_squared_errors():
         got = ssq(np.array([r["ece_kde_l2"][x] for x in ("value", "low", "high")]))
         want = [r["ce_l2"][x] for x in ("value", "low", "high")]
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-17)
+
+
+def test_resampling_pvalue_counts_ties_up_to_rounding():
+    """A null value equal to the statistic up to rounding counts as >=, a clearly smaller one not."""
+    from kdecal._numerics import resampling_pvalue
+
+    t = 0.014039857914926578
+    below = np.array([t - 5.2e-18, t - 6.9e-18, t * (1 - 1e-9), t + 1e-3, 0.0])
+    # the first two are ties, the third is 1e-9 below (not a tie), the fourth is above
+    assert resampling_pvalue(below, t) == (1 + 3) / 6
+    assert resampling_pvalue(np.array([0.0, -0.0]), 0.0) == 1.0
+    assert resampling_pvalue(np.array([np.nan, 1.0]), 0.5) == 2 / 3
+    # tiny statistics: ties within 1e-13 absolute, differences beyond it count
+    t = 4.000600211385183e-24
+    assert resampling_pvalue(np.array([t - 1.85e-28, t - 2e-13]), t) == 2 / 3
+    # large statistics: ties within 1e-12 relative
+    assert resampling_pvalue(np.array([1e4 * (1 - 1e-13), 1e4 * (1 - 1e-11)]), 1e4) == 2 / 3
+
+
+@pytest.mark.parametrize("calibration", ["canonical", "top_label", "classwise"])
+def test_calibration_test_of_one_hot_predictions_ties_every_resample(calibration):
+    """Correct one-hot predictions: every redrawn label set is the observed one, so p = 1.
+
+    Each null value equals the statistic in exact arithmetic; their rounding differed
+    (summation order), and the p-value was 0.09 on one backend and 1.0 on another.
+    """
+    y = np.tile(np.arange(3), 14)
+    P = np.eye(3)[y]
+    for q in ("ce_l2", "ece_kde_l1"):
+        t = kdecal.calibration_test(
+            P, y, statistic=q, bandwidth=0.1, calibration=calibration, n_resamples=10, seed=0
+        )
+        assert t.pvalue == 1.0, (q, t.statistic, t.null_distribution - t.statistic)
