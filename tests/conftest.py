@@ -44,6 +44,7 @@ SHIPPED_FULL = (
     "adrenalmnist3d_resnet50.npz",
     "agnews_gpt2_zeroshot.npz",
     "cifar10_resnet50_psrcal.npz",
+    "cifar10_wideresnet164_netcal.npz",
     "pathmnist_resnet50.npz",
     "pneumoniamnist_resnet50.npz",
     "sst2_gpt2_4shot.npz",

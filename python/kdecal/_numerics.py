@@ -116,4 +116,3 @@ def resampling_pvalue(null: np.ndarray, statistic: float) -> float:
     scale = max(abs(float(statistic)), float(np.max(np.abs(null), initial=0.0)))
     tie = max(PVALUE_TIE_RTOL * scale, PVALUE_TIE_ATOL) if math.isfinite(scale) else 0.0
     return float((1.0 + np.count_nonzero(null >= statistic - tie)) / (1.0 + null.size))
-

@@ -137,6 +137,11 @@ SEARCH_SEPARATED_Z = 4.0
 #: be worse than the best mode's for the search to stop following that mode.
 SEARCH_MODE_Z = 2.0
 
+#: Bandwidths per engine call where :func:`_search_bandwidths` evaluates the whole grid
+#: (problems of at most ``2 * SEARCH_SUBSET_MIN`` points): each call holds the class sums
+#: of that many bandwidths on all rows.
+SEARCH_EXHAUSTIVE_GROUP = 8
+
 #: Memory (bytes) the search may hold in accumulators of candidate bandwidths so that
 #: its last stages double as the estimate's pass. Above it, the accumulators farthest
 #: from the current best are dropped (their rows are recomputed if one of them is
@@ -199,6 +204,21 @@ def cv_risk_rows(
     lab = problem.labels[:, rows]  # (B, R)
     out = np.zeros(S.shape[1:3]) if into is None else into
     positive = lab == 1 if problem.binary else None
+    with np.errstate(under="ignore"):  # ratios of tiny class sums: 0 is their value
+        _risk_rows_into(problem, S, criterion, lab, positive, out, into is None)
+    return out
+
+
+def _risk_rows_into(
+    problem: Problem,
+    S: np.ndarray,
+    criterion: str,
+    lab: np.ndarray,
+    positive: np.ndarray | None,
+    out: np.ndarray,
+    fresh: bool,
+) -> None:
+    """Sum the per-row risks of :func:`cv_risk_rows` into ``out`` (H, R)."""
     for t in range(S.shape[1]):
         St = S[:, t]
         if positive is not None:
@@ -217,12 +237,11 @@ def cv_risk_rows(
                 err = _f.squared_rows(E[..., c], _f.one_hot(lab, St.shape[-1])[..., c])
             else:
                 err = _f.log_risk_rows(np.maximum(E, 1e-300), lab)
-        if into is None:
+        if fresh:
             out[t] = np.sum(err, axis=0)
         else:
             for e in err:
                 out[t] += e
-    return out
 
 
 def cv_risk(problem: Problem, S: np.ndarray, criterion: str, rows: slice) -> np.ndarray:
@@ -562,11 +581,14 @@ def _settled(ev: _Evaluations, c: str, b: int, rows: int) -> bool:
     return gain <= tol * se
 
 
-def _coarse_modes(ev: _Evaluations, c: str, rows: int) -> list[int]:
+def _coarse_modes(ev: _Evaluations, c: str, rows: int, plausible: bool = False) -> list[int]:
     """Evaluate every 6th grid value (and the last) on rows ``[0, rows)``; return the modes.
 
     The modes: the local minima of that coarse risk curve whose paired mean risk excess
-    over its minimum is within 3 standard errors (the minimum's index among them).
+    over its minimum is within 3 standard errors (the minimum's index among them). With
+    ``plausible``, every coarse value within 3 standard errors of the minimum, local
+    minimum or not: on a few hundred rows a mode of the risk on all rows can sit on the
+    slope of another (the two modes of ``_search_bandwidths``'s docstring).
     """
     G = len(SEARCH_GRID)
     coarse = list(range(0, G, 6))
@@ -578,7 +600,8 @@ def _coarse_modes(ev: _Evaluations, c: str, rows: int) -> list[int]:
     modes = [
         coarse[k]
         for k in range(len(coarse))
-        if (k == 0 or cr[k] <= cr[k - 1]) and (k == len(coarse) - 1 or cr[k] <= cr[k + 1])
+        if plausible
+        or ((k == 0 or cr[k] <= cr[k - 1]) and (k == len(coarse) - 1 or cr[k] <= cr[k + 1]))
     ]
     return [i for i in modes if i == a or _paired_excess(ev, c, i, a, rows) <= 3.0]
 
@@ -607,12 +630,16 @@ def _search_bandwidths(
     so that the first ``r`` rows are a random subset, every stage reuses the rows the
     earlier ones evaluated, and the result does not depend on the caller's row order. For each criterion:
 
-    1. every 6th grid value (a ratio of 3.16) on the first ``m / 2`` rows, where
-       ``m = n // 20`` clipped to [:data:`SEARCH_SUBSET_MIN`, :data:`SEARCH_SUBSET_MAX`]
-       (``m = n`` when ``n <= 2 * SEARCH_SUBSET_MIN``);
-    2. the 5 grid values around the best of 1, and around every other local minimum of
-       1 whose paired mean risk excess over the best is within 3 standard errors, on
-       the first ``m`` rows;
+    0. problems of at most ``2 * SEARCH_SUBSET_MIN`` points: every grid value on all
+       rows (:data:`SEARCH_EXHAUSTIVE_GROUP` per engine call), the exact argmin; else
+    1. every 6th grid value (a ratio of 3.16) on the first ``m`` rows, where
+       ``m = n // 20`` clipped to [:data:`SEARCH_SUBSET_MIN`, :data:`SEARCH_SUBSET_MAX`];
+    2. the 5 grid values around every value of 1 whose paired mean risk excess over the
+       best is within 3 standard errors, local minimum of that coarse curve or not, on
+       the same rows. (Around its local minima only, on half the rows, the search missed
+       the better of two modes on two of 19 real files at n = 10,000, by 11 and 21 grid
+       steps: a few hundred rows put one mode on the other's slope, and the coarse grid
+       does not resolve modes a factor 8 apart; ``bench/README.md``, "Two modes");
     3. a local search on rows ``m, 2 m, 4 m, ..., n`` from the best of each window of
        stage 2: at each row count, the best bandwidth's two neighbours are evaluated,
        and the search steps to a neighbour while it is better, until the best is a
@@ -648,7 +675,6 @@ def _search_bandwidths(
         if n <= 2 * SEARCH_SUBSET_MIN
         else min(max(SEARCH_SUBSET_MIN, n // 20), SEARCH_SUBSET_MAX)
     )
-    m_coarse = m_sub if m_sub == n else m_sub // 2
     # the rows of the final comparison
     last = n if SEARCH_ROWS_MAX is None else min(n, max(int(SEARCH_ROWS_MAX), m_sub))
     perm = None
@@ -672,7 +698,7 @@ def _search_bandwidths(
     ev = _Evaluations(sub, criteria, max(powers, 1), backend, progress)
 
     def choose(c: str) -> tuple[int, int]:
-        done = m_coarse  # every comparison uses the query rows [0, done)
+        done = m_sub  # every comparison uses the query rows [0, done)
 
         def risk(i: int) -> float:
             return float(np.mean(ev.risk(c, i, done)))
@@ -681,12 +707,11 @@ def _search_bandwidths(
             """Paired mean risk excess of i over b, in standard errors (rows [0, done))."""
             return _paired_excess(ev, c, i, b, done)
 
-        # stage 2 around every local minimum of the coarse curve that the subset cannot
-        # tell from the best one (risk curves can have two modes, e.g. a small-h and a
-        # large-h regression of nearly equal risk)
-        modes = _coarse_modes(ev, c, done)
+        # stage 2 around every coarse value that the subset cannot tell from the best
+        # one (risk curves can have two modes, e.g. a small-h and a large-h regression of
+        # nearly equal risk, and on a subset one can sit on the other's slope)
+        modes = _coarse_modes(ev, c, done, plausible=True)
         cand = sorted({j for i in modes for j in range(max(0, i - 2), min(G, i + 3))})
-        done = m_sub
         ev.ensure(cand, done, keep)
         # the best of each mode's window (two modes' windows may overlap: one start)
         starts = sorted({min((j for j in cand if abs(j - i) <= 2), key=risk) for i in modes})
@@ -721,8 +746,18 @@ def _search_bandwidths(
 
     chosen: dict[str, tuple[int, int]] = {}
     winners: set[int] = set()  # accumulators kept for the criteria already searched
+    if m_sub == n:
+        # few rows: every grid value on all of them, SEARCH_EXHAUSTIVE_GROUP bandwidths per
+        # engine call (sharing its K-dots): the exact argmin, for about the cost of the
+        # stages' single-bandwidth passes (which following every plausible coarse value
+        # on all rows made 2-4 times dearer)
+        for g0 in range(0, G, SEARCH_EXHAUSTIVE_GROUP):
+            ev.ensure(list(range(g0, min(G, g0 + SEARCH_EXHAUSTIVE_GROUP))), n, False)
+        for c in criteria:
+            chosen[c] = (int(np.argmin([np.mean(ev.risk(c, i, n)) for i in range(G)])), n)
     for c in criteria:
-        chosen[c] = choose(c)
+        if c not in chosen:
+            chosen[c] = choose(c)
         winners.add(chosen[c][0])
     acc: dict[int, tuple[np.ndarray, ...]] = {}
     if powers > 0:
