@@ -679,6 +679,33 @@ def test_content_order_is_independent_of_the_row_order():
         assert 0.3 < np.mean(order[:300] < 300) < 0.7
 
 
+def test_content_order_and_search_do_not_depend_on_the_class_order():
+    """Relabelling the classes (columns of probs and label values permuted alike) keeps
+    the search's row order, and so the automatic bandwidth: the hash weighed each column
+    by its own multiplier, so the subsets changed with the class order, and with them,
+    on two-mode risk curves, the chosen bandwidth (squared L2 estimates 3-4 times apart
+    on real files)."""
+    from conftest import real_file
+
+    with np.load(real_file("agnews_gpt2_zeroshot.npz")) as d:
+        P = kdecal.softmax(d["logits"][:2500].astype(np.float64))
+        y = d["labels"][:2500].astype(np.int64)
+    K = P.shape[1]
+    base = {
+        cal: kdecal.estimate(P, y, calibration=cal) for cal in ("canonical", "classwise")
+    }
+    for seed in range(2):
+        perm = np.random.default_rng(seed).permutation(K)
+        Pp, yp = P[:, perm], np.argsort(perm)[y]
+        for cal, want in base.items():
+            a = _problem.make_problem(check_probs(P), y, cal)
+            b = _problem.make_problem(check_probs(Pp), yp, cal)
+            np.testing.assert_array_equal(_problem.content_order(a), _problem.content_order(b))
+            got = kdecal.estimate(Pp, yp, calibration=cal)
+            assert got.bandwidth == want.bandwidth
+            np.testing.assert_allclose(got.ece_kde(1), want.ece_kde(1), rtol=1e-10)
+
+
 def test_search_does_not_depend_on_the_row_order():
     """Shuffling the rows does not move the chosen bandwidth.
 

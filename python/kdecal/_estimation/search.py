@@ -628,7 +628,8 @@ def _search_bandwidths(
     The query rows are visited in one random-looking order fixed by their contents
     (:func:`~kdecal._estimation.problem.content_order`; against all n centres, always),
     so that the first ``r`` rows are a random subset, every stage reuses the rows the
-    earlier ones evaluated, and the result does not depend on the caller's row order. For each criterion:
+    earlier ones evaluated, and the result depends neither on the caller's row order
+    nor on the order of the classes. For each criterion:
 
     0. problems of at most ``2 * SEARCH_SUBSET_MIN`` points: every grid value on all
        rows (:data:`SEARCH_EXHAUSTIVE_GROUP` per engine call), the exact argmin; else
