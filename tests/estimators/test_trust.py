@@ -691,9 +691,7 @@ def test_content_order_and_search_do_not_depend_on_the_class_order():
         P = kdecal.softmax(d["logits"][:2500].astype(np.float64))
         y = d["labels"][:2500].astype(np.int64)
     K = P.shape[1]
-    base = {
-        cal: kdecal.estimate(P, y, calibration=cal) for cal in ("canonical", "classwise")
-    }
+    base = {cal: kdecal.estimate(P, y, calibration=cal) for cal in ("canonical", "classwise")}
     for seed in range(2):
         perm = np.random.default_rng(seed).permutation(K)
         Pp, yp = P[:, perm], np.argsort(perm)[y]
