@@ -174,7 +174,12 @@ def _quantile_bins(conf: np.ndarray, n_bins: int) -> tuple[np.ndarray, np.ndarra
     xs = np.sort(conf)
     j = np.arange(1, n_bins + 1, dtype=np.int64)
     ranks = -((-j * n) // n_bins)  # ceil(j n / B), 1-based, in 1..n
-    edges = np.unique(np.concatenate([xs[:1], xs[ranks - 1]]))
+    if ranks[0] == 1:
+        # B >= n: the first quantile is x_(1) itself, the bin [x_(1), x_(1)] of the
+        # smallest confidence (merged with the left end, the two smallest shared a bin)
+        edges = np.concatenate([xs[:1], np.unique(xs[ranks - 1])])
+    else:
+        edges = np.unique(np.concatenate([xs[:1], xs[ranks - 1]]))
     if edges.shape[0] == 1:  # every confidence is the same value c: one bin [c, c]
         edges = np.array([edges[0], edges[0]])
     return edges, bin_index(conf, edges)
@@ -372,7 +377,9 @@ def binned_statistics(
     ``B = n_bins``, the candidate edges are ``x_(1)`` and ``x_(r_j)`` with
     ``r_j = ceil(j n / B)``, ``j = 1..B`` (the ``j / B`` quantiles of the empirical
     distribution, inverse-CDF definition, so every edge is an observed confidence).
-    Equal edges are merged, so there are ``B' <= min(B, #distinct confidences)`` bins;
+    Equal edges are merged, so there are ``B' <= min(B, #distinct confidences)`` bins
+    (when ``B >= n``, ``r_1 = 1`` and the first bin is ``[x_(1), x_(1)]``: each distinct
+    confidence its own bin);
     bins are right-closed ``(e_b, e_{b+1}]`` with the first one closed, so every sample is
     in exactly one bin, samples with equal confidence are always in the same bin, and no
     bin is empty (bin b contains the sample equal to ``e_{b+1}``).  Without ties the bin
@@ -468,10 +475,13 @@ def _sweep_cuts(
         return t[:, 1:] != t[:, :-1]
     # quantile: u[p] (p >= 1) ends a bin iff it is an edge, the order statistic of some
     # rank ceil(j n / b) in (cum[p - 1], cum[p]], i.e. iff floor(cum[p] b / n) >
-    # floor(cum[p - 1] b / n); u[0] is the first edge and ends no bin
+    # floor(cum[p - 1] b / n); u[0] is the first edge, and ends the bin [u[0], u[0]]
+    # when b >= n (rank ceil(n / b) = 1)
     q = (cum[None, :] * b) // n
     cut = np.zeros((bs.shape[0], u.shape[0] - 1), dtype=bool)
     cut[:, 1:] = q[:, 1:-1] > q[:, :-2]
+    if cut.shape[1]:
+        cut[:, 0] = bs >= n
     return cut
 
 

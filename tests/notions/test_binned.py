@@ -195,10 +195,23 @@ def test_quantile_bins_equal_mass_without_ties():
     edges, idx = binned._quantile_bins(np.full(5, 0.3), 4)
     np.testing.assert_array_equal(edges, [0.3, 0.3])
     np.testing.assert_array_equal(idx, 0)
-    # fewer samples than bins: one bin per distinct value
+    # fewer samples than bins: one bin per distinct value, the first [x_(1), x_(1)]
+    # (the first two shared [.1, .4] when x_(1) was merged with the left end)
     edges, idx = binned._quantile_bins(np.array([0.7, 0.1, 0.4]), 15)
-    np.testing.assert_array_equal(edges, [0.1, 0.4, 0.7])
-    np.testing.assert_array_equal(idx, [1, 0, 0])  # [.1, .4] holds .1 and .4
+    np.testing.assert_array_equal(edges, [0.1, 0.1, 0.4, 0.7])
+    np.testing.assert_array_equal(idx, [2, 0, 1])
+    # n bins of n distinct values: one row per bin, so the binned L2 ECE is the root
+    # mean square of conf - outcome over the rows
+    rng = np.random.default_rng(0)
+    p = rng.uniform(0.5, 1, 10)
+    y = (rng.uniform(size=10) < p).astype(int)
+    P = np.column_stack([1 - p, p])
+    st = binned.binned_statistics(P, y, n_bins=10, binning="quantile")
+    np.testing.assert_array_equal(st.counts, np.ones(10))
+    got = binned.ece(P, y, n_bins=10, binning="quantile", p=2)
+    np.testing.assert_allclose(
+        got, np.sqrt(np.mean((np.maximum(p, 1 - p) - (P.argmax(1) == y)) ** 2))
+    )
 
 
 def test_quantile_bins_properties_random_ties():
@@ -215,7 +228,9 @@ def test_quantile_bins_properties_random_ties():
         assert np.all(counts > 0), (trial, conf, edges)  # never empty by construction
         for v in np.unique(conf):  # ties stay together
             assert np.unique(idx[conf == v]).size == 1
-        assert np.all(np.diff(edges) > 0) or nb == 1
+        # increasing; the first bin [x_(1), x_(1)] has width 0 when n_bins >= n
+        assert np.all(np.diff(edges[1:]) > 0) or nb == 1
+        assert edges[1] > edges[0] or n_bins >= n or nb == 1
         lo, hi = edges[idx], edges[idx + 1]
         assert np.all((conf <= hi) & ((conf > lo) | ((idx == 0) & (conf == lo))))
 
@@ -550,7 +565,11 @@ def ref_bins(conf, outcome, n_bins, binning):
         edges = [b / n_bins for b in range(n_bins + 1)]
     else:  # order statistics x_(1), x_(ceil(j n / B)), ties merged
         xs = sorted(conf)
-        edges = sorted({xs[0]} | {xs[-(-j * n // n_bins) - 1] for j in range(1, n_bins + 1)})
+        quantiles = {xs[-(-j * n // n_bins) - 1] for j in range(1, n_bins + 1)}
+        if n_bins >= n:  # ceil(n / B) = 1: the first bin is [x_(1), x_(1)]
+            edges = [xs[0]] + sorted(quantiles)
+        else:
+            edges = sorted({xs[0]} | quantiles)
         if len(edges) == 1:
             edges = edges * 2
     out = []
