@@ -274,12 +274,13 @@ def test_resid_validation(backend):
 
 
 # --------------------------------------------------------------------- multi label sets
-def _multi_ref(logq, p, m, scale, bias, weights, u, f64=False):
-    """U[b, j] and the sum of its |terms| (terms below exp(-64) of the row max dropped)."""
+def _multi_ref(logq, p, m, scale, bias, weights, u, f64=False, weighted=False):
+    """U[b, j] and the sum of its |terms| (terms below exp(-64) of the row max dropped;
+    with centre weights, ``weighted``, those below exp(-230))."""
     L = bias[None, :] + scale * _dot(logq, p, f64)
     np.fill_diagonal(L, -np.inf)
     X = L - m[:, None]
-    W = np.where(X >= DROP, np.exp(np.minimum(X, 0.0)), 0.0)
+    W = np.where(X >= (-230.0 if weighted else DROP), np.exp(np.minimum(X, 0.0)), 0.0)
     wu = weights * u
     return (W * W) @ wu.T, (W * W) @ np.abs(wu).T  # (n, B)
 
@@ -298,7 +299,7 @@ def test_multi_numba_matches_brute_force(weighted, n, K, C, B, h):
     weights = rng.poisson(1.0, size=(B, n)).astype(np.float64) if weighted else None
     u = rng.normal(size=(B, n))
     wts = np.ones((B, n)) if weights is None else weights
-    rU, rUabs = _multi_ref(logq, p, m, scale[0], bias[0], wts, u)
+    rU, rUabs = _multi_ref(logq, p, m, scale[0], bias[0], wts, u, weighted=weighted)
     for powers in (1, 2):
         for r0, r1 in [(0, n), (1, n), (n // 2, n // 2)]:
             args = (logq, p, m, labels, C, scale[0], bias[0], weights)
@@ -641,6 +642,6 @@ def test_cuda_multi_matches_brute_force(weighted, dtype):
         # to the last bit under the simulator; on a device the kernel compiled with the
         # residual sums may contract a multiply-add differently (1 ulp seen on an H200)
         np.testing.assert_allclose(a, b, rtol=1e-15, atol=0)
-    rU, rUabs = _multi_ref(logq, p, m, scale[0], bias[0], wts, u, f64=True)
+    rU, rUabs = _multi_ref(logq, p, m, scale[0], bias[0], wts, u, f64=True, weighted=weighted)
     tol = 1e-10 if dtype == np.float64 else 1e-5
     assert _rel(out[2], rU[2:].T, rUabs[2:].T) <= tol

@@ -353,11 +353,13 @@ def _multi_problem(n, K, C, B, h, *, seed=0, dtype=np.float64, weighted=False):
 
 
 def _multi_brute(logq, p, m, scale, bias, weights, u):
-    """Float64 (U, Uabs) with the multi pass's drop rule (terms < exp(-64) of m)."""
+    """Float64 (U, Uabs) with the multi pass's drop rule (terms < exp(-64) of m; with
+    centre weights, < exp(-230))."""
     L = bias[None, :] + scale * (logq.astype(np.float64) @ p.astype(np.float64).T)
     np.fill_diagonal(L, -np.inf)
     X = L - m[:, None]
-    W2 = np.where(X >= -DROP, np.exp(np.minimum(X, 0.0)), 0.0) ** 2
+    floor = -DROP if weights is None else -230.0
+    W2 = np.where(X >= floor, np.exp(np.minimum(X, 0.0)), 0.0) ** 2
     wu = u if weights is None else weights * u
     return wu @ W2.T, np.abs(wu) @ W2.T
 
