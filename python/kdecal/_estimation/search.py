@@ -205,43 +205,30 @@ def cv_risk_rows(
     out = np.zeros(S.shape[1:3]) if into is None else into
     positive = lab == 1 if problem.binary else None
     with np.errstate(under="ignore"):  # ratios of tiny class sums: 0 is their value
-        _risk_rows_into(problem, S, criterion, lab, positive, out, into is None)
+        for t in range(S.shape[1]):
+            St = S[:, t]
+            if positive is not None:
+                # binary problems: the same numbers, without the (B, R, 2) temporaries
+                # (E_1 = S_1 / (S_0 + S_1); the Brier risk on the positive coordinate)
+                s0, s1 = St[..., 0], St[..., 1]
+                total = s0 + s1
+                if criterion == "brier":
+                    err = (s1 / total - positive) ** 2
+                else:
+                    err = -np.log(np.maximum(np.where(positive, s1, s0) / total, 1e-300))
+            else:
+                E = St / St.sum(axis=-1, keepdims=True)
+                if criterion == "brier":
+                    c = problem.coords
+                    err = _f.squared_rows(E[..., c], _f.one_hot(lab, St.shape[-1])[..., c])
+                else:
+                    err = _f.log_risk_rows(np.maximum(E, 1e-300), lab)
+            if into is None:
+                out[t] = np.sum(err, axis=0)
+            else:
+                for e in err:
+                    out[t] += e
     return out
-
-
-def _risk_rows_into(
-    problem: Problem,
-    S: np.ndarray,
-    criterion: str,
-    lab: np.ndarray,
-    positive: np.ndarray | None,
-    out: np.ndarray,
-    fresh: bool,
-) -> None:
-    """Sum the per-row risks of :func:`cv_risk_rows` into ``out`` (H, R)."""
-    for t in range(S.shape[1]):
-        St = S[:, t]
-        if positive is not None:
-            # binary problems: the same numbers, without the (B, R, 2) temporaries
-            # (E_1 = S_1 / (S_0 + S_1); the Brier risk on the positive coordinate)
-            s0, s1 = St[..., 0], St[..., 1]
-            total = s0 + s1
-            if criterion == "brier":
-                err = (s1 / total - positive) ** 2
-            else:
-                err = -np.log(np.maximum(np.where(positive, s1, s0) / total, 1e-300))
-        else:
-            E = St / St.sum(axis=-1, keepdims=True)
-            if criterion == "brier":
-                c = problem.coords
-                err = _f.squared_rows(E[..., c], _f.one_hot(lab, St.shape[-1])[..., c])
-            else:
-                err = _f.log_risk_rows(np.maximum(E, 1e-300), lab)
-        if fresh:
-            out[t] = np.sum(err, axis=0)
-        else:
-            for e in err:
-                out[t] += e
 
 
 def cv_risk(problem: Problem, S: np.ndarray, criterion: str, rows: slice) -> np.ndarray:
