@@ -137,9 +137,20 @@ SEARCH_SEPARATED_Z = 4.0
 #: be worse than the best mode's for the search to stop following that mode.
 SEARCH_MODE_Z = 2.0
 
+#: :func:`_search_bandwidths` evaluates the whole grid on all rows (the exact argmin) for
+#: problems of at most this many points, ...
+SEARCH_EXHAUSTIVE_MAX_N = 1000
+
+#: ... and for batches of ``B`` problems of ``n`` points with ``B n^2`` at most this many
+#: pairs (a single problem of up to 2,000 points: there the search's stages cost about as
+#: many passes as the grid, 0.1-0.4 s, and on 590 real subsets of 1,001-2,000 points it
+#: missed the argmin in 9, moving the estimates by 0.2-23 bootstrap standard errors;
+#: ``bench/README.md``, "The exhaustive grid up to 2,000 points").
+SEARCH_EXHAUSTIVE_MAX_PAIRS = 4_000_000
+
 #: Bandwidths per engine call where :func:`_search_bandwidths` evaluates the whole grid
-#: (problems of at most ``2 * SEARCH_SUBSET_MIN`` points): each call holds the class sums
-#: of that many bandwidths on all rows.
+#: (:data:`SEARCH_EXHAUSTIVE_MAX_N`): each call holds the class sums of that many
+#: bandwidths on all rows.
 SEARCH_EXHAUSTIVE_GROUP = 8
 
 #: Memory (bytes) the search may hold in accumulators of candidate bandwidths so that
@@ -618,7 +629,9 @@ def _search_bandwidths(
     earlier ones evaluated, and the result depends neither on the caller's row order
     nor on the order of the classes. For each criterion:
 
-    0. problems of at most ``2 * SEARCH_SUBSET_MIN`` points: every grid value on all
+    0. problems of at most :data:`SEARCH_EXHAUSTIVE_MAX_N` points, and batches of ``B``
+       problems with ``B n^2 <=`` :data:`SEARCH_EXHAUSTIVE_MAX_PAIRS` (one problem of up
+       to 2,000 points): every grid value on all
        rows (:data:`SEARCH_EXHAUSTIVE_GROUP` per engine call), the exact argmin; else
     1. every 6th grid value (a ratio of 3.16) on the first ``m`` rows, where
        ``m = n // 20`` clipped to [:data:`SEARCH_SUBSET_MIN`, :data:`SEARCH_SUBSET_MAX`];
@@ -660,7 +673,8 @@ def _search_bandwidths(
     G, n = len(grid), problem.n
     m_sub = (
         n
-        if n <= 2 * SEARCH_SUBSET_MIN
+        if n <= SEARCH_EXHAUSTIVE_MAX_N
+        or problem.p.shape[0] * n * n <= SEARCH_EXHAUSTIVE_MAX_PAIRS
         else min(max(SEARCH_SUBSET_MIN, n // 20), SEARCH_SUBSET_MAX)
     )
     # the rows of the final comparison
