@@ -143,8 +143,8 @@ SEARCH_EXHAUSTIVE_MAX_N = 1000
 
 #: ... and for batches of ``B`` problems of ``n`` points with ``B n^2`` at most this many
 #: pairs (a single problem of up to 2,000 points: there the search's stages cost about as
-#: many passes as the grid, 0.1-0.4 s, and on 590 real subsets of 1,001-2,000 points it
-#: missed the argmin in 9, moving the estimates by 0.2-23 bootstrap standard errors;
+#: many passes as the grid, 0.1-0.4 s, and on 366 real subsets of 1,001-2,000 points it
+#: missed the argmin in 10, moving the estimates by 0.2-23 bootstrap standard errors;
 #: ``bench/README.md``, "The exhaustive grid up to 2,000 points").
 SEARCH_EXHAUSTIVE_MAX_PAIRS = 4_000_000
 
