@@ -551,9 +551,12 @@ def clip_renormalise(a: np.ndarray) -> np.ndarray:
     log-probabilities: finite, in [0, 1], rows summing to 1 up to rounding), which need
     no checks.  Returns a new C-contiguous float64 array; ``a`` is not modified.
     """
-    a = np.maximum(a, PROB_EPS)
+    # C order first: the row sums' rounding (and every estimate after it) must not depend
+    # on the caller's memory layout (a Fortran-ordered copy of the same values summed
+    # its rows in another order, and 1 - p of confidences within 1e-11 of 1 moved by 1e-5)
+    a = np.ascontiguousarray(np.maximum(a, PROB_EPS))
     a /= a.sum(axis=1, keepdims=True)
-    return np.ascontiguousarray(a)
+    return a
 
 
 def check_labels(

@@ -182,7 +182,9 @@ def _resolve_bandwidth(
             problem, np.asarray(DEFAULT_BANDWIDTH_GRID), backend, progress
         )
     record, _ = _search.search_bandwidth(problem, "brier", 0, backend, progress)
-    _warn_at_grid_end(record.bandwidth, _search.SEARCH_GRID, record.criterion)
+    _warn_at_grid_end(
+        record.bandwidth, _search.SEARCH_GRID, record.criterion, record.tried.values()
+    )
     return record.bandwidth
 
 
@@ -261,7 +263,9 @@ def _run_criteria(
     # the kinds of one criterion share its search: one warning per search
     searches = {id(search): search for _, search in fits.values() if search is not None}
     for search in searches.values():
-        _warn_at_grid_end(search.bandwidth, _search.SEARCH_GRID, search.criterion)
+        _warn_at_grid_end(
+            search.bandwidth, _search.SEARCH_GRID, search.criterion, search.tried.values()
+        )
     return fits, P, y, be
 
 
@@ -938,10 +942,12 @@ def select_bandwidth(
         hs = np.asarray(check_bandwidths(grid, "grid"), dtype=np.float64)
         risk = _search.cv_risk_grid(problem, hs, str(criterion), be, progress)
         h = float(hs[int(np.argmin(risk))])
-        _warn_at_grid_end(h, hs, str(criterion))
+        _warn_at_grid_end(h, hs, str(criterion), risk)
         return h
     record, _ = _search.search_bandwidth(problem, str(criterion), 0, be, progress)
-    _warn_at_grid_end(record.bandwidth, _search.SEARCH_GRID, record.criterion)
+    _warn_at_grid_end(
+        record.bandwidth, _search.SEARCH_GRID, record.criterion, record.tried.values()
+    )
     return record.bandwidth
 
 

@@ -1000,3 +1000,47 @@ def test_cli_page_of_a_binary_file_gets_its_one_column(tmp_path, capsys, monkeyp
     )
     assert code == 0, err
     assert seen[0] == (200,)
+
+
+@pytest.mark.filterwarnings("ignore::kdecal.warnings.KdecalWarning")  # single-neighbour rows
+def test_estimates_do_not_depend_on_the_memory_layout():
+    """The same float64 values in C and in Fortran order give the same estimates, bit for
+    bit. Saturated rows (confidence within 1e-11 of 1, rounded to 2 decimals and
+    renormalised) summed their row sums in another order in Fortran order, and the
+    binary problems' 1 - p moved by 1e-5 relative: top-label L1 1.9e-7 apart."""
+    rng = np.random.default_rng(4)
+    z = rng.normal(size=(400, 10)) * 8.0
+    P = np.exp(z - z.max(axis=1, keepdims=True))
+    P = np.round(P / P.sum(axis=1, keepdims=True), 2)
+    P = P / P.sum(axis=1, keepdims=True)
+    y = np.array([rng.choice(10, p=np.clip(q, 0, None) / np.clip(q, 0, None).sum()) for q in P])
+    C, F = np.ascontiguousarray(P), np.asfortranarray(P)
+    for calibration in ("canonical", "top_label", "classwise"):
+        for h in (0.003, 0.5):
+            kw = {"calibration": calibration, "bandwidth": h}
+            assert kdecal.ece_kde(C, y, **kw) == kdecal.ece_kde(F, y, **kw)
+            a = kdecal.calibration_error(C, y, divergence="l2", **kw)
+            assert a == kdecal.calibration_error(F, y, divergence="l2", **kw)
+
+
+@pytest.mark.parametrize("case", ["identical rows", "one-hot top-label"])
+def test_no_grid_end_warning_where_the_risk_does_not_depend_on_the_bandwidth(case):
+    """All prediction vectors identical (or one-hot, top-label: every confidence 1): the
+    kernel weighs every centre alike at every bandwidth, the risk is the same over the
+    grid, and the search's end value is a tie, not an optimum outside the range."""
+    rng = np.random.default_rng(0)
+    if case == "identical rows":
+        P, cal = np.tile([0.5, 0.3, 0.2], (200, 1)), "canonical"
+        y = rng.choice(3, 200, p=[0.5, 0.3, 0.2])
+    else:
+        top = rng.choice(2, 300)
+        P, cal = np.eye(2)[top], "top_label"
+        y = np.where(rng.random(300) < 0.9, top, 1 - top)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        est = kdecal.estimate(P, y, calibration=cal)
+        h = kdecal.select_bandwidth(P, y, calibration=cal)
+    assert est.value("ece_kde_l1") == pytest.approx(
+        kdecal.ece_kde(P, y, calibration=cal, bandwidth=1.0), rel=1e-12
+    )
+    assert h == est.bandwidth

@@ -7,7 +7,7 @@ of the regression ``E[y | f]`` (Brier or log score), searched coarse to fine.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -51,7 +51,7 @@ def select_bandwidth(
     """Grid value maximising the LOO likelihood (summed over the problems of a batch)."""
     ll = loo_log_likelihood(problem, grid, backend, progress).sum(axis=0)
     h = float(grid[int(np.argmax(ll))])
-    warn_at_grid_end(h, grid, "loo-mle")
+    warn_at_grid_end(h, grid, "loo-mle", ll)
     return h
 
 
@@ -84,9 +84,22 @@ def grid_end_warnings_once(func: _F) -> _F:
     return cast(_F, each_text_once)
 
 
-def warn_at_grid_end(h: float, grid: np.ndarray, criterion: str) -> None:
-    """Warn when a search of more than one bandwidth chose an end of its range."""
+def warn_at_grid_end(
+    h: float, grid: np.ndarray, criterion: str, risks: Iterable[float] | None = None
+) -> None:
+    """Warn when a search of more than one bandwidth chose an end of its range.
+
+    ``risks``: the criterion's values at the bandwidths the search evaluated. Where they
+    are all equal (to 1e-12 relative: all prediction vectors identical, or one-hot
+    top-label confidences all 1, where the kernel weighs every centre alike at every
+    bandwidth) the end was chosen by a tie, and nothing lies outside: no warning.
+    """
     lo, hi = float(np.min(grid)), float(np.max(grid))
+    if risks is not None:
+        r = np.asarray(list(risks), dtype=np.float64)
+        scale = max(float(np.max(np.abs(r), initial=0.0)), 1e-300)
+        if r.size > 1 and np.all(np.isfinite(r)) and float(np.ptp(r)) <= 1e-12 * scale:
+            return
     if len(grid) > 1 and (h <= lo or h >= hi):
         text = (
             f"the bandwidth search ({criterion} criterion) chose h = {h:g}, the "
