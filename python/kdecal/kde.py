@@ -942,7 +942,7 @@ def select_bandwidth(
         hs = np.asarray(check_bandwidths(grid, "grid"), dtype=np.float64)
         risk = _search.cv_risk_grid(problem, hs, str(criterion), be, progress)
         h = float(hs[int(np.argmin(risk))])
-        _warn_at_grid_end(h, hs, str(criterion), risk)
+        _warn_at_grid_end(h, hs, str(criterion))  # a flat risk here may continue outside
         return h
     record, _ = _search.search_bandwidth(problem, str(criterion), 0, be, progress)
     _warn_at_grid_end(

@@ -1372,46 +1372,60 @@ def test_calibration_test_of_one_hot_predictions_ties_every_resample(calibration
 
 def test_ordering_note_rule():
     """The canonical squared L2 error bounds the top-label one and K times the class-wise
-    one from above in truth: the note speaks where the canonical estimate (its interval's
-    upper end) is below half of the larger bound (the top-label interval's lower end)."""
+    one from above in truth: the note speaks where the canonical interval's upper end is
+    below half of the larger bound (each at its interval's lower end where it has one)."""
     from kdecal import _evaluate
 
     can = {"ce_l2": 0.0014, "ce_l2_ci": [0.0011, 0.0017], "bandwidth_l2": 0.889}
     top = {"ce_l2": 0.0062, "ce_l2_ci": [0.0052, 0.0079]}
     cw = {"ce_l2": 0.00086}
     (note,) = _evaluate._ordering_notes({"canonical": can, "top_label": top, "classwise": cw}, 10)
-    assert "below 10 times the class-wise one (0.0086)" in note  # 0.0086 > 0.0052
+    assert "below 10 times the class-wise one (0.0086 at the least)" in note  # > 0.0052
     assert "interval up to 0.0017" in note and "at least about 0.0086" in note
+    assert "(h = 0.889)" in note
     (note,) = _evaluate._ordering_notes({"canonical": can, "top_label": top}, 10)
-    assert "below the top-label one (0.0062)" in note  # its point estimate, bound 0.0052
+    assert "below the top-label one (0.0052 at the least)" in note  # its interval's lower end
+    # a class-wise interval: K times its lower end
+    cw_ci = {"ce_l2": 0.00086, "ce_l2_ci": [0.0002, 0.0015]}
+    (note,) = _evaluate._ordering_notes(
+        {"canonical": can, "top_label": top, "classwise": cw_ci}, 10
+    )
+    assert "the top-label one (0.0052" in note  # 10 x 0.0002 < 0.0052
     # the interval's upper end at half the bound or above: no note
     wide = dict(can, ce_l2_ci=[0.0011, 0.0027])
     assert _evaluate._ordering_notes({"canonical": wide, "top_label": top}, 10) == []
-    # without intervals the point estimates compare
-    assert _evaluate._ordering_notes({"canonical": {"ce_l2": 0.0014}, "classwise": cw}, 10)
-    assert not _evaluate._ordering_notes({"canonical": {"ce_l2": 0.0014}, "classwise": cw}, 3)
-    # calibrated models: bounds below ORDERING_MIN_SQUARED say nothing
-    tiny = {"canonical": {"ce_l2": -0.0015}, "classwise": {"ce_l2": 0.00009}}
+    # no canonical interval: no note (a calibrated model's point estimates cross the rule)
+    point = {"ce_l2": 0.0001}
+    assert _evaluate._ordering_notes({"canonical": point, "classwise": cw}, 10) == []
+    assert not _evaluate._ordering_notes({"canonical": can, "classwise": cw}, 3)  # 0.0026
+    # a NaN bound does not hide a finite one
+    nan = {"ce_l2": math.nan}
+    assert _evaluate._ordering_notes({"canonical": can, "top_label": nan, "classwise": cw}, 10)
+    # bounds below ORDERING_MIN_SQUARED say nothing
+    tiny = {"canonical": dict(can, ce_l2_ci=[-0.003, 0.0004]), "classwise": {"ce_l2": 0.00009}}
     assert _evaluate._ordering_notes(tiny, 10) == []
     assert _evaluate._ordering_notes({"top_label": top}, 10) == []
 
 
 def test_evaluate_notes_a_canonical_squared_error_below_its_bounds():
-    """The bundled CIFAR-10 model (first 3,000 rows): at the Brier bandwidth the canonical
-    squared L2 estimate is a third of the top-label one, its lower bound in truth."""
-    from kdecal._io import bundled_example_path
+    """A CIFAR-10 model (first 3,000 rows): at the Brier bandwidth the canonical squared
+    L2 estimate is a third of the top-label one, its lower bound in truth; not for a
+    calibrated model."""
+    from conftest import real_file
 
-    with np.load(bundled_example_path()) as d:
+    with np.load(real_file("cifar10_wideresnet164_netcal.npz")) as d:
         P, y = d["probs"][:3000], d["labels"][:3000]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", kdecal.KdecalWarning)
-        rep = kdecal.evaluate(P, y, n_resamples=0)
-    can, top = rep.notions["canonical"]["ce_l2"], rep.notions["top_label"]["ce_l2"]
-    assert can < 0.5 * top
-    assert any("Jensen" in note and f"({top:.3g})" in note for note in rep.notes)
+        rep = kdecal.evaluate(P, y, n_resamples=20, seed=0)
+    can, top, cw = (rep.notions[k] for k in ("canonical", "top_label", "classwise"))
+    bound = max(top["ce_l2_ci"][0], 10 * cw["ce_l2"])  # 0.0051, 0.019
+    assert can["ce_l2_ci"][1] < 0.5 * bound  # 0.0031
+    assert any("Jensen" in note and f"at least about {bound:.3g}" in note for note in rep.notes)
     s = make_seeds_synthetic(3000, 10, t1=0.6, t2=1.0, seed=3)  # calibrated: no note
-    Pc, yc = s.probs, s.labels
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", kdecal.KdecalWarning)
-        rep = kdecal.evaluate(Pc, yc, n_resamples=0)
+        rep = kdecal.evaluate(s.probs, s.labels, n_resamples=20, seed=0)
+        assert not any("Jensen" in note for note in rep.notes)
+        rep = kdecal.evaluate(P, y, n_resamples=0)  # no canonical interval: no note
     assert not any("Jensen" in note for note in rep.notes)

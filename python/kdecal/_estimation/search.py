@@ -51,7 +51,7 @@ def select_bandwidth(
     """Grid value maximising the LOO likelihood (summed over the problems of a batch)."""
     ll = loo_log_likelihood(problem, grid, backend, progress).sum(axis=0)
     h = float(grid[int(np.argmax(ll))])
-    warn_at_grid_end(h, grid, "loo-mle", ll)
+    warn_at_grid_end(h, grid, "loo-mle")
     return h
 
 
@@ -89,10 +89,13 @@ def warn_at_grid_end(
 ) -> None:
     """Warn when a search of more than one bandwidth chose an end of its range.
 
-    ``risks``: the criterion's values at the bandwidths the search evaluated. Where they
+    ``risks``: the criterion's values at the bandwidths a search over the whole
+    :data:`SEARCH_GRID` evaluated (its stages cover the grid from 1e-5 to 10). Where they
     are all equal (to 1e-12 relative: all prediction vectors identical, or one-hot
     top-label confidences all 1, where the kernel weighs every centre alike at every
-    bandwidth) the end was chosen by a tie, and nothing lies outside: no warning.
+    bandwidth) the end was chosen by a tie: no warning. Not for a caller's grid: a risk
+    flat over a few tiny bandwidths (the kernel then acts as a nearest-neighbour rule)
+    can fall beyond them.
     """
     lo, hi = float(np.min(grid)), float(np.max(grid))
     if risks is not None:
