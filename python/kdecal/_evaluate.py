@@ -330,7 +330,7 @@ def _ordering_notes(notions: dict[str, dict[str, object]], K: int) -> list[str]:
     if not isinstance(value, float) or not isinstance(ci, list):
         return []
     high = float(ci[1])
-    bounds: list[tuple[str, float]] = []  # (what, bound)
+    bounds: list[tuple[str, float, str]] = []  # (what, bound, how)
     for name, scale, what in (
         ("top_label", 1.0, "the top-label one"),
         ("classwise", float(K), f"{K} times the class-wise one"),
@@ -338,18 +338,19 @@ def _ordering_notes(notions: dict[str, dict[str, object]], K: int) -> list[str]:
         row = notions.get(name, {})
         est, lo = row.get("ce_l2"), row.get("ce_l2_ci")
         bound = float(lo[0]) if isinstance(lo, list) else est
+        how = ", its interval's lower end" if isinstance(lo, list) else ""
         if isinstance(bound, float) and math.isfinite(bound):
-            bounds.append((what, scale * bound))
+            bounds.append((what, scale * bound, how))
     if not bounds or not math.isfinite(high):
         return []
-    what, bound = max(bounds, key=lambda b: b[1])
+    what, bound, how = max(bounds, key=lambda b: b[1])
     if not (bound >= ORDERING_MIN_SQUARED and high < 0.5 * bound):
         return []
     h = can.get("bandwidth_l2")
     at = f" (h = {h:.3g})" if isinstance(h, float) else ""
     note = (
         f"The canonical squared L2 calibration error ({value:.3g}, interval up to "
-        f"{high:.3g}) is below {what} ({bound:.3g} at the least), which it bounds from "
+        f"{high:.3g}) is below {what} ({bound:.3g}{how}), which it bounds from "
         "above in truth (the other notion conditions on less of the prediction: Jensen's "
         f"inequality). Here the canonical kernel{at} smooths most of the miscalibration "
         f"away: read the canonical squared L2 error as at least about {bound:.3g}."

@@ -1380,11 +1380,11 @@ def test_ordering_note_rule():
     top = {"ce_l2": 0.0062, "ce_l2_ci": [0.0052, 0.0079]}
     cw = {"ce_l2": 0.00086}
     (note,) = _evaluate._ordering_notes({"canonical": can, "top_label": top, "classwise": cw}, 10)
-    assert "below 10 times the class-wise one (0.0086 at the least)" in note  # > 0.0052
+    assert "below 10 times the class-wise one (0.0086)" in note  # > 0.0052
     assert "interval up to 0.0017" in note and "at least about 0.0086" in note
     assert "(h = 0.889)" in note
     (note,) = _evaluate._ordering_notes({"canonical": can, "top_label": top}, 10)
-    assert "below the top-label one (0.0052 at the least)" in note  # its interval's lower end
+    assert "below the top-label one (0.0052, its interval's lower end)" in note
     # a class-wise interval: K times its lower end
     cw_ci = {"ce_l2": 0.00086, "ce_l2_ci": [0.0002, 0.0015]}
     (note,) = _evaluate._ordering_notes(
