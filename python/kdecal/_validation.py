@@ -1028,5 +1028,6 @@ def softmax(logits: object, axis: int = -1) -> np.ndarray:
         raise ValueError(f"logits is empty (shape {z.shape})")
     if not np.all(np.isfinite(z)):
         raise ValueError("logits contains NaN or infinite values")
+    out = np.asarray(_sp_softmax(z, axis=axis))
     # C order: the same logits in another memory layout give the same bits downstream
-    return np.ascontiguousarray(_sp_softmax(z, axis=axis))
+    return out if out.flags.c_contiguous else np.ascontiguousarray(out)
