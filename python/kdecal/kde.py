@@ -182,9 +182,7 @@ def _resolve_bandwidth(
             problem, np.asarray(DEFAULT_BANDWIDTH_GRID), backend, progress
         )
     record, _ = _search.search_bandwidth(problem, "brier", 0, backend, progress)
-    _warn_at_grid_end(
-        record.bandwidth, _search.SEARCH_GRID, record.criterion, record.tried.values()
-    )
+    _warn_at_grid_end(record.bandwidth, _search.SEARCH_GRID, record.criterion, record.tried)
     return record.bandwidth
 
 
@@ -263,9 +261,7 @@ def _run_criteria(
     # the kinds of one criterion share its search: one warning per search
     searches = {id(search): search for _, search in fits.values() if search is not None}
     for search in searches.values():
-        _warn_at_grid_end(
-            search.bandwidth, _search.SEARCH_GRID, search.criterion, search.tried.values()
-        )
+        _warn_at_grid_end(search.bandwidth, _search.SEARCH_GRID, search.criterion, search.tried)
     return fits, P, y, be
 
 
@@ -945,9 +941,7 @@ def select_bandwidth(
         _warn_at_grid_end(h, hs, str(criterion))  # a flat risk here may continue outside
         return h
     record, _ = _search.search_bandwidth(problem, str(criterion), 0, be, progress)
-    _warn_at_grid_end(
-        record.bandwidth, _search.SEARCH_GRID, record.criterion, record.tried.values()
-    )
+    _warn_at_grid_end(record.bandwidth, _search.SEARCH_GRID, record.criterion, record.tried)
     return record.bandwidth
 
 

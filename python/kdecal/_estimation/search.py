@@ -7,7 +7,7 @@ of the regression ``E[y | f]`` (Brier or log score), searched coarse to fine.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -85,23 +85,23 @@ def grid_end_warnings_once(func: _F) -> _F:
 
 
 def warn_at_grid_end(
-    h: float, grid: np.ndarray, criterion: str, risks: Iterable[float] | None = None
+    h: float, grid: np.ndarray, criterion: str, tried: Mapping[float, float] | None = None
 ) -> None:
     """Warn when a search of more than one bandwidth chose an end of its range.
 
-    ``risks``: the criterion's values at the bandwidths a search over the whole
-    :data:`SEARCH_GRID` evaluated (its stages cover the grid from 1e-5 to 10). Where they
-    are all equal (to 1e-12 relative: all prediction vectors identical, or one-hot
-    top-label confidences all 1, where the kernel weighs every centre alike at every
-    bandwidth) the end was chosen by a tie: no warning. Not for a caller's grid: a risk
-    flat over a few tiny bandwidths (the kernel then acts as a nearest-neighbour rule)
-    can fall beyond them.
+    ``tried``: the criterion's value at each bandwidth the automatic search evaluated
+    (:attr:`Search.tried`). Where it holds both ends of ``grid`` and every value is the
+    same (to 1e-12 relative: all prediction vectors identical, or one-hot top-label
+    confidences all 1, where the kernel weighs every centre alike at every bandwidth),
+    the end was chosen by a tie over the whole range: no warning. Not for a caller's
+    grid: a risk flat over a few tiny bandwidths (the kernel then acts as a
+    nearest-neighbour rule) can fall beyond them.
     """
     lo, hi = float(np.min(grid)), float(np.max(grid))
-    if risks is not None:
-        r = np.asarray(list(risks), dtype=np.float64)
-        scale = max(float(np.max(np.abs(r), initial=0.0)), 1e-300)
-        if r.size > 1 and np.all(np.isfinite(r)) and float(np.ptp(r)) <= 1e-12 * scale:
+    if tried is not None and tried and min(tried) <= lo and max(tried) >= hi:
+        r = np.asarray(list(tried.values()), dtype=np.float64)
+        scale = max(float(np.max(np.abs(r))), 1e-300)
+        if np.all(np.isfinite(r)) and float(np.ptp(r)) <= 1e-12 * scale:
             return
     if len(grid) > 1 and (h <= lo or h >= hi):
         text = (
