@@ -311,8 +311,16 @@ class CalibrationEstimate:
         est_sq: _regression.Estimate | None = None,
         validated: Probs | None = None,
         progress: bool | None = None,
+        floors: Callable[[], list[tuple[CalibrationEstimate, float]]] | None = None,
     ) -> None:
         self._est = est
+        # the lower bounds of the canonical squared L2 error (:meth:`_floor_estimates`):
+        # made on first use by ``floors``, or given by kdecal.evaluate
+        self._floor_maker = floors
+        self._floors: list[tuple[CalibrationEstimate, float]] | None = None
+        # squared L2 bootstrap replicates by (seed, n_resamples, variability), for the
+        # canonical estimate's bounds on the same row samples (kdecal.evaluate)
+        self._replicates_made: dict[tuple[int, int, str], np.ndarray] = {}
         # the progress setting of the call that made it, for its resampling passes
         self._progress = progress
         # the validated probabilities (dtype, binary input), for the estimates of other
@@ -407,7 +415,9 @@ class CalibrationEstimate:
             ``p`` not a real number >= 1.
         """
         p = check_p(p)
-        return _quantities.ce_p(self._est_sq if p == 2.0 else self._est, p)
+        if p == 2.0:
+            return self._floored("ece_kde_l2", _quantities.ce_p(self._est_sq, p))
+        return _quantities.ce_p(self._est, p)
 
     def ece(self, p: float = 1) -> float:
         """Return :meth:`ece_kde` (deprecated alias, removed in the next release)."""
@@ -463,7 +473,10 @@ class CalibrationEstimate:
             estimator = "direct"
         check_choice(estimator, "estimator", ("direct", "refinement"))
         d = _quantities.divergence_of(divergence)
-        return _quantities.calibration_error(self._fit(d.fit), d.generator, estimator)
+        value = _quantities.calibration_error(self._fit(d.fit), d.generator, estimator)
+        if d is _quantities.DIVERGENCES["l2"] and estimator == "direct":
+            return self._floored("ce_l2", value)
+        return value
 
     def refinement(self, divergence: object = "kl") -> float:
         """Refinement ``-mean_j F(E_j)`` (Popordanoska et al., AISTATS 2024, Eq. 15).
@@ -516,7 +529,60 @@ class CalibrationEstimate:
             An unknown name.
         """
         q = _check_quantity(quantity)
-        return QUANTITIES[q](self._for(q))
+        return self._floored(q, QUANTITIES[q](self._for(q)))
+
+    # ------------------------------------------------------- the squared L2 bounds
+
+    def _floor_estimates(self) -> list[tuple[CalibrationEstimate, float]]:
+        """Return the estimates that bound the squared L2 error below, with their factors.
+
+        ``[(top-label estimate, 1), (class-wise estimate, K)]`` (the class-wise one only
+        where it is affordable) for a canonical residual estimate at the automatic
+        bandwidth (:func:`kdecal.estimate`); empty otherwise. Made on first use.
+        """
+        if self._floors is None:
+            self._floors = [] if self._floor_maker is None else self._floor_maker()
+        return self._floors
+
+    def _set_floors(self, floors: list[tuple[CalibrationEstimate, float]]) -> None:
+        """Give the bounds already made (kdecal.evaluate's other notions on the same rows)."""
+        if self._floor_maker is not None:
+            self._floors = floors
+
+    def _floor(self) -> float | None:
+        """Return the largest lower bound of the squared L2 error, or None without bounds."""
+        bounds = self.l2_lower_bounds
+        return max(bounds.values()) if bounds else None
+
+    def _floored(self, q: str, value: float) -> float:
+        """``value`` of quantity ``q`` raised to the lower bound where it applies."""
+        if q not in _quantities.FLOORED:
+            return value
+        return float(_quantities.floored(q, value, self._floor()))
+
+    @property
+    def l2_lower_bounds(self) -> dict[str, float]:
+        """The lower bounds of the canonical squared L2 error this estimate reports.
+
+        In truth ``E||E[y | f] - f||^2`` is at least the top-label squared L2 error and
+        at least K times the class-wise one (each conditions on a function of f;
+        Jensen's inequality). With the defaults (canonical, residual estimator,
+        ``bandwidth="auto"``, ``debias="ustat"``, K >= 3) the reported "ce_l2" and
+        "ece_kde_l2" are the residual U-statistic raised to the larger of the two
+        estimates, which this returns: ``{"top_label": v, "classwise_times_K": K v}``
+        (the class-wise one only where its estimate is affordable:
+        ``kdecal._estimation.replicates.classwise_estimate_cost`` at most
+        ``kdecal.kde.L2_FLOOR_CLASSWISE_MAX_SECONDS``). Empty otherwise: other notions, a fixed
+        bandwidth, "loo-mle", the plug-in, ``debias="none"``, binary problems. The
+        U-statistic alone: ``kdecal.estimate(probs, labels,
+        bandwidth=est.bandwidth_l2).value("ce_l2")``. Computed on first use (the
+        top-label and class-wise estimates with their own automatic bandwidths).
+        """
+        names = {1.0: "top_label"}
+        return {
+            names.get(f, "classwise_times_K"): f * _quiet(QUANTITIES["ce_l2"], b._for("ce_l2"))
+            for b, f in self._floor_estimates()
+        }
 
     # -------------------------------------------------------------- resampling
 
@@ -624,7 +690,7 @@ class CalibrationEstimate:
     ) -> dict[str, ConfidenceInterval]:
         out = {}
         for q, values in dist.items():
-            value = _quiet(QUANTITIES[q], self._for(q))
+            value = self._floored(q, _quiet(QUANTITIES[q], self._for(q)))
             lower = QUANTITIES[q].lower_bound_for(self.debias)
             lo, hi = quantity_interval(q, values, value, level, lower)
             out[q] = ConfidenceInterval(q, value, lo, hi, level, values)
@@ -652,6 +718,7 @@ class CalibrationEstimate:
             R,
             check_seed(seed),
             check_seed(seed),
+            key=(int(seed), R, "add") if isinstance(seed, (int, np.integer)) else None,
         )
         return self._intervals(boot, _check_level(level)), self._tests(test, R)
 
@@ -663,6 +730,7 @@ class CalibrationEstimate:
         boot_rng: np.random.Generator | None,
         test_rng: np.random.Generator | None,
         variability: str = "add",
+        key: tuple[int, int, str] | None = None,
     ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """Bootstrap replicates of ``boot`` and consistency replicates of ``test``.
 
@@ -670,7 +738,11 @@ class CalibrationEstimate:
         depend on the chunking), each chunk of both in one resampling pass per estimate.
         ``variability``: see :meth:`confidence_interval`'s ``bandwidth_variability``;
         with "add", replicate ``r`` gets the selection shift of replicate ``r - 1``
-        (cyclically).
+        (cyclically). The canonical squared L2 replicates are raised to their bounds'
+        replicates on the same row samples (:attr:`l2_lower_bounds`). ``key`` (seed,
+        R, variability) of an integer seed keeps the squared L2 replicates, and takes a
+        bound's where it made them with the same key (the same row samples: the draws
+        do not depend on the chunking).
 
         Raises
         ------
@@ -680,7 +752,16 @@ class CalibrationEstimate:
         dist_b = {q: np.empty(R) for q in boot}
         dist_t = {s: np.empty(R) for s in test}
         shifts = {q: np.zeros(R) for q in boot} if variability == "add" else None
-        B = self._est.problem.labels.shape[0]
+        # the lower bounds' squared L2 replicates, on the same row samples
+        floors = self._floor_estimates() if set(boot) & set(_quantities.FLOORED) else []
+        made = [None if key is None else b._replicates_made.get(key) for b, _ in floors]
+        floor_b = [{"ce_l2": np.empty(R) if m is None else m} for m in made]
+        floor_s = [{"ce_l2": np.zeros(R)} if shifts is not None else None for _ in floors]
+        todo = [m is None for m in made]
+        B = max(
+            [self._est.problem.labels.shape[0]]
+            + [b._est.problem.labels.shape[0] for (b, _), run in zip(floors, todo) if run]
+        )
         step = R
         if boot:
             step = min(step, _replicates.draw_chunk(self.n, B + 2, R))
@@ -704,18 +785,46 @@ class CalibrationEstimate:
             )
             if shifts is not None and counts is not None:
                 self._selection_shifts(boot, counts, shifts, r0)
+            for (b, _), bd, bs, run in zip(floors, floor_b, floor_s, todo):
+                if not run:
+                    continue
+                assert counts is not None
+                b._fill_chunk(["ce_l2"], counts, bd, [], None, {}, r0, variability == "refit")
+                if bs is not None:
+                    b._selection_shifts(["ce_l2"], counts, bs, r0)
         _check_replicates(self, dist_b)
-        if shifts is not None:
-            for q, s in shifts.items():
-                if q == "ece_kde_l2":
-                    # the shift in the squared error's units, so that every replicate
-                    # stays the signed root of the squared error's replicate
-                    e = _quiet(QUANTITIES[q], self._for(q))
-                    s2 = _signed_square(e + np.roll(s, 1)) - _signed_square(e)
-                    dist_b[q] = _signed_root(_signed_square(dist_b[q]) + s2)
-                else:
-                    dist_b[q] += np.roll(s, 1)
+        self._add_shifts(dist_b, shifts)
+        if key is not None and "ce_l2" in dist_b:
+            self._replicates_made[key] = dist_b["ce_l2"].copy()
+        if floors:
+            for (b, _), bd, bs, run in zip(floors, floor_b, floor_s, todo):
+                if run:
+                    _check_replicates(b, bd)
+                    b._add_shifts(bd, bs)
+            floor = np.max([f * bd["ce_l2"] for (_, f), bd in zip(floors, floor_b)], axis=0)
+            for q in set(dist_b) & set(_quantities.FLOORED):
+                dist_b[q] = _quantities.floored(q, dist_b[q], floor)
         return dist_b, dist_t
+
+    def _add_shifts(
+        self, dist_b: dict[str, np.ndarray], shifts: dict[str, np.ndarray] | None
+    ) -> None:
+        """Add the selection shifts of :meth:`_selection_shifts` to the replicates.
+
+        Replicate ``r`` gets the shift of replicate ``r - 1`` (cyclically); nothing
+        without shifts.
+        """
+        if shifts is None:
+            return
+        for q, s in shifts.items():
+            if q == "ece_kde_l2":
+                # the shift in the squared error's units, so that every replicate
+                # stays the signed root of the squared error's replicate
+                e = _quiet(QUANTITIES[q], self._for(q))
+                s2 = _signed_square(e + np.roll(s, 1)) - _signed_square(e)
+                dist_b[q] = _signed_root(_signed_square(dist_b[q]) + s2)
+            else:
+                dist_b[q] += np.roll(s, 1)
 
     def _selection_shifts(
         self, boot: list[str], counts: np.ndarray, shifts: dict[str, np.ndarray], r0: int

@@ -38,6 +38,7 @@ from .kde import (
     _doc,
     _kl_unreliable,
     estimate,
+    l2_floor_notions,
 )
 from .warnings import KdecalWarning, UnreliableEstimateWarning, quiet, warn_user
 
@@ -177,6 +178,8 @@ def _notion_summary(
     row: dict[str, object] = {"bandwidth": est.bandwidth, "bandwidth_l2": est.bandwidth_l2}
     for q in names:
         row[q] = est.value(q)
+    if est.l2_lower_bounds:
+        row["ce_l2_lower_bounds"] = est.l2_lower_bounds
     if n_resamples > 0:
         try:  # the intervals and the tests share one resampling pass
             cis, tests = est._intervals_and_tests(
@@ -424,6 +427,21 @@ def _canonical_left_out(K: int, autos: str) -> str:
         "with calibration='canonical' or notions=('canonical', 'top_label', 'classwise') "
         "(command line: --calibration canonical, --notions canonical,top_label,classwise)."
     )
+
+
+def _share_floors(estimates: dict[str, CalibrationEstimate]) -> None:
+    """Give the canonical estimate the other notions' estimates as its squared L2 bounds.
+
+    Where the canonical estimate is bounded (:attr:`CalibrationEstimate.l2_lower_bounds`)
+    and the report holds every notion its bounds are made of, the same estimates (made
+    with the same options), so that they are not made twice.
+    """
+    can = estimates.get("canonical")
+    if can is None or can._floor_maker is None:
+        return
+    names = l2_floor_notions(can.n, can.n_classes)
+    if all(k in estimates for k in names):
+        can._set_floors([(estimates[k], float(f)) for k, f in names.items()])
 
 
 def _estimate_quietly(probs: object, labels: object, **options: Any) -> CalibrationEstimate:
@@ -701,13 +719,18 @@ def evaluate(
                 progress=progress,
             )
         )
+        estimates[name] = e
+    _share_floors(estimates)
+    # the canonical notion last: its squared L2 replicates take its bounds' (the other
+    # notions on the same row samples) where those were resampled
+    for name in sorted(wanted, key=lambda k: k == "canonical"):
         # resampling has no third power sums: debias="ratio" gets estimates only; the
         # notion asked for with `calibration` is always resampled
         resample = name in resampled and str(debias) != "ratio"
-        summaries[name] = _notion_summary(e, R if resample else 0, seed)
+        summaries[name] = _notion_summary(estimates[name], R if resample else 0, seed)
         if R > 0 and name in left_out and str(debias) != "ratio":
             summaries[name]["resampling_skipped"] = left_out[name]
-        estimates[name] = e
+    summaries = {name: summaries[name] for name in wanted}
     estimates.setdefault(str(calibration), main)
     cal_loss = None
     cal_calibrator = "affine"

@@ -466,6 +466,13 @@ class CalibrationReport(ValueEq):
                 "p-value: consistency-resampling test of calibration (squared L2 statistic); "
                 "(null): the mean score of a perfectly calibrated model with these predictions."
             )
+            bounded = [k for k, row in self.notions.items() if row.get("ce_l2_lower_bounds")]
+            if bounded:
+                lines.append(
+                    f"{', '.join(bounded)} squared L2 CE: the U-statistic raised to its lower "
+                    "bounds, the top-label and K x class-wise errors (Jensen); its test and "
+                    "(null) use the U-statistic alone."
+                )
         for note in self.notes:
             lines.append("")
             lines.append("note: " + note)

@@ -38,6 +38,7 @@ from ._estimation import quantities as _quantities
 from ._estimation import regression as _regression
 from ._estimation import search as _search
 from ._estimation.generators import Bregman
+from ._estimation.replicates import classwise_estimate_cost
 from ._estimation.search import DEFAULT_BANDWIDTH_GRID
 from ._validation import (
     Probs,
@@ -48,7 +49,7 @@ from ._validation import (
     check_p,
     check_probs,
 )
-from .warnings import UnreliableEstimateWarning, warn_user
+from .warnings import KdecalWarning, UnreliableEstimateWarning, quiet, warn_user
 
 __all__ = [
     "calibration_error",
@@ -415,7 +416,88 @@ def _estimate(
         )
     if bandwidth == "loo-mle" or criterion == "loo-mle":
         out.criterion = "loo-mle"
+    elif rule_at is None and _floors_apply(
+        out.calibration, bandwidth, criterion, debias, estimator, out.n_classes
+    ):
+        P_, y_, be_ = out._validated, out._labels, out.backend
+        assert P_ is not None
+        out._floor_maker = lambda: _l2_floor_estimates(P_, y_, be_, progress)
     return out
+
+
+#: The class-wise lower bound of the canonical squared L2 error is formed where the
+#: class-wise estimate's estimated cost (:func:`kdecal._estimation.replicates.classwise_estimate_cost`,
+#: 2 cores) is at most this many seconds; the top-label bound always.
+L2_FLOOR_CLASSWISE_MAX_SECONDS = 20.0
+
+
+def _floors_apply(
+    calibration: object,
+    bandwidth: object,
+    criterion: object,
+    debias: object,
+    estimator: object,
+    n_classes: int,
+) -> bool:
+    """Whether the canonical squared L2 error is raised to its lower bounds.
+
+    The defaults only: canonical, residual estimator, the automatic Brier bandwidth,
+    ``debias="ustat"``, and K >= 3 (at K = 2 the canonical error is twice the
+    class-wise one, estimate and truth alike).
+    """
+    return (
+        calibration == "canonical"
+        and estimator == "residual"
+        and bandwidth == "auto"
+        and criterion in ("auto", "brier")
+        and debias == "ustat"
+        and n_classes >= 3
+    )
+
+
+def _l2_floor_estimates(
+    P: Probs, y: np.ndarray, backend: str, progress: bool | None
+) -> list[tuple[CalibrationEstimate, float]]:
+    """Return the top-label and (where affordable) class-wise bounds of the squared L2 error.
+
+    Returns ``[(estimate, factor)]``: the top-label estimate with factor 1 and the
+    class-wise one with factor K (its squared L2 error is the mean over the classes), at
+    their own automatic bandwidths, without their warnings (the canonical estimate's
+    are the caller's).
+    """
+    with quiet(KdecalWarning):
+        return [
+            (_estimate(P, y, "auto", name, "ustat", "auto", "residual", backend, progress), f)
+            for name, f in l2_floor_notions(P.n, P.n_classes).items()
+        ]
+
+
+def l2_floor_notions(n: int, K: int) -> dict[str, float]:
+    """Return the notions that bound the canonical squared L2 error, with their factors.
+
+    The top-label error (factor 1) and, where its estimate is affordable
+    (:data:`L2_FLOOR_CLASSWISE_MAX_SECONDS`), the class-wise one (factor K: it is the
+    mean over the classes).
+    """
+    out = {"top_label": 1.0}
+    if classwise_estimate_cost(n, K)[0] <= L2_FLOOR_CLASSWISE_MAX_SECONDS:
+        out["classwise"] = float(K)
+    return out
+
+
+def _l2_floor(
+    P: Probs,
+    y: np.ndarray,
+    backend: str,
+    calibration: object,
+    bandwidth: object,
+    debias: object,
+    estimator: object,
+) -> float | None:
+    """Return the lower bound of the canonical squared L2 error where it applies, else None."""
+    if not _floors_apply(calibration, bandwidth, "auto", debias, estimator, P.n_classes):
+        return None
+    return max(f * b.value("ce_l2") for b, f in _l2_floor_estimates(P, y, backend, None))
 
 
 @_doc
@@ -605,7 +687,7 @@ def ece_kde(
     """
     p = check_p(p)
     kind = "sq" if p == 2.0 else "lp"
-    est = _run(
+    est, P, y, be, _ = _run(
         probs,
         labels,
         bandwidth,
@@ -616,8 +698,12 @@ def ece_kde(
         "brier",
         estimator,
         kind,
-    )[0]
-    return _quantities.ce_p(est, p)
+    )
+    value = _quantities.ce_p(est, p)
+    if p != 2.0:
+        return value
+    floor = _l2_floor(P, y, be, calibration, bandwidth, debias, estimator)
+    return float(_quantities.floored("ece_kde_l2", value, floor))
 
 
 def _debias_read(debias: object, squares: bool) -> object:
@@ -704,7 +790,7 @@ def calibration_error(
     """
     div = _quantities.divergence_of(divergence)
     check_choice(estimator, "estimator", ("residual", "plugin", "direct", "refinement"))
-    est = _fit_divergence(
+    est, P, y, be, _ = _fit_divergence(
         probs, labels, div, bandwidth, calibration, debias, backend, str(estimator)
     )
     why = _kl_unreliable(calibration, est.problem.dim)
@@ -716,9 +802,13 @@ def calibration_error(
         and div is _quantities.DIVERGENCES["kl"]
     ):
         warn_user(f"kdecal.calibration_error: {why}", UnreliableEstimateWarning)
-    return _quantities.calibration_error(
+    value = _quantities.calibration_error(
         est, div.generator, "refinement" if estimator == "refinement" else "direct"
     )
+    if div is not _quantities.DIVERGENCES["l2"]:
+        return value
+    floor = _l2_floor(P, y, be, calibration, bandwidth, debias, estimator)
+    return float(_quantities.floored("ce_l2", value, floor))
 
 
 def _fit_divergence(
@@ -730,10 +820,11 @@ def _fit_divergence(
     debias: object,
     backend: object,
     estimator: str,
-) -> _regression.Estimate:
+) -> tuple[_regression.Estimate, Probs, np.ndarray, str, _search.Search | None]:
     """Fit the estimate of a generator's quantities at the bandwidth of ``estimator``'s rule.
 
     ``debias`` as the generator reads it (:func:`_debias_read`: only L2 reads squares).
+    Returns :func:`_run`'s tuple.
     """
     debias = _debias_read(debias, div is _quantities.DIVERGENCES["l2"])
     if estimator == "residual":
@@ -748,8 +839,8 @@ def _fit_divergence(
             "brier",
             "residual",
             div.residual_kind,
-        )[0]
-    return _run(probs, labels, bandwidth, calibration, debias, backend, None, div.criterion)[0]
+        )
+    return _run(probs, labels, bandwidth, calibration, debias, backend, None, div.criterion)
 
 
 @_doc
@@ -788,7 +879,7 @@ def refinement(
     check_choice(estimator, "estimator", _regression.ESTIMATORS)
     est = _fit_divergence(
         probs, labels, div, bandwidth, calibration, debias, backend, str(estimator)
-    )
+    )[0]
     return _quantities.refinement(est, div.generator)
 
 
@@ -827,7 +918,7 @@ def sharpness(
     check_choice(estimator, "estimator", _regression.ESTIMATORS)
     est = _fit_divergence(
         probs, labels, div, bandwidth, calibration, debias, backend, str(estimator)
-    )
+    )[0]
     return _quantities.sharpness(est, div.generator)
 
 

@@ -950,6 +950,9 @@ def test_bootstrap_reselects_the_bandwidth_per_replicate(calibration):
     T = P**2 / (P**2).sum(axis=1, keepdims=True)  # over-confident: some calibration error
     y = np.array([rng.choice(K, p=row) for row in T])
     est = _quiet(kdecal.estimate, P, y, calibration=calibration)
+    # the U-statistic's own replicates: without the canonical bounds (their replicates:
+    # test_canonical_squared_l2_replicates_are_raised_to_their_bounds_replicates)
+    est._floors = []
     names = ["ece_kde_l1", "ce_l2"]
     R, seed = 40, 9
     got = _quiet(
@@ -1407,10 +1410,11 @@ def test_ordering_note_rule():
     assert _evaluate._ordering_notes({"top_label": top}, 10) == []
 
 
-def test_evaluate_notes_a_canonical_squared_error_below_its_bounds():
+def test_evaluate_raises_the_canonical_squared_error_to_its_bounds():
     """A CIFAR-10 model (first 3,000 rows): at the Brier bandwidth the canonical squared
-    L2 estimate is a third of the top-label one, its lower bound in truth; not for a
-    calibrated model."""
+    L2 U-statistic is a third of the top-label estimate, its lower bound in truth. The
+    report's canonical figure and its interval are raised to the bounds (so the ordering
+    note has nothing left to say), the same numbers as kdecal.estimate's."""
     from conftest import real_file
 
     with np.load(real_file("cifar10_wideresnet164_netcal.npz")) as d:
@@ -1418,14 +1422,86 @@ def test_evaluate_notes_a_canonical_squared_error_below_its_bounds():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", kdecal.KdecalWarning)
         rep = kdecal.evaluate(P, y, n_resamples=20, seed=0)
+        est = kdecal.estimate(P, y)
+        ustat = kdecal.estimate(P, y, bandwidth=est.bandwidth_l2).value("ce_l2")
+        ci = est.confidence_intervals(["ece_kde_l1", "ce_l2"], n_resamples=20, seed=0)
     can, top, cw = (rep.notions[k] for k in ("canonical", "top_label", "classwise"))
-    bound = max(top["ce_l2_ci"][0], 10 * cw["ce_l2"])  # 0.0051, 0.019
-    assert can["ce_l2_ci"][1] < 0.5 * bound  # 0.0031
-    assert any("Jensen" in note and f"at least about {bound:.3g}" in note for note in rep.notes)
-    s = make_seeds_synthetic(3000, 10, t1=0.6, t2=1.0, seed=3)  # calibrated: no note
+    bound = max(top["ce_l2"], 10 * cw["ce_l2"])
+    assert ustat < 0.5 * bound  # the U-statistic alone: 0.0031 against 0.0058
+    assert can["ce_l2"] == rep.ce_l2 == bound == est.value("ce_l2")
+    assert can["ce_l2_ci"] == [ci["ce_l2"].low, ci["ce_l2"].high]
+    assert can["ece_kde_l1_ci"] == [ci["ece_kde_l1"].low, ci["ece_kde_l1"].high]
+    assert can["ce_l2_ci"][0] <= bound <= can["ce_l2_ci"][1]
+    assert not any("Jensen" in note for note in rep.notes)
+
+
+def test_canonical_squared_l2_error_is_raised_to_its_lower_bounds():
+    """In truth the canonical squared L2 error is at least the top-label one and K times
+    the class-wise one (Jensen). With the defaults the residual U-statistic is raised to
+    the larger estimate, in every public door; a fixed bandwidth or another notion keeps
+    the U-statistic. The protocol's face cell, where the U-statistic is half the truth
+    (0.0224): K = 4, (t1, t2) = (0.6, 0.6)."""
+    s = make_seeds_synthetic(1000, 4, t1=0.6, t2=0.6, seed=0)
+    P, y = s.probs, s.labels
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", kdecal.KdecalWarning)
-        rep = kdecal.evaluate(s.probs, s.labels, n_resamples=20, seed=0)
-        assert not any("Jensen" in note for note in rep.notes)
-        rep = kdecal.evaluate(P, y, n_resamples=0)  # no canonical interval: no note
-    assert not any("Jensen" in note for note in rep.notes)
+        est = kdecal.estimate(P, y)
+        ustat = kdecal.estimate(P, y, bandwidth=est.bandwidth_l2)
+        top = kdecal.estimate(P, y, calibration="top_label").value("ce_l2")
+        cw = kdecal.estimate(P, y, calibration="classwise").value("ce_l2")
+        public = (
+            kdecal.calibration_error(P, y, divergence="l2"),
+            kdecal.ece_kde(P, y, p=2),
+            kdecal.calibration_error(P, y, divergence="l2", estimator="residual"),
+        )
+    u = ustat.value("ce_l2")
+    assert ustat.l2_lower_bounds == {}
+    assert est.l2_lower_bounds == {"top_label": top, "classwise_times_K": 4 * cw}
+    bound = max(top, 4 * cw)
+    assert u < 0.75 * bound  # the bound binds: 0.0103 against 0.0213
+    assert est.value("ce_l2") == bound == est.calibration_error("l2") == public[0] == public[2]
+    assert est.value("ece_kde_l2") == est.ece_kde(2) == public[1] == math.sqrt(bound)
+    # the other quantities of the same estimate are untouched
+    assert (
+        est.value("ece_kde_l1") == ustat.value("ece_kde_l1") or est.bandwidth != est.bandwidth_l2
+    )
+    assert est.calibration_error("kl") == _quiet(kdecal.calibration_error, P, y, divergence="kl")
+    # other notions and fixed bandwidths: the U-statistic
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", kdecal.KdecalWarning)
+        assert kdecal.calibration_error(P, y, divergence="l2", bandwidth=est.bandwidth_l2) == u
+        assert kdecal.estimate(P, y, debias="none").l2_lower_bounds == {}
+        assert kdecal.estimate(P, y, estimator="plugin").l2_lower_bounds == {}
+        assert (
+            kdecal.estimate(P[:, :2] / P[:, :2].sum(1, keepdims=True), y % 2).l2_lower_bounds == {}
+        )
+
+
+def test_canonical_squared_l2_replicates_are_raised_to_their_bounds_replicates():
+    """Each bootstrap replicate of the canonical squared L2 error is the larger of the
+    U-statistic's replicate and its bounds' replicates on the same row samples: the
+    top-label and class-wise estimates' own replicates with the same seed."""
+    s = make_seeds_synthetic(800, 4, t1=0.6, t2=0.6, seed=1)
+    P, y = s.probs, s.labels
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", kdecal.KdecalWarning)
+        est = kdecal.estimate(P, y)
+        can = est.confidence_intervals(["ce_l2", "ece_kde_l2"], n_resamples=30, seed=4)
+        top = kdecal.estimate(P, y, calibration="top_label").confidence_interval(
+            "ce_l2", n_resamples=30, seed=4
+        )
+        cw = kdecal.estimate(P, y, calibration="classwise").confidence_interval(
+            "ce_l2", n_resamples=30, seed=4
+        )
+    d = can["ce_l2"].bootstrap_distribution
+    floor = np.maximum(top.bootstrap_distribution, 4 * cw.bootstrap_distribution)
+    assert np.all(d >= floor)
+    assert np.count_nonzero(d == floor) >= 15  # the bound binds in most replicates
+    np.testing.assert_allclose(
+        np.sign(can["ece_kde_l2"].bootstrap_distribution)
+        * can["ece_kde_l2"].bootstrap_distribution ** 2,
+        d,
+        rtol=1e-12,
+        atol=1e-15,
+    )
+    assert can["ce_l2"].low <= can["ce_l2"].estimate <= can["ce_l2"].high

@@ -132,7 +132,10 @@ def test_residual_auto_bandwidth_rule():
     assert est.bandwidth == plug.bandwidth  # the same leave-one-out Brier search
     assert est.bandwidth_l2 == est.bandwidth_kl == pytest.approx(0.5 * est.bandwidth)
     fixed = kdecal.estimate(s.probs, s.labels, bandwidth=est.bandwidth_l2)
-    assert est.calibration_error("l2") == fixed.calibration_error("l2")
+    # the squared L2 error: the U-statistic at h_B / 2, raised to its lower bounds
+    bounds = est.l2_lower_bounds
+    assert set(bounds) == {"top_label", "classwise_times_K"}
+    assert est.calibration_error("l2") == max(fixed.calibration_error("l2"), *bounds.values())
     assert est.calibration_error("kl") == fixed.calibration_error("kl")
     assert est.ece_kde(1) == kdecal.ece_kde(s.probs, s.labels)
 

@@ -68,6 +68,30 @@ SQUARED_RULE = (
 )
 
 
+#: The quantities a lower bound applies to (:func:`floored`): the canonical squared L2
+#: error and its signed root, the L2 ECE^KDE.
+FLOORED = ("ce_l2", "ece_kde_l2")
+
+
+def floored(name: str, value: np.ndarray | float, floor: np.ndarray | float | None) -> np.ndarray:
+    """Return ``value`` of quantity ``name`` raised to a lower bound of the squared L2 error.
+
+    ``floor`` is a bound of the squared L2 error (squared probability units; None: no
+    bound): "ce_l2" becomes ``max(value, floor)``, "ece_kde_l2" (the signed root of the
+    squared error) ``sign(m) sqrt(|m|)`` with ``m = max(sign(v) v^2, floor)`` where the
+    bound is the larger, and is kept bit for bit otherwise; any other quantity is
+    returned as it is. Element-wise on arrays of replicates.
+    """
+    v = np.asarray(value, dtype=np.float64)
+    if floor is None or name not in FLOORED:
+        return v
+    f = np.asarray(floor, dtype=np.float64)
+    if name == "ce_l2":
+        return np.where(f > v, f, v)
+    sq = np.sign(v) * np.square(v)
+    return np.where(f > sq, np.sign(f) * np.sqrt(np.abs(f)), v)
+
+
 def power_scale(d: np.ndarray, p: float) -> float:
     """Return s with ``mean(|d|^p)^(1/p) = s mean(|d / s|^p)^(1/p)`` in float range.
 
