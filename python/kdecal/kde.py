@@ -25,6 +25,7 @@ References
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -419,9 +420,11 @@ def _estimate(
     elif rule_at is None and _floors_apply(
         out.calibration, bandwidth, criterion, debias, estimator, out.n_classes
     ):
-        P_, y_, be_ = out._validated, out._labels, out.backend
-        assert P_ is not None
-        out._floor_maker = lambda: _l2_floor_estimates(P_, y_, be_, progress)
+        assert out._validated is not None
+        # a partial of a module function, so that the estimate stays picklable
+        out._floor_maker = functools.partial(
+            _l2_floor_estimates, out._validated, out._labels, out.backend, progress
+        )
     return out
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import pickle
 import re
 import tracemalloc
 import warnings
@@ -1461,6 +1462,11 @@ def test_canonical_squared_l2_error_is_raised_to_its_lower_bounds():
     assert u < 0.75 * bound  # the bound binds: 0.0103 against 0.0213
     assert est.value("ce_l2") == bound == est.calibration_error("l2") == public[0] == public[2]
     assert est.value("ece_kde_l2") == est.ece_kde(2) == public[1] == math.sqrt(bound)
+    # an estimate whose bounds are not made yet stays picklable (they are made on use)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", kdecal.KdecalWarning)
+        fresh = pickle.loads(pickle.dumps(kdecal.estimate(P, y)))
+        assert fresh.value("ce_l2") == bound
     # the other quantities of the same estimate are untouched
     assert (
         est.value("ece_kde_l1") == ustat.value("ece_kde_l1") or est.bandwidth != est.bandwidth_l2
