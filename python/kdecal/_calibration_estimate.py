@@ -801,6 +801,8 @@ class CalibrationEstimate:
                 if run:
                     _check_replicates(b, bd)
                     b._add_shifts(bd, bs)
+                    if key is not None:
+                        b._replicates_made[key] = bd["ce_l2"].copy()
             floor = np.max([f * bd["ce_l2"] for (_, f), bd in zip(floors, floor_b)], axis=0)
             for q in set(dist_b) & set(_quantities.FLOORED):
                 dist_b[q] = _quantities.floored(q, dist_b[q], floor)

@@ -444,6 +444,33 @@ def _share_floors(estimates: dict[str, CalibrationEstimate]) -> None:
         can._set_floors([(estimates[k], float(f)) for k, f in names.items()])
 
 
+def _bound_intervals(
+    estimates: dict[str, CalibrationEstimate],
+    summaries: dict[str, dict[str, object]],
+    R: int,
+    seed: int | None,
+) -> None:
+    """Give a bound's row the squared L2 interval that the canonical interval resampled.
+
+    The canonical squared L2 replicates take their bounds' replicates on the same row
+    samples (:meth:`CalibrationEstimate._resampled`): a bound notion that was not
+    resampled itself (the class-wise one by default) gets its squared L2 interval from
+    them, the same interval as its own ``confidence_interval("ce_l2", n_resamples=R,
+    seed=seed)``, at no cost.
+    """
+    can = estimates.get("canonical")
+    if can is None or R == 0 or seed is None or not can._floors:
+        return
+    key = (int(seed), R, "add")
+    for bound, _ in can._floors:
+        row = summaries.get(bound.calibration)
+        made = bound._replicates_made.get(key)
+        if row is None or made is None or "ce_l2_ci" in row:
+            continue
+        ci = bound._intervals({"ce_l2": made}, 0.95)["ce_l2"]
+        row["ce_l2_ci"] = [ci.low, ci.high]
+
+
 def _estimate_quietly(probs: object, labels: object, **options: Any) -> CalibrationEstimate:
     """:func:`kdecal.estimate` without its warning on canonical estimates at many classes.
 
@@ -731,6 +758,7 @@ def evaluate(
         if R > 0 and name in left_out and str(debias) != "ratio":
             summaries[name]["resampling_skipped"] = left_out[name]
     summaries = {name: summaries[name] for name in wanted}
+    _bound_intervals(estimates, summaries, R, seed)
     estimates.setdefault(str(calibration), main)
     cal_loss = None
     cal_calibrator = "affine"

@@ -1434,6 +1434,15 @@ def test_evaluate_raises_the_canonical_squared_error_to_its_bounds():
     assert can["ece_kde_l1_ci"] == [ci["ece_kde_l1"].low, ci["ece_kde_l1"].high]
     assert can["ce_l2_ci"][0] <= bound <= can["ce_l2_ci"][1]
     assert not any("Jensen" in note for note in rep.notes)
+    # the class-wise row, not resampled itself, shows the squared L2 interval of the
+    # replicates the canonical interval made: its own interval with the same seed
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", kdecal.KdecalWarning)
+        own = kdecal.estimate(P, y, calibration="classwise").confidence_interval(
+            "ce_l2", n_resamples=20, seed=0
+        )
+    assert "pvalue" not in cw and "ece_kde_l1_ci" not in cw
+    assert cw["ce_l2_ci"] == [own.low, own.high]
 
 
 def test_canonical_squared_l2_error_is_raised_to_its_lower_bounds():
