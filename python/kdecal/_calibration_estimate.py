@@ -799,11 +799,18 @@ class CalibrationEstimate:
         if floors:
             for (b, _), bd, bs, run in zip(floors, floor_b, floor_s, todo):
                 if run:
-                    _check_replicates(b, bd)
                     b._add_shifts(bd, bs)
                     if key is not None:
                         b._replicates_made[key] = bd["ce_l2"].copy()
-            floor = np.max([f * bd["ce_l2"] for (_, f), bd in zip(floors, floor_b)], axis=0)
+            # a bound undefined on a replicate (no row keeps a neighbour at its own
+            # bandwidth, e.g. n = 4) bounds nothing there
+            floor = np.max(
+                [
+                    np.where(np.isfinite(bd["ce_l2"]), f * bd["ce_l2"], -np.inf)
+                    for (_, f), bd in zip(floors, floor_b)
+                ],
+                axis=0,
+            )
             for q in set(dist_b) & set(_quantities.FLOORED):
                 dist_b[q] = _quantities.floored(q, dist_b[q], floor)
         return dist_b, dist_t

@@ -465,7 +465,7 @@ def _bound_intervals(
     for bound, _ in can._floors:
         row = summaries.get(bound.calibration)
         made = bound._replicates_made.get(key)
-        if row is None or made is None or "ce_l2_ci" in row:
+        if row is None or made is None or "ce_l2_ci" in row or not np.all(np.isfinite(made)):
             continue
         ci = bound._intervals({"ce_l2": made}, 0.95)["ce_l2"]
         row["ce_l2_ci"] = [ci.low, ci.high]

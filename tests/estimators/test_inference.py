@@ -1520,3 +1520,32 @@ def test_canonical_squared_l2_replicates_are_raised_to_their_bounds_replicates()
         atol=1e-15,
     )
     assert can["ce_l2"].low <= can["ce_l2"].estimate <= can["ce_l2"].high
+
+
+def test_canonical_bounds_never_make_an_interval_fail_at_small_n():
+    """At n = 4-6 a bootstrap replicate can leave a bound without any row that keeps a
+    neighbour at its own bandwidth: the bound is undefined there and bounds nothing, so
+    the canonical interval exists wherever the U-statistic's does."""
+    rng = np.random.default_rng(0)
+    made = 0
+    for n in (4, 5, 6):
+        for _ in range(4):
+            P = rng.dirichlet(np.ones(3), n)
+            y = rng.integers(0, 3, n)
+            outcome = []
+            for bounded in (True, False):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", kdecal.KdecalWarning)
+                    est = kdecal.estimate(P, y)
+                    if not bounded:
+                        est._floors = []
+                    try:
+                        ci = est.confidence_interval("ce_l2", n_resamples=10, seed=0)
+                    except ResamplingError:
+                        outcome.append(None)
+                    else:
+                        assert np.all(np.isfinite(ci.bootstrap_distribution))
+                        outcome.append(ci.estimate)
+            assert (outcome[0] is None) == (outcome[1] is None)
+            made += outcome[0] is not None
+    assert made >= 6
