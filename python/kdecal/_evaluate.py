@@ -432,7 +432,7 @@ def _canonical_left_out(K: int, autos: str) -> str:
 def _share_floors(estimates: dict[str, CalibrationEstimate]) -> None:
     """Give the canonical estimate the other notions' estimates as its squared L2 bounds.
 
-    Where the canonical estimate is bounded (:attr:`CalibrationEstimate.l2_lower_bounds`)
+    Where the canonical estimate is bounded (:attr:`kdecal.CalibrationEstimate.l2_lower_bounds`)
     and the report holds every notion its bounds are made of, the same estimates (made
     with the same options), so that they are not made twice.
     """

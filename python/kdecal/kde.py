@@ -675,7 +675,10 @@ def ece_kde(
         CE_p, in probability units (a fraction in [0, 2^(1/p)], not a percentage).
         At p = 2 with debiasing, the signed square root of the unbiased estimate of
         CE_2^2, negative when that is (the error is then indistinguishable from 0 at
-        this n): ``sign(e) e^2`` equals ``calibration_error(divergence="l2")``.
+        this n): ``sign(e) e^2`` equals ``calibration_error(divergence="l2")``; for the
+        canonical notion with ``bandwidth="auto"`` and K >= 3 that estimate is raised
+        to its top-label and K x class-wise lower bounds
+        (:attr:`kdecal.CalibrationEstimate.l2_lower_bounds`).
 
     Warns
     -----
@@ -739,7 +742,10 @@ def calibration_error(
 
     - ``estimator="residual"`` (default): ``mean_j D_F(E_j, f_j)`` with the
       residual-centred ``E_j`` (see :func:`estimate`); for "l2" the normalised
-      U-statistic of the residuals, for "kl" and a custom :class:`Bregman` ``E_j``
+      U-statistic of the residuals (canonical, with ``bandwidth="auto"``,
+      ``debias="ustat"`` and K >= 3: raised to its lower bounds, the top-label and K
+      times the class-wise squared L2 errors, Jensen's inequality;
+      :attr:`kdecal.CalibrationEstimate.l2_lower_bounds`), for "kl" and a custom :class:`Bregman` ``E_j``
       moved into the simplex along its correction where it leaves it (so a custom
       ``F(q) = ||q||^2`` differs from "l2" by those rows, and ``debias`` applies to "l2"
       only);
