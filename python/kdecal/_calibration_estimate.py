@@ -578,9 +578,9 @@ class CalibrationEstimate:
         bandwidth=est.bandwidth_l2).value("ce_l2")``. Computed on first use (the
         top-label and class-wise estimates with their own automatic bandwidths).
         """
-        names = {1.0: "top_label"}
         return {
-            names.get(f, "classwise_times_K"): f * _quiet(QUANTITIES["ce_l2"], b._for("ce_l2"))
+            ("classwise_times_K" if b.calibration == "classwise" else b.calibration): f
+            * _quiet(QUANTITIES["ce_l2"], b._for("ce_l2"))
             for b, f in self._floor_estimates()
         }
 

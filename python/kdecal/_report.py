@@ -285,7 +285,10 @@ class CalibrationReport(ValueEq):
         the calibration test with the ``ce_l2`` statistic and its ``n_resamples`` (the
         table prints a p-value at the floor ``1 / (n_resamples + 1)`` as
         ``< 0.0099``), for the notions resampled; ``resampling_skipped`` (the reason)
-        where resampling is undefined (every row of a replicate lost its neighbours).
+        where resampling is undefined (every row of a replicate lost its neighbours);
+        ``ce_l2_lower_bounds`` where the canonical ``ce_l2`` is raised to its lower
+        bounds (:attr:`kdecal.CalibrationEstimate.l2_lower_bounds`); a bound notion not
+        resampled itself gets the ``ce_l2_ci`` of the replicates made for that.
     notes : list of str
         Plain-language warnings, e.g. when an estimate is dominated by its bias.
     estimator : str
