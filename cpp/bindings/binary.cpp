@@ -47,7 +47,8 @@ py::tuple binary_reduce_py(const carray<double>& logq, const carray<double>& p,
                            std::int64_t row_start, std::int64_t row_stop, int n_threads,
                            const py::object& progress, bool pairs, const std::string& method,
                            bool residuals, const py::object& u, double cell_width,
-                           const py::object& plan, const py::object& v, double ref_floor) {
+                           const py::object& plan, const py::object& v, double ref_floor,
+                           bool weighted_rows) {
     const bool batched = p.ndim() == 3;
     if (!(p.ndim() == 2 || batched) || logq.ndim() != p.ndim())
         throw std::invalid_argument("logq and p must both be (n, 2) or both (B, n, 2) arrays");
@@ -98,6 +99,7 @@ py::tuple binary_reduce_py(const carray<double>& logq, const carray<double>& p,
     const double* pv = per_centre(v, "v", va);
     if (pv && (powers > 2 || pairs))
         throw std::invalid_argument("centre weights v support powers <= 2 without the pair sums");
+    if (weighted_rows && !pv) throw std::invalid_argument("weighted_rows=True needs v");
 
     const std::int64_t R = row_stop - row_start;
     auto shape = [&](std::vector<py::ssize_t> dims) {
@@ -122,6 +124,7 @@ py::tuple binary_reduce_py(const carray<double>& logq, const carray<double>& p,
     prob.u = pu;
     prob.v = pv;
     prob.ref_floor = ref_floor;
+    prob.weighted_rows = weighted_rows;
     prob.B = B;
     prob.n = n;
     prob.C = n_classes;
@@ -266,7 +269,7 @@ without a plan.
           py::arg("method") = "binned", py::arg("residuals") = false,
           py::arg("u") = py::none(), py::arg("cell_width") = 0.8,
           py::arg("plan") = py::none(), py::arg("v") = py::none(),
-          py::arg("ref_floor") = 0.0, R"doc(
+          py::arg("ref_floor") = 0.0, py::arg("weighted_rows") = false, R"doc(
 Fast leave-one-out sums of binary (K = 2) problems: the accumulators of loo_reduce.
 
 logq, p: (n, 2) or (B, n, 2) float64 (the same arrays loo_reduce takes); labels (n,) or
@@ -283,7 +286,10 @@ weights (the multiplicities of a bootstrap sample): S_c = sum_{i != j} v_i w_ij 
 Q_c with v_i^2 w_ij^2, A with v_i w_ij; U and m unweighted.  ref_floor (>= 0, with v):
 each weighted sum of power q accurate relative to at least ref_floor^q (units of the class
 maximum's unweighted term), not only to itself: 1 for label weights, whose sums are only
-needed next to the row's whole kernel sum.  Returns (m, S, Q, T, D, A, U, stats): arrays not requested have
+needed next to the row's whole kernel sum.  weighted_rows (with v): only the rows with
+v_j > 0 are queries (a bootstrap sample's rows; the others' weight in its mean is 0); the
+others get the outputs of a row without centres (m = -inf, every sum 0), the queries'
+are bit-identical.  Returns (m, S, Q, T, D, A, U, stats): arrays not requested have
 shape (0, 0, 0); stats counts the direct terms, Taylor cells and fallbacks.  Releases the
 GIL; progress and Ctrl-C as in loo_reduce (B H (row_stop - row_start) rows in all).
 )doc");

@@ -1311,6 +1311,7 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
           "cell_width must be in (0, 4]");
     check(std::isfinite(prob.ref_floor) && prob.ref_floor >= 0.0,
           "ref_floor must be finite and >= 0");
+    check(!prob.weighted_rows || prob.v, "weighted_rows needs the centre weights v");
     for (i64 t = 0; t < H; ++t)
         if (!(std::isfinite(prob.scale[t]) && prob.scale[t] > 0))
             check(false, "scale must be finite and > 0, got " + std::to_string(prob.scale[t]));
@@ -1379,11 +1380,32 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
         std::vector<i64> qorder;
         qorder.reserve(static_cast<std::size_t>(R));
         std::vector<char> in_range(static_cast<std::size_t>(n), 0);
-        for (i64 sp = 0; sp < n; ++sp)
-            if (so.perm[sp] >= prob.row_start && so.perm[sp] < prob.row_stop) {
-                qorder.push_back(sp);
-                in_range[sp] = 1;
+        // with weighted_rows, a row of weight 0 is no query: its outputs are those of a
+        // row without centres (each row's sums depend on that row alone, so the others'
+        // bits are unchanged)
+        const double* vrow = prob.weighted_rows ? prob.v + b * n : nullptr;
+        for (i64 sp = 0; sp < n; ++sp) {
+            const i64 j = so.perm[sp];
+            if (j < prob.row_start || j >= prob.row_stop) continue;
+            if (vrow && !(vrow[j] > 0.0)) {
+                for (i64 t = 0; t < H; ++t) {
+                    const i64 row = (b * H + t) * R + (j - prob.row_start);
+                    out.m[row] = kNegInf;
+                    for (i64 c = 0; c < C; ++c) {
+                        out.S[row * C + c] = 0.0;
+                        if (out.Q) out.Q[row * C + c] = 0.0;
+                        if (out.T) out.T[row * C + c] = 0.0;
+                        if (out.D) out.D[row * C + c] = 0.0;
+                    }
+                    if (out.A) out.A[row * 2] = out.A[row * 2 + 1] = 0.0;
+                    if (out.U) out.U[row] = 0.0;
+                }
+                continue;
             }
+            qorder.push_back(sp);
+            in_range[sp] = 1;
+        }
+        const i64 RQ = static_cast<i64>(qorder.size());
         for (i64 t = 0; t < H; ++t) {
             if (detail::cancelled(control)) return false;
             const double* bsrc = prob.bias + (b * H + t) * n;
@@ -1549,7 +1571,7 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
                     detail::add_rows(control, nq);
                 }
             } else {
-                const i64 ntasks = (R + kRowsPerTask - 1) / kRowsPerTask;
+                const i64 ntasks = (RQ + kRowsPerTask - 1) / kRowsPerTask;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
 #endif
@@ -1562,7 +1584,7 @@ bool binary_reduce(const BinaryProblem& prob, const BinaryResult& out, BinaryMet
                     if (detail::cancelled(control)) continue;
                     BinaryStats st;  // local: the per-thread slots share cache lines
                     const i64 k0 = task * kRowsPerTask;
-                    const i64 k1 = std::min(R, k0 + kRowsPerTask);
+                    const i64 k1 = std::min(RQ, k0 + kRowsPerTask);
                     std::vector<RowSums> rs(static_cast<std::size_t>(C));
                     for (i64 kq = k0; kq < k1; ++kq) {
                         const i64 self = qorder[kq];

@@ -33,7 +33,7 @@ def binary_grad_centres(logq: numpy.typing.NDArray[numpy.float64], p: numpy.typi
     (grad_p, grad_bias, stats).  Releases the GIL; progress and Ctrl-C as in loo_grad (B n
     rows in all).
     """
-def binary_reduce(logq: numpy.typing.NDArray[numpy.float64], p: numpy.typing.NDArray[numpy.float64], labels: numpy.typing.NDArray[numpy.int64], n_classes: typing.SupportsInt | typing.SupportsIndex, scale: numpy.typing.NDArray[numpy.float64], bias: numpy.typing.NDArray[numpy.float64], powers: typing.SupportsInt | typing.SupportsIndex = 1, row_start: typing.SupportsInt | typing.SupportsIndex = 0, row_stop: typing.SupportsInt | typing.SupportsIndex = 0, n_threads: typing.SupportsInt | typing.SupportsIndex = 0, progress: typing.Callable[[int], object] | None = None, pairs: bool = False, method: str = 'binned', residuals: bool = False, u: numpy.typing.NDArray[numpy.float64] | None = None, cell_width: typing.SupportsFloat | typing.SupportsIndex = 0.8, plan: typing.Any = None, v: typing.Any = None, ref_floor: typing.SupportsFloat | typing.SupportsIndex = 0.0) -> tuple[numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], dict[str, int]]:
+def binary_reduce(logq: numpy.typing.NDArray[numpy.float64], p: numpy.typing.NDArray[numpy.float64], labels: numpy.typing.NDArray[numpy.int64], n_classes: typing.SupportsInt | typing.SupportsIndex, scale: numpy.typing.NDArray[numpy.float64], bias: numpy.typing.NDArray[numpy.float64], powers: typing.SupportsInt | typing.SupportsIndex = 1, row_start: typing.SupportsInt | typing.SupportsIndex = 0, row_stop: typing.SupportsInt | typing.SupportsIndex = 0, n_threads: typing.SupportsInt | typing.SupportsIndex = 0, progress: typing.Callable[[int], object] | None = None, pairs: bool = False, method: str = 'binned', residuals: bool = False, u: numpy.typing.NDArray[numpy.float64] | None = None, cell_width: typing.SupportsFloat | typing.SupportsIndex = 0.8, plan: typing.Any = None, v: typing.Any = None, ref_floor: typing.SupportsFloat | typing.SupportsIndex = 0.0, weighted_rows: bool = False) -> tuple[numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], numpy.typing.NDArray[numpy.float64], dict[str, int]]:
     """
     Fast leave-one-out sums of binary (K = 2) problems: the accumulators of loo_reduce.
 
@@ -51,7 +51,10 @@ def binary_reduce(logq: numpy.typing.NDArray[numpy.float64], p: numpy.typing.NDA
     Q_c with v_i^2 w_ij^2, A with v_i w_ij; U and m unweighted.  ref_floor (>= 0, with v):
     each weighted sum of power q accurate relative to at least ref_floor^q (units of the class
     maximum's unweighted term), not only to itself: 1 for label weights, whose sums are only
-    needed next to the row's whole kernel sum.  Returns (m, S, Q, T, D, A, U, stats): arrays not requested have
+    needed next to the row's whole kernel sum.  weighted_rows (with v): only the rows with
+    v_j > 0 are queries (a bootstrap sample's rows; the others' weight in its mean is 0); the
+    others get the outputs of a row without centres (m = -inf, every sum 0), the queries'
+    are bit-identical.  Returns (m, S, Q, T, D, A, U, stats): arrays not requested have
     shape (0, 0, 0); stats counts the direct terms, Taylor cells and fallbacks.  Releases the
     GIL; progress and Ctrl-C as in loo_reduce (B H (row_stop - row_start) rows in all).
     """

@@ -85,6 +85,7 @@ def _call(
     threads=2,
     progress=None,
     ref_floor=0.0,
+    weighted_rows=False,
 ):
     """fn (either engine's binary_reduce) with the arguments loo_reduce_k2 passes."""
     r0, r1 = (0, p.shape[-2]) if rows is None else rows
@@ -108,6 +109,7 @@ def _call(
         plan=None,
         v=v,
         ref_floor=ref_floor,
+        weighted_rows=weighted_rows,
     )
 
 
@@ -125,6 +127,7 @@ def _pair(
     residuals=None,
     threads=2,
     ref_floor=0.0,
+    weighted_rows=False,
 ):
     """Return (numba, compiled): both engines' outputs on the inputs of loo_reduce_k2.
 
@@ -141,8 +144,9 @@ def _pair(
     uu = None if u is None else np.ascontiguousarray(np.broadcast_to(u, (B, n)), dtype=np.float64)
     vv = None if v is None else np.ascontiguousarray(np.broadcast_to(v, (B, n)), dtype=np.float64)
     args = (logq, p, lab, C, scale, bias, method, powers, pairs, uu, vv, rows, residuals, threads)
-    a = list(_call(nb.binary_reduce, *args, ref_floor=ref_floor))
-    c = list(_call(core.binary_reduce, *args, ref_floor=ref_floor))
+    kw = {"ref_floor": ref_floor, "weighted_rows": weighted_rows}
+    a = list(_call(nb.binary_reduce, *args, **kw))
+    c = list(_call(core.binary_reduce, *args, **kw))
     for r in (a, c):
         r[0] = np.asarray(r[0]) + shift[:, :, None]
     return a, c
@@ -421,6 +425,39 @@ def test_label_weights_with_the_floor_against_compiled(method):
             assert c[7]["pairs_fallback"] <= c0[7]["pairs_fallback"], h
     with pytest.raises(ValueError, match="ref_floor"):
         _pair(x, zeros, 1, [1e-3], method, 1, False, v=ystar, ref_floor=-1.0)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_weighted_rows_leave_the_undrawn_rows_out(method):
+    # weighted_rows (a bootstrap replicate's call): the rows drawn (v > 0) bit-identical
+    # to the call without it, on both engines; the others the outputs of a row without
+    # centres (m = -inf, every sum 0); the twins make the same decisions (counters)
+    rng = np.random.default_rng(41)
+    x = np.concatenate([1 - rng.random(1500) * 1e-3, rng.beta(2, 2, 500), [0.5, 0.5]])
+    y = (rng.random(len(x)) < x).astype(np.int64)
+    v = rng.poisson(1.0, len(x)).astype(np.float64)
+    v[-2:] = [0.0, 3.0]  # a tie: one copy drawn, the other not
+    u = rng.random(len(x)) * v * v
+    drawn = v > 0
+    for h in (2e-4, 0.02):
+        for powers, uu in ((2, u), (1, None)):
+            full = _pair(x, y, 2, [h], method, powers=powers, pairs=False, u=uu, v=v)
+            a, c = _pair(
+                x, y, 2, [h], method, powers=powers, pairs=False, u=uu, v=v, weighted_rows=True
+            )
+            what = f"{method} h={h} powers={powers}"
+            _check_twin(a, c, method, what)
+            for got, ref in zip((a, c), full):
+                for k in range(7):
+                    g, r = np.asarray(got[k]), np.asarray(ref[k])
+                    if g.size == 0:
+                        continue
+                    assert np.array_equal(g[:, :, drawn], r[:, :, drawn]), (what, k)
+                    left = g[:, :, ~drawn]
+                    assert np.all(left == (-np.inf if k == 0 else 0.0)), (what, k)
+            assert c[7]["rows_local"] <= full[1][7]["rows_local"], what
+    with pytest.raises(ValueError, match="weighted_rows=True needs v"):
+        _pair(x, y, 2, [1e-3], method, powers=1, pairs=False, weighted_rows=True)
 
 
 def test_unit_and_zero_centre_weights():

@@ -68,6 +68,10 @@ struct BinaryProblem {
                                            //   to at least ref_floor^q times the class
                                            //   maximum's unweighted term (q: its power),
                                            //   not only to the sum itself (>= 0)
+    bool weighted_rows = false;            // with v: only the rows with v_j > 0 are
+                                           //   queries (a bootstrap sample's rows); the
+                                           //   others' outputs are those of a row without
+                                           //   centres (m = -inf, sums 0)
 };
 
 /// Outputs (R = row_stop - row_start).  Null pointers for what is not wanted; D needs

@@ -277,6 +277,7 @@ def loo_reduce_k2(
     plan: Any = None,
     backend: str = "cpp",
     ref_floor: float = 0.0,
+    weighted_rows: bool = False,
 ) -> tuple[np.ndarray, ...]:
     """:func:`kdecal._engine.backends.loo_reduce` for ``K = 2`` inputs, on the fast engine.
 
@@ -295,7 +296,10 @@ def loo_reduce_k2(
     ``backend``: "cpp" (the compiled core) or "numba" (:mod:`.numba_binary`, where
     plans are not used); ``ref_floor`` (with ``v``): each weighted sum of power q
     accurate relative to at least ``ref_floor^q`` times the class maximum's unweighted
-    term, not only to itself (:func:`consistency_sums`).  Returns ``(m, S, Q, T[, D][, A,
+    term, not only to itself (:func:`consistency_sums`); ``weighted_rows`` (with ``v``):
+    only the rows with ``v_j > 0`` are queries (a bootstrap sample's rows, the others
+    weigh 0 in its mean), the others get the outputs of a row without centres (``m =
+    -inf``, every sum 0) and the queries' are bit-identical.  Returns ``(m, S, Q, T[, D][, A,
     U])`` with the leading B axis.  Each query row's sums depend on that row alone (the
     plan, the methods and the cells on all centres), so that the rows of a call over a
     range equal, bit for bit, those rows of a call over all of them.
@@ -382,6 +386,7 @@ def loo_reduce_k2(
                 plan,
                 v,
                 ref_floor,
+                weighted_rows,
             )
             done += (r1 - r0) * B * len(ts)
             if shift is not None:  # the class maxima back on the dense engine's scale
@@ -432,8 +437,12 @@ def replicate_sums(
     = 2`` (weighted ``v^2``), and with ``resid`` the residual sums ``A`` (B, n, 2) and,
     with ``powers = 2``, ``U = sum_i w_ij^2 v_i^2 (y_i - p_i1)^2`` (B, n), the
     U-statistic's diagonal (the positive coordinate's residual,
-    :func:`kdecal._estimation.problem.residual_weights`); None for the others.  A pure
-    function of its inputs (the replicates of ``backend="dask"`` run it on the workers).
+    :func:`kdecal._estimation.problem.residual_weights`); None for the others.  With
+    ``v``, only the rows drawn (``v_j > 0``) are queries: a row drawn 0 times weighs 0 in
+    the replicate's mean, and its sums are those of a row without centres (0), which
+    the replicate's formation treats as such (about a third of the rows, whose engine
+    work is saved; the drawn rows' sums are bit-identical).  A pure function of its
+    inputs (the replicates of ``backend="dask"`` run it on the workers).
     """
     B, n = p.shape[0], p.shape[1]
     lab = np.ascontiguousarray(labels, dtype=np.int64)
@@ -463,6 +472,7 @@ def replicate_sums(
         plan=plan,
         threads=threads,
         backend=backend,
+        weighted_rows=vv is not None,
     )
     S = out[1][:, 0]
     Q = out[2][:, 0] if powers == 2 else None

@@ -1940,6 +1940,7 @@ def binary_reduce(
     plan: Any = None,
     v: Any = None,
     ref_floor: float = 0.0,
+    weighted_rows: bool = False,
 ) -> tuple[Any, ...]:
     """Fast leave-one-out sums of binary (K = 2) problems: the twin of ``core.binary_reduce``.
 
@@ -1980,6 +1981,9 @@ def binary_reduce(
         With ``v``: each weighted sum of power q accurate relative to at least
         ``ref_floor^q`` (units of the class maximum's unweighted term), not only to
         itself (the compiled core's ``ref_floor``).
+    weighted_rows : bool, default False
+        With ``v``: only the rows with ``v_j > 0`` are queries; the others get the
+        outputs of a row without centres (``m = -inf``, every sum 0).
 
     Returns
     -------
@@ -2063,6 +2067,9 @@ def binary_reduce(
     va = per_centre(v, "v")
     if va is not None and (powers > 2 or pairs):
         raise ValueError("centre weights v support powers <= 2 without the pair sums")
+    weighted_rows = bool(weighted_rows)
+    if weighted_rows and va is None:
+        raise ValueError("weighted_rows=True needs v")
     residuals = bool(residuals)
     # the compiled core's own checks
     if n < 1:
@@ -2127,6 +2134,7 @@ def binary_reduce(
             "binned": method in ("binned", "local"),
             "local": method == "local",
             "ref_floor": float(ref_floor),
+            "weighted_rows": weighted_rows,
         }
         views: list[np.ndarray | None] = [
             m.reshape(B, H, R),
@@ -2183,7 +2191,6 @@ def _run(
     B, n = p.shape[0], p.shape[1]
     H = scale.shape[0]
     row_start, row_stop = rows
-    R = row_stop - row_start
     powers, pairs, want_a, want_u = (flags[k] for k in ("powers", "pairs", "want_a", "want_u"))
     binned = flags["binned"]
     local = flags["local"]
@@ -2222,6 +2229,15 @@ def _run(
             cen, ix, seg, z = _sort_problem(p[b], logq[b], labels[b], C)
             perm = ix[_IPERM]
             qorder = np.flatnonzero((perm >= row_start) & (perm < row_stop)).astype(np.int64)
+            if flags["weighted_rows"]:
+                # a row of weight 0 is no query: the outputs of a row without centres
+                assert v is not None
+                skip = perm[qorder] - row_start
+                skip = skip[~(v[b][perm[qorder]] > 0.0)]
+                qorder = qorder[v[b][perm[qorder]] > 0.0]
+                for k, a in enumerate(outs):
+                    if a is not None:
+                        a[b][:, skip] = -np.inf if k == 0 else 0.0
             if u is not None:
                 cen[_CU] = u[b][perm]
                 cen[_CUA] = np.abs(cen[_CU])
@@ -2251,7 +2267,7 @@ def _run(
                     total = tasks.shape[0]
                     gstep = max(n_tasks, 4)  # the first chunk's groups (then timed)
                 else:
-                    total = R
+                    total = qorder.shape[0]
                 k = 0
                 while k < total:
                     st = np.zeros((n_tasks, _NST), np.int64)
@@ -2281,7 +2297,7 @@ def _run(
                         )
                         nrows = int(rows_done[k1] - rows_done[k])
                     else:
-                        k1 = min(R, k + step)
+                        k1 = min(total, k + step)
                         _kernel(
                             qorder,
                             k,
