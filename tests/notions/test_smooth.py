@@ -68,6 +68,27 @@ def test_smece_sigma_matches_materialised_definition(sigma):
     assert got == pytest.approx(ref_smece_sigma(f, y, sigma), abs=1e-9)
 
 
+@pytest.mark.parametrize("sigma", [0.004, 0.03, None])
+def test_tied_predictions_match_the_definition_over_rows(sigma):
+    # rows with equal predictions are summed as one value (their residuals added), and
+    # the fixed point's bracket takes the rows' own mass sum |r_i| / n: the definition
+    # over all rows, with ties of both outcomes at one prediction
+    f, y = binary_sample(90, seed=5)
+    f = np.round(f, 1)  # about ten distinct values
+    f[:6] = 0.5
+    y[:6] = [0, 1, 0, 1, 1, 0]
+    got = smooth.smooth_ece(f, y, sigma=sigma, calibration="classwise")
+    if sigma is None:
+        assert ref_smece_sigma(f, y, got) == pytest.approx(got, abs=1e-9)
+        assert ref_smece_sigma(f, y, 0.9 * got) > 0.9 * got
+        assert ref_smece_sigma(f, y, 1.1 * got) < 1.1 * got
+    else:
+        assert got == pytest.approx(ref_smece_sigma(f, y, sigma), abs=1e-9)
+    res = smooth._Residuals(f, y - f)
+    assert res.f.shape[0] == np.unique(f).shape[0]
+    assert res.mass == pytest.approx(np.abs(y - f).mean(), rel=1e-15)
+
+
 def test_fixed_point_matches_definition():
     f, y = binary_sample(80, seed=2)
     val = smooth.smooth_ece(f, y, calibration="classwise")
