@@ -707,8 +707,10 @@ class CalibrationEstimate:
     ) -> tuple[dict[str, ConfidenceInterval], dict[str, CalibrationTestResult]]:
         """:meth:`confidence_intervals` and :meth:`calibration_tests` with the same seed.
 
-        The same numbers as the two calls, from one resampling pass: each chunk of
-        bootstrap replicates and of consistency replicates shares the kernel weights
+        The same numbers as the two calls (to the rounding of the products, which sum
+        the same terms in another blocking: float32 products for float32 predictions),
+        from one resampling pass: each chunk of bootstrap replicates and of consistency
+        replicates shares the kernel weights
         (:func:`kdecal._estimation.replicates.replicates_jobs`).
         """
         R = _replicates.check_resamples(n_resamples, "n_resamples", 2)

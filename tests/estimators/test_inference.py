@@ -816,10 +816,11 @@ def test_intervals_and_tests_share_one_pass(monkeypatch, calibration, estimator,
     blocking; the intervals, p-values and statistics are equal.
 
     On the compiled core a residual estimate computes the kernel weights once for the
-    bootstrap and the consistency replicates of a chunk (half the kernel_weights calls
-    of the two separate calls), except from CONSISTENCY_MULTI_MIN_DIM classes on, where
-    the consistency replicates run on the multi-label pass (no kernel_weights call); the
-    plug-in runs them one after the other.
+    bootstrap and the consistency replicates of a chunk, up to
+    CONSISTENCY_SHARED_MAX_DIM classes (alone, the consistency replicates of
+    CONSISTENCY_MULTI_MIN_DIM classes or more run on the multi-label pass, no
+    kernel_weights call; below, on weights of their own); the plug-in runs them one
+    after the other.
     """
     from kdecal._estimation import replicates as _replicates
 
@@ -835,10 +836,17 @@ def test_intervals_and_tests_share_one_pass(monkeypatch, calibration, estimator,
         calls["w"] += 1
         return real(*args, **kwargs)
 
+    real_multi = _backends.loo_reduce_multi
+
+    def counted_multi(*args, **kwargs):
+        calls["multi"] += 1
+        return real_multi(*args, **kwargs)
+
     monkeypatch.setattr(_backends, "kernel_weights", counted)
+    monkeypatch.setattr(_backends, "loo_reduce_multi", counted_multi)
     cis = est.confidence_intervals(names, n_resamples=30, seed=7)
     tests = est.calibration_tests(names, n_resamples=30, seed=7)
-    separate = calls["w"]
+    separate, separate_multi = calls["w"], calls["multi"]
     calls.clear()
     cis2, tests2 = est._intervals_and_tests(names, names, level=0.95, n_resamples=30, seed=7)
     for q in names:
@@ -853,10 +861,16 @@ def test_intervals_and_tests_share_one_pass(monkeypatch, calibration, estimator,
             tests2[q].null_distribution, tests[q].null_distribution, rtol=1e-13, atol=1e-17
         )
         assert tests[q].pvalue == tests2[q].pvalue and tests[q].statistic == tests2[q].statistic
-    shared = est._for("ece_kde_l1").problem.dim < _replicates.CONSISTENCY_MULTI_MIN_DIM
+    dim = est._for("ece_kde_l1").problem.dim
+    alone_dense = dim < _replicates.CONSISTENCY_MULTI_MIN_DIM
     if estimator == "residual" and "cpp" in kdecal.available_backends():
+        assert dim <= _replicates.CONSISTENCY_SHARED_MAX_DIM
         assert separate > 0
-        assert calls["w"] * (2 if shared else 1) == separate
+        # the test alone: weights of its own, or the multi-label pass
+        assert (separate_multi > 0) == (not alone_dense)
+        # together: the bootstrap's weights, no multi-label pass
+        assert calls["w"] * (2 if alone_dense else 1) == separate
+        assert calls["multi"] == 0
     else:
         assert calls["w"] == separate
 
@@ -1430,8 +1444,10 @@ def test_evaluate_raises_the_canonical_squared_error_to_its_bounds():
     bound = max(top["ce_l2"], 10 * cw["ce_l2"])
     assert ustat < 0.5 * bound  # the U-statistic alone: 0.0031 against 0.0058
     assert can["ce_l2"] == rep.ce_l2 == bound == est.value("ce_l2")
-    assert can["ce_l2_ci"] == [ci["ce_l2"].low, ci["ce_l2"].high]
-    assert can["ece_kde_l1_ci"] == [ci["ece_kde_l1"].low, ci["ece_kde_l1"].high]
+    # evaluate's bootstrap shares its pass (and its float32 products' blocking, float32
+    # predictions) with the test's replicates: the same intervals to that rounding
+    for q in ("ce_l2", "ece_kde_l1"):
+        np.testing.assert_allclose(can[f"{q}_ci"], [ci[q].low, ci[q].high], rtol=1e-7)
     assert can["ce_l2_ci"][0] <= bound <= can["ce_l2_ci"][1]
     assert not any("Jensen" in note for note in rep.notes)
     # the class-wise row, not resampled itself, shows the squared L2 interval of the

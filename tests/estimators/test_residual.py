@@ -234,6 +234,7 @@ def test_dense_replicates_equal_the_multi_label_pass(calibration, backend, monke
     # bootstrap and consistency replicates in one resampling, split between the dense
     # products and (on the core, for any number of classes here) the multi-label pass
     monkeypatch.setattr(_replicates, "CONSISTENCY_MULTI_MIN_DIM", 2)
+    monkeypatch.setattr(_replicates, "CONSISTENCY_SHARED_MAX_DIM", 0)
     both, both_t = est._intervals_and_tests(names, names, level=0.95, n_resamples=12, seed=1)
     for q in names:
         np.testing.assert_allclose(

@@ -280,14 +280,22 @@ def replicates(
     yield from _multi_label_replicates(est, labels, weights, backend, squares, progress)
 
 
-def _consistency_on_multi(est: _regression.Estimate, dense: str | None) -> bool:
+def _consistency_on_multi(
+    est: _regression.Estimate, dense: str | None, shared: bool = False
+) -> bool:
     """Whether consistency replicates of a residual estimate run on the multi-label pass.
 
     On the compiled core with ``D >= CONSISTENCY_MULTI_MIN_DIM`` classes: a consistency
     replicate's label sums are one add per pair there, against ``D`` multiply-adds per
-    pair in the dense products (bench/README.md, "Consistency replicates").
+    pair in the dense products (bench/README.md, "Consistency replicates").  Except
+    where bootstrap replicates run in the same pass (``shared``: the intervals and the
+    test of ``kdecal.evaluate``) and ``D <=`` :data:`CONSISTENCY_SHARED_MAX_DIM`: the
+    dense products then take the bootstrap's kernel weights, which the multi-label pass
+    would compute again.
     """
-    return dense == "cpp" and est.problem.dim >= CONSISTENCY_MULTI_MIN_DIM
+    if dense != "cpp" or est.problem.dim < CONSISTENCY_MULTI_MIN_DIM:
+        return False
+    return not (shared and est.problem.dim <= CONSISTENCY_SHARED_MAX_DIM)
 
 
 def _multi_label_replicates(
@@ -432,10 +440,10 @@ def replicates_jobs(
         # the bootstraps as dense products (sharing the weights), and the consistency
         # resamplings there too or on the multi-label pass (_consistency_on_multi)
         apart = [k for k, (_, w) in enumerate(jobs) if w is None]
-        if not _consistency_on_multi(est, dense) or not apart:
+        here = [k for k in range(len(jobs)) if k not in apart]
+        if not apart or not _consistency_on_multi(est, dense, shared=bool(here)):
             yield from _residual_replicates(est, jobs, squares, progress, dense)
             return
-        here = [k for k in range(len(jobs)) if k not in apart]
         streams: list[Iterator[tuple[_regression.Estimate, ...]]] = []
         if here:
             streams.append(
@@ -765,6 +773,13 @@ def _binary_estimate(
 #: Classes from which the compiled core's consistency replicates of a residual estimate
 #: run on the multi-label pass rather than as dense products (:func:`_consistency_on_multi`).
 CONSISTENCY_MULTI_MIN_DIM = 4
+
+#: Classes up to which consistency replicates stay on the dense products where
+#: bootstrap replicates share their pass (:func:`_consistency_on_multi`): ``kdecal
+#: evaluate``'s canonical intervals and test of the bundled example (K = 10) 11.8-13.1
+#: -> 10.5-10.9 s, synthetic K = 4, n = 10,000 3.1-3.4 -> 2.4 s; at K = 30 the
+#: multi-label pass is faster again (2.4 against 2.8 s; bench/README.md).
+CONSISTENCY_SHARED_MAX_DIM = 10
 
 
 def _dense_backend(backend: str) -> str | None:
