@@ -548,7 +548,7 @@ bool binned_sums(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
 // bound fails the check falls back to binned_sums, then to the window method.
 
 constexpr int kPt = 12;                     // order of the series in t
-constexpr double kGroupWidth = 0.125;       // z-span of a group, units of sqrt(h)/2
+constexpr double kGroupWidth = 0.3;         // z-span of a group, units of sqrt(h)/2 (docs)
 constexpr i64 kGroupMax = 256;              // queries per group
 constexpr i64 kGroupMin = 4;                // smaller groups: the binned method per query
 

@@ -21,7 +21,7 @@ module follows):
   moments, orders, bounds and checks as the C++, so the same (query, class) pairs fall
   back to windows;
 - ``method="local"``: the binned method's cells, their Taylor sums translated once per
-  group of neighbouring queries (at most ``0.125 sqrt(h)/2`` in ``z`` and 256 points,
+  group of neighbouring queries (at most ``0.3 sqrt(h)/2`` in ``z`` and 256 points,
   over all n sorted positions) into one series of order 12 in the query's coordinate,
   with its bound per (query, class) (section 4); where it is not met, the binned method,
   then the window method: the same groups, expansions, bounds and fallbacks as the
@@ -144,7 +144,7 @@ _NST = 8
 # The local method (kdecal's kPt, kGroupWidth, kGroupMax, kGroupMin): the order of the
 # series in t, a group's z-span in units of sqrt(h)/2, its most and least points
 _KPT = 12
-_KGROUPWIDTH = 0.125
+_KGROUPWIDTH = 0.3
 _KGROUPMAX = 256
 _KGROUPMIN = 4
 # the power q of each moment array (M1, A0, A1, M2, U2, M3)
