@@ -743,12 +743,16 @@ void build_local(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
         dpow[0] = 1.0;
         for (int j = 1; j <= kPt; ++j) dpow[j] = dpow[j - 1] * dC * kInv.v[j - 1];
         const double cnt = static_cast<double>(count);
-        for (int a = 0; a < kNMom; ++a) {
-            if (!need[a]) continue;
-            const int q = qarr[a];
+        // per power q, what its arrays share (computed once per power, each array's
+        // arithmetic as before: the same bits)
+        for (int q = 1; q <= qmax; ++q) {
+            int arr[kNMom];
+            int na = 0;
+            for (int a = 0; a < kNMom; ++a)
+                if (need[a] && qarr[a] == q) arr[na++] = a;
+            if (na == 0) continue;
             const int Pk = P[q];
             const double kq = q * kappa;
-            const double* mm = cmom + a * kNP;
             double kp[kNP];
             kp[0] = 1.0;
             for (int p = 1; p <= Pk; ++p) kp[p] = kp[p - 1] * kq;
@@ -756,13 +760,20 @@ void build_local(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
             // (the moments stop at order 24); the truncation of each N_l enters the sum
             // weighted by (q tmax dmax)^l / l! (docs)
             const double xi = q * xi1, etad = q * tmax * c.dmax;
-            double N[kPt + 1];
-            for (int l = 0; l <= kPt; ++l) N[l] = 0.0;
+            double N[kNMom][kPt + 1];
+            for (int ia = 0; ia < na; ++ia)
+                for (int l = 0; l <= kPt; ++l) N[ia][l] = 0.0;
             for (int p = 0; p <= Pk; ++p) {  // p <= P_l  <=>  l <= 24 - p
                 const int lmax = std::min(kPt, kMaxOrder - p);
                 const double kpp = kp[p];
                 const double* bc = kBinom.t[p];
-                for (int l = 0; l <= lmax; ++l) N[l] += kpp * bc[l] * mm[p + l];
+                double kb[kPt + 1];
+                for (int l = 0; l <= lmax; ++l) kb[l] = kpp * bc[l];
+                for (int ia = 0; ia < na; ++ia) {
+                    double* Na = N[ia];
+                    const double* mm = cmom + arr[ia] * kNP + p;
+                    for (int l = 0; l <= lmax; ++l) Na[l] += kb[l] * mm[l];
+                }
             }
             double rx[kNP + 1];  // xi^j / j!, j <= P + 1 (the remainders' orders)
             rx[0] = 1.0;
@@ -773,20 +784,26 @@ void build_local(const Context& cx, const ExactL& Lx, const Flags& fl, i64 lo, i
                 etal *= etad * kInv.v[l];
             }
             const double fac = std::exp(q * E);
-            for (int k = 0; k <= kPt; ++k) {
-                double acc = 0.0;
-                for (int l = 0; l <= k; ++l) acc += dpow[k - l] * N[l];
-                le.lam[a][k] += fac * acc;
-            }
-            const double m0 = a == kU2 ? c.absu : mm[0];
             const double eta = q * eta1;
             double trunc_t = rem_t_unit;
             for (int k = 0; k <= kPt; ++k) trunc_t *= eta;
-            const double b1 = fac * m0 * std::exp(xi);
-            const double b0 = b1 * std::exp(eta);
-            le.err[a] += b1 * std::exp(q * tmax * std::fabs(dC)) * trunc_k +
-                         b0 * (trunc_t + kEps * (cnt + 2 * Pk + 2 * kPt + 16));
-            le.mag[a] += b0;
+            const double exi = std::exp(xi), eeta = std::exp(eta);
+            const double edc = std::exp(q * tmax * std::fabs(dC));
+            const double slack = trunc_t + kEps * (cnt + 2 * Pk + 2 * kPt + 16);
+            for (int ia = 0; ia < na; ++ia) {
+                const int a = arr[ia];
+                const double* Na = N[ia];
+                for (int k = 0; k <= kPt; ++k) {
+                    double acc = 0.0;
+                    for (int l = 0; l <= k; ++l) acc += dpow[k - l] * Na[l];
+                    le.lam[a][k] += fac * acc;
+                }
+                const double m0 = a == kU2 ? c.absu : cmom[a * kNP];
+                const double b1 = fac * m0 * exi;
+                const double b0 = b1 * eeta;
+                le.err[a] += b1 * edc * trunc_k + b0 * slack;
+                le.mag[a] += b0;
+            }
         }
         return 1;
     };
