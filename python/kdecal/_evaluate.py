@@ -31,7 +31,7 @@ from ._estimation.replicates import (
 from ._report import CalibrationReport
 from ._row_metrics import ROW_METRICS, check_metric, row_bootstrap
 from ._row_metrics import lower_bound as metric_lower_bound
-from ._validation import check_choice, check_seed
+from ._validation import Probs, check_choice, check_seed
 from .kde import (
     CANONICAL_RELIABLE_MAX_K,
     _canonical_unreliable,
@@ -137,7 +137,7 @@ def _warn_long_estimates(
     """
     if not isinstance(bandwidth, str) or backend not in ("auto", "cpp", "numba"):
         return
-    shape = getattr(probs, "shape", None)
+    shape = _shape(probs)
     if shape is None or len(shape) != 2 or _is_device_array(probs):
         return
     n, K = int(shape[0]), int(shape[1])
@@ -362,7 +362,13 @@ def _ordering_notes(notions: dict[str, dict[str, object]], K: int) -> list[str]:
 
 
 def _shape(probs: object) -> tuple[int, ...] | None:
-    """Return the predictions' shape, read before validation (None: ragged input)."""
+    """Return the predictions' shape, read before validation (None: ragged input).
+
+    Predictions validated already (a :class:`~kdecal._validation.Probs`, what the
+    command line passes) give their ``(n, K)`` probabilities' shape.
+    """
+    if isinstance(probs, Probs):
+        return tuple(probs.p.shape)
     shape = getattr(probs, "shape", None)
     if shape is None:
         try:
@@ -498,8 +504,18 @@ def _canonical_notes(
     return [why[0].upper() + why[1:] + "."]
 
 
-def _kl_notes(est: CalibrationEstimate, cal_loss: float | None) -> list[str]:
-    """Return the notes on the report's KL figure: its reliability, the calibration loss."""
+#: How the notes name the calibration loss's recalibration.
+_CALIBRATOR_NAMES = {"affine": "affine recalibration", "temperature": "temperature scaling"}
+
+
+def _kl_notes(
+    est: CalibrationEstimate, cal_loss: float | None, calibrator: str = "affine"
+) -> list[str]:
+    """Return the notes on the report's KL figure: its reliability, the calibration loss.
+
+    ``calibrator``: the recalibration of the calibration loss ("affine" or
+    "temperature"), which the note names.
+    """
     notes = []
     why = _kl_unreliable(est.calibration, est.n_classes)
     if why is not None and _canonical_unreliable(est.calibration, est.n_classes) is None:
@@ -512,7 +528,7 @@ def _kl_notes(est: CalibrationEstimate, cal_loss: float | None) -> list[str]:
             f"ce_kl ({ce_kl:.4g} nats) is below calibration_loss ({cal_loss:.4g} nats), "
             "which it should bound from above: the KL calibration error is the log loss "
             "that the true recalibration E[y | f] removes, the calibration loss the part "
-            "that a cross-validated affine recalibration removes. The kernel estimate is "
+            f"that a cross-validated {_CALIBRATOR_NAMES[calibrator]} removes. The kernel estimate is "
             f"too low here (at h = {est.bandwidth_kl:.3g} its regression does not resolve "
             "these predictions' miscalibration); the calibration loss is the safer figure."
         )
@@ -861,7 +877,7 @@ def evaluate(
         + _bias_notes(summaries)
         + (_ordering_notes(summaries, K) if sq_note else [])
         + (_squared_notes(ce_l2, summaries) if sq_note else [])
-        + (_kl_notes(main, cal_loss) if kl_note else [])
+        + (_kl_notes(main, cal_loss, cal_calibrator) if kl_note else [])
         + [
             f"No intervals or test for {name.replace('_', '-')}: {row['resampling_skipped']}"
             for name, row in summaries.items()

@@ -638,6 +638,13 @@ def _read_csv(
         if any(v is None for v in parsed):
             lineno = linenos[next(k for k, v in enumerate(parsed) if v is None)]
             raise _fail(path, f"score column '{header[i]}' has an empty value on line {lineno}")
+        bad = next((k for k, v in enumerate(parsed) if not math.isfinite(v)), None)  # type: ignore[arg-type]
+        if bad is not None:  # nan, inf: named by the file's line and the column's header
+            raise _fail(
+                path,
+                f"score column '{header[i]}' holds {cells[bad]!r} on line {linenos[bad]}; "
+                "every score must be finite",
+            )
         score_cols.append(i)
         columns.append(parsed)  # type: ignore[arg-type]
     if not score_cols:

@@ -529,10 +529,11 @@ def check_probs(
     stray = (a < 0) | (a > 1)
     if np.any(stray):
         idx = _first_bad(stray)
+        by = float(max(-a.min(), a.max() - 1.0))
         warn_user(
             f"{name}: {int(stray.sum())} of {a.size} entries lie outside [0, 1], by at "
-            f"most {PROBS_RANGE_ATOL:g} (first {float(a[idx])!r} at index {idx}); they "
-            "were clipped to [0, 1]",
+            f"most {by:.3g} (first {float(a[idx])!r} at index {idx}; up to "
+            f"{PROBS_RANGE_ATOL:g} is clipped); they were clipped to [0, 1]",
             RenormalizationWarning,
         )
         a = np.clip(a, 0.0, 1.0)

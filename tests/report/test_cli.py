@@ -224,6 +224,32 @@ def test_default_bandwidth_is_auto(tmp_path, capsys):
     assert d["n"] == N
 
 
+def test_class_count_rules_match_the_api(tmp_path, capsys, monkeypatch):
+    """The command line applies evaluate's rules that read the predictions' shape as the
+    API does: beyond K = 10 the report is top-label without a canonical row, the
+    class-wise cost limit drops that notion, and the long-run warning is given (the
+    command line passes validated predictions, whose shape these rules once missed)."""
+    _, probs, labels = _synthetic(11, n=300, k=11)
+    f = tmp_path / "k11.npz"
+    np.savez(f, probs=probs, labels=labels)
+    d = _run_json(capsys, str(f), "--metrics", "ece_kde_l1")
+    api = kdecal.evaluate(
+        probs, labels, n_resamples=0, bandwidth=float(BW), metrics=["ece_kde_l1"]
+    ).to_dict()
+    assert d["calibration"] == api["calibration"] == "top_label"
+    assert list(d["notions"]) == list(api["notions"]) == ["top_label", "classwise"]
+    assert d["ece_kde_l1"] == api["ece_kde_l1"]
+    from kdecal import _evaluate
+
+    monkeypatch.setattr(_evaluate, "CLASSWISE_AUTO_MAX_SECONDS", 0.0)
+    d = _run_json(capsys, str(f), "--metrics", "ece_kde_l1")
+    assert list(d["notions"]) == ["top_label"]
+    monkeypatch.setattr(_evaluate, "LONG_ESTIMATE_SECONDS", 0.0)
+    assert main(["evaluate", str(f), "--json", *NO_RESAMPLING, "--notions", "classwise"]) == 0
+    err = capsys.readouterr().err
+    assert "kdecal: warning: kdecal.evaluate: the class-wise estimate at n = 300, K = 11" in err
+
+
 def test_text_output_is_a_table(tmp_path, capsys):
     """Without --json the report is printed as a table."""
     _, probs, labels = _synthetic(8)

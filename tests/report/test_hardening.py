@@ -274,7 +274,7 @@ def test_stray_probabilities_with_probs_flag(tmp_path, capsys):
     argv = ["evaluate", str(f), "--probs", "--json", "--quiet", "--bandwidth", "0.1"]
     code, out, err = _cli(capsys, *argv, "--n-resamples", "0")
     assert code == 0, err
-    assert "2 of 1600 entries lie outside [0, 1]" in err
+    assert "2 of 1600 entries lie outside [0, 1], by at most 1e-07" in err  # not the tolerance
     clean = np.clip(np.round(Q, 9), 0.0, 1.0)
     want = kdecal.ece_kde(clean / clean.sum(1, keepdims=True), y, bandwidth=0.1)
     assert json.loads(out)["ece_kde_l1"] == pytest.approx(want, rel=1e-12)
@@ -302,6 +302,13 @@ def test_extra_columns_in_files_are_named(tmp_path, capsys):
     g.write_text("\n".join(lines) + "\n")
     code, _, err = _cli(capsys, "evaluate", str(g), "--quiet", "--n-resamples", "0")
     assert code == 2 and "column 'b' holds numbers but 'NA' on line 6" in err
+    # a non-finite number: the same line and column, not the array's 0-based indices
+    for cell in ("nan", "-inf"):
+        lines[5] = f"0.5,{cell},0.5,0," + lines[5].split(",")[-1]
+        g.write_text("\n".join(lines) + "\n")
+        code, _, err = _cli(capsys, "evaluate", str(g), "--quiet", "--n-resamples", "0")
+        assert code == 2, err
+        assert f"score column 'b' holds '{cell}' on line 6; every score must be finite" in err
 
 
 def test_explicit_probs_tolerance_and_message():

@@ -258,6 +258,22 @@ def test_calibration_loss_notes_the_affine_floor_at_many_classes():
     assert not any("floor of the affine" in note for note in report.notes)
 
 
+def test_kl_note_names_the_calibration_losss_recalibration():
+    """The note on a KL figure below the calibration loss names the recalibration the
+    loss was measured with: temperature scaling with few rows per class, else affine."""
+    rng = np.random.default_rng(0)
+    P = rng.dirichlet(np.ones(4), size=40)  # 10 rows per class: temperature scaling
+    y = rng.integers(0, 3, 40)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", kdecal.KdecalWarning)
+        report = kdecal.evaluate(P, y, n_resamples=0)
+    assert report.calibration_loss_calibrator == "temperature"
+    noted = [note for note in report.notes if note.startswith("ce_kl (")]
+    assert report.ce_kl < report.calibration_loss and len(noted) == 1
+    assert "a cross-validated temperature scaling removes" in noted[0]
+    assert "affine" not in noted[0]
+
+
 def test_calibration_loss_uses_temperature_scaling_with_few_rows_per_class():
     """Below 20 rows per class the affine calibrator's K + 1 parameters overfit the
     cross-validation folds (n = 5,000, K = 1,000: -0.125 nats for a calibrated model,
