@@ -717,6 +717,18 @@ def _binary_sums(
                 f.cancel()
 
 
+def _class_sum(x: np.ndarray) -> np.ndarray:
+    """``x.sum(axis=-1)`` of a binary problem's (..., 2) sums, as one elementwise add.
+
+    The same values (numpy adds two terms in that order) without a reduction over an
+    axis of length 2, which took about 3 ms per (10, 10,000, 2) array: a class-wise
+    replicate's formation made four.
+    """
+    if x.shape[-1] == 2:
+        return x[..., 0] + x[..., 1]
+    return x.sum(axis=-1)
+
+
 def _binary_estimate(
     est: _regression.Estimate,
     labels: np.ndarray,
@@ -735,16 +747,16 @@ def _binary_estimate(
     if len(sums) == 2:  # a consistency replicate's label sums (_binary.consistency_sums)
         assert est.A is not None and (est.Q is not None or not ustat)
         S1, U1 = sums
-        s_all = est.S.sum(axis=-1)
+        s_all = _class_sum(est.S)
         N = np.stack([s_all - S1, S1], axis=-1) - est.A
-        den1 = s_all**2 - est.Q.sum(axis=-1) if ustat and est.Q is not None else None
+        den1 = s_all**2 - _class_sum(est.Q) if ustat and est.Q is not None else None
         return _residual_replicate(
             est, prob, est.debias if ustat else "none", s_all, N, den1, U1, rw
         )
     S, Q, A, U = sums
-    s0 = S.sum(axis=-1)
+    s0 = _class_sum(S)
     if est.estimator == "residual":
-        den = None if Q is None or not ustat else s0**2 - Q.sum(axis=-1)
+        den = None if Q is None or not ustat else s0**2 - _class_sum(Q)
         return _residual_replicate(
             est, prob, est.debias if ustat else "none", s0, S - A, den, U if ustat else None, rw
         )
