@@ -35,9 +35,17 @@ from ._report import format_pvalue
 from ._row_metrics import ROW_METRICS, check_metric, lower_bound, row_bootstrap
 from ._validation import check_choice, check_labels, check_probs, check_seed
 from .kde import CANONICAL_RELIABLE_MAX_K, _estimate
+from .tolerances import MIN_BANDWIDTH
 from .warnings import KdecalWarning, quiet, warn_user
 
 __all__ = ["ROW_METRICS", "Comparison", "compare"]
+
+
+#: A difference's sign at another bandwidth counts towards "sensitive" only where the
+#: difference exceeds this much of the larger of its two values (the same predictions
+#: in two forms, e.g. probabilities and their round trip through logits, differ by the
+#: rounding of their estimates, about 1e-16, whose sign means nothing).
+SIGN_RTOL = 1e-9
 
 
 @dataclass(frozen=True, eq=False)
@@ -67,7 +75,7 @@ class Comparison(ValueEq):
         difference at h} for the bandwidths checked, h the bandwidth the quantity is
         computed at (a list of ``[h, difference]`` pairs in :meth:`to_dict`; empty for
         a metric without a kernel), "sensitive" (the difference changes sign at one of
-        them)}``.
+        them; a difference within :data:`SIGN_RTOL` of its values has no sign)}``.
     level : float
         Confidence level of the intervals.
     n_resamples : int
@@ -403,7 +411,15 @@ def compare(
         estimates[k] = row
     # the same differences at the other bandwidths a user might have used, each keyed
     # by the bandwidth the quantity is computed at there
-    others = [] if not kernel_qs else sorted({*own_h.values(), h / 2.0, 2.0 * h} - {h})
+    # (h / 2 and 2 h only where they are bandwidths the engine takes: a fixed bandwidth
+    # at either end of the supported range is compared at the others)
+    others = (
+        []
+        if not kernel_qs
+        else sorted(
+            g for g in {*own_h.values(), h / 2.0, 2.0 * h} - {h} if MIN_BANDWIDTH <= g < math.inf
+        )
+    )
     first = names[0]
     values_at = {
         q: {estimates[first][q]["bandwidth"]: {k: estimates[k][q]["value"] for k in names}}
@@ -425,8 +441,14 @@ def compare(
                 d = diff + (d - float(np.median(d)))
                 lo, hi = centred_interval(d, diff, level)
                 p = min(1.0, 2.0 * min(np.mean(d <= 0.0), np.mean(d >= 0.0)))
-                by_h = {g: v[a] - v[b] for g, v in sorted(values_at.get(q, {}).items())}
-                signs = {np.sign(v) for v in by_h.values()}
+                at_h = sorted(values_at.get(q, {}).items())
+                by_h = {g: v[a] - v[b] for g, v in at_h}
+                # a sign counts where the difference exceeds the two values' rounding
+                signs = {
+                    np.sign(by_h[g])
+                    for g, v in at_h
+                    if abs(by_h[g]) > SIGN_RTOL * max(abs(v[a]), abs(v[b]))
+                }
                 diffs.append(
                     {
                         "a": a,

@@ -396,6 +396,8 @@ def _cli_words(text: str) -> str:
         text = text.replace(api, cli)
     if text.startswith("n_resamples "):  # kdecal.evaluate's and compare's own checks
         text = "--n-resamples" + text[len("n_resamples") :]
+    if text.startswith(f"{_PROG}: "):  # the library's own prefix, after the command's
+        text = text[len(_PROG) + 2 :]
     return text
 
 

@@ -67,7 +67,7 @@ from scipy.special import gammaln, xlogy
 from . import _formulas, _validation
 from . import binned as _binned
 from ._calibration_estimate import CalibrationEstimate
-from ._engine.backends import Backend, resolve_backend
+from ._engine.backends import BACKENDS, Backend, resolve_backend
 from ._estimation import regression as _regression
 from ._estimation.regression import ESTIMATORS
 from ._numerics import ValueEq
@@ -83,8 +83,8 @@ from ._validation import (
     check_probs,
     check_seed,
 )
+from .kde import _check_bandwidth_spec, estimate
 from .kde import _resolve_bandwidth as resolve
-from .kde import estimate
 from .tolerances import PROB_EPS
 
 __all__ = [
@@ -597,6 +597,11 @@ class ReliabilityDiagram(ValueEq):
             )
         if class_index is not None and calibration != "classwise":
             raise ValueError("class_index is only meaningful with calibration='classwise'")
+        # the kernel options are checked for either kind (a binned diagram ignores them,
+        # and a typo there stays a typo: the docstring's errors hold for both)
+        n_grid = _check_n_grid(n_grid)
+        _check_bandwidth_spec(bandwidth)
+        check_choice(backend, "backend", ("auto", *BACKENDS, "dask"))
         if kind == "binned":
             stats = _binned.binned_statistics(
                 probs, labels, n_bins=n_bins, calibration=calibration, class_index=class_index
@@ -618,7 +623,6 @@ class ReliabilityDiagram(ValueEq):
                 bandwidth=None,
                 ece=float(ece) if np.ndim(ece) == 0 else _readonly(ece),
             )
-        n_grid = _check_n_grid(n_grid)
         P = check_probs(probs)
         y = check_labels(labels, P.n, P.n_classes)
         if class_index is not None:

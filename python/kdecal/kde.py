@@ -169,11 +169,12 @@ def _resolve_bandwidth(
     bandwidth: object,
     backend: str,
     progress: bool | None,
+    criterion: str = "brier",
 ) -> float:
     """Turn a bandwidth spec into a float, for callers that need h alone.
 
-    "auto" is the regression search (LOO-MLE without labels), "loo-mle" the papers'
-    rule. Used by kdecal.torch.
+    "auto" is the regression search of ``criterion``'s leave-one-out risk ("brier" or
+    "log"; LOO-MLE without labels), "loo-mle" the papers' rule. Used by kdecal.torch.
     """
     spec = _check_bandwidth_spec(bandwidth)
     if not isinstance(spec, str):
@@ -183,7 +184,7 @@ def _resolve_bandwidth(
         return _search.select_bandwidth(
             problem, np.asarray(DEFAULT_BANDWIDTH_GRID), backend, progress
         )
-    record, _ = _search.search_bandwidth(problem, "brier", 0, backend, progress)
+    record, _ = _search.search_bandwidth(problem, criterion, 0, backend, progress)
     _warn_at_grid_end(record.bandwidth, _search.SEARCH_GRID, record.criterion, record.tried)
     return record.bandwidth
 

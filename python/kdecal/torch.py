@@ -278,12 +278,18 @@ def _check_tensor(probs: object) -> torch.Tensor:
 
 
 def _prepare(
-    probs: object, labels: object, bandwidth: object, calibration: object
+    probs: object,
+    labels: object,
+    bandwidth: object,
+    calibration: object,
+    criterion: str = "brier",
 ) -> tuple[torch.Tensor, np.ndarray, torch.Tensor, np.ndarray, float, str]:
     """Validate; return the problem and its engine.
 
     Returns points (B, n, D), labels (B, n), clipped P, y, the bandwidth and the engine
-    ("cuda" for CUDA tensors, else "cpp").
+    ("cuda" for CUDA tensors, else "cpp"). ``criterion``: the leave-one-out risk that
+    ``bandwidth="auto"`` minimises ("brier", or "log" for the KL loss, as the NumPy
+    plug-in chooses its KL bandwidth).
     """
     x = _check_tensor(probs)
     if not x.is_cuda:
@@ -299,7 +305,7 @@ def _prepare(
     y = check_labels(labels, checked.n, checked.n_classes)
     be = "cuda" if x.is_cuda else "cpp"
     if isinstance(bandwidth, str):
-        h = _kde._resolve_bandwidth(checked, y, str(calibration), bandwidth, be, False)
+        h = _kde._resolve_bandwidth(checked, y, str(calibration), bandwidth, be, False, criterion)
     else:
         h = check_bandwidth(bandwidth)
     P = _f.simplex_points(x)
@@ -448,7 +454,9 @@ def calibration_error_loss(
         (Eq. 7). For the binary problems of "classwise"/"top_label", "l2" uses the
         positive coordinate, as :func:`kdecal.calibration_error`.
     bandwidth : float, "auto" or "loo-mle"
-        Kernel bandwidth h > 0 (required); "auto" and "loo-mle" as in :func:`ece_kde_loss`.
+        Kernel bandwidth h > 0 (required); "loo-mle" as in :func:`ece_kde_loss`; "auto"
+        minimises the leave-one-out log risk for "kl" and the Brier risk for "l2", the
+        bandwidths :func:`kdecal.calibration_error` chooses for its plug-in.
     calibration : {"canonical", "classwise", "top_label"}, default "canonical"
         Notion of calibration (see :func:`ece_kde_loss`).
     estimator : {"direct", "refinement"}, default "direct"
@@ -471,7 +479,8 @@ def calibration_error_loss(
     """
     check_choice(divergence, "divergence", DIVERGENCES)
     check_choice(estimator, "estimator", ESTIMATORS)
-    points, lab, _, _, h, be = _prepare(probs, labels, bandwidth, calibration)
+    criterion = "log" if divergence == "kl" else "brier"
+    points, lab, _, _, h, be = _prepare(probs, labels, bandwidth, calibration, criterion)
     E = _LooExpectation.apply(points, lab, h, be)
     binary = calibration != "canonical"
     if estimator == "direct":

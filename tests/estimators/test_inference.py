@@ -501,6 +501,31 @@ def test_compare_uses_one_bandwidth_and_flags_a_reversal():
         assert f[key] == d[key], key
 
 
+def test_compare_sensitivity_ignores_rounding_and_the_ends_of_the_bandwidth_range():
+    """The bandwidth check of compare: the same predictions in two forms (probabilities
+    and their round trip through logits, 1e-16 apart) differ by rounding at every
+    bandwidth, which is not a sign change; a fixed bandwidth at either end of the
+    supported range is checked at the other bandwidths only (h / 2 and 2 h outside the
+    range used to fail after the estimates, naming a bandwidth nobody passed)."""
+    rng = np.random.default_rng(0)
+    p = rng.random(1200)
+    y = (rng.random(1200) < p).astype(int)
+    q = 1.0 / (1.0 + np.exp(-np.log(p / (1.0 - p))))
+    assert 0 < np.abs(p - q).max() < 1e-15
+    res = _quiet(kdecal.compare, {"p": p, "q": q}, y, quantities=("ece_kde_l1",), n_resamples=5)
+    (d,) = res.differences
+    assert len(d["by_bandwidth"]) == 3 and max(map(abs, d["by_bandwidth"].values())) < 1e-15
+    assert not d["sensitive"] and "sensitive to the bandwidth" not in str(res)
+    P = rng.dirichlet(np.ones(3), size=200)
+    Q = rng.dirichlet(np.ones(3), size=200)
+    y3 = np.array([rng.choice(3, p=r) for r in P])
+    low = kdecal.tolerances.MIN_BANDWIDTH
+    for h, other in ((low, 2.0 * low), (1e308, 5e307)):
+        res = _quiet(kdecal.compare, [P, Q], y3, bandwidth=h, n_resamples=5)
+        assert res.bandwidth == h
+        assert sorted(res.differences[0]["by_bandwidth"]) == [other, h][:: 1 if other < h else -1]
+
+
 def test_compare_names_the_bandwidth_of_each_quantity(tmp_path, capsys):
     """A helper's probe: with "auto" and the residual estimator the squared L2 and KL
     quantities are at half the common bandwidth, but compare printed only the common h

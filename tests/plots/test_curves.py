@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import subprocess
 import sys
 
@@ -378,6 +379,23 @@ def test_canonical_curve_from_a_report_needs_no_kernel_pass(kernel_passes):
     np.testing.assert_allclose(reused.x, fresh.x, rtol=0, atol=0)
     np.testing.assert_allclose(reused.y, fresh.y, rtol=1e-12, atol=1e-15)
     assert reused.ece == pytest.approx(fresh.ece, rel=1e-12)
+
+
+def test_binned_diagram_checks_the_kernel_options_too():
+    """The errors the docstring lists hold for kind="binned" too (it ignores the kernel
+    options, which a helper's probe found accepted unchecked: bandwidth=-1 gave the
+    binned ECE without a word)."""
+    P, y = _data(n=60)
+    for kw, match in (
+        ({"bandwidth": -1}, "bandwidth must be a finite float > 0, got -1"),
+        ({"bandwidth": "foo"}, "bandwidth must be a float > 0, 'auto' or 'loo-mle', got 'foo'"),
+        ({"backend": "foo"}, "backend must be one of"),
+        ({"n_grid": 0}, "n_grid must be an integer >= 2, got 0"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(match)):
+            curves.ReliabilityDiagram.from_predictions(P, y, kind="binned", **kw)
+    ok = curves.ReliabilityDiagram.from_predictions(P, y, kind="binned", bandwidth=0.1)
+    assert ok.ece == curves.ReliabilityDiagram.from_predictions(P, y, kind="binned").ece
 
 
 def test_from_estimate_bad_input_names_the_argument():

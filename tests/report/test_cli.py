@@ -248,6 +248,14 @@ def test_class_count_rules_match_the_api(tmp_path, capsys, monkeypatch):
     assert main(["evaluate", str(f), "--json", *NO_RESAMPLING, "--notions", "classwise"]) == 0
     err = capsys.readouterr().err
     assert "kdecal: warning: kdecal.evaluate: the class-wise estimate at n = 300, K = 11" in err
+    # the library's "kdecal: " prefix is not repeated after the command's own
+    g = tmp_path / "k11b.npz"
+    np.savez(g, probs=np.roll(probs, 1, axis=0), labels=labels)
+    argv = ["compare", str(f), str(g), "--calibration", "canonical", "--bandwidth", BW]
+    assert main([*argv, "--n-resamples", "3"]) == 0
+    err = capsys.readouterr().err
+    assert "kdecal: warning: the canonical kernel estimates at K = 11" in err
+    assert "kdecal: warning: kdecal: " not in err
 
 
 def test_text_output_is_a_table(tmp_path, capsys):
