@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -67,14 +68,15 @@ def same_value(a: object, b: object) -> bool:
 
     Arrays (and array-likes met beside one) are equal when their shapes and elements
     are, NaN equal to NaN; dicts, lists and tuples compare item by item; floats NaN
-    equal to NaN; anything else with ``==``.
+    equal to NaN; anything else with ``==``. Mappings (dicts and read-only views of
+    them) compare item by item.
     """
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         try:
             return bool(np.array_equal(a, b, equal_nan=True))  # type: ignore[arg-type]
         except TypeError:  # object arrays cannot test NaN
             return bool(np.array_equal(a, b))  # type: ignore[arg-type]
-    if isinstance(a, dict) and isinstance(b, dict):
+    if isinstance(a, Mapping) and isinstance(b, Mapping):  # dicts, read-only views
         return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return (
@@ -89,8 +91,9 @@ class ValueEq:
     """Value equality for frozen result dataclasses that hold arrays (``eq=False``).
 
     The dataclass-generated ``__eq__`` compares the fields' tuples, which raises on
-    arrays; this one compares the fields with :func:`same_value`. Results stay
-    unhashable, as their arrays are.
+    arrays; this one compares the fields with :func:`same_value`, except those declared
+    ``field(compare=False)`` (as the generated one would). Results stay unhashable, as
+    their arrays are.
     """
 
     __hash__ = None  # type: ignore[assignment]
@@ -98,8 +101,10 @@ class ValueEq:
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
             return NotImplemented
-        names = self.__dataclass_fields__  # type: ignore[attr-defined]
-        return all(same_value(getattr(self, k), getattr(other, k)) for k in names)
+        fields = self.__dataclass_fields__  # type: ignore[attr-defined]
+        return all(
+            same_value(getattr(self, k), getattr(other, k)) for k, f in fields.items() if f.compare
+        )
 
 
 def resampling_pvalue(null: np.ndarray, statistic: float) -> float:

@@ -281,7 +281,7 @@ def bootstrap_ci(
             f"kdecal.estimate(probs, labels, ...).confidence_interval(...), whose "
             "replicates leave a query's copies out with it."
         )
-    n_boot = check_resamples(n_boot, "n_boot", 1)
+    n_boot = check_resamples(n_boot, "n_boot", 1, "a call of the metric on n rows")
     if isinstance(alpha, (bool, np.bool_)) or not isinstance(alpha, numbers.Real):
         raise TypeError(f"alpha must be a float in (0, 1), got {alpha!r}")
     a = float(alpha)

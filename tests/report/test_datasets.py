@@ -32,6 +32,17 @@ def test_reproducible_with_seed():
     np.testing.assert_array_equal(g.probs, a.probs)
 
 
+def test_samples_compare_by_value():
+    """Equal draws compare equal, other draws do not (the Gaussian posteriors' read-only
+    mapping of arrays raised numpy's "truth value ... ambiguous")."""
+    a, b = ds.make_gaussian_posteriors(100, seed=5), ds.make_gaussian_posteriors(100, seed=5)
+    assert a == b
+    assert a != ds.make_gaussian_posteriors(100, seed=6)
+    s = ds.make_seeds_synthetic(50, 3, seed=0)
+    assert s == ds.make_seeds_synthetic(50, 3, seed=0)
+    assert s != ds.make_seeds_synthetic(50, 3, seed=1)
+
+
 @pytest.mark.parametrize("n, K", [(1, 2), (500, 2), (500, 5), (50, 30)])
 def test_shapes_dtypes_simplex(n, K):
     s = ds.make_seeds_synthetic(n, K, t1=0.7, t2=0.5, seed=0)

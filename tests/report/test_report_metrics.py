@@ -258,6 +258,22 @@ def test_calibration_loss_notes_the_affine_floor_at_many_classes():
     assert not any("floor of the affine" in note for note in report.notes)
 
 
+def test_report_equality_ignores_the_estimates_it_holds():
+    """A report and its JSON round trip compare equal (the estimates it holds for plots
+    are declared compare=False, and the value equality of results now honours that);
+    two evaluations of the same data differ only in their wall time."""
+    import dataclasses
+
+    P, y = _data(200, 3, seed=0)
+    report = _evaluate(P, y, n_resamples=0)
+    back = kdecal.CalibrationReport(**json.loads(json.dumps(report.to_dict())))
+    assert report.estimates and not back.estimates
+    assert back == report
+    again = _evaluate(P, y, n_resamples=0)
+    assert dataclasses.replace(again, wall_time_s=report.wall_time_s) == report
+    assert dataclasses.replace(again, ece_kde_l1=0.5) != report
+
+
 def test_kl_note_names_the_calibration_losss_recalibration():
     """The note on a KL figure below the calibration loss names the recalibration the
     loss was measured with: temperature scaling with few rows per class, else affine."""

@@ -139,8 +139,12 @@ def describe_seconds(sec: float) -> str:
 MAX_RESAMPLES = 1_000_000
 
 
-def check_resamples(value: object, name: str, minimum: int) -> int:
+def check_resamples(
+    value: object, name: str, minimum: int, each: str = "a kernel pass over all pairs of rows"
+) -> int:
     """Check a number of resamples: an integer in ``minimum..MAX_RESAMPLES``.
+
+    ``each``: what one resample costs, for the message.
 
     Raises
     ------
@@ -152,8 +156,8 @@ def check_resamples(value: object, name: str, minimum: int) -> int:
     r = check_int(value, name, minimum)
     if r > MAX_RESAMPLES:
         raise ValueError(
-            f"{name} = {r} is more than {MAX_RESAMPLES:,} resamples, each a kernel pass "
-            "over all pairs of rows; a few hundred give stable 95 % intervals and p-values"
+            f"{name} = {r} is more than {MAX_RESAMPLES:,} resamples, each {each}; a few "
+            "hundred give stable 95 % intervals and p-values"
         )
     return r
 
